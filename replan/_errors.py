@@ -1,0 +1,124 @@
+"""The exceptions replan raises.
+
+::
+
+    ReplanError                      base of everything below
+    ├── ConfigurationError           bad RunSpec / Limits / Supervisor arguments;
+    │                                raised before anything runs (also a ValueError)
+    ├── SupervisorError              the supervisor is not running or is shutting down
+    ├── UnknownRunError              no run with that id (also a KeyError)
+    ├── GateError                    no pending gate with that id, or a bad resolution
+    ├── JournalConflict              an append did not continue a run's journal
+    ├── ActorError                   a request to an actor did not produce a reply
+    │   ├── ActorCrashed             the handler raised; carries the typed failure
+    │   ├── ActorStopped             stopped (shutdown, or too many restarts)
+    │   └── ActorTimeout             the envelope's deadline passed
+    └── ModelError                   a model call failed
+        ├── TransientModelError      a retry may help: retried, never replanned
+        └── BudgetExhausted          the run's token budget is spent
+
+Run-time outcomes (a refused replan, a reached limit, an aborted plan) are not
+exceptions: they end the run with a status and a ``stop_reason``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from .messages import ActorFailure
+
+
+class ReplanError(Exception):
+    """Base class of every exception raised by replan."""
+
+
+class ConfigurationError(ReplanError, ValueError):
+    """A run specification or setting is invalid.
+
+    Attributes:
+        field: dotted path of the offending field (``limits.max_replans``).
+        problem: what is wrong with it.
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}" if field else problem)
+        self.field = field
+        self.problem = problem
+
+    @classmethod
+    def from_validation(cls, exc: ValidationError) -> ConfigurationError:
+        """Build from a pydantic error, naming the first offending field."""
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        problem = first["msg"].removeprefix("Value error, ")
+        inner = first.get("ctx", {}).get("error")
+        if isinstance(inner, ConfigurationError):
+            # A nested settings model (Limits inside RunSpec) already named
+            # its field: join the two paths.
+            field = f"{field}.{inner.field}" if field else inner.field
+            problem = inner.problem
+        more = exc.error_count() - 1
+        if more:
+            problem += f" (and {more} more problem{'s' if more > 1 else ''})"
+        return cls(field, problem)
+
+
+class SupervisorError(ReplanError):
+    """The supervisor cannot take the request (not started, or stopping)."""
+
+
+class UnknownRunError(ReplanError, KeyError):
+    """No run with this id is known to the supervisor or its store."""
+
+    def __str__(self) -> str:
+        return f"unknown run {self.args[0]!r}"
+
+
+class GateError(ReplanError):
+    """A gate id is unknown or already resolved, or the resolution is invalid."""
+
+
+class JournalConflict(ReplanError):
+    """An append did not continue the run's journal at the next ``seq``.
+
+    Two writers tried to extend the same run: the later one must stop.
+    """
+
+
+class ActorError(ReplanError):
+    """A request sent to an actor produced no reply."""
+
+    def __init__(self, role: str, message: str) -> None:
+        super().__init__(f"{role}: {message}")
+        self.role = role
+
+
+class ActorCrashed(ActorError):
+    """The actor's handler raised; ``failure`` is the typed report."""
+
+    def __init__(self, failure: ActorFailure) -> None:
+        super().__init__(failure.role, f"{failure.error_type}: {failure.message}")
+        self.failure = failure
+
+
+class ActorStopped(ActorError):
+    """The role no longer takes requests (shutdown, or too many restarts)."""
+
+
+class ActorTimeout(ActorError):
+    """The request's deadline passed before the actor replied."""
+
+
+class ModelError(ReplanError):
+    """A model call failed."""
+
+
+class TransientModelError(ModelError):
+    """A model call failed in a way a retry may fix (rate limit, 5xx, timeout)."""
+
+
+class BudgetExhausted(ModelError):
+    """The run's token budget is spent: no further model call may start."""

@@ -1,0 +1,312 @@
+"""The actor runtime: envelopes, one-shot reply slots, and supervised pools."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+import anyio
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from .._errors import ActorCrashed, ActorError, ActorStopped, ActorTimeout
+from ..messages import ActorFailure
+from ..telemetry import attached, current_carrier
+
+logger = logging.getLogger("replan.actors")
+
+Req = TypeVar("Req", contravariant=True)
+Rep = TypeVar("Rep", covariant=True)
+ReqT = TypeVar("ReqT")
+RepT = TypeVar("RepT")
+
+
+@dataclass(frozen=True, slots=True)
+class ActorContext:
+    """What a handler knows about the request beyond its body."""
+
+    role: str
+    run_id: str | None
+    deadline: float | None
+    """Absolute time on the anyio clock (``anyio.current_time()``), or None."""
+
+
+class Actor(Protocol[Req, Rep]):
+    """Anything with one async ``handle``: it owns no run state."""
+
+    async def handle(self, request: Req, ctx: ActorContext) -> Rep: ...
+
+
+class ReplySlot(Generic[RepT]):
+    """A one-shot reply channel: the worker fills it once, the caller waits.
+
+    Cheaper than a memory stream pair per request, and it cannot be left
+    unclosed. The caller may abandon it (cancellation), which cancels the
+    worker's handling of the request too.
+    """
+
+    __slots__ = ("_error", "_event", "_scope", "_value", "abandoned")
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+        self._value: RepT | None = None
+        self._error: ActorError | None = None
+        self._scope: anyio.CancelScope | None = None
+        self.abandoned = False
+
+    @property
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def set(self, value: RepT) -> None:
+        if not self._event.is_set():
+            self._value = value
+            self._event.set()
+
+    def fail(self, error: ActorError) -> None:
+        if not self._event.is_set():
+            self._error = error
+            self._event.set()
+
+    def bind(self, scope: anyio.CancelScope) -> None:
+        """Let :meth:`abandon` cancel the worker's handling of the request."""
+        self._scope = scope
+        if self.abandoned:
+            scope.cancel()
+
+    def abandon(self) -> None:
+        """The caller stopped waiting: cancel the handling if it started."""
+        self.abandoned = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def wait(self) -> RepT:
+        await self._event.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+
+@dataclass(slots=True)
+class Envelope(Generic[ReqT, RepT]):
+    """A request in a mailbox with everything needed to answer it."""
+
+    request: ReqT
+    reply: ReplySlot[RepT]
+    run_id: str | None = None
+    deadline: float | None = None
+    carrier: dict[str, str] = field(default_factory=dict)
+    """The sender's W3C trace context."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatistics:
+    role: str
+    workers: int
+    busy: int
+    mailbox_depth: int
+    """Requests waiting in the mailbox."""
+    mailbox_size: int
+    restarts: int
+    stopped: bool
+    stop_reason: str | None
+
+
+class ActorPool(Generic[ReqT, RepT]):
+    """N workers of one role sharing a bounded mailbox, restarted one for one.
+
+    A handler that raises answers its caller with :class:`ActorCrashed` and
+    the worker is replaced with a fresh actor from ``factory``. More than
+    ``max_restarts`` crashes within ``restart_period_s`` stop the role: every
+    queued and later request gets :class:`ActorStopped` with the reason.
+
+    Args:
+        role: the role name (``planner``, ``executor``, ...).
+        factory: makes a new actor for each worker (re)start.
+        workers: how many requests the role handles at once.
+        mailbox_size: requests that may wait; senders block beyond it.
+        max_restarts: crashes tolerated within ``restart_period_s``.
+        restart_period_s: the sliding window for ``max_restarts``.
+    """
+
+    def __init__(
+        self,
+        role: str,
+        factory: Callable[[], Actor[ReqT, RepT]],
+        *,
+        workers: int = 4,
+        mailbox_size: int = 64,
+        max_restarts: int = 5,
+        restart_period_s: float = 10.0,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        self.role = role
+        self._factory = factory
+        self._workers = workers
+        self._mailbox_size = mailbox_size
+        self._max_restarts = max_restarts
+        self._restart_period_s = restart_period_s
+        send: MemoryObjectSendStream[Envelope[ReqT, RepT]]
+        receive: MemoryObjectReceiveStream[Envelope[ReqT, RepT]]
+        send, receive = anyio.create_memory_object_stream(mailbox_size)
+        self._send = send
+        self._receive = receive
+        self._crashes: deque[float] = deque()
+        self._restarts = 0
+        self._busy = 0
+        self._started = False
+        self.stop_reason: str | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop_reason is not None
+
+    def statistics(self) -> PoolStatistics:
+        return PoolStatistics(
+            role=self.role,
+            workers=self._workers,
+            busy=self._busy,
+            mailbox_depth=self._receive.statistics().current_buffer_used,
+            mailbox_size=self._mailbox_size,
+            restarts=self._restarts,
+            stopped=self.stopped,
+            stop_reason=self.stop_reason,
+        )
+
+    async def run(
+        self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run the workers until :meth:`stop`; for ``task_group.start``."""
+        if self._started:
+            raise RuntimeError(f"the {self.role} pool was already started")
+        self._started = True
+        try:
+            async with anyio.create_task_group() as tg:
+                for index in range(self._workers):
+                    tg.start_soon(self._worker, index)
+                task_status.started()
+        finally:
+            self.stop("the supervisor stopped")
+
+    def stop(self, reason: str) -> None:
+        """Stop taking requests; answer every queued one with ActorStopped."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self._send.close()
+        while True:
+            try:
+                envelope = self._receive.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+            envelope.reply.fail(ActorStopped(self.role, self.stop_reason))
+        # Closing the receive side wakes senders blocked on a full mailbox.
+        self._receive.close()
+
+    async def ask(
+        self,
+        request: ReqT,
+        *,
+        run_id: str | None = None,
+        deadline: float | None = None,
+    ) -> RepT:
+        """Send ``request`` and wait for the reply.
+
+        Raises:
+            ActorCrashed: the handler raised.
+            ActorStopped: the role is stopped, or stopped while waiting.
+            ActorTimeout: ``deadline`` passed.
+        """
+        if self.stop_reason is not None:
+            raise ActorStopped(self.role, self.stop_reason)
+        slot: ReplySlot[RepT] = ReplySlot()
+        envelope = Envelope(request, slot, run_id, deadline, current_carrier())
+        with anyio.CancelScope(deadline=_or_inf(deadline)):
+            try:
+                await self._send.send(envelope)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                raise ActorStopped(self.role, self.stop_reason or "stopped") from None
+            try:
+                return await slot.wait()
+            except BaseException:
+                # Cancelled from outside, or by the deadline: the handling
+                # must stop too, not run on for nobody.
+                slot.abandon()
+                raise
+        raise ActorTimeout(self.role, "the request's deadline passed")
+
+    async def _worker(self, index: int) -> None:
+        while self.stop_reason is None:
+            actor = self._factory()
+            crashed = await self._serve(actor)
+            if not crashed:
+                return
+            now = anyio.current_time()
+            self._crashes.append(now)
+            while self._crashes and self._crashes[0] < now - self._restart_period_s:
+                self._crashes.popleft()
+            if len(self._crashes) > self._max_restarts:
+                self.stop(
+                    f"{self.role} stopped after {len(self._crashes)} crashes "
+                    f"within {self._restart_period_s:g}s"
+                )
+                logger.error("actor role %s stopped: %s", self.role, self.stop_reason)
+                return
+            self._restarts += 1
+            logger.warning("restarting %s worker %d after a crash", self.role, index)
+
+    async def _serve(self, actor: Actor[ReqT, RepT]) -> bool:
+        """Handle requests until the mailbox closes (False) or a crash (True)."""
+        receive = self._receive
+        while True:
+            try:
+                envelope = await receive.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                return False
+            slot = envelope.reply
+            if slot.abandoned:
+                continue
+            ctx = ActorContext(self.role, envelope.run_id, envelope.deadline)
+            self._busy += 1
+            try:
+                with (
+                    anyio.CancelScope(deadline=_or_inf(envelope.deadline)) as scope,
+                    attached(envelope.carrier),
+                ):
+                    slot.bind(scope)
+                    value = await actor.handle(envelope.request, ctx)
+                    slot.set(value)
+                if scope.cancelled_caught:
+                    slot.fail(
+                        ActorTimeout(self.role, "the request's deadline passed")
+                        if not slot.abandoned
+                        else ActorStopped(self.role, "the caller stopped waiting")
+                    )
+            except Exception as exc:
+                logger.exception("%s handler crashed", self.role)
+                slot.fail(
+                    ActorCrashed(
+                        ActorFailure(
+                            role=self.role,
+                            error_type=type(exc).__name__,
+                            message=str(exc),
+                        )
+                    )
+                )
+                return True
+            except BaseException:
+                slot.fail(
+                    ActorStopped(
+                        self.role, self.stop_reason or "the supervisor stopped"
+                    )
+                )
+                raise
+            finally:
+                self._busy -= 1
+
+
+def _or_inf(deadline: float | None) -> float:
+    return float("inf") if deadline is None else deadline

@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import Field, TypeAdapter
+
+from ._base import Frozen
+from ._gate import GateRequest, GateResolution
+from ._plan import PlanVersion, ReplanRecord, Synthesis, Verdict
+from ._result import RunStatus, TokenUsage
+from ._spec import RunSpec
+from ._task import TaskOutcome
+
+
+class _Event(Frozen):
+    seq: int = Field(ge=1)
+    """Position in the run's journal, from 1."""
+    at: datetime
+    """When the supervisor recorded the event (UTC)."""
+
+
+class RunSubmitted(_Event):
+    """A run was accepted. Always the first event of a run."""
+
+    kind: Literal["run_submitted"] = "run_submitted"
+    run_id: str
+    spec: RunSpec
+    deadline_at: datetime | None = None
+
+
+class PlanCreated(_Event):
+    """The first plan (version 1), or the synthesis plan at a hybrid boundary."""
+
+    kind: Literal["plan_created"] = "plan_created"
+    version: PlanVersion
+    boundary: bool = False
+    """True for the hybrid boundary: collection ends, synthesis begins."""
+
+
+class TaskStarted(_Event):
+    kind: Literal["task_started"] = "task_started"
+    task_id: str
+    attempt: int
+
+
+class TaskFinished(_Event):
+    """One attempt ended. Failure effects (retry, skip) follow from the state."""
+
+    kind: Literal["task_finished"] = "task_finished"
+    task_id: str
+    outcome: TaskOutcome
+
+
+class MilestoneReviewed(_Event):
+    kind: Literal["milestone_reviewed"] = "milestone_reviewed"
+    index: int
+    verdict: Verdict
+    by: Literal["heuristic", "model", "policy"]
+    """``heuristic``: the cheap checks decided; ``model``: the reviewer did;
+    ``policy``: the pattern's rules rewrote the reviewer's answer."""
+
+
+class ReplanRefused(_Event):
+    kind: Literal["replan_refused"] = "replan_refused"
+    record: ReplanRecord
+
+
+class ReplanApplied(_Event):
+    kind: Literal["replan_applied"] = "replan_applied"
+    record: ReplanRecord
+    version: PlanVersion
+
+
+class GateOpened(_Event):
+    kind: Literal["gate_opened"] = "gate_opened"
+    request: GateRequest
+
+
+class GateResolved(_Event):
+    kind: Literal["gate_resolved"] = "gate_resolved"
+    gate_id: str
+    resolution: GateResolution
+
+
+class UsageRecorded(_Event):
+    kind: Literal["usage_recorded"] = "usage_recorded"
+    role: str
+    purpose: str
+    usage: TokenUsage
+
+
+class RunFinished(_Event):
+    """The last event of a run."""
+
+    kind: Literal["run_finished"] = "run_finished"
+    status: RunStatus
+    stop_reason: str | None = None
+    synthesis: Synthesis | None = None
+
+
+Event = Annotated[
+    RunSubmitted
+    | PlanCreated
+    | TaskStarted
+    | TaskFinished
+    | MilestoneReviewed
+    | ReplanRefused
+    | ReplanApplied
+    | GateOpened
+    | GateResolved
+    | UsageRecorded
+    | RunFinished,
+    Field(discriminator="kind"),
+]
+"""Every state change of a run, as the journal stores it."""
+
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+"""(De)serializes any :data:`Event` (``validate_json`` / ``dump_json``)."""

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from ._base import Frozen
+from ._plan import PlanVersion, Trigger
+from ._task import TaskDraft
+
+
+class GateRequest(Frozen):
+    """A question for a person: why the run stopped, and what would change."""
+
+    kind: Literal["gate_request"] = "gate_request"
+    gate_id: str
+    run_id: str
+    reason: str
+    trigger: Trigger | None = None
+    """The replan trigger; None when the gate guards a side-effect task."""
+    proposal: PlanVersion | None = None
+    """The proposed change as a diff (replan gates)."""
+    task_id: str | None = None
+    """The task whose side effect needs approval (approval gates)."""
+    created_at: datetime
+    expires_at: datetime | None = None
+    on_timeout: Literal["approve", "reject"] = "reject"
+
+
+class GateResolution(Frozen):
+    """A person's (or the timeout policy's) answer to a gate."""
+
+    kind: Literal["gate_resolution"] = "gate_resolution"
+    decision: Literal["approve", "reject", "edit"]
+    tasks: list[TaskDraft] | None = None
+    """The replacement tasks, for ``edit``."""
+    by: str = "human"
+    """Who decided (a user name, or ``policy:timeout``)."""
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _edit_has_tasks(self) -> GateResolution:
+        if self.decision == "edit" and not self.tasks:
+            raise ValueError("an edit resolution needs the edited tasks")
+        if self.decision != "edit" and self.tasks is not None:
+            raise ValueError("only an edit resolution carries tasks")
+        return self
+
+
+class GateInfo(Frozen):
+    """A gate and its resolution, as listed by the gate registry."""
+
+    kind: Literal["gate_info"] = "gate_info"
+    request: GateRequest
+    resolution: GateResolution | None = None
+    resolved_at: datetime | None = Field(default=None)

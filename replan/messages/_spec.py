@@ -1,0 +1,126 @@
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, JsonValue, field_validator
+
+from ._base import Settings
+from ._plan import Trigger
+from ._task import TaskDraft
+
+
+class Limits(Settings):
+    """The ceilings and budgets a run may not cross.
+
+    Reaching a hard limit ends the run ``limit_reached`` with a ``stop_reason``
+    naming it; a guard (ceiling, budget reserve) refuses a replan instead.
+    """
+
+    max_replans: int = Field(default=3, ge=0, le=100)
+    """Applied replans allowed; later ones are refused and recorded."""
+    max_iterations: int = Field(default=20, ge=1, le=10_000)
+    """Milestone review cycles."""
+    max_task_executions: int = Field(default=200, ge=1, le=1_000_000)
+    """Task attempts started, retries included."""
+    max_task_attempts: int = Field(default=2, ge=1, le=20)
+    """Attempts per task when failures are transient."""
+    max_concurrency: int = Field(default=4, ge=1, le=1_000)
+    """Tasks of one run in flight at once."""
+    milestone_every: int = Field(default=3, ge=1, le=10_000)
+    """Review after this many completed tasks even without a milestone task."""
+    token_budget: int | None = Field(default=None, gt=0)
+    """Tokens the run may use in all; no model call starts once it is spent."""
+    replan_reserve: float = Field(default=0.2, ge=0.0, le=1.0)
+    """Fraction of the budget kept back: replans are refused past the rest."""
+    min_confidence: float = Field(default=0.7, ge=0.0, le=1.0)
+    """Confidence a new-critical-path replan needs."""
+    min_corroboration: int = Field(default=2, ge=0, le=1_000)
+    """Independent sources a new-critical-path replan needs."""
+    deadline_s: float | None = Field(default=None, gt=0)
+    """Wall-clock seconds the run may take from submission."""
+    gate_timeout_s: float | None = Field(default=None, gt=0)
+    """How long a gate waits for a person before the policy default applies."""
+    replan_candidates: int = Field(default=1, ge=1, le=16)
+    """Revisions the planner proposes per replan; more than one are ranked."""
+
+
+class GatePolicy(Settings):
+    """When a person must approve a change, and what a timeout means."""
+
+    gate_on: frozenset[Trigger] = frozenset({Trigger.SCOPE_SHIFT})
+    """Replan triggers that need a person's approval before they apply."""
+    on_timeout: Literal["approve", "reject"] = "reject"
+    """The resolution applied when ``limits.gate_timeout_s`` passes."""
+
+
+class RunSpec(Settings):
+    """Everything needed to start a run."""
+
+    goal: str = Field(min_length=1, max_length=20_000)
+    """The original goal; every replan receives it verbatim."""
+    kind: Literal["plan", "explore"] = "plan"
+    pattern: Literal["contract", "discovery", "hybrid"] = "discovery"
+    """``contract``: fixed plan; ``discovery``: replans at milestones;
+    ``hybrid``: a fixed collection phase, then a replanning synthesis phase."""
+    tasks: list[TaskDraft] | None = None
+    """A fixed task list (contract runs, the hybrid collection phase); when
+    absent the planner writes the first plan."""
+    context: list[str] = Field(default_factory=list)
+    limits: Limits = Field(default_factory=Limits)
+    gate_policy: GatePolicy = Field(default_factory=GatePolicy)
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+
+    @field_validator("goal")
+    @classmethod
+    def _goal_not_blank(cls, goal: str) -> str:
+        if not goal.strip():
+            raise ValueError("the goal must not be blank")
+        return goal
+
+    @field_validator("tasks")
+    @classmethod
+    def _tasks_form_a_graph(
+        cls, tasks: list[TaskDraft] | None
+    ) -> list[TaskDraft] | None:
+        if tasks is None:
+            return None
+        if not tasks:
+            raise ValueError("give at least one task, or leave tasks out")
+        check_drafts(tasks, known=frozenset())
+        return tasks
+
+
+def check_drafts(drafts: list[TaskDraft], known: frozenset[str]) -> None:
+    """Check that drafts have unique keys and form an acyclic graph.
+
+    Args:
+        drafts: the proposed tasks.
+        known: ids of existing tasks the drafts may depend on.
+
+    Raises:
+        ValueError: naming the first problem found.
+    """
+    keys: dict[str, TaskDraft] = {}
+    for draft in drafts:
+        if draft.key in keys:
+            raise ValueError(f"task key {draft.key!r} appears twice")
+        keys[draft.key] = draft
+    for draft in drafts:
+        for dep in draft.depends_on:
+            if dep not in keys and dep not in known:
+                raise ValueError(f"task {draft.key!r} depends on unknown {dep!r}")
+    # Kahn's algorithm over the drafts only: existing tasks cannot depend on them.
+    indegree = {key: sum(d in keys for d in keys[key].depends_on) for key in keys}
+    ready = [key for key, n in indegree.items() if n == 0]
+    seen = 0
+    while ready:
+        key = ready.pop()
+        seen += 1
+        for other in keys.values():
+            if key in other.depends_on:
+                indegree[other.key] -= 1
+                if indegree[other.key] == 0:
+                    ready.append(other.key)
+    if seen != len(keys):
+        cyclic = sorted(key for key, n in indegree.items() if n > 0)
+        raise ValueError(f"tasks {', '.join(cyclic)} depend on each other in a cycle")

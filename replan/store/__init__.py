@@ -1,0 +1,10 @@
+"""The run journal: the protocol, an in-memory store and SQLite."""
+
+from __future__ import annotations
+
+from ._memory import MemoryStore as MemoryStore
+from ._port import JournalConflict as JournalConflict
+from ._port import RunSummary as RunSummary
+from ._port import Store as Store
+
+__all__ = ("JournalConflict", "MemoryStore", "RunSummary", "Store")

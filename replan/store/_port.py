@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
+
+from .._errors import JournalConflict as JournalConflict
+from ..messages import Event, RunStatus
+
+
+class RunSummary(BaseModel):
+    """One row of the ``runs`` table: what a listing needs without replay."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    goal: str
+    kind: str
+    pattern: str
+    status: RunStatus
+    created_at: datetime
+    updated_at: datetime
+    last_seq: int
+    stop_reason: str | None = None
+
+
+@runtime_checkable
+class Store(Protocol):
+    """The run journal: append-only events per run, plus a small runs table.
+
+    ``append`` is atomic: all the events of one call are stored, or none.
+    Events of a run are numbered from 1 without gaps (``Event.seq``); a store
+    refuses an event whose ``seq`` is not the next one, so two writers can
+    never interleave one run's journal.
+    """
+
+    async def append(
+        self, run_id: str, events: Sequence[Event], summary: RunSummary
+    ) -> None:
+        """Append ``events`` to the run's journal and upsert its summary row.
+
+        Raises:
+            JournalConflict: an event's ``seq`` is not the next in the run.
+        """
+        ...
+
+    async def read(self, run_id: str, after: int = 0) -> list[Event]:
+        """The run's events with ``seq > after``, in order (empty if unknown)."""
+        ...
+
+    async def get_run(self, run_id: str) -> RunSummary | None:
+        """The run's summary row, or None."""
+        ...
+
+    async def list_runs(
+        self,
+        *,
+        statuses: Sequence[RunStatus] | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[RunSummary]:
+        """Summaries, newest first, optionally only those with ``statuses``."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the store's resources (idempotent)."""
+        ...
