@@ -1,9 +1,120 @@
-"""replan: supervised actors for LLM agents that replan safely."""
+"""replan: supervised actors for LLM agents that replan safely.
+
+The public API, re-exported from the subpackages::
+
+    async with Supervisor(model=ScriptedModel(handler)) as sup:
+        handle = await sup.submit(RunSpec(goal="..."))
+        result = await handle.result()
+"""
 
 from __future__ import annotations
 
 import logging
 
+from ._errors import ActorCrashed as ActorCrashed
+from ._errors import ActorError as ActorError
+from ._errors import ActorStopped as ActorStopped
+from ._errors import ActorTimeout as ActorTimeout
+from ._errors import BudgetExhausted as BudgetExhausted
+from ._errors import ConfigurationError as ConfigurationError
+from ._errors import GateError as GateError
+from ._errors import JournalConflict as JournalConflict
+from ._errors import ModelError as ModelError
+from ._errors import ReplanError as ReplanError
+from ._errors import SupervisorError as SupervisorError
+from ._errors import TransientModelError as TransientModelError
+from ._errors import UnknownRunError as UnknownRunError
 from ._version import __version__ as __version__
+from .actors import TaskContext as TaskContext
+from .actors import TaskRunner as TaskRunner
+from .llm import Model as Model
+from .llm import ModelRequest as ModelRequest
+from .llm import ModelResponse as ModelResponse
+from .llm import ScriptedModel as ScriptedModel
+from .messages import Alignment as Alignment
+from .messages import Comparison as Comparison
+from .messages import Critique as Critique
+from .messages import Event as Event
+from .messages import GatePolicy as GatePolicy
+from .messages import GateRequest as GateRequest
+from .messages import GateResolution as GateResolution
+from .messages import Limits as Limits
+from .messages import PlanProposal as PlanProposal
+from .messages import PlanVersion as PlanVersion
+from .messages import ReplanOutcome as ReplanOutcome
+from .messages import ReplanRecord as ReplanRecord
+from .messages import RunResult as RunResult
+from .messages import RunSpec as RunSpec
+from .messages import RunStatus as RunStatus
+from .messages import Synthesis as Synthesis
+from .messages import Task as Task
+from .messages import TaskDraft as TaskDraft
+from .messages import TaskOutcome as TaskOutcome
+from .messages import TaskStatus as TaskStatus
+from .messages import TokenUsage as TokenUsage
+from .messages import Trigger as Trigger
+from .messages import Usage as Usage
+from .messages import Verdict as Verdict
+from .store import MemoryStore as MemoryStore
+from .store import Store as Store
+from .supervisor import RunHandle as RunHandle
+from .supervisor import RunState as RunState
+from .supervisor import Supervisor as Supervisor
+from .supervisor import apply as apply
+from .supervisor import replay as replay
 
 logging.getLogger("replan").addHandler(logging.NullHandler())
+
+__all__ = (
+    "ActorCrashed",
+    "ActorError",
+    "ActorStopped",
+    "ActorTimeout",
+    "Alignment",
+    "BudgetExhausted",
+    "Comparison",
+    "ConfigurationError",
+    "Critique",
+    "Event",
+    "GateError",
+    "GatePolicy",
+    "GateRequest",
+    "GateResolution",
+    "JournalConflict",
+    "Limits",
+    "MemoryStore",
+    "Model",
+    "ModelError",
+    "ModelRequest",
+    "ModelResponse",
+    "PlanProposal",
+    "PlanVersion",
+    "ReplanError",
+    "ReplanOutcome",
+    "ReplanRecord",
+    "RunHandle",
+    "RunResult",
+    "RunSpec",
+    "RunState",
+    "RunStatus",
+    "ScriptedModel",
+    "Store",
+    "Supervisor",
+    "SupervisorError",
+    "Synthesis",
+    "Task",
+    "TaskContext",
+    "TaskDraft",
+    "TaskOutcome",
+    "TaskRunner",
+    "TaskStatus",
+    "TokenUsage",
+    "TransientModelError",
+    "Trigger",
+    "UnknownRunError",
+    "Usage",
+    "Verdict",
+    "__version__",
+    "apply",
+    "replay",
+)

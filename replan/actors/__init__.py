@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+from ._evolver import Evolver as Evolver
+from ._executor import Executor as Executor
+from ._executor import TaskContext as TaskContext
+from ._executor import TaskRunner as TaskRunner
+from ._human_gate import HumanGate as HumanGate
+from ._planner import Planner as Planner
+from ._ranker import Ranker as Ranker
+from ._reviewer import Reviewer as Reviewer
 from ._runtime import Actor as Actor
 from ._runtime import ActorContext as ActorContext
 from ._runtime import ActorPool as ActorPool
@@ -14,6 +22,14 @@ __all__ = (
     "ActorContext",
     "ActorPool",
     "Envelope",
+    "Evolver",
+    "Executor",
+    "HumanGate",
+    "Planner",
     "PoolStatistics",
+    "Ranker",
     "ReplySlot",
+    "Reviewer",
+    "TaskContext",
+    "TaskRunner",
 )

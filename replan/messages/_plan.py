@@ -108,15 +108,18 @@ class ReplanOutcome(StrEnum):
     REFUSED_DRIFT = "refused_drift"
     REFUSED_THRESHOLD = "refused_threshold"
     REJECTED_BY_HUMAN = "rejected_by_human"
-    REFUSED_INFEASIBLE = "refused_infeasible"
-    """The planner found no plan (an empty proposal) for the trigger."""
+    ABORTED_INFEASIBLE = "aborted_infeasible"
+    """The planner found the goal no longer achievable: the run ends aborted."""
+    REFUSED_INVALID = "refused_invalid"
+    """The proposal was not a valid plan (unknown dependencies, a cycle) or
+    the reviewer asked to replan without naming a trigger."""
 
 
 class ReplanRecord(Frozen):
     """One replan decision, applied or refused, as the journal keeps it."""
 
     kind: Literal["replan_record"] = "replan_record"
-    trigger: Trigger
+    trigger: Trigger | None
     outcome: ReplanOutcome
     reason: str
     confidence: float

@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, assert_never
+
+from pydantic import JsonValue
+
+from .._errors import ModelError, TransientModelError
+from ..llm import Model
+from ..messages import (
+    ExecuteReply,
+    ExecuteRequest,
+    Synthesis,
+    SynthesizeReply,
+    SynthesizeRequest,
+    Task,
+    TaskOutcome,
+)
+from ._calls import call_model
+from ._runtime import ActorContext
+
+
+@dataclass(frozen=True, slots=True)
+class TaskContext:
+    """What a user task function receives besides the task."""
+
+    run_id: str
+    goal: str
+    attempt: int
+    idempotency_key: str
+    """Stable across retries and restarts: pass it to the side-effecting
+    system so that a replay after a crash never performs the effect twice."""
+    dependency_results: dict[str, TaskOutcome] = field(default_factory=dict)
+    context: list[str] = field(default_factory=list)
+    metadata: dict[str, JsonValue] = field(default_factory=dict)
+
+
+TaskRunner = Callable[[Task, TaskContext], Awaitable[TaskOutcome]]
+"""``async fn(task, ctx) -> TaskOutcome``: runs tasks instead of the model."""
+
+
+class Executor:
+    """Runs one task (a user function or the model) and writes the synthesis."""
+
+    def __init__(
+        self, model: Model, task_runner: TaskRunner | None, temperature: float
+    ) -> None:
+        self._model = model
+        self._task_runner = task_runner
+        self._temperature = temperature
+
+    async def handle(
+        self, request: ExecuteRequest | SynthesizeRequest, ctx: ActorContext
+    ) -> ExecuteReply | SynthesizeReply:
+        match request:
+            case ExecuteRequest():
+                return await self._execute(request, ctx)
+            case SynthesizeRequest():
+                synthesis, call = await call_model(
+                    self._model,
+                    role="executor",
+                    purpose="synthesize",
+                    output_type=Synthesis,
+                    context=request.context,
+                    temperature=self._temperature,
+                    run_id=ctx.run_id,
+                )
+                return SynthesizeReply(synthesis=synthesis, calls=[call])
+            case _:
+                assert_never(request)
+
+    async def _execute(
+        self, request: ExecuteRequest, ctx: ActorContext
+    ) -> ExecuteReply:
+        task = request.task
+        context: dict[str, Any] = request.context
+        if self._task_runner is not None:
+            task_ctx = TaskContext(
+                run_id=ctx.run_id or "",
+                goal=context.get("goal", ""),
+                attempt=task.attempts,
+                idempotency_key=f"{ctx.run_id}:{task.id}",
+                dependency_results=context.get("dependency_results", {}),
+                context=context.get("context", []),
+                metadata=context.get("metadata", {}),
+            )
+            outcome = await self._task_runner(task, task_ctx)
+            return ExecuteReply(outcome=outcome)
+        try:
+            outcome, call = await call_model(
+                self._model,
+                role="executor",
+                purpose="execute",
+                output_type=TaskOutcome,
+                context=context,
+                temperature=self._temperature,
+                run_id=ctx.run_id,
+                task_id=task.id,
+            )
+        except TransientModelError as exc:
+            return ExecuteReply(
+                outcome=TaskOutcome(success=False, reason=str(exc), transient=True)
+            )
+        except ModelError as exc:
+            return ExecuteReply(outcome=TaskOutcome(success=False, reason=str(exc)))
+        return ExecuteReply(outcome=outcome, calls=[call])

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from ..llm import Model
+from ..messages import ModelCall, PlanProposal, PlanReply, PlanRequest
+from ._calls import call_model
+from ._runtime import ActorContext
+
+
+class Planner:
+    """Writes plans: the first one, revisions after a trigger, the hybrid boundary.
+
+    Replanning runs at temperature 0: creativity there is how an agent
+    invents its way out of a hard task.
+    """
+
+    def __init__(self, model: Model) -> None:
+        self._model = model
+
+    async def handle(self, request: PlanRequest, ctx: ActorContext) -> PlanReply:
+        proposals: list[PlanProposal] = []
+        calls: list[ModelCall] = []
+        for index in range(request.candidates):
+            context = dict(request.context)
+            if request.candidates > 1:
+                context["candidate"] = index
+                context["candidates"] = request.candidates
+            proposal, call = await call_model(
+                self._model,
+                role="planner",
+                purpose=request.purpose,
+                output_type=PlanProposal,
+                context=context,
+                temperature=0.0,
+                run_id=ctx.run_id,
+            )
+            proposals.append(proposal)
+            calls.append(call)
+        return PlanReply(proposals=proposals, calls=calls)

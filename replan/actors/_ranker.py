@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+from itertools import combinations
+from typing import assert_never
+
+from ..llm import Model
+from ..messages import (
+    Alignment,
+    AlignmentReply,
+    AlignmentRequest,
+    Comparison,
+    ModelCall,
+    RankReply,
+    RankRequest,
+)
+from ._calls import call_model
+from ._runtime import ActorContext
+
+
+class Ranker:
+    """Checks proposals against the goal, and orders candidates by tournament."""
+
+    def __init__(self, model: Model) -> None:
+        self._model = model
+
+    async def handle(
+        self, request: AlignmentRequest | RankRequest, ctx: ActorContext
+    ) -> AlignmentReply | RankReply:
+        match request:
+            case AlignmentRequest():
+                alignment, call = await call_model(
+                    self._model,
+                    role="ranker",
+                    purpose="alignment",
+                    output_type=Alignment,
+                    context=request.context,
+                    temperature=0.0,
+                    run_id=ctx.run_id,
+                )
+                return AlignmentReply(alignment=alignment, calls=[call])
+            case RankRequest():
+                return await self._tournament(request, ctx)
+            case _:
+                assert_never(request)
+
+    async def _tournament(self, request: RankRequest, ctx: ActorContext) -> RankReply:
+        """Round robin: every pair once; most wins first, ties by index."""
+        n = len(request.candidates)
+        wins = [0] * n
+        comparisons: list[Comparison] = []
+        calls: list[ModelCall] = []
+        for i, j in combinations(range(n), 2):
+            context = dict(request.context)
+            context.update(
+                a=request.candidates[i],
+                b=request.candidates[j],
+                a_index=i,
+                b_index=j,
+            )
+            comparison, call = await call_model(
+                self._model,
+                role="ranker",
+                purpose="compare",
+                output_type=Comparison,
+                context=context,
+                temperature=0.0,
+                run_id=ctx.run_id,
+            )
+            wins[i if comparison.winner == "a" else j] += 1
+            comparisons.append(comparison)
+            calls.append(call)
+        order = sorted(range(n), key=lambda k: (-wins[k], k))
+        return RankReply(order=order, wins=wins, comparisons=comparisons, calls=calls)

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+from typing import assert_never
+
+from ..llm import Model
+from ..messages import (
+    Critique,
+    CritiqueReply,
+    CritiqueRequest,
+    ModelCall,
+    ReviewReply,
+    ReviewRequest,
+    Verdict,
+)
+from ._calls import call_model
+from ._runtime import ActorContext
+
+
+class Reviewer:
+    """Judges findings at milestones, and scores candidate plans on lenses."""
+
+    def __init__(self, model: Model) -> None:
+        self._model = model
+
+    async def handle(
+        self, request: ReviewRequest | CritiqueRequest, ctx: ActorContext
+    ) -> ReviewReply | CritiqueReply:
+        match request:
+            case ReviewRequest():
+                verdict, call = await call_model(
+                    self._model,
+                    role="reviewer",
+                    purpose="milestone",
+                    output_type=Verdict,
+                    context=request.context,
+                    temperature=0.0,
+                    run_id=ctx.run_id,
+                )
+                return ReviewReply(verdict=verdict, calls=[call])
+            case CritiqueRequest():
+                critiques: list[Critique] = []
+                calls: list[ModelCall] = []
+                for index, candidate in enumerate(request.candidates):
+                    context = dict(request.context)
+                    context.update(candidate=candidate, candidate_index=index)
+                    critique, call = await call_model(
+                        self._model,
+                        role="reviewer",
+                        purpose="critique",
+                        output_type=Critique,
+                        context=context,
+                        temperature=0.0,
+                        run_id=ctx.run_id,
+                    )
+                    critiques.append(critique)
+                    calls.append(call)
+                return CritiqueReply(critiques=critiques, calls=calls)
+            case _:
+                assert_never(request)

@@ -1,0 +1,173 @@
+"""The pure decisions of a run: what may run, when to review, which replans pass.
+
+Each function reads a :class:`RunState` (and a reviewer's answer) and returns
+one of a closed set of outcomes; none does I/O, so each is tested exhaustively.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from ..messages import (
+    Alignment,
+    ReplanOutcome,
+    Task,
+    TaskStatus,
+    Trigger,
+    Verdict,
+)
+from ._state import RunState
+
+
+def ready_tasks(state: RunState) -> list[Task]:
+    """Pending tasks whose dependencies have all completed, in plan order."""
+    tasks = state.tasks
+    return [
+        t
+        for t in tasks.values()
+        if t.status is TaskStatus.PENDING
+        and all(tasks[d].status is TaskStatus.COMPLETED for d in t.depends_on)
+    ]
+
+
+def contract_rules(state: RunState) -> bool:
+    """True where the plan is fixed: contract runs and the hybrid collection."""
+    return state.spec.pattern == "contract" or state.phase == "collection"
+
+
+def phase_done(state: RunState) -> bool:
+    """Nothing of the current phase is pending or running."""
+    return not any(
+        t.status in (TaskStatus.PENDING, TaskStatus.IN_PROGRESS)
+        for t in state.tasks.values()
+    )
+
+
+def milestone_due(state: RunState, task_id: str) -> bool:
+    """Review now, after ``task_id`` finished?
+
+    A milestone is a task marked ``milestone``, or ``milestone_every``
+    completed tasks since the last review. The end of a phase is the third
+    kind; the run loop checks it with :func:`phase_done` when nothing runs.
+    """
+    task = state.tasks[task_id]
+    if task.milestone and task.status is TaskStatus.COMPLETED:
+        return True
+    completed = sum(state.tasks[t].status is TaskStatus.COMPLETED for t in state.window)
+    return completed >= state.spec.limits.milestone_every
+
+
+def phase_gate(state: RunState) -> Literal["boundary", "stay"]:
+    """The hybrid boundary fires once: collection done and not yet crossed."""
+    if (
+        state.spec.pattern == "hybrid"
+        and state.phase == "collection"
+        and not state.boundary_crossed
+        and phase_done(state)
+    ):
+        return "boundary"
+    return "stay"
+
+
+def heuristic_verdict(state: RunState) -> Verdict | None:
+    """The cheap checks that run before the reviewer model.
+
+    Returns a verdict when they can decide, None when the model must judge:
+    a failed task, an empty result or a new finding since the last review
+    needs the reviewer; a window of clean results without findings cannot
+    contradict the plan, so it continues without a model call.
+    """
+    tasks = state.tasks
+    if phase_done(state) and not state.completion_order:
+        return Verdict(
+            decision="abort",
+            rationale="no task completed: there are no results to build on",
+        )
+    for task_id in state.window:
+        result = tasks[task_id].result
+        if result is None or not result.success:
+            return None
+        if not result.summary.strip() or result.findings:
+            return None
+    return Verdict(
+        decision="continue",
+        rationale="no new findings or deviations since the last review",
+    )
+
+
+def under_contract(verdict: Verdict) -> Verdict:
+    """Under contract rules a reviewer may only continue, abort or escalate.
+
+    ``complete`` becomes ``continue``: a fixed plan runs to its end. A
+    ``replan`` stays as is and the run escalates it to the validation gate.
+    """
+    if verdict.decision == "complete":
+        return verdict.model_copy(update={"decision": "continue"})
+    return verdict
+
+
+def guard_replan(state: RunState, verdict: Verdict) -> tuple[ReplanOutcome, str] | None:
+    """The guards that need no proposal, in order. None means go on."""
+    limits = state.spec.limits
+    if verdict.trigger is None:
+        return ReplanOutcome.REFUSED_INVALID, "the reviewer named no trigger"
+    if state.replans_applied >= limits.max_replans:
+        return (
+            ReplanOutcome.REFUSED_CEILING,
+            f"the replan ceiling of {limits.max_replans} is reached",
+        )
+    if limits.token_budget is not None:
+        allowance = (1 - limits.replan_reserve) * limits.token_budget
+        used = state.usage.total.total_tokens
+        if used >= allowance:
+            return (
+                ReplanOutcome.REFUSED_BUDGET,
+                f"{used} tokens used of the {allowance:.0f} allowed before the "
+                f"replan reserve",
+            )
+    if verdict.trigger is Trigger.OBSOLESCENCE:
+        pending = {t.id for t in state.with_status(TaskStatus.PENDING)}
+        affected = pending.intersection(verdict.affected_tasks)
+        if len(affected) < 2:
+            return (
+                ReplanOutcome.REFUSED_THRESHOLD,
+                f"obsolescence affects {len(affected)} pending task(s); "
+                "at least 2 are needed",
+            )
+    if verdict.trigger is Trigger.NEW_CRITICAL_PATH:
+        if verdict.confidence < limits.min_confidence:
+            return (
+                ReplanOutcome.REFUSED_THRESHOLD,
+                f"confidence {verdict.confidence:g} is below "
+                f"min_confidence {limits.min_confidence:g}",
+            )
+        if verdict.corroborating_sources < limits.min_corroboration:
+            return (
+                ReplanOutcome.REFUSED_THRESHOLD,
+                f"{verdict.corroborating_sources} corroborating source(s); "
+                f"min_corroboration is {limits.min_corroboration}",
+            )
+    return None
+
+
+def drifted(alignment: Alignment, proposed: int) -> str | None:
+    """Goal drift: more than half of the proposed tasks do not serve the goal.
+
+    Returns the refusal reason, or None. A missing flag counts as unaligned.
+    """
+    aligned = sum(alignment.aligned[:proposed])
+    off_goal = proposed - aligned
+    if off_goal * 2 > proposed:
+        return f"{off_goal} of {proposed} proposed tasks do not serve the goal"
+    return None
+
+
+def budget_spent(state: RunState) -> str | None:
+    """The stop reason when the token budget is used up, else None."""
+    budget = state.spec.limits.token_budget
+    if budget is None:
+        return None
+    used = state.usage.total.total_tokens
+    if used >= budget:
+        return f"token_budget: {used} of {budget} tokens used"
+    return None

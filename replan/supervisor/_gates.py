@@ -1,0 +1,104 @@
+"""Pending human gates: where a person finds them and answers them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import anyio
+
+from .._errors import GateError
+from ..messages import GateRequest, GateResolution
+
+Validator = Callable[[GateResolution], None]
+"""Raises ``ValueError`` when a resolution does not fit the gate."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    request: GateRequest
+    validate: Validator | None
+    answered: anyio.Event = field(default_factory=anyio.Event)
+    journaled: anyio.Event = field(default_factory=anyio.Event)
+    resolution: GateResolution | None = None
+    error: str | None = None
+
+
+class GateRegistry:
+    """The supervisor's open gates (``Supervisor.gates``).
+
+    A run opens a gate and waits; :meth:`resolve` answers it and returns once
+    the answer is in the journal, so a caller that saw ``resolve`` return can
+    rely on it surviving a crash.
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[str, _Pending] = {}
+
+    def pending(self, run_id: str | None = None) -> list[GateRequest]:
+        """The open gates, oldest first (of one run, if ``run_id`` is given)."""
+        return [
+            p.request
+            for p in self._open.values()
+            if p.resolution is None and (run_id is None or p.request.run_id == run_id)
+        ]
+
+    def get(self, gate_id: str) -> GateRequest | None:
+        pending = self._open.get(gate_id)
+        return pending.request if pending else None
+
+    async def resolve(self, gate_id: str, resolution: GateResolution) -> None:
+        """Answer a gate and wait until the run has journaled the answer.
+
+        Raises:
+            GateError: no open gate has this id, or the resolution does not
+                fit it (an edit whose tasks are not a valid plan, say).
+        """
+        pending = self._open.get(gate_id)
+        if pending is None or pending.resolution is not None:
+            raise GateError(f"no open gate {gate_id!r}")
+        if pending.validate is not None:
+            try:
+                pending.validate(resolution)
+            except ValueError as exc:
+                raise GateError(f"gate {gate_id}: {exc}") from None
+        pending.resolution = resolution
+        pending.answered.set()
+        await pending.journaled.wait()
+        if pending.error is not None:
+            raise GateError(pending.error)
+
+    # The run side ---------------------------------------------------------
+
+    def open(self, request: GateRequest, validate: Validator | None = None) -> None:
+        self._open[request.gate_id] = _Pending(request, validate)
+
+    async def wait(self, request: GateRequest) -> GateResolution:
+        """Wait for a person, or apply the policy default when the gate expires."""
+        pending = self._open.get(request.gate_id)
+        if pending is None:
+            raise GateError(f"gate {request.gate_id} was not opened")
+        timeout = None
+        if request.expires_at is not None:
+            timeout = max(0.0, (request.expires_at - datetime.now(UTC)).total_seconds())
+        with anyio.move_on_after(timeout):
+            await pending.answered.wait()
+        if pending.resolution is None:
+            pending.resolution = GateResolution(
+                decision=request.on_timeout,
+                by="policy:timeout",
+                note="no decision before the gate expired",
+            )
+        return pending.resolution
+
+    def close(self, gate_id: str, error: str | None = None) -> None:
+        """The run journaled the answer (or gave up, with ``error``)."""
+        pending = self._open.pop(gate_id, None)
+        if pending is not None:
+            pending.error = error
+            pending.journaled.set()
+
+    def close_all(self, error: str) -> None:
+        for gate_id in list(self._open):
+            self.close(gate_id, error)

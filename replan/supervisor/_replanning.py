@@ -1,0 +1,327 @@
+"""Milestone reviews and the replan flow: guards, proposals, drift, gates.
+
+Each step records its outcome in the journal; a refused replan is a normal
+outcome (the run goes on with its plan), never an exception.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..messages import (
+    AlignmentReply,
+    AlignmentRequest,
+    CritiqueReply,
+    CritiqueRequest,
+    EvolveReply,
+    EvolveRequest,
+    GateResolution,
+    MilestoneReviewed,
+    ModelCall,
+    PlanProposal,
+    PlanVersion,
+    RankReply,
+    RankRequest,
+    ReplanApplied,
+    ReplanOutcome,
+    ReplanRecord,
+    ReplanRefused,
+    ReviewReply,
+    ReviewRequest,
+    RunStatus,
+    TaskStatus,
+    Verdict,
+    check_drafts,
+)
+from ._decide import (
+    contract_rules,
+    drifted,
+    guard_replan,
+    heuristic_verdict,
+    under_contract,
+)
+from ._run import RunEnded, usage_events
+from ._versions import build_version
+
+if TYPE_CHECKING:
+    from ._run import RunDriver
+
+
+async def first_plan(run: RunDriver) -> None:
+    """Version 1: the spec's fixed tasks, or one planner call."""
+    spec = run.state.spec
+    if spec.tasks is not None:
+        await run.create_plan(
+            spec.tasks, "the task list given with the run", boundary=False
+        )
+        return
+    reply = await run.plan_proposal("plan", run.base_context())
+    proposal = reply.proposals[0]
+    await run.record_events(*usage_events(reply.calls))
+    if not proposal.achievable:
+        raise RunEnded(
+            RunStatus.ABORTED,
+            f"the planner found the goal unachievable: {proposal.rationale}",
+        )
+    if not proposal.tasks:
+        raise RunEnded(RunStatus.FAILED, "the planner proposed no tasks")
+    await run.create_plan(proposal.tasks, proposal.rationale, boundary=False)
+
+
+async def boundary(run: RunDriver) -> None:
+    """The hybrid boundary: collected results become the synthesis tasks."""
+    context = run.base_context()
+    context.update(completed=run.completed_context(), findings=run.state.findings())
+    reply = await run.plan_proposal("boundary", context)
+    await run.record_events(*usage_events(reply.calls))
+    proposal = reply.proposals[0]
+    await run.create_plan(proposal.tasks, proposal.rationale, boundary=True)
+
+
+async def review(run: RunDriver) -> None:
+    """A milestone: cheap checks, then the reviewer; act on the verdict."""
+    state = run.state
+    limits = state.spec.limits
+    if state.iterations >= limits.max_iterations:
+        raise RunEnded(
+            RunStatus.LIMIT_REACHED,
+            f"max_iterations: {state.iterations} milestone reviews held",
+        )
+    verdict = heuristic_verdict(state)
+    by = "heuristic"
+    calls: list[ModelCall] = []
+    if verdict is None:
+        context = run.base_context()
+        context.update(
+            completed=run.completed_context(),
+            pending=state.with_status(TaskStatus.PENDING),
+            findings=state.findings(),
+            milestone_index=state.iterations + 1,
+        )
+        reply = await run.ask(
+            run.roles.reviewer, ReviewRequest(context=context), ReviewReply
+        )
+        verdict, calls, by = reply.verdict, reply.calls, "model"
+    if contract_rules(state):
+        ruled = under_contract(verdict)
+        if ruled != verdict:
+            verdict, by = ruled, "policy"
+    await run.record_events(
+        (
+            MilestoneReviewed,
+            {"index": state.iterations + 1, "verdict": verdict, "by": by},
+        ),
+        *usage_events(calls),
+    )
+    match verdict.decision:
+        case "continue" | "complete":
+            return
+        case "abort":
+            raise RunEnded(
+                RunStatus.ABORTED, verdict.rationale or "the reviewer aborted the run"
+            )
+        case "replan":
+            if contract_rules(state):
+                await _validation_gate(run, verdict)
+            else:
+                await replan(run, verdict)
+
+
+async def _validation_gate(run: RunDriver, verdict: Verdict) -> None:
+    """A fixed plan cannot replan: a person decides to go on or to stop."""
+    request = run.gate_request(
+        "the plan's assumptions may no longer hold"
+        + (f" ({verdict.trigger.value})" if verdict.trigger else "")
+        + f": {verdict.rationale}. Approve to continue the fixed plan, "
+        "reject to stop with the results so far.",
+        trigger=verdict.trigger,
+    )
+    resolution = await run.await_gate(request, _no_edit)
+    if resolution.decision == "reject":
+        raise RunEnded(
+            RunStatus.ABORTED,
+            f"stopped at the validation gate by {resolution.by}"
+            + (f": {resolution.note}" if resolution.note else ""),
+        )
+
+
+def _no_edit(resolution: GateResolution) -> None:
+    if resolution.decision == "edit":
+        raise ValueError("a fixed plan cannot be edited: approve or reject")
+
+
+async def replan(run: RunDriver, verdict: Verdict) -> None:
+    """Guards, proposal (K candidates ranked and evolved), drift, gate, apply."""
+    refusal = guard_replan(run.state, verdict)
+    if refusal is not None:
+        await _refuse(run, verdict, *refusal)
+        return
+    proposal, calls = await _propose(run, verdict)
+    if not proposal.achievable:
+        await _refuse(
+            run,
+            verdict,
+            ReplanOutcome.ABORTED_INFEASIBLE,
+            proposal.rationale,
+            calls=calls,
+        )
+        raise RunEnded(
+            RunStatus.ABORTED,
+            f"the planner found the goal unachievable: {proposal.rationale}",
+        )
+    try:
+        version = _version(run, proposal, verdict)
+    except ValueError as exc:
+        await _refuse(
+            run,
+            verdict,
+            ReplanOutcome.REFUSED_INVALID,
+            f"invalid proposal: {exc}",
+            calls=calls,
+        )
+        return
+    if proposal.tasks:
+        context = run.base_context()
+        context["proposed"] = proposal.tasks
+        reply = await run.ask(
+            run.roles.ranker, AlignmentRequest(context=context), AlignmentReply
+        )
+        calls.extend(reply.calls)
+        drift = drifted(reply.alignment, len(proposal.tasks))
+        if drift is not None:
+            await _refuse(
+                run,
+                verdict,
+                ReplanOutcome.REFUSED_DRIFT,
+                drift,
+                proposed=version,
+                calls=calls,
+            )
+            return
+    approved_by: str | None = None
+    if verdict.trigger in run.state.spec.gate_policy.gate_on:
+        if calls:
+            await run.record_events(*usage_events(calls))
+            calls = []
+        resolution = await _gate_replan(run, verdict, version)
+        if resolution.decision == "reject":
+            reason = f"rejected by {resolution.by}" + (
+                f": {resolution.note}" if resolution.note else ""
+            )
+            rejected = version.model_copy(update={"rejected_reason": reason})
+            await _refuse(
+                run, verdict, ReplanOutcome.REJECTED_BY_HUMAN, reason, proposed=rejected
+            )
+            return
+        if resolution.decision == "edit" and resolution.tasks is not None:
+            edited = PlanProposal(tasks=resolution.tasks, rationale=proposal.rationale)
+            version = _version(run, edited, verdict)
+        approved_by = resolution.by
+    version = version.model_copy(update={"approved_by": approved_by})
+    record = ReplanRecord(
+        trigger=verdict.trigger,
+        outcome=ReplanOutcome.APPLIED,
+        reason=verdict.rationale,
+        confidence=verdict.confidence,
+        version=version.version,
+        proposed=version,
+    )
+    await run.record_events(
+        *usage_events(calls),
+        (ReplanApplied, {"record": record, "version": version}),
+    )
+
+
+def _version(run: RunDriver, proposal: PlanProposal, verdict: Verdict) -> PlanVersion:
+    return build_version(
+        run.state,
+        proposal.tasks,
+        trigger=verdict.trigger,
+        reason=proposal.rationale or verdict.rationale,
+        phase=run.state.phase,
+        replace_pending=True,
+    )
+
+
+async def _propose(
+    run: RunDriver, verdict: Verdict
+) -> tuple[PlanProposal, list[ModelCall]]:
+    """The planner's revision; with K > 1 candidates: critique, rank, evolve."""
+    state = run.state
+    context = run.base_context()
+    context.update(
+        completed=run.completed_context(),
+        pending=state.with_status(TaskStatus.PENDING),
+        findings=state.findings(),
+        trigger=verdict.trigger,
+        verdict=verdict,
+    )
+    k = state.spec.limits.replan_candidates
+    reply = await run.plan_proposal("replan", context, candidates=k)
+    calls = list(reply.calls)
+    proposals = reply.proposals
+    if k == 1 or len(proposals) == 1:
+        return proposals[0], calls
+    critiques = await run.ask(
+        run.roles.reviewer,
+        CritiqueRequest(candidates=proposals, context=context),
+        CritiqueReply,
+    )
+    ranking = await run.ask(
+        run.roles.ranker, RankRequest(candidates=proposals, context=context), RankReply
+    )
+    best = ranking.order[0]
+    evolved = await run.ask(
+        run.roles.evolver,
+        EvolveRequest(
+            candidate=proposals[best],
+            critiques=[critiques.critiques[best]],
+            context=context,
+        ),
+        EvolveReply,
+    )
+    calls.extend([*critiques.calls, *ranking.calls, *evolved.calls])
+    return evolved.proposal, calls
+
+
+async def _gate_replan(
+    run: RunDriver, verdict: Verdict, version: PlanVersion
+) -> GateResolution:
+    trigger = verdict.trigger.value if verdict.trigger else "replan"
+    request = run.gate_request(
+        f"{trigger}: {verdict.rationale}" if verdict.rationale else trigger,
+        trigger=verdict.trigger,
+        proposal=version,
+    )
+    known = frozenset(
+        t.id
+        for t in run.state.tasks.values()
+        if t.status in (TaskStatus.COMPLETED, TaskStatus.IN_PROGRESS)
+    )
+
+    def valid_edit(resolution: GateResolution) -> None:
+        if resolution.tasks is not None:
+            check_drafts(resolution.tasks, known=known)
+
+    return await run.await_gate(request, valid_edit)
+
+
+async def _refuse(
+    run: RunDriver,
+    verdict: Verdict,
+    outcome: ReplanOutcome,
+    reason: str,
+    *,
+    proposed: PlanVersion | None = None,
+    calls: list[ModelCall] | None = None,
+) -> None:
+    record = ReplanRecord(
+        trigger=verdict.trigger,
+        outcome=outcome,
+        reason=reason,
+        confidence=verdict.confidence,
+        proposed=proposed,
+    )
+    specs: list[tuple[Any, dict[str, Any]]] = [*usage_events(calls or [])]
+    specs.append((ReplanRefused, {"record": record}))
+    await run.record_events(*specs)

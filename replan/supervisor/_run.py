@@ -1,0 +1,485 @@
+"""One run's driver: plan, execute, review at milestones, finish.
+
+The driver is the only writer of its run. Every change is an event that is
+appended to the journal before the new state is installed; the decisions it
+acts on are the pure functions of ``_decide``; the replan flow lives in
+``_replanning``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, TypeVar
+
+import anyio
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from .._errors import ActorCrashed, ActorError, ActorStopped, ActorTimeout
+from ..actors import ActorPool
+from ..messages import (
+    Event,
+    ExecuteReply,
+    ExecuteRequest,
+    GateOpened,
+    GateRequest,
+    GateResolution,
+    GateResolved,
+    ModelCall,
+    PlanCreated,
+    PlanReply,
+    PlanRequest,
+    RunFinished,
+    RunStatus,
+    Synthesis,
+    SynthesizeReply,
+    SynthesizeRequest,
+    Task,
+    TaskFinished,
+    TaskOutcome,
+    TaskStarted,
+    TaskStatus,
+    UsageRecorded,
+)
+from ..store import RunSummary, Store
+from ._decide import (
+    budget_spent,
+    milestone_due,
+    phase_done,
+    phase_gate,
+    ready_tasks,
+)
+from ._gates import GateRegistry, Validator
+from ._handle import RunRecord
+from ._roles import Roles, expect
+from ._state import RunState, apply
+from ._versions import build_version
+
+Req = TypeVar("Req")
+Rep = TypeVar("Rep")
+
+
+class RunEnded(Exception):
+    """Raised inside a driver to end the run with a status and a reason."""
+
+    def __init__(self, status: RunStatus, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class _Done:
+    task_id: str
+    outcome: TaskOutcome
+    calls: list[ModelCall]
+
+
+@dataclass(frozen=True, slots=True)
+class _Answered:
+    request: GateRequest
+    resolution: GateResolution
+
+
+def summary_of(state: RunState) -> RunSummary:
+    return RunSummary(
+        run_id=state.run_id,
+        goal=state.spec.goal,
+        kind=state.spec.kind,
+        pattern=state.spec.pattern,
+        status=state.status,
+        created_at=state.created_at,
+        updated_at=state.updated_at,
+        last_seq=state.seq,
+        stop_reason=state.stop_reason,
+    )
+
+
+def usage_events(
+    calls: Sequence[ModelCall],
+) -> list[tuple[type[Event], dict[str, Any]]]:
+    """One ``usage_recorded`` per role and purpose among ``calls``."""
+    totals: dict[tuple[str, str], Any] = {}
+    for call in calls:
+        key = (call.role, call.purpose)
+        totals[key] = totals[key] + call.usage if key in totals else call.usage
+    return [
+        (UsageRecorded, {"role": role, "purpose": purpose, "usage": usage})
+        for (role, purpose), usage in totals.items()
+    ]
+
+
+class RunDriver:
+    """Runs one plan run to its end under the supervisor's task group."""
+
+    def __init__(
+        self,
+        record: RunRecord,
+        roles: Roles,
+        store: Store,
+        gates: GateRegistry,
+    ) -> None:
+        self.record = record
+        self.roles = roles
+        self.store = store
+        self.gates = gates
+        self.limits = record.state.spec.limits
+        self._in_flight = 0
+        self._awaiting_approval: set[str] = set()
+        self._cancel_requested = False
+        self._cancel_scope = anyio.CancelScope()
+        send: MemoryObjectSendStream[_Done | _Answered]
+        receive: MemoryObjectReceiveStream[_Done | _Answered]
+        # Room for every task in flight to report while the driver waits on
+        # a review or a gate; approval answers beyond that simply wait.
+        send, receive = anyio.create_memory_object_stream(
+            self.limits.max_concurrency + 8
+        )
+        self._inbox_send = send
+        self._inbox = receive
+
+    @property
+    def state(self) -> RunState:
+        return self.record.state
+
+    def request_cancel(self) -> None:
+        self._cancel_requested = True
+        self._cancel_scope.cancel()
+
+    # Journal ----------------------------------------------------------------
+
+    async def record_events(
+        self, *specs: tuple[type[Event], dict[str, Any]]
+    ) -> RunState:
+        """Append events to the journal, then install the state they lead to."""
+        state = self.state
+        now = datetime.now(UTC)
+        events: list[Event] = []
+        for cls, fields in specs:
+            event = cls(seq=state.seq + 1, at=now, **fields)
+            state = apply(state, event)
+            events.append(event)
+        await self.store.append(state.run_id, events, summary_of(state))
+        self.record.install(state, events)
+        return state
+
+    # Asking actors ------------------------------------------------------------
+
+    async def ask(
+        self, pool: ActorPool[Req, Any], request: Req, reply_type: type[Rep]
+    ) -> Rep:
+        """Ask a model-backed role for a ``reply_type`` answer.
+
+        Crashes and timeouts are retried up to ``max_task_attempts``; a
+        stopped role, or the last failed attempt, ends the run ``failed``.
+        """
+        attempts = self.limits.max_task_attempts
+        for attempt in range(1, attempts + 1):
+            self.check_budget()
+            try:
+                return expect(
+                    await pool.ask(request, run_id=self.state.run_id), reply_type
+                )
+            except ActorStopped as exc:
+                raise RunEnded(
+                    RunStatus.FAILED, f"the {exc.role} role stopped: {exc}"
+                ) from None
+            except (ActorCrashed, ActorTimeout) as exc:
+                if attempt == attempts:
+                    raise RunEnded(
+                        RunStatus.FAILED,
+                        f"{pool.role} failed {attempts} time(s); last: {exc}",
+                    ) from None
+        raise AssertionError("unreachable")
+
+    def check_budget(self) -> None:
+        reason = budget_spent(self.state)
+        if reason is not None:
+            raise RunEnded(RunStatus.LIMIT_REACHED, reason)
+
+    def base_context(self) -> dict[str, Any]:
+        spec = self.state.spec
+        return {"goal": spec.goal, "metadata": spec.metadata, "context": spec.context}
+
+    def completed_context(self) -> list[Task]:
+        state = self.state
+        return [state.tasks[t] for t in state.completion_order]
+
+    # Gates --------------------------------------------------------------------
+
+    def next_gate_id(self) -> str:
+        return f"{self.state.run_id}-g{len(self.state.gates) + 1}"
+
+    def gate_request(self, reason: str, **fields: Any) -> GateRequest:
+        now = datetime.now(UTC)
+        timeout = self.limits.gate_timeout_s
+        return GateRequest(
+            gate_id=self.next_gate_id(),
+            run_id=self.state.run_id,
+            reason=reason,
+            created_at=now,
+            expires_at=now + timedelta(seconds=timeout) if timeout else None,
+            on_timeout=self.state.spec.gate_policy.on_timeout,
+            **fields,
+        )
+
+    async def open_gate(self, request: GateRequest, validate: Validator | None) -> None:
+        await self.record_events((GateOpened, {"request": request}))
+        self.gates.open(request, validate)
+
+    async def await_gate(
+        self, request: GateRequest, validate: Validator | None
+    ) -> GateResolution:
+        """Open a gate, wait for its answer, and journal it (the run waits)."""
+        await self.open_gate(request, validate)
+        try:
+            resolution = await self._ask_gate(request)
+            await self.resolve_gate(request, resolution)
+        finally:
+            self.gates.close(
+                request.gate_id, "the run ended before the gate was resolved"
+            )
+        return resolution
+
+    async def _ask_gate(self, request: GateRequest) -> GateResolution:
+        try:
+            return await self.roles.human_gate.ask(request, run_id=self.state.run_id)
+        except ActorError as exc:
+            raise RunEnded(RunStatus.FAILED, f"the human gate failed: {exc}") from None
+
+    async def resolve_gate(
+        self, request: GateRequest, resolution: GateResolution
+    ) -> None:
+        await self.record_events(
+            (GateResolved, {"gate_id": request.gate_id, "resolution": resolution})
+        )
+        self.gates.close(request.gate_id)
+
+    # The run ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Drive the run to its end and journal how it ended.
+
+        A supervisor shutdown cancels the driver without journaling an end:
+        the run stays ``running`` in the journal, to be resumed from it.
+        """
+        ended: tuple[RunStatus, str | None, Synthesis | None] | None = None
+        try:
+            with self._cancel_scope:
+                with anyio.CancelScope(deadline=self._deadline()) as deadline_scope:
+                    ended = await self._drive()
+                if ended is None and deadline_scope.cancelled_caught:
+                    ended = (
+                        RunStatus.LIMIT_REACHED,
+                        f"deadline_s: {self.limits.deadline_s:g}s passed",
+                        None,
+                    )
+            if ended is None and self._cancel_requested:
+                ended = (RunStatus.CANCELLED, "cancelled on request", None)
+            if ended is not None:
+                status, reason, synthesis = ended
+                with anyio.CancelScope(shield=True):
+                    await self.record_events(
+                        (
+                            RunFinished,
+                            {
+                                "status": status,
+                                "stop_reason": reason,
+                                "synthesis": synthesis,
+                            },
+                        )
+                    )
+        finally:
+            self._inbox_send.close()
+            self._inbox.close()
+            for gate in self.state.open_gates:
+                self.gates.close(
+                    gate.request.gate_id, "the run ended before the gate was resolved"
+                )
+
+    def _deadline(self) -> float:
+        deadline_at = self.state.deadline_at
+        if deadline_at is None:
+            return float("inf")
+        left = (deadline_at - datetime.now(UTC)).total_seconds()
+        return anyio.current_time() + left
+
+    async def _drive(self) -> tuple[RunStatus, str | None, Synthesis | None]:
+        async with anyio.create_task_group() as tg:
+            try:
+                synthesis = await self._loop(tg)
+                outcome: tuple[RunStatus, str | None, Synthesis | None] = (
+                    RunStatus.COMPLETED,
+                    None,
+                    synthesis,
+                )
+            except RunEnded as end:
+                outcome = (end.status, end.reason, None)
+            tg.cancel_scope.cancel()
+        return outcome
+
+    async def _loop(self, tg: TaskGroup) -> Synthesis:
+        from ._replanning import boundary, first_plan, review
+
+        if not self.state.versions:
+            await first_plan(self)
+        while True:
+            await self._dispatch(tg)
+            if self._in_flight == 0 and not self._awaiting_approval:
+                state = self.state
+                if phase_done(state):
+                    if state.window:
+                        await review(self)
+                        continue
+                    if phase_gate(state) == "boundary":
+                        await boundary(self)
+                        continue
+                    return await self._synthesize()
+                if ready_tasks(state):
+                    raise RunEnded(
+                        RunStatus.LIMIT_REACHED,
+                        f"max_task_executions: {state.task_executions} task "
+                        "attempts started, the limit",
+                    )
+                raise RunEnded(RunStatus.FAILED, "no pending task can ever run")
+            item = await self._inbox.receive()
+            if isinstance(item, _Answered):
+                self._awaiting_approval.discard(item.request.gate_id)
+                await self.resolve_gate(item.request, item.resolution)
+                continue
+            self._in_flight -= 1
+            await self.record_events(
+                (TaskFinished, {"task_id": item.task_id, "outcome": item.outcome}),
+                *usage_events(item.calls),
+            )
+            if self.state.tasks[
+                item.task_id
+            ].status is not TaskStatus.PENDING and milestone_due(
+                self.state, item.task_id
+            ):
+                await review(self)
+
+    async def _dispatch(self, tg: TaskGroup) -> None:
+        """Start ready tasks up to ``max_concurrency``; gate side effects first."""
+        state = self.state
+        room = self.limits.max_concurrency - self._in_flight
+        budget = self.limits.max_task_executions - state.task_executions
+        to_start: list[Task] = []
+        gated = {g.request.task_id for g in state.open_gates}
+        for task in ready_tasks(state):
+            if task.requires_approval and not task.approved:
+                if task.id not in gated:
+                    await self._request_approval(tg, task)
+                continue
+            if len(to_start) >= min(room, budget):
+                break
+            to_start.append(task)
+        if not to_start:
+            return
+        self.check_budget()
+        state = await self.record_events(
+            *(
+                (TaskStarted, {"task_id": t.id, "attempt": t.attempts + 1})
+                for t in to_start
+            )
+        )
+        for task in to_start:
+            self._in_flight += 1
+            tg.start_soon(self._execute, state.tasks[task.id])
+
+    async def _request_approval(self, tg: TaskGroup, task: Task) -> None:
+        request = self.gate_request(
+            f"task {task.id} has side effects and needs approval: {task.description}",
+            task_id=task.id,
+        )
+
+        def no_edit(resolution: GateResolution) -> None:
+            if resolution.decision == "edit":
+                raise ValueError("an approval gate takes approve or reject, not edit")
+
+        await self.open_gate(request, no_edit)
+        self._awaiting_approval.add(request.gate_id)
+        tg.start_soon(self._await_approval, request)
+
+    async def _await_approval(self, request: GateRequest) -> None:
+        try:
+            resolution = await self.roles.human_gate.ask(
+                request, run_id=self.state.run_id
+            )
+        except ActorError as exc:
+            resolution = GateResolution(
+                decision="reject", by="supervisor", note=str(exc)
+            )
+        await self._inbox_send.send(_Answered(request, resolution))
+
+    async def _execute(self, task: Task) -> None:
+        state = self.state
+        context = self.base_context()
+        context.update(
+            task=task,
+            dependency_results={d: state.tasks[d].result for d in task.depends_on},
+            attempt=task.attempts,
+        )
+        calls: list[ModelCall] = []
+        try:
+            reply = expect(
+                await self.roles.executor.ask(
+                    ExecuteRequest(task=task, context=context), run_id=state.run_id
+                ),
+                ExecuteReply,
+            )
+            outcome, calls = reply.outcome, reply.calls
+        except ActorCrashed as exc:
+            # A crash may be the worker's, not the task's: retry on a fresh one.
+            outcome = TaskOutcome(
+                success=False, transient=True, reason=f"executor crashed: {exc}"
+            )
+        except ActorTimeout as exc:
+            outcome = TaskOutcome(success=False, transient=True, reason=str(exc))
+        except ActorStopped as exc:
+            outcome = TaskOutcome(
+                success=False, reason=f"the executor role stopped: {exc}"
+            )
+        await self._inbox_send.send(_Done(task.id, outcome, calls))
+
+    async def _synthesize(self) -> Synthesis:
+        context = self.base_context()
+        context["completed"] = self.completed_context()
+        reply = await self.ask(
+            self.roles.executor, SynthesizeRequest(context=context), SynthesizeReply
+        )
+        if reply.calls:
+            await self.record_events(*usage_events(reply.calls))
+        return reply.synthesis
+
+    async def plan_proposal(
+        self,
+        purpose: Literal["plan", "replan", "boundary"],
+        context: dict[str, Any],
+        candidates: int = 1,
+    ) -> PlanReply:
+        request = PlanRequest(purpose=purpose, candidates=candidates, context=context)
+        return await self.ask(self.roles.planner, request, PlanReply)
+
+    async def create_plan(self, drafts: Any, reason: str, *, boundary: bool) -> None:
+        state = self.state
+        phase = "synthesis" if boundary else state.phase
+        try:
+            version = build_version(
+                state,
+                drafts,
+                trigger=None,
+                reason=reason,
+                phase=phase,
+                replace_pending=False,
+            )
+        except ValueError as exc:
+            which = "boundary" if boundary else "first"
+            raise RunEnded(
+                RunStatus.FAILED, f"the {which} plan is invalid: {exc}"
+            ) from None
+        await self.record_events(
+            (PlanCreated, {"version": version, "boundary": boundary})
+        )

@@ -1,0 +1,324 @@
+"""Run state and the pure function that folds journal events into it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Literal, assert_never
+
+from pydantic import Field
+
+from ..messages import (
+    TERMINAL_STATUSES,
+    Event,
+    GateInfo,
+    GateOpened,
+    GateResolution,
+    GateResolved,
+    MilestoneReviewed,
+    PlanCreated,
+    PlanVersion,
+    ReplanApplied,
+    ReplanOutcome,
+    ReplanRecord,
+    ReplanRefused,
+    RunFinished,
+    RunResult,
+    RunSpec,
+    RunStatus,
+    RunSubmitted,
+    Task,
+    TaskFinished,
+    TaskOutcome,
+    TaskStarted,
+    TaskStatus,
+    Usage,
+    UsageRecorded,
+)
+from ..messages._base import Frozen
+
+Phase = Literal["main", "collection", "synthesis"]
+
+
+class RunState(Frozen):
+    """Everything known about a run, rebuilt exactly by replaying its events."""
+
+    run_id: str
+    spec: RunSpec
+    status: RunStatus = RunStatus.RUNNING
+    seq: int = 0
+    created_at: datetime
+    updated_at: datetime
+    deadline_at: datetime | None = None
+    tasks: dict[str, Task] = Field(default_factory=dict)
+    """Every task ever planned, in the order planned (ids ``t1``, ``t2``...)."""
+    task_count: int = 0
+    versions: list[PlanVersion] = Field(default_factory=list)
+    replans: list[ReplanRecord] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+    phase: Phase = "main"
+    boundary_crossed: bool = False
+    iterations: int = 0
+    """Milestone reviews held."""
+    task_executions: int = 0
+    """Task attempts started."""
+    window: list[str] = Field(default_factory=list)
+    """Ids of tasks finished (completed or failed) since the last review."""
+    completion_order: list[str] = Field(default_factory=list)
+    """Ids of completed tasks, in the order they completed."""
+    gates: dict[str, GateInfo] = Field(default_factory=dict)
+    output: str | None = None
+    sources: list[str] = Field(default_factory=list)
+    stop_reason: str | None = None
+
+    @property
+    def replans_applied(self) -> int:
+        return sum(r.outcome is ReplanOutcome.APPLIED for r in self.replans)
+
+    @property
+    def open_gates(self) -> list[GateInfo]:
+        return [g for g in self.gates.values() if g.resolution is None]
+
+    def with_status(self, status: TaskStatus) -> list[Task]:
+        return [t for t in self.tasks.values() if t.status is status]
+
+    def findings(self) -> list[str]:
+        """Findings of completed tasks, in completion order."""
+        out: list[str] = []
+        for task_id in self.completion_order:
+            result = self.tasks[task_id].result
+            if result is not None:
+                out.extend(result.findings)
+        return out
+
+    def result(self) -> RunResult:
+        return RunResult(
+            run_id=self.run_id,
+            goal=self.spec.goal,
+            pattern=self.spec.pattern,
+            status=self.status,
+            tasks=list(self.tasks.values()),
+            versions=self.versions,
+            replans=self.replans,
+            usage=self.usage,
+            output=self.output,
+            stop_reason=self.stop_reason,
+            iterations=self.iterations,
+            task_executions=self.task_executions,
+        )
+
+
+def replay(events: Iterable[Event]) -> RunState:
+    """Fold a run's whole journal into its state.
+
+    Raises:
+        ValueError: the journal is empty or out of order.
+    """
+    state: RunState | None = None
+    for event in events:
+        state = apply(state, event)
+    if state is None:
+        raise ValueError("an empty journal has no run")
+    return state
+
+
+def apply(state: RunState | None, event: Event) -> RunState:
+    """Return the state after ``event``. Pure: ``state`` is never modified.
+
+    Raises:
+        ValueError: the event does not follow the state (wrong ``seq``, a
+            first event that is not ``run_submitted``, an unknown task).
+    """
+    if state is None:
+        if not isinstance(event, RunSubmitted) or event.seq != 1:
+            raise ValueError("a run's journal must begin with run_submitted, seq 1")
+        return RunState(
+            run_id=event.run_id,
+            spec=event.spec,
+            seq=1,
+            created_at=event.at,
+            updated_at=event.at,
+            deadline_at=event.deadline_at,
+            phase="collection" if event.spec.pattern == "hybrid" else "main",
+        )
+    if event.seq != state.seq + 1:
+        raise ValueError(f"expected event seq {state.seq + 1}, got {event.seq}")
+    changes = _changes(state, event)
+    changes["seq"] = event.seq
+    changes["updated_at"] = event.at
+    return state.model_copy(update=changes)
+
+
+def _changes(state: RunState, event: Event) -> dict[str, object]:
+    changes: dict[str, object]
+    match event:
+        case RunSubmitted():
+            raise ValueError("run_submitted can only begin a journal")
+        case PlanCreated(version=version, boundary=boundary):
+            changes = _install(state, version)
+            if boundary:
+                changes.update(boundary_crossed=True, phase="synthesis", window=[])
+            return changes
+        case TaskStarted(task_id=task_id, attempt=attempt):
+            task = _task(state, task_id)
+            tasks = dict(state.tasks)
+            tasks[task_id] = task.model_copy(
+                update={"status": TaskStatus.IN_PROGRESS, "attempts": attempt}
+            )
+            return {"tasks": tasks, "task_executions": state.task_executions + 1}
+        case TaskFinished(task_id=task_id, outcome=outcome):
+            return _finish(state, task_id, outcome)
+        case MilestoneReviewed(verdict=verdict):
+            changes = {
+                "iterations": state.iterations + 1,
+                "window": [],
+            }
+            if verdict.decision == "complete":
+                changes["tasks"] = _supersede(state.tasks, _pending_ids(state))
+            return changes
+        case ReplanRefused(record=record):
+            return {"replans": [*state.replans, record]}
+        case ReplanApplied(record=record, version=version):
+            changes = _install(state, version)
+            changes["replans"] = [*state.replans, record]
+            return changes
+        case GateOpened(request=request):
+            gates = dict(state.gates)
+            gates[request.gate_id] = GateInfo(request=request)
+            return {"gates": gates, "status": RunStatus.WAITING_FOR_HUMAN}
+        case GateResolved(gate_id=gate_id, resolution=resolution):
+            return _resolve_gate(state, gate_id, resolution, event.at)
+        case UsageRecorded(role=role, usage=usage):
+            return {"usage": state.usage.add(role, usage)}
+        case RunFinished(status=status, stop_reason=reason, synthesis=synthesis):
+            # Attempts cut short by the end of the run never finished.
+            tasks = {
+                tid: t.model_copy(update={"status": TaskStatus.PENDING})
+                if t.status is TaskStatus.IN_PROGRESS
+                else t
+                for tid, t in state.tasks.items()
+            }
+            return {
+                "status": status,
+                "stop_reason": reason,
+                "tasks": tasks,
+                "output": synthesis.output if synthesis else None,
+                "sources": synthesis.sources if synthesis else [],
+            }
+        case _:
+            assert_never(event)
+
+
+def _resolve_gate(
+    state: RunState, gate_id: str, resolution: GateResolution, at: datetime
+) -> dict[str, object]:
+    info = state.gates.get(gate_id)
+    if info is None or info.resolution is not None:
+        raise ValueError(f"gate {gate_id} is not open")
+    gates = dict(state.gates)
+    gates[gate_id] = info.model_copy(
+        update={"resolution": resolution, "resolved_at": at}
+    )
+    still_open = any(g.resolution is None for g in gates.values())
+    changes: dict[str, object] = {
+        "gates": gates,
+        "status": RunStatus.WAITING_FOR_HUMAN if still_open else RunStatus.RUNNING,
+    }
+    task_id = info.request.task_id
+    if task_id is None:
+        return changes
+    if resolution.decision == "reject":
+        outcome = TaskOutcome(
+            success=False, reason=f"side effect rejected by {resolution.by}"
+        )
+        changes.update(_fail(state, task_id, outcome))
+    else:
+        tasks = dict(state.tasks)
+        tasks[task_id] = _task(state, task_id).model_copy(update={"approved": True})
+        changes["tasks"] = tasks
+    return changes
+
+
+def _task(state: RunState, task_id: str) -> Task:
+    task = state.tasks.get(task_id)
+    if task is None:
+        raise ValueError(f"unknown task {task_id}")
+    return task
+
+
+def _pending_ids(state: RunState) -> list[str]:
+    return [t.id for t in state.tasks.values() if t.status is TaskStatus.PENDING]
+
+
+def _supersede(tasks: dict[str, Task], ids: Iterable[str]) -> dict[str, Task]:
+    out = dict(tasks)
+    for task_id in ids:
+        out[task_id] = out[task_id].model_copy(update={"status": TaskStatus.SUPERSEDED})
+    return out
+
+
+def _install(state: RunState, version: PlanVersion) -> dict[str, object]:
+    """Supersede the version's removed tasks and add its new ones."""
+    for task_id in version.removed:
+        if _task(state, task_id).status is not TaskStatus.PENDING:
+            raise ValueError(f"only pending tasks can be replaced, not {task_id}")
+    tasks = _supersede(state.tasks, version.removed)
+    after = {t.id: t for t in version.tasks_after}
+    for task_id in version.added:
+        if task_id in tasks:
+            raise ValueError(f"task {task_id} already exists")
+        tasks[task_id] = after[task_id]
+    return {
+        "tasks": tasks,
+        "versions": [*state.versions, version],
+        "task_count": state.task_count + len(version.added),
+    }
+
+
+def _finish(state: RunState, task_id: str, outcome: TaskOutcome) -> dict[str, object]:
+    task = _task(state, task_id)
+    if task.status is not TaskStatus.IN_PROGRESS:
+        raise ValueError(f"task {task_id} finished without starting")
+    if outcome.success:
+        tasks = dict(state.tasks)
+        tasks[task_id] = task.model_copy(
+            update={"status": TaskStatus.COMPLETED, "result": outcome}
+        )
+        return {
+            "tasks": tasks,
+            "window": [*state.window, task_id],
+            "completion_order": [*state.completion_order, task_id],
+        }
+    if outcome.transient and task.attempts < state.spec.limits.max_task_attempts:
+        tasks = dict(state.tasks)
+        tasks[task_id] = task.model_copy(
+            update={"status": TaskStatus.PENDING, "result": outcome}
+        )
+        return {"tasks": tasks}
+    changes = _fail(state, task_id, outcome)
+    changes["window"] = [*state.window, task_id]
+    return changes
+
+
+def _fail(state: RunState, task_id: str, outcome: TaskOutcome) -> dict[str, object]:
+    """Fail the task and skip every pending task that depends on it."""
+    tasks = dict(state.tasks)
+    tasks[task_id] = tasks[task_id].model_copy(
+        update={"status": TaskStatus.FAILED, "result": outcome}
+    )
+    doomed = {task_id}
+    changed = True
+    while changed:
+        changed = False
+        for task in tasks.values():
+            if task.status is TaskStatus.PENDING and doomed.intersection(
+                task.depends_on
+            ):
+                tasks[task.id] = task.model_copy(update={"status": TaskStatus.SKIPPED})
+                doomed.add(task.id)
+                changed = True
+    return {"tasks": tasks}
+
+
+def is_terminal(task: Task) -> bool:
+    return task.status in TERMINAL_STATUSES

@@ -1,0 +1,276 @@
+"""The supervisor: owns the actor pools and every run, enforces the rules."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+from pydantic import ValidationError
+
+from .._errors import ConfigurationError, SupervisorError, UnknownRunError
+from ..actors import ActorPool
+from ..actors._evolver import Evolver
+from ..actors._executor import Executor, TaskRunner
+from ..actors._human_gate import HumanGate
+from ..actors._planner import Planner
+from ..actors._ranker import Ranker
+from ..actors._reviewer import Reviewer
+from ..llm import Model
+from ..messages import RunResult, RunSpec, RunSubmitted
+from ..store import MemoryStore, Store
+from ._gates import GateRegistry
+from ._handle import RunHandle, RunRecord
+from ._roles import DEFAULT_WORKERS, ROLES, Roles
+from ._run import RunDriver, summary_of
+from ._state import apply, replay
+
+
+class Supervisor:
+    """Runs plans with six supervised actor pools and a journal.
+
+    Use it as ``async with Supervisor(model=...) as sup:``, or start it in a
+    task group you own with ``await tg.start(sup.serve)``.
+
+    Args:
+        model: the model every role asks (a ``ScriptedModel`` offline).
+        store: the journal; in memory when omitted.
+        task_runner: ``async fn(task, ctx) -> TaskOutcome`` to run tasks
+            instead of asking the model.
+        workers: pool size per role (``planner``, ``executor``, ``reviewer``,
+            ``ranker``, ``evolver``, ``human_gate``): the role's global
+            concurrency across all runs, and so its model rate limit.
+        mailbox_size: requests that may wait per role before senders block.
+        max_restarts: crashes a role survives within ``restart_period_s``;
+            past that the role stops and the runs that need it fail.
+        restart_period_s: the window of ``max_restarts``.
+        executor_temperature: sampling temperature for task execution.
+        evolver_temperature: sampling temperature for refining candidates.
+
+    Raises:
+        ConfigurationError: an argument is invalid.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        store: Store | None = None,
+        *,
+        task_runner: TaskRunner | None = None,
+        workers: Mapping[str, int] | None = None,
+        mailbox_size: int = 64,
+        max_restarts: int = 5,
+        restart_period_s: float = 10.0,
+        executor_temperature: float = 0.2,
+        evolver_temperature: float = 0.7,
+    ) -> None:
+        sizes = dict(DEFAULT_WORKERS)
+        for role, size in (workers or {}).items():
+            if role not in ROLES:
+                raise ConfigurationError(
+                    f"workers.{role}", f"unknown role; use one of {', '.join(ROLES)}"
+                )
+            if size < 1:
+                raise ConfigurationError(f"workers.{role}", "must be at least 1")
+            sizes[role] = size
+        if mailbox_size < 1:
+            raise ConfigurationError("mailbox_size", "must be at least 1")
+        if max_restarts < 0:
+            raise ConfigurationError("max_restarts", "must not be negative")
+        if restart_period_s <= 0:
+            raise ConfigurationError("restart_period_s", "must be positive")
+        self.model = model
+        self.store: Store = store if store is not None else MemoryStore()
+        self.gates = GateRegistry()
+        """The open human gates: ``pending()`` and ``await resolve(id, resolution)``."""
+        self._task_runner = task_runner
+        self._sizes = sizes
+        self._pool_options: dict[str, Any] = {
+            "mailbox_size": mailbox_size,
+            "max_restarts": max_restarts,
+            "restart_period_s": restart_period_s,
+        }
+        self._temperatures = (executor_temperature, evolver_temperature)
+        self._roles: Roles | None = None
+        self._records: dict[str, RunRecord] = {}
+        self._drivers: dict[str, RunDriver] = {}
+        self._task_group: TaskGroup | None = None
+        self._serve_scope: anyio.CancelScope | None = None
+        self._exit_stack: AsyncExitStack | None = None
+        self._stopping = False
+
+    # Lifecycle ----------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        async with AsyncExitStack() as stack:
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            await tg.start(self.serve)
+            self._exit_stack = stack.pop_all()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        self.stop()
+        stack, self._exit_stack = self._exit_stack, None
+        if stack is not None:
+            return await stack.__aexit__(exc_type, exc, tb)
+        return None
+
+    def stop(self) -> None:
+        """Stop serving: runs in flight stay in the journal, unfinished."""
+        if self._serve_scope is not None:
+            self._serve_scope.cancel()
+
+    async def serve(
+        self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run the actor pools and the runs until cancelled (``tg.start``)."""
+        if self._roles is not None:
+            raise SupervisorError("this supervisor is already serving")
+        roles = self._build_roles()
+        self._roles = roles
+        try:
+            with anyio.CancelScope() as scope:
+                self._serve_scope = scope
+                async with anyio.create_task_group() as tg:
+                    for pool in roles.all():
+                        await tg.start(pool.run)
+                    self._task_group = tg
+                    task_status.started()
+                    await anyio.sleep_forever()
+        finally:
+            self._stopping = True
+            self._task_group = None
+            for pool in roles.all():
+                pool.stop("the supervisor stopped")
+            self.gates.close_all("the supervisor stopped")
+            for record in self._records.values():
+                record.detach("the supervisor stopped before the run finished")
+
+    def _build_roles(self) -> Roles:
+        model, runner = self.model, self._task_runner
+        executor_t, evolver_t = self._temperatures
+        opts = self._pool_options
+        size = self._sizes
+        return Roles(
+            planner=ActorPool(
+                "planner", lambda: Planner(model), workers=size["planner"], **opts
+            ),
+            executor=ActorPool(
+                "executor",
+                lambda: Executor(model, runner, executor_t),
+                workers=size["executor"],
+                **opts,
+            ),
+            reviewer=ActorPool(
+                "reviewer", lambda: Reviewer(model), workers=size["reviewer"], **opts
+            ),
+            ranker=ActorPool(
+                "ranker", lambda: Ranker(model), workers=size["ranker"], **opts
+            ),
+            evolver=ActorPool(
+                "evolver",
+                lambda: Evolver(model, evolver_t),
+                workers=size["evolver"],
+                **opts,
+            ),
+            human_gate=ActorPool(
+                "human_gate",
+                lambda: HumanGate(self.gates),
+                workers=size["human_gate"],
+                **opts,
+            ),
+        )
+
+    # Runs ---------------------------------------------------------------------
+
+    async def submit(self, spec: RunSpec | Mapping[str, Any]) -> RunHandle:
+        """Validate ``spec``, journal it, and start the run.
+
+        Raises:
+            ConfigurationError: the spec is invalid (names the field).
+            SupervisorError: the supervisor is not serving.
+        """
+        if not isinstance(spec, RunSpec):
+            try:
+                spec = RunSpec.model_validate(spec)
+            except ValidationError as exc:
+                raise ConfigurationError.from_validation(exc) from None
+        if spec.kind != "plan":
+            raise ConfigurationError(
+                "kind", f"{spec.kind!r} runs are not supported by this version"
+            )
+        tg, roles = self._task_group, self._roles
+        if tg is None or roles is None or self._stopping:
+            raise SupervisorError(
+                "the supervisor is not serving: use `async with` or serve()"
+            )
+        run_id = uuid.uuid4().hex
+        now = datetime.now(UTC)
+        deadline = spec.limits.deadline_s
+        event = RunSubmitted(
+            seq=1,
+            at=now,
+            run_id=run_id,
+            spec=spec,
+            deadline_at=now + timedelta(seconds=deadline) if deadline else None,
+        )
+        state = apply(None, event)
+        await self.store.append(run_id, [event], summary_of(state))
+        record = RunRecord(state)
+        driver = RunDriver(record, roles, self.store, self.gates)
+        self._records[run_id] = record
+        self._drivers[run_id] = driver
+        tg.start_soon(self._drive, driver)
+        return self._handle(record)
+
+    async def _drive(self, driver: RunDriver) -> None:
+        try:
+            await driver.run()
+        finally:
+            self._drivers.pop(driver.state.run_id, None)
+
+    def _handle(self, record: RunRecord) -> RunHandle:
+        run_id = record.state.run_id
+
+        async def cancel() -> None:
+            driver = self._drivers.get(run_id)
+            if driver is not None:
+                driver.request_cancel()
+
+        return RunHandle(record, self.store, cancel)
+
+    def get(self, run_id: str) -> RunHandle:
+        """The handle of a run this supervisor started.
+
+        Raises:
+            UnknownRunError: no such run in this supervisor.
+        """
+        record = self._records.get(run_id)
+        if record is None:
+            raise UnknownRunError(run_id)
+        return self._handle(record)
+
+    def handles(self) -> list[RunHandle]:
+        """Handles of every run started by this supervisor, oldest first."""
+        return [self._handle(r) for r in self._records.values()]
+
+    async def replay(self, run_id: str) -> RunResult:
+        """Rebuild a run's result from its journal alone.
+
+        Raises:
+            UnknownRunError: the store has no events for the run.
+        """
+        events = await self.store.read(run_id)
+        if not events:
+            raise UnknownRunError(run_id)
+        return replay(events).result()

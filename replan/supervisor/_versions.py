@@ -1,0 +1,78 @@
+"""Turning a planner's drafts into tasks and a plan version with its diff."""
+
+from __future__ import annotations
+
+from ..messages import (
+    PlanVersion,
+    Task,
+    TaskDraft,
+    TaskStatus,
+    Trigger,
+    check_drafts,
+)
+from ._state import Phase, RunState
+
+
+def build_version(
+    state: RunState,
+    drafts: list[TaskDraft],
+    *,
+    trigger: Trigger | None,
+    reason: str,
+    phase: Phase,
+    replace_pending: bool,
+) -> PlanVersion:
+    """The next plan version: ``drafts`` become tasks with fresh ids.
+
+    Args:
+        state: the run before the change.
+        drafts: the proposed tasks; they may depend on each other by key,
+            and on completed or running tasks by id.
+        trigger: why the plan changes (None for a first plan or a boundary).
+        reason: the rationale to keep with the version.
+        phase: the phase the new tasks belong to.
+        replace_pending: supersede every pending task (a replan).
+
+    Raises:
+        ValueError: the drafts are not a valid plan.
+    """
+    live = [t for t in state.tasks.values() if t.status is not TaskStatus.SUPERSEDED]
+    removed = (
+        [t.id for t in live if t.status is TaskStatus.PENDING]
+        if replace_pending
+        else []
+    )
+    usable = {
+        t.id
+        for t in live
+        if t.status in (TaskStatus.COMPLETED, TaskStatus.IN_PROGRESS)
+        or (t.status is TaskStatus.PENDING and not replace_pending)
+    }
+    check_drafts(drafts, known=frozenset(usable))
+    version_no = len(state.versions) + 1
+    ids = {d.key: f"t{state.task_count + i + 1}" for i, d in enumerate(drafts)}
+    new_tasks = [
+        Task(
+            id=ids[d.key],
+            key=d.key,
+            description=d.description,
+            depends_on=[ids.get(dep, dep) for dep in d.depends_on],
+            phase=phase,
+            milestone=d.milestone,
+            requires_approval=d.requires_approval,
+            version=version_no,
+        )
+        for d in drafts
+    ]
+    gone = set(removed)
+    return PlanVersion(
+        version=version_no,
+        trigger=trigger,
+        reason=reason,
+        tasks_before=live,
+        tasks_after=[t for t in live if t.id not in gone] + new_tasks,
+        removed=removed,
+        added=[t.id for t in new_tasks],
+        preserved=[t.id for t in live if t.id not in gone],
+        findings_at_replan=state.findings()[-3:],
+    )
