@@ -35,7 +35,7 @@ class MemoryStore:
 
     async def read(self, run_id: str, after: int = 0) -> list[Event]:
         journal = self._events.get(run_id, [])
-        return [EVENT_ADAPTER.validate_json(raw) for raw in journal[after:]]
+        return [EVENT_ADAPTER.validate_json(raw) for raw in journal[max(after, 0) :]]
 
     async def get_run(self, run_id: str) -> RunSummary | None:
         return self._runs.get(run_id)

@@ -1,0 +1,290 @@
+"""The journal in one SQLite file: the embedded default store."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import warnings
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import anyio
+
+from .._errors import ConfigurationError
+from ..messages import EVENT_ADAPTER, Event, RunStatus
+from ._port import JournalConflict, RunSummary
+
+SCHEMA_VERSION = 1
+"""The layout this module writes, kept in ``PRAGMA user_version``."""
+
+_SCHEMA_V1 = (
+    """
+    CREATE TABLE events (
+        run_id  TEXT    NOT NULL,
+        seq     INTEGER NOT NULL,
+        type    TEXT    NOT NULL,
+        payload TEXT    NOT NULL,
+        at      TEXT    NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    )
+    """,
+    """
+    CREATE TABLE runs (
+        run_id      TEXT    NOT NULL PRIMARY KEY,
+        goal        TEXT    NOT NULL,
+        kind        TEXT    NOT NULL,
+        pattern     TEXT    NOT NULL,
+        status      TEXT    NOT NULL,
+        created_at  TEXT    NOT NULL,
+        updated_at  TEXT    NOT NULL,
+        last_seq    INTEGER NOT NULL,
+        stop_reason TEXT
+    )
+    """,
+    "CREATE INDEX runs_by_status ON runs (status, created_at)",
+)
+
+_LAST_SEQ = "SELECT coalesce(max(seq), 0) FROM events WHERE run_id = ?"
+_INSERT_EVENT = (
+    "INSERT INTO events (run_id, seq, type, payload, at) VALUES (?, ?, ?, ?, ?)"
+)
+# Most appends leave a run's status and created_at alone: updating only the
+# other columns leaves the status index untouched, one page less per commit.
+_UPDATE_RUN = """
+    UPDATE runs SET goal = :goal, kind = :kind, pattern = :pattern,
+        updated_at = :updated_at, last_seq = :last_seq, stop_reason = :stop_reason
+    WHERE run_id = :run_id AND status = :status AND created_at = :created_at
+"""
+_REPLACE_RUN = """
+    INSERT OR REPLACE INTO runs VALUES (:run_id, :goal, :kind, :pattern, :status,
+        :created_at, :updated_at, :last_seq, :stop_reason)
+"""
+_READ = "SELECT payload FROM events WHERE run_id = ? AND seq > ? ORDER BY seq"
+_RUN_COLUMNS = (
+    "run_id, goal, kind, pattern, status, created_at, updated_at, last_seq, stop_reason"
+)
+_GET_RUN = f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?"
+_ORDER = "ORDER BY created_at DESC, run_id DESC LIMIT ? OFFSET ?"
+
+
+class SQLiteStore:
+    """A journal in one SQLite file, in WAL mode.
+
+    Every call runs sqlite3 synchronously on the caller's thread: an append is
+    a few tens of microseconds, far less than handing it to a worker thread
+    would cost. The price is that a call never yields to the event loop, and
+    blocks it while another process holds the write lock (up to the 5 s busy
+    timeout).
+
+    Durability: with ``synchronous="NORMAL"`` (the default) a commit is written
+    to the WAL but not fsynced, so a crash of the application loses nothing,
+    while an OS crash or power loss may lose the last transactions (never
+    corrupt the file). ``synchronous="FULL"`` fsyncs every commit.
+
+    Event payloads are stored as the JSON of :data:`EVENT_ADAPTER`. The runs
+    table keeps datetimes as ISO-8601 text, aware ones converted to UTC so the
+    text sorts in time order: a summary reads back equal, its times in UTC.
+
+    Args:
+        path: the database file; missing parent directories are created.
+        synchronous: SQLite's ``PRAGMA synchronous`` for this connection.
+
+    Raises:
+        ConfigurationError: ``synchronous`` is not a supported level, or the
+            file was written by a newer version of replan.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+    ) -> None:
+        self._conn: sqlite3.Connection | None = None
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ConfigurationError(
+                "synchronous", f"expected 'NORMAL' or 'FULL', got {synchronous!r}"
+            )
+        self.path = Path(path)
+        self._conn = _connect(self.path, synchronous)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.path)!r})"
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        conn = getattr(self, "_conn", None)
+        if conn is not None:
+            warnings.warn(
+                f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self
+            )
+            conn.close()
+
+    async def append(
+        self, run_id: str, events: Sequence[Event], summary: RunSummary
+    ) -> None:
+        conn = self._connection()
+        rows = [
+            (
+                run_id,
+                event.seq,
+                event.kind,
+                EVENT_ADAPTER.dump_json(event).decode(),
+                _to_text(event.at),
+            )
+            for event in events
+        ]
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            (last,) = conn.execute(_LAST_SEQ, (run_id,)).fetchone()
+            for expected, event in enumerate(events, start=last + 1):
+                if event.seq != expected:
+                    raise JournalConflict(
+                        f"run {run_id}: expected seq {expected}, got {event.seq}"
+                    )
+            try:
+                conn.executemany(_INSERT_EVENT, rows)
+            except sqlite3.IntegrityError as exc:
+                # Unreachable while every writer checks under the write lock;
+                # the primary key still refuses a duplicate seq.
+                raise JournalConflict(f"run {run_id}: {exc}") from exc
+            _write_summary(conn, run_id, summary)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    async def read(self, run_id: str, after: int = 0) -> list[Event]:
+        rows = self._connection().execute(_READ, (run_id, after)).fetchall()
+        return [EVENT_ADAPTER.validate_json(payload) for (payload,) in rows]
+
+    async def get_run(self, run_id: str) -> RunSummary | None:
+        row = self._connection().execute(_GET_RUN, (run_id,)).fetchone()
+        return None if row is None else _summary_from_row(row)
+
+    async def list_runs(
+        self,
+        *,
+        statuses: Sequence[RunStatus] | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[RunSummary]:
+        conn = self._connection()
+        if statuses is None:
+            query = f"SELECT {_RUN_COLUMNS} FROM runs {_ORDER}"
+            params: tuple[object, ...] = (limit, offset)
+        else:
+            marks = ", ".join("?" * len(statuses))
+            query = (
+                f"SELECT {_RUN_COLUMNS} FROM runs WHERE status IN ({marks}) {_ORDER}"
+            )
+            params = (*(str(s) for s in statuses), limit, offset)
+        return [_summary_from_row(row) for row in conn.execute(query, params)]
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise anyio.ClosedResourceError
+        return self._conn
+
+
+def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
+    """Open the file, set the pragmas and bring the schema up to date."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # isolation_level=None: no implicit transactions, we BEGIN/COMMIT ourselves.
+    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    try:
+        conn.execute("PRAGMA busy_timeout = 5000")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
+        _migrate(conn, path)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _migrate(conn: sqlite3.Connection, path: Path) -> None:
+    """Create the tables in a new file; refuse a file from a newer replan."""
+    (version,) = conn.execute("PRAGMA user_version").fetchone()
+    if version == SCHEMA_VERSION:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        # Another process may have migrated between the check and the lock.
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        if version > SCHEMA_VERSION:
+            raise ConfigurationError(
+                "path",
+                f"{path} has journal schema {version}; this replan reads up to "
+                f"{SCHEMA_VERSION}",
+            )
+        if version == 0:
+            for statement in _SCHEMA_V1:
+                conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _to_text(moment: datetime) -> str:
+    """ISO-8601 that sorts as text: aware moments in UTC, always microseconds."""
+    if moment.utcoffset() is not None:
+        # Within a day of year 1 or 9999 there is no UTC equivalent: keep the
+        # offset and give up text sorting for such a moment.
+        with contextlib.suppress(OverflowError):
+            moment = moment.astimezone(UTC)
+    return moment.isoformat(timespec="microseconds")
+
+
+def _write_summary(conn: sqlite3.Connection, run_id: str, summary: RunSummary) -> None:
+    values = {
+        "run_id": run_id,
+        "goal": summary.goal,
+        "kind": summary.kind,
+        "pattern": summary.pattern,
+        "status": str(summary.status),
+        "created_at": _to_text(summary.created_at),
+        "updated_at": _to_text(summary.updated_at),
+        "last_seq": summary.last_seq,
+        "stop_reason": summary.stop_reason,
+    }
+    if conn.execute(_UPDATE_RUN, values).rowcount == 0:
+        conn.execute(_REPLACE_RUN, values)
+
+
+def _summary_from_row(row: Any) -> RunSummary:
+    run_id, goal, kind, pattern, status, created, updated, last_seq, stop = row
+    return RunSummary(
+        run_id=run_id,
+        goal=goal,
+        kind=kind,
+        pattern=pattern,
+        status=RunStatus(status),
+        created_at=datetime.fromisoformat(created),
+        updated_at=datetime.fromisoformat(updated),
+        last_seq=last_seq,
+        stop_reason=stop,
+    )
