@@ -56,6 +56,7 @@ from .messages import Trigger as Trigger
 from .messages import Usage as Usage
 from .messages import Verdict as Verdict
 from .store import MemoryStore as MemoryStore
+from .store import SQLiteStore as SQLiteStore
 from .store import Store as Store
 from .supervisor import RunHandle as RunHandle
 from .supervisor import RunState as RunState
@@ -97,6 +98,7 @@ __all__ = (
     "RunSpec",
     "RunState",
     "RunStatus",
+    "SQLiteStore",
     "ScriptedModel",
     "Store",
     "Supervisor",

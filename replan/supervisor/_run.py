@@ -129,6 +129,8 @@ class RunDriver:
         self._in_flight = 0
         self._awaiting_approval: set[str] = set()
         self._cancel_requested = False
+        self._staged: list[Event] = []
+        self._staged_state: RunState | None = None
         self._cancel_scope = anyio.CancelScope()
         send: MemoryObjectSendStream[_Done | _Answered]
         receive: MemoryObjectReceiveStream[_Done | _Answered]
@@ -150,19 +152,36 @@ class RunDriver:
 
     # Journal ----------------------------------------------------------------
 
-    async def record_events(
-        self, *specs: tuple[type[Event], dict[str, Any]]
-    ) -> RunState:
-        """Append events to the journal, then install the state they lead to."""
-        state = self.state
+    def stage(self, *specs: tuple[type[Event], dict[str, Any]]) -> RunState:
+        """Build events on top of what is staged, without journaling them yet.
+
+        Nothing acts on a staged state until :meth:`record_events` has put its
+        events in the journal; staging lets a task's finish and the next
+        task's start share one append (one commit) on the hot path.
+        """
+        state = self._staged_state or self.state
         now = datetime.now(UTC)
-        events: list[Event] = []
         for cls, fields in specs:
             event = cls(seq=state.seq + 1, at=now, **fields)
             state = apply(state, event)
-            events.append(event)
-        await self.store.append(state.run_id, events, summary_of(state))
-        self.record.install(state, events)
+            self._staged.append(event)
+        self._staged_state = state
+        return state
+
+    @property
+    def view(self) -> RunState:
+        """The state including staged events (for deciding what to stage next)."""
+        return self._staged_state or self.state
+
+    async def record_events(
+        self, *specs: tuple[type[Event], dict[str, Any]]
+    ) -> RunState:
+        """Append staged and new events to the journal, then install the state."""
+        state = self.stage(*specs)
+        events, self._staged, self._staged_state = self._staged, [], None
+        if events:
+            await self.store.append(state.run_id, events, summary_of(state))
+            self.record.install(state, events)
         return state
 
     # Asking actors ------------------------------------------------------------
@@ -195,7 +214,7 @@ class RunDriver:
         raise AssertionError("unreachable")
 
     def check_budget(self) -> None:
-        reason = budget_spent(self.state)
+        reason = budget_spent(self.view)
         if reason is not None:
             raise RunEnded(RunStatus.LIMIT_REACHED, reason)
 
@@ -350,20 +369,21 @@ class RunDriver:
                 await self.resolve_gate(item.request, item.resolution)
                 continue
             self._in_flight -= 1
-            await self.record_events(
+            staged = self.stage(
                 (TaskFinished, {"task_id": item.task_id, "outcome": item.outcome}),
                 *usage_events(item.calls),
             )
-            if self.state.tasks[
-                item.task_id
-            ].status is not TaskStatus.PENDING and milestone_due(
-                self.state, item.task_id
-            ):
+            finished = staged.tasks[item.task_id].status is not TaskStatus.PENDING
+            if finished and milestone_due(staged, item.task_id):
+                await self.record_events()
                 await review(self)
 
     async def _dispatch(self, tg: TaskGroup) -> None:
-        """Start ready tasks up to ``max_concurrency``; gate side effects first."""
-        state = self.state
+        """Start ready tasks up to ``max_concurrency``; gate side effects first.
+
+        Journals whatever is staged together with the starts, in one append.
+        """
+        state = self.view
         room = self.limits.max_concurrency - self._in_flight
         budget = self.limits.max_task_executions - state.task_executions
         to_start: list[Task] = []
@@ -377,6 +397,7 @@ class RunDriver:
                 break
             to_start.append(task)
         if not to_start:
+            await self.record_events()
             return
         self.check_budget()
         state = await self.record_events(
