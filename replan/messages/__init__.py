@@ -111,6 +111,7 @@ __all__ = (
     "RunSpec",
     "RunStatus",
     "RunSubmitted",
+    "Synthesis",
     "SynthesizeReply",
     "SynthesizeRequest",
     "Task",

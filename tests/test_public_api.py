@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import importlib
+import types
+
+import pytest
+
+import replan
+
+PACKAGES = [
+    "replan",
+    "replan.actors",
+    "replan.llm",
+    "replan.messages",
+    "replan.store",
+    "replan.supervisor",
+    "replan.telemetry",
+]
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_all_lists_every_public_name_and_nothing_else(name: str) -> None:
+    module = importlib.import_module(name)
+    public = {
+        attr
+        for attr, value in vars(module).items()
+        if (not attr.startswith("_") or attr == "__version__")
+        and not isinstance(value, types.ModuleType)
+        and attr not in {"annotations", "logging"}
+    }
+    assert isinstance(module.__all__, tuple)
+    assert set(module.__all__) == public
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_every_name_in_all_exists(name: str) -> None:
+    module = importlib.import_module(name)
+    for attr in module.__all__:
+        assert hasattr(module, attr), f"{name}.{attr}"
+
+
+def test_the_design_documents_public_names_are_exported() -> None:
+    for name in (
+        "Supervisor",
+        "RunSpec",
+        "Limits",
+        "Task",
+        "TaskStatus",
+        "TaskDraft",
+        "PlanProposal",
+        "TaskOutcome",
+        "Trigger",
+        "Verdict",
+        "PlanVersion",
+        "GateRequest",
+        "GateResolution",
+        "RunResult",
+        "RunStatus",
+        "ScriptedModel",
+        "MemoryStore",
+        "SQLiteStore",
+        "ConfigurationError",
+    ):
+        assert name in replan.__all__

@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).parent.parent / "README.md"
+
+
+def test_the_readme_tour_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    tour = next(b for b in blocks if "anyio.run(main)" in b)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(tour, "README.md", "exec"), {"__name__": "readme_tour"})
+    out = capsys.readouterr().out
+    assert "1 run_submitted" in out
+    assert "completed the answer" in out
+    assert (tmp_path / "runs.db").exists()
+
+
+def test_the_readme_gives_the_two_setup_commands() -> None:
+    text = README.read_text()
+    assert 'python -m pip install -e ".[dev]" && replan demo' in text
+    assert "python -m pytest" in text
