@@ -1,0 +1,262 @@
+"""The pure decisions, tested without any I/O."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from itertools import product
+from typing import Any
+
+import pytest
+
+from replan import (
+    Alignment,
+    Limits,
+    ReplanOutcome,
+    RunSpec,
+    TaskDraft,
+    TaskOutcome,
+    TokenUsage,
+    Trigger,
+    Verdict,
+)
+from replan.messages import (
+    PlanCreated,
+    RunSubmitted,
+    TaskFinished,
+    TaskStarted,
+    UsageRecorded,
+)
+from replan.supervisor import (
+    RunState,
+    apply,
+    build_version,
+    drifted,
+    guard_replan,
+    heuristic_verdict,
+    milestone_due,
+    ready_tasks,
+)
+
+NOW = datetime(2026, 11, 21, tzinfo=UTC)
+
+
+def _state(n_tasks: int = 4, **limits: Any) -> RunState:
+    spec = RunSpec(
+        goal="g",
+        tasks=[
+            TaskDraft(
+                key=f"k{i}",
+                description=f"task {i}",
+                depends_on=[f"k{i - 1}"] if i else [],
+            )
+            for i in range(n_tasks)
+        ],
+        limits=Limits(**limits),
+    )
+    state = apply(None, RunSubmitted(seq=1, at=NOW, run_id="r", spec=spec))
+    assert spec.tasks is not None
+    version = build_version(
+        state, spec.tasks, trigger=None, reason="", phase="main", replace_pending=False
+    )
+    return apply(state, PlanCreated(seq=2, at=NOW, version=version))
+
+
+def _finish(state: RunState, task_id: str, outcome: TaskOutcome) -> RunState:
+    task = state.tasks[task_id]
+    state = apply(
+        state,
+        TaskStarted(
+            seq=state.seq + 1, at=NOW, task_id=task_id, attempt=task.attempts + 1
+        ),
+    )
+    return apply(
+        state, TaskFinished(seq=state.seq + 1, at=NOW, task_id=task_id, outcome=outcome)
+    )
+
+
+OK = TaskOutcome(success=True, summary="done")
+
+
+def test_only_tasks_whose_dependencies_completed_are_ready() -> None:
+    state = _state(3)
+    assert [t.id for t in ready_tasks(state)] == ["t1"]
+    state = _finish(state, "t1", OK)
+    assert [t.id for t in ready_tasks(state)] == ["t2"]
+
+
+@pytest.mark.parametrize(
+    ("trigger", "confidence", "sources", "affected", "expected"),
+    [
+        (Trigger.CONTRADICTION, 0.1, 0, [], None),
+        (Trigger.SCOPE_SHIFT, 0.1, 0, [], None),
+        (Trigger.OBSOLESCENCE, 1.0, 0, ["t2"], ReplanOutcome.REFUSED_THRESHOLD),
+        (Trigger.OBSOLESCENCE, 1.0, 0, ["t2", "t3"], None),
+        (Trigger.OBSOLESCENCE, 1.0, 0, ["t2", "t99"], ReplanOutcome.REFUSED_THRESHOLD),
+        (Trigger.NEW_CRITICAL_PATH, 0.69, 5, [], ReplanOutcome.REFUSED_THRESHOLD),
+        (Trigger.NEW_CRITICAL_PATH, 0.7, 1, [], ReplanOutcome.REFUSED_THRESHOLD),
+        (Trigger.NEW_CRITICAL_PATH, 0.7, 2, [], None),
+        (None, 1.0, 5, [], ReplanOutcome.REFUSED_INVALID),
+    ],
+)
+def test_guards_apply_the_trigger_thresholds(
+    trigger: Trigger | None,
+    confidence: float,
+    sources: int,
+    affected: list[str],
+    expected: ReplanOutcome | None,
+) -> None:
+    state = _finish(_state(4), "t1", OK)
+    verdict = Verdict(
+        decision="replan",
+        trigger=trigger,
+        confidence=confidence,
+        corroborating_sources=sources,
+        affected_tasks=affected,
+    )
+    refusal = guard_replan(state, verdict)
+    assert (refusal[0] if refusal else None) == expected
+
+
+def test_the_budget_guard_refuses_once_usage_passes_the_reserve_line() -> None:
+    state = _state(2, token_budget=1000, replan_reserve=0.2)
+    verdict = Verdict(decision="replan", trigger=Trigger.CONTRADICTION)
+    under = apply(
+        state,
+        UsageRecorded(
+            seq=state.seq + 1,
+            at=NOW,
+            role="executor",
+            purpose="execute",
+            usage=TokenUsage(input_tokens=799),
+        ),
+    )
+    assert guard_replan(under, verdict) is None
+    over = apply(
+        under,
+        UsageRecorded(
+            seq=under.seq + 1,
+            at=NOW,
+            role="executor",
+            purpose="execute",
+            usage=TokenUsage(output_tokens=1),
+        ),
+    )
+    refusal = guard_replan(over, verdict)
+    assert refusal is not None
+    assert refusal[0] is ReplanOutcome.REFUSED_BUDGET
+
+
+def test_the_ceiling_guard_comes_first() -> None:
+    state = _state(2, max_replans=0)
+    verdict = Verdict(decision="replan", trigger=Trigger.OBSOLESCENCE)
+    refusal = guard_replan(state, verdict)
+    assert refusal is not None
+    assert refusal[0] is ReplanOutcome.REFUSED_CEILING
+
+
+@pytest.mark.parametrize("flags", list(product([True, False], repeat=4)))
+def test_drift_means_more_than_half_of_the_new_tasks_off_goal(
+    flags: tuple[bool, ...],
+) -> None:
+    off = flags.count(False)
+    assert (drifted(Alignment(aligned=list(flags)), len(flags)) is not None) == (
+        off * 2 > len(flags)
+    )
+
+
+def test_missing_alignment_flags_count_as_off_goal() -> None:
+    assert drifted(Alignment(aligned=[True]), 3) is not None
+
+
+def test_clean_results_without_findings_continue_without_the_model() -> None:
+    state = _finish(_state(3), "t1", OK)
+    verdict = heuristic_verdict(state)
+    assert verdict is not None
+    assert verdict.decision == "continue"
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        TaskOutcome(success=True, summary="done", findings=["news"]),
+        TaskOutcome(success=True, summary="  "),
+        TaskOutcome(success=False, reason="broken"),
+    ],
+)
+def test_findings_empty_results_and_failures_need_the_reviewer(
+    outcome: TaskOutcome,
+) -> None:
+    state = _finish(_finish(_state(3), "t1", OK), "t2", outcome)
+    assert heuristic_verdict(state) is None
+
+
+def test_a_plan_that_produced_nothing_aborts() -> None:
+    state = _finish(_state(2), "t1", TaskOutcome(success=False, reason="down"))
+    verdict = heuristic_verdict(state)
+    assert verdict is not None
+    assert verdict.decision == "abort"
+
+
+def test_milestones_come_every_n_completed_tasks_or_at_flagged_tasks() -> None:
+    state = _state(5, milestone_every=2)
+    state = _finish(state, "t1", OK)
+    assert not milestone_due(state, "t1")
+    state = _finish(state, "t2", OK)
+    assert milestone_due(state, "t2")
+    flagged = RunSpec(
+        goal="g", tasks=[TaskDraft(key="a", description="a", milestone=True)]
+    )
+    s = apply(None, RunSubmitted(seq=1, at=NOW, run_id="r", spec=flagged))
+    assert flagged.tasks is not None
+    s = apply(
+        s,
+        PlanCreated(
+            seq=2,
+            at=NOW,
+            version=build_version(
+                s,
+                flagged.tasks,
+                trigger=None,
+                reason="",
+                phase="main",
+                replace_pending=False,
+            ),
+        ),
+    )
+    assert milestone_due(_finish(s, "t1", OK), "t1")
+
+
+def test_a_replan_version_supersedes_pending_tasks_and_preserves_the_rest() -> None:
+    state = _finish(_state(3), "t1", OK)
+    drafts = [TaskDraft(key="n", description="new", depends_on=["t1"])]
+    version = build_version(
+        state,
+        drafts,
+        trigger=Trigger.CONTRADICTION,
+        reason="r",
+        phase="main",
+        replace_pending=True,
+    )
+    assert version.removed == ["t2", "t3"]
+    assert version.added == ["t4"]
+    assert version.preserved == ["t1"]
+    assert version.tasks_after[-1].depends_on == ["t1"]
+
+
+def test_a_replan_may_not_depend_on_a_task_it_supersedes() -> None:
+    state = _finish(_state(3), "t1", OK)
+    with pytest.raises(ValueError, match="unknown 't2'"):
+        build_version(
+            state,
+            [TaskDraft(key="n", description="n", depends_on=["t2"])],
+            trigger=Trigger.CONTRADICTION,
+            reason="",
+            phase="main",
+            replace_pending=True,
+        )
+
+
+def test_apply_rejects_events_out_of_order() -> None:
+    state = _state(2)
+    with pytest.raises(ValueError, match="expected event seq"):
+        apply(state, TaskStarted(seq=state.seq + 2, at=NOW, task_id="t1", attempt=1))
