@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import typing
+from datetime import UTC, datetime
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from replan import ConfigurationError, GateResolution, Limits, RunSpec, TaskDraft
+from replan.messages import (
+    MESSAGE_ADAPTER,
+    Message,
+    PlanProposal,
+    Task,
+    TaskOutcome,
+    Verdict,
+)
+
+
+def _message_types() -> list[type[BaseModel]]:
+    union = typing.get_args(Message)[0]
+    return list(typing.get_args(union))
+
+
+def test_every_message_kind_is_distinct() -> None:
+    kinds = [t.model_fields["kind"].default for t in _message_types()]
+    assert len(kinds) == len(set(kinds))
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Task(id="t1", key="a", description="d", result=TaskOutcome(success=True)),
+        TaskDraft(key="a", description="d", depends_on=["t1"]),
+        PlanProposal(tasks=[TaskDraft(key="a", description="d")], rationale="r"),
+        Verdict(decision="replan", trigger="scope_shift", confidence=0.5),
+        GateResolution(decision="edit", tasks=[TaskDraft(key="a", description="d")]),
+    ],
+)
+def test_messages_round_trip_through_the_union(message: BaseModel) -> None:
+    again = MESSAGE_ADAPTER.validate_json(MESSAGE_ADAPTER.dump_json(message))  # type: ignore[arg-type]
+    assert again == message
+    assert type(again) is type(message)
+
+
+def test_messages_are_frozen() -> None:
+    task = Task(id="t1", key="a", description="d")
+    with pytest.raises(ValidationError):
+        task.status = "completed"  # type: ignore[misc]
+
+
+def test_unknown_fields_are_refused() -> None:
+    with pytest.raises(ValidationError):
+        TaskOutcome.model_validate({"success": True, "sucess": False})
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: Limits(max_replans=-1), "max_replans"),
+        (lambda: Limits(replan_reserve=1.5), "replan_reserve"),
+        (lambda: RunSpec(goal=""), "goal"),
+        (lambda: RunSpec(goal="   "), "goal"),
+        (
+            lambda: RunSpec(goal="g", limits={"max_concurrency": 0}),
+            "limits.max_concurrency",
+        ),
+        (lambda: RunSpec(goal="g", pattern="nope"), "pattern"),
+        (lambda: RunSpec(goal="g", tasks=[]), "tasks"),
+        (
+            lambda: RunSpec(
+                goal="g",
+                tasks=[
+                    TaskDraft(key="a", description="a", depends_on=["b"]),
+                    TaskDraft(key="b", description="b", depends_on=["a"]),
+                ],
+            ),
+            "tasks",
+        ),
+        (
+            lambda: RunSpec(
+                goal="g",
+                tasks=[
+                    TaskDraft(key="a", description="a"),
+                    TaskDraft(key="a", description="b"),
+                ],
+            ),
+            "tasks",
+        ),
+        (
+            lambda: RunSpec(goal="g", gate_policy={"on_timeout": "maybe"}),
+            "gate_policy.on_timeout",
+        ),
+    ],
+)
+def test_invalid_settings_raise_a_configuration_error_naming_the_field(
+    build: typing.Callable[[], object], field: str
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        build()
+    assert caught.value.field == field
+    assert str(caught.value).startswith(f"{field}: ")
+
+
+def test_an_edit_resolution_needs_tasks() -> None:
+    with pytest.raises(ValidationError, match="needs the edited tasks"):
+        GateResolution(decision="edit")
+
+
+def test_datetimes_in_events_keep_their_timezone() -> None:
+    from replan.messages import EVENT_ADAPTER, TaskStarted
+
+    event = TaskStarted(
+        seq=2, at=datetime(2026, 1, 1, tzinfo=UTC), task_id="t1", attempt=1
+    )
+    assert EVENT_ADAPTER.validate_json(EVENT_ADAPTER.dump_json(event)) == event
