@@ -78,6 +78,11 @@ class _Done:
 
 
 @dataclass(frozen=True, slots=True)
+class _RoleStopped:
+    error: ActorStopped
+
+
+@dataclass(frozen=True, slots=True)
 class _Answered:
     request: GateRequest
     resolution: GateResolution
@@ -132,8 +137,8 @@ class RunDriver:
         self._staged: list[Event] = []
         self._staged_state: RunState | None = None
         self._cancel_scope = anyio.CancelScope()
-        send: MemoryObjectSendStream[_Done | _Answered]
-        receive: MemoryObjectReceiveStream[_Done | _Answered]
+        send: MemoryObjectSendStream[_Done | _Answered | _RoleStopped]
+        receive: MemoryObjectReceiveStream[_Done | _Answered | _RoleStopped]
         # Room for every task in flight to report while the driver waits on
         # a review or a gate; approval answers beyond that simply wait.
         send, receive = anyio.create_memory_object_stream(
@@ -364,6 +369,11 @@ class RunDriver:
                     )
                 raise RunEnded(RunStatus.FAILED, "no pending task can ever run")
             item = await self._inbox.receive()
+            if isinstance(item, _RoleStopped):
+                raise RunEnded(
+                    RunStatus.FAILED,
+                    f"the {item.error.role} role stopped: {item.error}",
+                )
             if isinstance(item, _Answered):
                 self._awaiting_approval.discard(item.request.gate_id)
                 await self.resolve_gate(item.request, item.resolution)
@@ -429,6 +439,9 @@ class RunDriver:
             resolution = await self.roles.human_gate.ask(
                 request, run_id=self.state.run_id
             )
+        except ActorStopped as exc:
+            await self._inbox_send.send(_RoleStopped(exc))
+            return
         except ActorError as exc:
             resolution = GateResolution(
                 decision="reject", by="supervisor", note=str(exc)
@@ -460,9 +473,8 @@ class RunDriver:
         except ActorTimeout as exc:
             outcome = TaskOutcome(success=False, transient=True, reason=str(exc))
         except ActorStopped as exc:
-            outcome = TaskOutcome(
-                success=False, reason=f"the executor role stopped: {exc}"
-            )
+            await self._inbox_send.send(_RoleStopped(exc))
+            return
         await self._inbox_send.send(_Done(task.id, outcome, calls))
 
     async def _synthesize(self) -> Synthesis:
