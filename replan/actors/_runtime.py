@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
+from anyio.lowlevel import checkpoint_if_cancelled
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .._errors import ActorCrashed, ActorError, ActorStopped, ActorTimeout
@@ -44,8 +46,10 @@ class ReplySlot(Generic[RepT]):
     """A one-shot reply channel: the worker fills it once, the caller waits.
 
     Cheaper than a memory stream pair per request, and it cannot be left
-    unclosed. The caller may abandon it (cancellation), which cancels the
-    worker's handling of the request too.
+    unclosed. The caller may abandon it (cancellation, deadline), which
+    cancels the worker's handling of the request too. The worker's cancel
+    scope outlives the request, so answering unbinds it: a late abandon must
+    not cancel the next request.
     """
 
     __slots__ = ("_error", "_event", "_scope", "_value", "abandoned")
@@ -62,11 +66,13 @@ class ReplySlot(Generic[RepT]):
         return self._event.is_set()
 
     def set(self, value: RepT) -> None:
+        self._scope = None
         if not self._event.is_set():
             self._value = value
             self._event.set()
 
     def fail(self, error: ActorError) -> None:
+        self._scope = None
         if not self._event.is_set():
             self._error = error
             self._event.set()
@@ -113,6 +119,8 @@ class PoolStatistics:
     restarts: int
     stopped: bool
     stop_reason: str | None
+    senders_waiting: int = 0
+    """Senders blocked because the mailbox is full (backpressure)."""
 
 
 class ActorPool(Generic[ReqT, RepT]):
@@ -121,7 +129,10 @@ class ActorPool(Generic[ReqT, RepT]):
     A handler that raises answers its caller with :class:`ActorCrashed` and
     the worker is replaced with a fresh actor from ``factory``. More than
     ``max_restarts`` crashes within ``restart_period_s`` stop the role: every
-    queued and later request gets :class:`ActorStopped` with the reason.
+    queued and later request gets :class:`ActorStopped` with the reason, as
+    does a factory that raises. A request's deadline is timed by its caller;
+    when the caller gives up (deadline or cancellation) the handler is
+    cancelled too.
 
     Args:
         role: the role name (``planner``, ``executor``, ...).
@@ -166,15 +177,17 @@ class ActorPool(Generic[ReqT, RepT]):
         return self.stop_reason is not None
 
     def statistics(self) -> PoolStatistics:
+        mailbox = self._receive.statistics()
         return PoolStatistics(
             role=self.role,
             workers=self._workers,
             busy=self._busy,
-            mailbox_depth=self._receive.statistics().current_buffer_used,
+            mailbox_depth=mailbox.current_buffer_used,
             mailbox_size=self._mailbox_size,
             restarts=self._restarts,
             stopped=self.stopped,
             stop_reason=self.stop_reason,
+            senders_waiting=mailbox.tasks_waiting_send,
         )
 
     async def run(
@@ -224,25 +237,49 @@ class ActorPool(Generic[ReqT, RepT]):
             raise ActorStopped(self.role, self.stop_reason)
         slot: ReplySlot[RepT] = ReplySlot()
         envelope = Envelope(request, slot, run_id, deadline, current_carrier())
-        with anyio.CancelScope(deadline=_or_inf(deadline)):
-            try:
-                await self._send.send(envelope)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                raise ActorStopped(self.role, self.stop_reason or "stopped") from None
-            try:
-                return await slot.wait()
-            except BaseException:
-                # Cancelled from outside, or by the deadline: the handling
-                # must stop too, not run on for nobody.
-                slot.abandon()
-                raise
+        if deadline is None:
+            return await self._deliver(envelope)
+        # The caller's scope is the request's only timer: when it fires, the
+        # abandoned slot cancels the handler too (one timer per round trip).
+        with anyio.CancelScope(deadline=deadline):
+            return await self._deliver(envelope)
         raise ActorTimeout(self.role, "the request's deadline passed")
+
+    async def _deliver(self, envelope: Envelope[ReqT, RepT]) -> RepT:
+        slot = envelope.reply
+        try:
+            # A caller already cancelled, or past its deadline, sends nothing.
+            await checkpoint_if_cancelled()
+            try:
+                # The fast path skips send()'s extra trip through the event
+                # loop; waiting for the reply below is the checkpoint.
+                self._send.send_nowait(envelope)
+            except anyio.WouldBlock:
+                await self._send.send(envelope)
+            return await slot.wait()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            raise ActorStopped(self.role, self.stop_reason or "stopped") from None
+        except BaseException:
+            # Cancelled from outside, or by the deadline: the handling must
+            # stop too, not run on for nobody.
+            if not slot.done:
+                slot.abandon()
+            raise
 
     async def _worker(self, index: int) -> None:
         while self.stop_reason is None:
-            actor = self._factory()
+            try:
+                actor = self._factory()
+            except Exception as exc:
+                # Contain it: a broken factory stops this role, not the
+                # supervisor's task group and every other role with it.
+                logger.exception("could not start a %s actor", self.role)
+                self.stop(
+                    f"{self.role} could not start an actor: {type(exc).__name__}: {exc}"
+                )
+                return
             crashed = await self._serve(actor)
-            if not crashed:
+            if not crashed or self.stop_reason is not None:
                 return
             now = anyio.current_time()
             self._crashes.append(now)
@@ -260,37 +297,52 @@ class ActorPool(Generic[ReqT, RepT]):
 
     async def _serve(self, actor: Actor[ReqT, RepT]) -> bool:
         """Handle requests until the mailbox closes (False) or a crash (True)."""
-        receive = self._receive
         while True:
+            crashed: bool | None = None
+            # One cancel scope serves request after request until a caller
+            # abandons its request: entering a scope per request would cost
+            # more than the rest of the round trip.
+            with anyio.CancelScope() as scope:
+                crashed = await self._serve_in(scope, actor)
+            if crashed is not None:
+                return crashed
+
+    async def _serve_in(
+        self, scope: anyio.CancelScope, actor: Actor[ReqT, RepT]
+    ) -> bool | None:
+        """Serve inside ``scope`` until it is cancelled (None), or as _serve."""
+        receive = self._receive
+        role = self.role
+        while not scope.cancel_called:
             try:
-                envelope = await receive.receive()
+                # Take queued work without an extra trip through the event
+                # loop; wait (a checkpoint) only when the mailbox is empty.
+                envelope = receive.receive_nowait()
+            except anyio.WouldBlock:
+                try:
+                    envelope = await receive.receive()
+                except (anyio.EndOfStream, anyio.ClosedResourceError):
+                    return False
             except (anyio.EndOfStream, anyio.ClosedResourceError):
                 return False
             slot = envelope.reply
             if slot.abandoned:
                 continue
-            ctx = ActorContext(self.role, envelope.run_id, envelope.deadline)
+            ctx = ActorContext(role, envelope.run_id, envelope.deadline)
+            carrier = envelope.carrier
             self._busy += 1
+            # No deadline here: the caller's scope times the request and
+            # cancels this scope through the slot when it gives up.
+            slot.bind(scope)
             try:
-                with (
-                    anyio.CancelScope(deadline=_or_inf(envelope.deadline)) as scope,
-                    attached(envelope.carrier),
-                ):
-                    slot.bind(scope)
+                with attached(carrier) if carrier else _UNTRACED:
                     value = await actor.handle(envelope.request, ctx)
-                    slot.set(value)
-                if scope.cancelled_caught:
-                    slot.fail(
-                        ActorTimeout(self.role, "the request's deadline passed")
-                        if not slot.abandoned
-                        else ActorStopped(self.role, "the caller stopped waiting")
-                    )
             except Exception as exc:
-                logger.exception("%s handler crashed", self.role)
+                logger.exception("%s handler crashed", role)
                 slot.fail(
                     ActorCrashed(
                         ActorFailure(
-                            role=self.role,
+                            role=role,
                             error_type=type(exc).__name__,
                             message=str(exc),
                         )
@@ -298,15 +350,28 @@ class ActorPool(Generic[ReqT, RepT]):
                 )
                 return True
             except BaseException:
+                # The caller gave up (our scope swallows that cancellation
+                # and _serve opens a new one), or the pool is shutting down.
                 slot.fail(
-                    ActorStopped(
-                        self.role, self.stop_reason or "the supervisor stopped"
+                    _caller_gone(role, envelope.deadline)
+                    if slot.abandoned
+                    else ActorStopped(
+                        role, self.stop_reason or "the supervisor stopped"
                     )
                 )
                 raise
+            else:
+                slot.set(value)
             finally:
                 self._busy -= 1
+        return None
 
 
-def _or_inf(deadline: float | None) -> float:
-    return float("inf") if deadline is None else deadline
+_UNTRACED = nullcontext()
+
+
+def _caller_gone(role: str, deadline: float | None) -> ActorError:
+    """The error left in a slot whose caller stopped waiting (never read)."""
+    if deadline is not None and anyio.current_time() >= deadline:
+        return ActorTimeout(role, "the request's deadline passed")
+    return ActorStopped(role, "the caller stopped waiting")

@@ -1,0 +1,533 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.lowlevel
+import pytest
+from anyio import wait_all_tasks_blocked
+from anyio.abc import TaskGroup
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+from replan._errors import ActorCrashed, ActorStopped, ActorTimeout
+from replan.actors import Actor, ActorContext, ActorPool, ReplySlot
+from replan.messages import ActorFailure
+
+
+@dataclass
+class Script:
+    """What the test actors do, shared by every instance the factory makes.
+
+    Requests are strings: ``echo:x`` answers ``x``; ``crash`` raises;
+    ``hold:name`` waits for ``release(name)``; ``forever`` waits until
+    cancelled. Every instance records what it saw so tests can assert on it.
+    """
+
+    made: int = 0
+    handled: list[str] = field(default_factory=list)
+    contexts: list[ActorContext] = field(default_factory=list)
+    started: dict[str, anyio.Event] = field(default_factory=dict)
+    gates: dict[str, anyio.Event] = field(default_factory=dict)
+    cancelled: dict[str, anyio.Event] = field(default_factory=dict)
+    crash_gate: anyio.Event | None = None
+
+    def started_event(self, name: str) -> anyio.Event:
+        return self.started.setdefault(name, anyio.Event())
+
+    def cancelled_event(self, name: str) -> anyio.Event:
+        return self.cancelled.setdefault(name, anyio.Event())
+
+    def release(self, name: str) -> None:
+        self.gates.setdefault(name, anyio.Event()).set()
+
+    def factory(self) -> Actor[str, str]:
+        self.made += 1
+        return ScriptedActor(self, self.made)
+
+
+class ScriptedActor:
+    def __init__(self, script: Script, number: int) -> None:
+        self.script = script
+        self.number = number
+
+    async def handle(self, request: str, ctx: ActorContext) -> str:
+        script = self.script
+        script.handled.append(request)
+        script.contexts.append(ctx)
+        verb, _, arg = request.partition(":")
+        script.started_event(request).set()
+        try:
+            if verb == "echo":
+                await anyio.lowlevel.checkpoint()
+                return arg
+            if verb == "whoami":
+                return str(self.number)
+            if verb == "crash":
+                if script.crash_gate is not None:
+                    await script.crash_gate.wait()
+                raise ValueError(f"bad request {arg}")
+            if verb == "hold":
+                await script.gates.setdefault(arg, anyio.Event()).wait()
+                return arg
+            if verb == "forever":
+                await anyio.sleep_forever()
+            raise AssertionError(f"unknown request {request}")
+        except anyio.get_cancelled_exc_class():
+            script.cancelled_event(request).set()
+            raise
+
+
+@asynccontextmanager
+async def running(pool: ActorPool[str, str]) -> AsyncIterator[TaskGroup]:
+    """Run the pool in a task group; cancel it (a shutdown) on the way out."""
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.run)
+            yield tg
+            tg.cancel_scope.cancel()
+
+
+def pool_of(script: Script, **options: int | float) -> ActorPool[str, str]:
+    return ActorPool("tester", script.factory, **options)  # type: ignore[arg-type]
+
+
+Outcome = str | BaseException
+
+
+async def enqueue(
+    tg: TaskGroup, pool: ActorPool[str, str], request: str, outcomes: dict[str, Outcome]
+) -> None:
+    """Ask in the background and wait until the request is in the pool.
+
+    Waiting for every task to block orders the requests in the mailbox, which
+    ``start_soon`` alone does not promise (trio runs new tasks in any order).
+    """
+
+    async def ask() -> None:
+        try:
+            outcomes[request] = await pool.ask(request)
+        except Exception as exc:
+            outcomes[request] = exc
+
+    tg.start_soon(ask)
+    await wait_all_tasks_blocked()
+
+
+async def test_a_reply_comes_back_to_the_caller_that_asked() -> None:
+    script = Script()
+    pool = pool_of(script, workers=3, mailbox_size=4)
+    replies: dict[int, str] = {}
+
+    async def caller(number: int) -> None:
+        replies[number] = await pool.ask(f"echo:{number}", run_id=f"run-{number}")
+
+    async with running(pool), anyio.create_task_group() as callers:
+        for number in range(50):
+            callers.start_soon(caller, number)
+
+    assert replies == {number: str(number) for number in range(50)}
+    assert {ctx.run_id for ctx in script.contexts} == {f"run-{n}" for n in range(50)}
+
+
+async def test_the_handler_context_names_the_role_run_and_deadline() -> None:
+    script = Script()
+    pool = pool_of(script, workers=1)
+    async with running(pool):
+        deadline = anyio.current_time() + 3
+        await pool.ask("echo:x", run_id="run-7", deadline=deadline)
+        await pool.ask("echo:y")
+    assert script.contexts == [
+        ActorContext("tester", "run-7", deadline),
+        ActorContext("tester", None, None),
+    ]
+
+
+async def test_a_crash_returns_a_typed_failure_and_the_worker_is_replaced() -> None:
+    script = Script()
+    pool = pool_of(script, workers=1)
+    async with running(pool):
+        assert await pool.ask("whoami") == "1"
+        with pytest.raises(ActorCrashed) as caught:
+            await pool.ask("crash:42")
+        assert caught.value.failure == ActorFailure(
+            role="tester", error_type="ValueError", message="bad request 42"
+        )
+        assert caught.value.role == "tester"
+        assert script.made == 2
+        assert await pool.ask("whoami") == "2"
+        assert pool.statistics().restarts == 1
+        assert not pool.stopped
+
+
+async def test_too_many_crashes_stop_the_role_and_queued_requests_get_stopped() -> None:
+    script = Script(crash_gate=anyio.Event())
+    pool = pool_of(script, workers=1, mailbox_size=8, max_restarts=2)
+    outcomes: dict[str, Outcome] = {}
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.run)
+            for request in ("crash:1", "crash:2", "crash:3", "echo:a", "echo:b"):
+                await enqueue(tg, pool, request, outcomes)
+            assert script.crash_gate is not None
+            script.crash_gate.set()
+        # The role stopped by itself: run() returned without a cancellation.
+
+    assert all(isinstance(outcomes[f"crash:{n}"], ActorCrashed) for n in (1, 2, 3))
+    for request in ("echo:a", "echo:b"):
+        error = outcomes[request]
+        assert isinstance(error, ActorStopped)
+        assert "3 crashes within 10s" in str(error)
+    assert script.handled == ["crash:1", "crash:2", "crash:3"]
+    assert pool.stop_reason == "tester stopped after 3 crashes within 10s"
+    statistics = pool.statistics()
+    assert (statistics.restarts, statistics.stopped) == (2, True)
+    with pytest.raises(ActorStopped, match="3 crashes"):
+        await pool.ask("echo:later")
+
+
+async def test_crashes_spread_over_longer_than_the_period_do_not_stop_the_role() -> (
+    None
+):
+    script = Script()
+    pool = pool_of(script, workers=1, max_restarts=1, restart_period_s=0.05)
+    async with running(pool):
+        for _ in range(3):
+            with pytest.raises(ActorCrashed):
+                await pool.ask("crash")
+            await anyio.sleep(0.06)
+        assert await pool.ask("echo:still here") == "still here"
+        assert not pool.stopped
+        assert pool.statistics().restarts == 3
+
+
+async def test_a_second_crash_within_the_period_stops_a_role_allowed_one_restart() -> (
+    None
+):
+    script = Script()
+    pool = pool_of(script, workers=2, max_restarts=1, restart_period_s=60)
+    async with running(pool):
+        for _ in range(2):
+            with pytest.raises(ActorCrashed):
+                await pool.ask("crash")
+        with pytest.raises(ActorStopped, match="2 crashes within 60s"):
+            await pool.ask("echo:x")
+
+
+async def test_messages_left_in_the_mailbox_when_the_pool_stops_receive_an_error() -> (
+    None
+):
+    script = Script()
+    pool = pool_of(script, workers=1, mailbox_size=8)
+    outcomes: dict[str, Outcome] = {}
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.run)
+            for request in ("hold:first", "echo:a", "echo:b", "echo:c"):
+                await enqueue(tg, pool, request, outcomes)
+            assert pool.statistics().mailbox_depth == 3
+            pool.stop("shutting down")
+            # Queued requests are answered at once, before the one in flight.
+            await wait_all_tasks_blocked()
+            for request in ("echo:a", "echo:b", "echo:c"):
+                error = outcomes[request]
+                assert isinstance(error, ActorStopped)
+                assert str(error) == "tester: shutting down"
+            # The request in flight finishes; then the workers end.
+            script.release("first")
+    assert outcomes["hold:first"] == "first"
+    assert script.handled == ["hold:first"]
+
+
+async def test_a_request_in_hand_at_shutdown_gets_stopped_and_nothing_runs_on() -> None:
+    script = Script()
+    pool = pool_of(script, workers=2, mailbox_size=4)
+    outcomes: dict[str, Outcome] = {}
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as callers:
+            async with anyio.create_task_group() as tg:
+                await tg.start(pool.run)
+                for request in ("forever:1", "forever:2", "echo:queued"):
+                    await enqueue(callers, pool, request, outcomes)
+                tg.cancel_scope.cancel()
+            # Nothing of the pool is left running once its task group exits.
+            statistics = pool.statistics()
+            assert (statistics.busy, statistics.mailbox_depth) == (0, 0)
+            assert statistics.stopped
+            assert script.cancelled_event("forever:1").is_set()
+            assert script.cancelled_event("forever:2").is_set()
+    for request in ("forever:1", "forever:2", "echo:queued"):
+        error = outcomes[request]
+        assert isinstance(error, ActorStopped)
+        assert str(error) == "tester: the supervisor stopped"
+    with pytest.raises(ActorStopped):
+        await pool.ask("echo:later")
+
+
+async def test_senders_blocked_on_a_full_mailbox_get_actor_stopped_when_it_stops() -> (
+    None
+):
+    script = Script()
+    pool = pool_of(script, workers=1, mailbox_size=1)
+    outcomes: dict[str, Outcome] = {}
+    async with running(pool) as tg:
+        for request in ("hold:first", "echo:queued", "echo:blocked"):
+            await enqueue(tg, pool, request, outcomes)
+        assert pool.statistics().senders_waiting == 1
+        pool.stop("closing")
+        await wait_all_tasks_blocked()
+        assert isinstance(outcomes["echo:queued"], ActorStopped)
+        assert isinstance(outcomes["echo:blocked"], ActorStopped)
+        assert "closing" in str(outcomes["echo:blocked"])
+        script.release("first")
+        await wait_all_tasks_blocked()
+    assert outcomes["hold:first"] == "first"
+
+
+async def test_a_full_mailbox_blocks_senders_until_a_worker_takes_a_request() -> None:
+    script = Script()
+    pool = pool_of(script, workers=2, mailbox_size=3)
+    outcomes: dict[str, Outcome] = {}
+    async with running(pool) as tg:
+        # Two requests in hand, three queued: the mailbox is full.
+        for name in "abcde":
+            await enqueue(tg, pool, f"hold:{name}", outcomes)
+        statistics = pool.statistics()
+        assert (statistics.busy, statistics.mailbox_depth) == (2, 3)
+        assert statistics.senders_waiting == 0
+        # The sixth sender waits for room.
+        await enqueue(tg, pool, "hold:f", outcomes)
+        statistics = pool.statistics()
+        assert (statistics.busy, statistics.mailbox_depth) == (2, 3)
+        assert statistics.senders_waiting == 1
+        # One finishes: a worker takes the next request and the sender gets in.
+        script.release("a")
+        await wait_all_tasks_blocked()
+        assert outcomes == {"hold:a": "a"}
+        statistics = pool.statistics()
+        assert (statistics.busy, statistics.mailbox_depth) == (2, 3)
+        assert statistics.senders_waiting == 0
+        for name in "bcdef":
+            script.release(name)
+        await wait_all_tasks_blocked()
+    assert outcomes == {f"hold:{name}": name for name in "abcdef"}
+
+
+async def test_a_deadline_that_passes_gives_actor_timeout_and_cancels_the_handler() -> (
+    None
+):
+    script = Script()
+    pool = pool_of(script, workers=1)
+    async with running(pool):
+        with pytest.raises(ActorTimeout):
+            await pool.ask("forever", deadline=anyio.current_time() + 0.05)
+        await script.cancelled_event("forever").wait()
+        assert pool.statistics().busy == 0
+        assert await pool.ask("echo:next") == "next"
+
+
+async def test_a_deadline_that_passes_in_the_mailbox_times_out_without_handling() -> (
+    None
+):
+    script = Script()
+    pool = pool_of(script, workers=1, mailbox_size=1)
+    outcomes: dict[str, Outcome] = {}
+    async with running(pool) as tg:
+        await enqueue(tg, pool, "hold:first", outcomes)
+        with pytest.raises(ActorTimeout):
+            await pool.ask("echo:late", deadline=anyio.current_time() + 0.02)
+        script.release("first")
+        assert await pool.ask("echo:next") == "next"
+    assert script.handled == ["hold:first", "echo:next"]
+
+
+async def test_a_deadline_that_passes_while_blocked_on_a_full_mailbox_times_out() -> (
+    None
+):
+    script = Script()
+    pool = pool_of(script, workers=1, mailbox_size=0)
+    outcomes: dict[str, Outcome] = {}
+    async with running(pool) as tg:
+        await enqueue(tg, pool, "hold:first", outcomes)
+        with pytest.raises(ActorTimeout):
+            await pool.ask("echo:late", deadline=anyio.current_time() + 0.02)
+        assert pool.statistics().senders_waiting == 0
+        script.release("first")
+    assert script.handled == ["hold:first"]
+
+
+async def test_a_deadline_already_past_times_out_at_once() -> None:
+    script = Script()
+    pool = pool_of(script, workers=1)
+    async with running(pool):
+        with pytest.raises(ActorTimeout):
+            await pool.ask("echo:x", deadline=anyio.current_time() - 1)
+    assert script.handled == []
+
+
+async def test_cancelling_the_caller_cancels_the_handlers_work() -> None:
+    script = Script()
+    pool = pool_of(script, workers=1)
+    async with running(pool):
+        async with anyio.create_task_group() as callers:
+            callers.start_soon(pool.ask, "forever")
+            await script.started_event("forever").wait()
+            callers.cancel_scope.cancel()
+        await script.cancelled_event("forever").wait()
+        assert pool.statistics().busy == 0
+        assert await pool.ask("echo:after") == "after"
+        assert script.made == 1
+
+
+async def test_a_handler_ignoring_cancellation_does_not_cancel_the_next_request() -> (
+    None
+):
+    ignored = anyio.Event()
+    entered = anyio.Event()
+
+    class Stubborn:
+        async def handle(self, request: str, ctx: ActorContext) -> str:
+            if request == "stubborn":
+                entered.set()
+                try:
+                    await anyio.sleep_forever()
+                except anyio.get_cancelled_exc_class():
+                    ignored.set()  # and carries on, which it should not
+                return "late"
+            await anyio.lowlevel.checkpoint()
+            return request
+
+    pool: ActorPool[str, str] = ActorPool("stubborn", Stubborn, workers=1)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.run)
+            async with anyio.create_task_group() as callers:
+                callers.start_soon(pool.ask, "stubborn")
+                await entered.wait()
+                callers.cancel_scope.cancel()
+            await ignored.wait()
+            assert await pool.ask("next") == "next"
+            assert await pool.ask("and the next") == "and the next"
+            tg.cancel_scope.cancel()
+
+
+async def test_a_caller_cancelled_while_queued_is_skipped_by_the_worker() -> None:
+    script = Script()
+    pool = pool_of(script, workers=1, mailbox_size=2)
+    outcomes: dict[str, Outcome] = {}
+    async with running(pool) as tg:
+        await enqueue(tg, pool, "hold:first", outcomes)
+        async with anyio.create_task_group() as callers:
+            await enqueue(callers, pool, "echo:abandoned", outcomes)
+            callers.cancel_scope.cancel()
+        script.release("first")
+        assert await pool.ask("echo:next") == "next"
+    assert script.handled == ["hold:first", "echo:next"]
+
+
+async def test_statistics_report_workers_busy_mailbox_depth_restarts_and_stopped() -> (
+    None
+):
+    script = Script()
+    pool = pool_of(script, workers=2, mailbox_size=5, max_restarts=3)
+    outcomes: dict[str, Outcome] = {}
+    async with running(pool) as tg:
+        with pytest.raises(ActorCrashed):
+            await pool.ask("crash")
+        for request in ("hold:a", "hold:b", "hold:c"):
+            await enqueue(tg, pool, request, outcomes)
+        statistics = pool.statistics()
+        assert statistics.role == "tester"
+        assert (statistics.workers, statistics.busy) == (2, 2)
+        assert (statistics.mailbox_depth, statistics.mailbox_size) == (1, 5)
+        assert (statistics.restarts, statistics.senders_waiting) == (1, 0)
+        assert (statistics.stopped, statistics.stop_reason) == (False, None)
+        for name in "abc":
+            script.release(name)
+        await wait_all_tasks_blocked()
+        assert pool.statistics().busy == 0
+        pool.stop("done")
+        statistics = pool.statistics()
+        assert (statistics.stopped, statistics.stop_reason) == (True, "done")
+
+
+async def test_the_senders_trace_context_reaches_the_handler() -> None:
+    tracer = TracerProvider().get_tracer("test")
+    seen: list[trace.SpanContext] = []
+
+    class Tracing:
+        async def handle(self, request: str, ctx: ActorContext) -> str:
+            seen.append(trace.get_current_span().get_span_context())
+            return request
+
+    pool: ActorPool[str, str] = ActorPool("tracer", Tracing, workers=1)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.run)
+            with tracer.start_as_current_span("sender") as span:
+                await pool.ask("traced")
+            await pool.ask("untraced")
+            tg.cancel_scope.cancel()
+    sender = span.get_span_context()
+    assert seen[0].trace_id == sender.trace_id
+    assert seen[0].span_id == sender.span_id
+    assert not seen[1].is_valid
+
+
+async def test_a_factory_that_fails_stops_the_role_instead_of_the_task_group() -> None:
+    script = Script()
+    made = 0
+
+    def factory() -> Actor[str, str]:
+        nonlocal made
+        made += 1
+        if made > 1:
+            raise RuntimeError("no more actors")
+        return script.factory()
+
+    pool: ActorPool[str, str] = ActorPool("tester", factory, workers=1)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.run)
+            with pytest.raises(ActorCrashed):
+                await pool.ask("crash")
+            with pytest.raises(ActorStopped, match="no more actors"):
+                await pool.ask("echo:x")
+    assert pool.stopped
+
+
+async def test_a_pool_runs_only_once() -> None:
+    pool = pool_of(Script(), workers=1)
+    async with running(pool):
+        with pytest.raises(RuntimeError, match="already started"):
+            await pool.run()
+
+
+def test_a_pool_needs_at_least_one_worker() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        pool_of(Script(), workers=0)
+
+
+async def test_a_reply_slot_keeps_the_first_answer() -> None:
+    slot: ReplySlot[str] = ReplySlot()
+    assert not slot.done
+    slot.set("first")
+    slot.fail(ActorStopped("r", "late"))
+    slot.set("second")
+    assert slot.done
+    assert await slot.wait() == "first"
+
+
+async def test_abandoning_an_answered_slot_does_not_cancel_the_worker() -> None:
+    answered: ReplySlot[str] = ReplySlot()
+    scope = anyio.CancelScope()
+    answered.bind(scope)
+    answered.set("answered")
+    answered.abandon()
+    assert not scope.cancel_called
+    unanswered: ReplySlot[str] = ReplySlot()
+    unanswered.bind(scope)
+    unanswered.abandon()
+    assert scope.cancel_called
