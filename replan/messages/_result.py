@@ -86,6 +86,8 @@ class RunResult(Frozen):
     """Every replan decision, applied or refused, in order."""
     usage: Usage
     output: str | None = None
+    sources: list[str] = Field(default_factory=list)
+    """What the synthesis cites."""
     stop_reason: str | None = None
     iterations: int = 0
     task_executions: int = 0

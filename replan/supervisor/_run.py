@@ -250,8 +250,15 @@ class RunDriver:
         )
 
     async def open_gate(self, request: GateRequest, validate: Validator | None) -> None:
-        await self.record_events((GateOpened, {"request": request}))
+        # Registered before the event is journaled, so that whoever reacts to
+        # the gate_opened event can resolve it at once; resolve() returns only
+        # after the resolution is journaled, which is after gate_opened.
         self.gates.open(request, validate)
+        try:
+            await self.record_events((GateOpened, {"request": request}))
+        except BaseException:
+            self.gates.close(request.gate_id, "the gate could not be journaled")
+            raise
 
     async def await_gate(
         self, request: GateRequest, validate: Validator | None

@@ -102,6 +102,7 @@ class RunState(Frozen):
             replans=self.replans,
             usage=self.usage,
             output=self.output,
+            sources=self.sources,
             stop_reason=self.stop_reason,
             iterations=self.iterations,
             task_executions=self.task_executions,

@@ -1,0 +1,325 @@
+"""The ``replan`` command line: ``demo``, ``show`` and ``runs``.
+
+``main`` returns the exit status instead of exiting, so tests call it
+in-process: 0 on success, 1 for a run-time problem (a missing journal, an
+unknown run, a demo run that did not complete), 2 for bad arguments. User
+errors print one ``replan: error: ...`` line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import sqlite3
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn, TextIO
+
+import anyio
+
+from . import _render
+from ._demo import demo_model, demo_spec
+from ._errors import ConfigurationError
+from ._version import __version__
+from .messages import GateOpened, GateRequest, GateResolution, RunStatus
+from .store import MemoryStore, SQLiteStore, Store
+from .supervisor import RunHandle, RunState, Supervisor, apply, replay
+
+PROMPT = "Approve this change? [y/N/e(dit not supported here)] "
+
+
+class CommandError(Exception):
+    """A problem to report as one line: ``replan: error: <message>``."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class Console:
+    """Where output goes: results on ``out``, progress on ``progress``."""
+
+    out: TextIO
+    progress: TextIO
+
+    def emit(self, lines: Sequence[str], *, to_progress: bool = False) -> None:
+        stream = self.progress if to_progress else self.out
+        for line in lines:
+            print(line, file=stream)
+        stream.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``replan`` command line and return its exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits on --help and on bad arguments
+        return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
+    try:
+        return anyio.run(_dispatch, args)
+    except CommandError as exc:
+        print(f"replan: error: {exc}", file=sys.stderr)
+        return exc.code
+    except sqlite3.Error as exc:
+        print(f"replan: error: the journal cannot be read: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("replan: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (``replan show ... | head``): stop quietly, and
+        # keep Python from complaining again when it flushes stdout at exit.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every argument error reads ``replan: error: ...``, subcommands included."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"replan: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``replan`` argument parser, with one subparser per command."""
+    parser = _Parser(
+        prog="replan",
+        description="Supervised actors for LLM agents that replan safely.",
+    )
+    parser.add_argument("--version", action="version", version=f"replan {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = commands.add_parser(
+        "demo",
+        help="run the shipped research scenario offline (no API key)",
+        description="Run a research agent whose first plan goes stale: watch the "
+        "reviewer ask for a scope_shift replan and approve it at the human gate.",
+    )
+    demo.add_argument("--yes", action="store_true", help="approve every gate")
+    demo.add_argument(
+        "--json", action="store_true", help="print only the run result as JSON"
+    )
+    demo.add_argument(
+        "--db", metavar="PATH", help="journal the run in this SQLite file"
+    )
+    demo.add_argument(
+        "--latency",
+        metavar="SECONDS",
+        type=_seconds,
+        default=0.0,
+        help="simulated seconds per model call (default 0)",
+    )
+
+    show = commands.add_parser(
+        "show", help="print a journaled run: tasks, plan versions and diffs"
+    )
+    show.add_argument("run_id", metavar="RUN_ID", help="a run id, or a unique prefix")
+    show.add_argument("--db", metavar="PATH", required=True, help="the SQLite journal")
+    show.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    runs = commands.add_parser("runs", help="list the runs of a journal, newest first")
+    runs.add_argument("--db", metavar="PATH", required=True, help="the SQLite journal")
+    runs.add_argument(
+        "--limit", type=_positive, default=100, help="at most this many (default 100)"
+    )
+    return parser
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more seconds: {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+async def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "demo":
+        console = Console(sys.stdout, sys.stderr if args.json else sys.stdout)
+        return await demo(
+            console, yes=args.yes, as_json=args.json, db=args.db, latency=args.latency
+        )
+    console = Console(sys.stdout, sys.stderr)
+    if args.command == "show":
+        return await show(console, args.run_id, db=args.db, as_json=args.json)
+    if args.command == "runs":
+        return await list_runs(console, db=args.db, limit=args.limit)
+    raise CommandError(f"unknown command {args.command!r}", code=2)
+
+
+# demo --------------------------------------------------------------------------
+
+
+async def demo(
+    console: Console, *, yes: bool, as_json: bool, db: str | None, latency: float
+) -> int:
+    """Run the demo scenario, following its events, and print how it went."""
+    store: Store = _open_store(db, create=True) if db else MemoryStore()
+    try:
+        async with Supervisor(model=demo_model(latency), store=store) as sup:
+            handle = await sup.submit(demo_spec())
+            await _follow(sup, handle, console, yes=yes)
+            result = await handle.result()
+            state = handle.state
+    finally:
+        await store.aclose()
+    if as_json:
+        console.emit([result.model_dump_json(indent=2)])
+    else:
+        console.emit(["", *_render.outcome_lines(state)])
+        if db:
+            console.emit(["", f"journal: replan show {result.run_id} --db {db}"])
+    if result.status is not RunStatus.COMPLETED:
+        reason = f": {result.stop_reason}" if result.stop_reason else ""
+        raise CommandError(f"the demo run ended {result.status.value}{reason}")
+    return 0
+
+
+async def _follow(
+    sup: Supervisor, handle: RunHandle, console: Console, *, yes: bool
+) -> None:
+    """Print one entry per event; answer each gate as it opens."""
+    state: RunState | None = None
+    async for event in handle.events():
+        state = apply(state, event)
+        console.emit(_render.event_lines(event, state), to_progress=True)
+        if isinstance(event, GateOpened):
+            resolution = await _decide(event.request, console, yes=yes)
+            await _resolve(sup, event.request, resolution)
+
+
+async def _decide(
+    request: GateRequest, console: Console, *, yes: bool
+) -> GateResolution:
+    if yes:
+        return GateResolution(decision="approve", by="cli --yes")
+    question = PROMPT
+    if request.task_id is not None:
+        question = question.replace("this change", f"task {request.task_id}")
+    while True:
+        print(question, end="", file=console.progress, flush=True)
+        try:
+            reply = await anyio.to_thread.run_sync(input, abandon_on_cancel=True)
+        except EOFError:
+            print(file=console.progress)
+            return GateResolution(decision="reject", by="cli", note="no answer")
+        if not _interactive():
+            print(reply, file=console.progress, flush=True)  # piped: show it
+        match reply.strip().lower():
+            case "y" | "yes":
+                return GateResolution(decision="approve", by="cli")
+            case "" | "n" | "no":
+                return GateResolution(decision="reject", by="cli")
+            case "e" | "edit":
+                note = "editing a plan is not supported here: answer y or n"
+            case _:
+                note = "please answer y or n"
+        console.emit([note], to_progress=True)
+
+
+def _interactive() -> bool:
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+async def _resolve(
+    sup: Supervisor, request: GateRequest, resolution: GateResolution
+) -> None:
+    # The run registers the gate right after journaling gate_opened; give it
+    # the moment it needs before answering.
+    for _ in range(100):
+        if sup.gates.get(request.gate_id) is not None:
+            break
+        await anyio.sleep(0.01)
+    await sup.gates.resolve(request.gate_id, resolution)
+
+
+# show and runs -----------------------------------------------------------------
+
+
+async def show(console: Console, run_id: str, *, db: str, as_json: bool) -> int:
+    """Print a journaled run rebuilt from its events."""
+    store = _open_store(db, create=False)
+    try:
+        full_id = await _find_run(store, run_id, db)
+        events = await store.read(full_id)
+    finally:
+        await store.aclose()
+    if not events:
+        raise CommandError(f"run {full_id} has no events in {db}")
+    state = replay(events)
+    if as_json:
+        console.emit([state.result().model_dump_json(indent=2)])
+    else:
+        console.emit(_render.run_report(state))
+    return 0
+
+
+async def list_runs(console: Console, *, db: str, limit: int) -> int:
+    """Print one line per run: id, status, pattern, goal."""
+    store = _open_store(db, create=False)
+    try:
+        summaries = await store.list_runs(limit=limit)
+    finally:
+        await store.aclose()
+    if not summaries:
+        console.emit([f"no runs in {db}"], to_progress=True)
+    for s in summaries:
+        goal = " ".join(s.goal.split())
+        if len(goal) > 60:
+            goal = goal[:59] + "…"
+        console.emit([f"{s.run_id}  {s.status.value:<17} {s.pattern:<9}  {goal}"])
+    return 0
+
+
+def _open_store(db: str, *, create: bool) -> SQLiteStore:
+    if not create and not Path(db).is_file():
+        raise CommandError(f"no journal at {db}")
+    try:
+        return SQLiteStore(db)
+    except (OSError, sqlite3.Error, ConfigurationError) as exc:
+        raise CommandError(f"cannot open the journal at {db}: {exc}") from None
+
+
+async def _find_run(store: SQLiteStore, run_id: str, db: str) -> str:
+    """The run id itself, or the one run whose id starts with ``run_id``."""
+    if run_id and await store.get_run(run_id) is not None:
+        return run_id
+    matches = [
+        s.run_id
+        for s in await store.list_runs(limit=1_000_000)
+        if run_id and s.run_id.startswith(run_id)
+    ]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise CommandError(
+            f"run id prefix {run_id} matches {len(matches)} runs in {db}"
+        )
+    raise CommandError(f"no run {run_id} in {db}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,244 @@
+"""The ``replan`` command line, called in-process and once as a real process.
+
+These tests are synchronous: ``main`` runs its own event loop with anyio.run.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from replan.cli import main
+
+
+def run_json(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> tuple[dict[str, Any], str]:
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    return json.loads(captured.out), captured.err
+
+
+def test_demo_json_prints_only_the_run_result_and_progress_goes_to_stderr(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    result, err = run_json(["demo", "--yes", "--json"], capsys)
+
+    assert result["kind"] == "run_result"
+    assert result["status"] == "completed"
+    assert [r["outcome"] for r in result["replans"]] == ["applied"]
+    assert "gate g1 opened" in err
+    assert "run finished: completed" in err
+
+
+def test_demo_shows_progress_gate_diff_versions_output_and_usage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["demo", "--yes"]) == 0
+    out = capsys.readouterr().out
+
+    for expected in (
+        "plan v1: 4 tasks",
+        "task t1 completed",
+        "milestone 1 reviewed by the model: replan (scope_shift, confidence 0.85",
+        "gate g1 opened",
+        "proposed change:",
+        "gate g1 resolved: approve by cli --yes",
+        "replan applied (scope_shift): plan v2, 3 removed, 4 added, 1 preserved",
+        "milestone 2 reviewed by the heuristic: continue",
+        "run finished: completed",
+        "v2  scope_shift, approved by cli --yes",
+        "- t2  Extract key findings from the top results",
+        "+ t5  Survey the state space model literature",
+        "= t1  Search recent papers on transformer efficiency",
+        "usage by role",
+    ):
+        assert expected in out
+    assert out.index("run finished") < out.index("plan versions")
+
+
+def test_the_console_module_runs_the_demo_without_an_api_key() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "replan.cli", "demo", "--yes", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=45,
+        check=False,
+    )
+
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["status"] == "completed"
+    assert [r["outcome"] for r in result["replans"]] == ["applied"]
+    assert "Traceback" not in proc.stderr
+
+
+def test_show_prints_both_plan_versions_and_the_diff_of_a_journaled_demo(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "j.db")
+    result, _ = run_json(["demo", "--yes", "--json", "--db", db], capsys)
+    run_id = result["run_id"]
+
+    assert main(["show", run_id, "--db", db]) == 0
+    out = capsys.readouterr().out
+
+    assert f"run      {run_id}" in out
+    assert "status   completed" in out
+    assert "t2  superseded  Extract key findings" in out
+    assert "t5  completed   Survey the state space model literature" in out
+    assert "v1  first plan" in out
+    assert "v2  scope_shift, approved by cli --yes" in out
+    assert "- t2  Extract key findings from the top results" in out
+    assert "+ t8  Draft a summary of the current state" in out
+    assert "= t1  Search recent papers on transformer efficiency" in out
+
+
+def test_show_json_equals_the_result_of_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "j.db")
+    result, _ = run_json(["demo", "--yes", "--json", "--db", db], capsys)
+
+    shown, _ = run_json(["show", result["run_id"][:8], "--db", db, "--json"], capsys)
+
+    assert shown == result
+
+
+def test_runs_lists_each_journaled_run_on_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "j.db")
+    first, _ = run_json(["demo", "--yes", "--json", "--db", db], capsys)
+    second, _ = run_json(["demo", "--yes", "--json", "--db", db], capsys)
+
+    assert main(["runs", "--db", db]) == 0
+    lines = capsys.readouterr().out.splitlines()
+
+    assert len(lines) == 2
+    assert {line.split()[0] for line in lines} == {first["run_id"], second["run_id"]}
+    assert all(line.split()[1:3] == ["completed", "discovery"] for line in lines)
+    assert all("efficient sequence modelling" in line for line in lines)
+
+
+def test_show_with_a_missing_journal_fails_in_one_line_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "nowhere" / "j.db"
+
+    assert main(["show", "abc", "--db", str(db)]) == 1
+
+    captured = capsys.readouterr()
+    assert captured.err == f"replan: error: no journal at {db}\n"
+    assert captured.out == ""
+    assert not db.parent.exists()
+
+
+def test_runs_with_a_missing_journal_fails_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "j.db"
+
+    assert main(["runs", "--db", str(db)]) == 1
+
+    assert capsys.readouterr().err == f"replan: error: no journal at {db}\n"
+    assert not db.exists()
+
+
+def test_show_with_an_unknown_run_id_fails_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "j.db")
+    run_json(["demo", "--yes", "--json", "--db", db], capsys)
+
+    assert main(["show", "nope", "--db", db]) == 1
+
+    assert capsys.readouterr().err == f"replan: error: no run nope in {db}\n"
+
+
+def test_a_file_that_is_not_a_journal_is_reported_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "j.db"
+    db.write_text("not a database\n")
+
+    assert main(["show", "abc", "--db", str(db)]) == 1
+
+    err = capsys.readouterr().err
+    assert err.startswith(f"replan: error: cannot open the journal at {db}")
+    assert err.count("\n") == 1
+
+
+def test_answering_no_at_the_prompt_rejects_the_gate_and_keeps_the_plan(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO("n\n"))
+
+    result, err = run_json(["demo", "--json"], capsys)
+
+    assert "Approve this change? [y/N/e(dit not supported here)]" in err
+    assert "gate g1 resolved: reject by cli" in err
+    assert result["status"] == "completed"
+    assert [r["outcome"] for r in result["replans"]] == ["rejected_by_human"]
+    assert [v["version"] for v in result["versions"]] == [1]
+    assert [t["status"] for t in result["tasks"]] == ["completed"] * 4
+
+
+def test_answering_yes_at_the_prompt_approves_the_gate(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO("edit\ny\n"))
+
+    result, err = run_json(["demo", "--json"], capsys)
+
+    assert "editing a plan is not supported here" in err
+    assert [r["outcome"] for r in result["replans"]] == ["applied"]
+    assert result["versions"][1]["approved_by"] == "cli"
+
+
+def test_the_end_of_input_at_the_prompt_rejects_the_gate(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+
+    result, _ = run_json(["demo", "--json"], capsys)
+
+    assert result["replans"][0]["outcome"] == "rejected_by_human"
+    assert result["replans"][0]["reason"] == "rejected by cli: no answer"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["bogus"], id="unknown-command"),
+        pytest.param(["demo", "--nope"], id="unknown-flag"),
+        pytest.param(["demo", "--latency", "-1"], id="negative-latency"),
+        pytest.param(["show", "abc"], id="show-without-db"),
+        pytest.param([], id="no-command"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_usage_message(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+
+    err = capsys.readouterr().err
+    assert err.startswith("usage: replan")
+    assert "replan: error: " in err
+    assert "Traceback" not in err
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+
+    out = capsys.readouterr().out
+    assert all(command in out for command in ("demo", "show", "runs"))
