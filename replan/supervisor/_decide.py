@@ -50,6 +50,8 @@ def milestone_due(state: RunState, task_id: str) -> bool:
     completed tasks since the last review. The end of a phase is the third
     kind; the run loop checks it with :func:`phase_done` when nothing runs.
     """
+    if state.completing:
+        return False
     task = state.tasks[task_id]
     if task.milestone and task.status is TaskStatus.COMPLETED:
         return True
@@ -63,6 +65,7 @@ def phase_gate(state: RunState) -> Literal["boundary", "stay"]:
         state.spec.pattern == "hybrid"
         and state.phase == "collection"
         and not state.boundary_crossed
+        and bool(state.versions)
         and phase_done(state)
     ):
         return "boundary"

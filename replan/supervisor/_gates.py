@@ -92,6 +92,15 @@ class GateRegistry:
             )
         return pending.resolution
 
+    def withdraw(self, gate_id: str, note: str) -> None:
+        """Answer a gate on the run's behalf (reject) when it no longer matters."""
+        pending = self._open.get(gate_id)
+        if pending is not None and pending.resolution is None:
+            pending.resolution = GateResolution(
+                decision="reject", by="supervisor", note=note
+            )
+            pending.answered.set()
+
     def close(self, gate_id: str, error: str | None = None) -> None:
         """The run journaled the answer (or gave up, with ``error``)."""
         pending = self._open.pop(gate_id, None)

@@ -6,7 +6,7 @@ outcome (the run goes on with its plan), never an exception.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..messages import (
     AlignmentReply,
@@ -17,7 +17,6 @@ from ..messages import (
     EvolveRequest,
     GateResolution,
     MilestoneReviewed,
-    ModelCall,
     PlanProposal,
     PlanVersion,
     RankReply,
@@ -40,7 +39,7 @@ from ._decide import (
     heuristic_verdict,
     under_contract,
 )
-from ._run import RunEnded, usage_events
+from ._run import RunEnded
 from ._versions import build_version
 
 if TYPE_CHECKING:
@@ -57,7 +56,6 @@ async def first_plan(run: RunDriver) -> None:
         return
     reply = await run.plan_proposal("plan", run.base_context())
     proposal = reply.proposals[0]
-    await run.record_events(*usage_events(reply.calls))
     if not proposal.achievable:
         raise RunEnded(
             RunStatus.ABORTED,
@@ -73,7 +71,6 @@ async def boundary(run: RunDriver) -> None:
     context = run.base_context()
     context.update(completed=run.completed_context(), findings=run.state.findings())
     reply = await run.plan_proposal("boundary", context)
-    await run.record_events(*usage_events(reply.calls))
     proposal = reply.proposals[0]
     await run.create_plan(proposal.tasks, proposal.rationale, boundary=True)
 
@@ -89,7 +86,6 @@ async def review(run: RunDriver) -> None:
         )
     verdict = heuristic_verdict(state)
     by = "heuristic"
-    calls: list[ModelCall] = []
     if verdict is None:
         context = run.base_context()
         context.update(
@@ -101,7 +97,7 @@ async def review(run: RunDriver) -> None:
         reply = await run.ask(
             run.roles.reviewer, ReviewRequest(context=context), ReviewReply
         )
-        verdict, calls, by = reply.verdict, reply.calls, "model"
+        verdict, by = reply.verdict, "model"
     if contract_rules(state):
         ruled = under_contract(verdict)
         if ruled != verdict:
@@ -111,7 +107,6 @@ async def review(run: RunDriver) -> None:
             MilestoneReviewed,
             {"index": state.iterations + 1, "verdict": verdict, "by": by},
         ),
-        *usage_events(calls),
     )
     match verdict.decision:
         case "continue" | "complete":
@@ -156,14 +151,10 @@ async def replan(run: RunDriver, verdict: Verdict) -> None:
     if refusal is not None:
         await _refuse(run, verdict, *refusal)
         return
-    proposal, calls = await _propose(run, verdict)
+    proposal = await _propose(run, verdict)
     if not proposal.achievable:
         await _refuse(
-            run,
-            verdict,
-            ReplanOutcome.ABORTED_INFEASIBLE,
-            proposal.rationale,
-            calls=calls,
+            run, verdict, ReplanOutcome.ABORTED_INFEASIBLE, proposal.rationale
         )
         raise RunEnded(
             RunStatus.ABORTED,
@@ -172,13 +163,8 @@ async def replan(run: RunDriver, verdict: Verdict) -> None:
     try:
         version = _version(run, proposal, verdict)
     except ValueError as exc:
-        await _refuse(
-            run,
-            verdict,
-            ReplanOutcome.REFUSED_INVALID,
-            f"invalid proposal: {exc}",
-            calls=calls,
-        )
+        reason = f"invalid proposal: {exc}"
+        await _refuse(run, verdict, ReplanOutcome.REFUSED_INVALID, reason)
         return
     if proposal.tasks:
         context = run.base_context()
@@ -186,23 +172,14 @@ async def replan(run: RunDriver, verdict: Verdict) -> None:
         reply = await run.ask(
             run.roles.ranker, AlignmentRequest(context=context), AlignmentReply
         )
-        calls.extend(reply.calls)
         drift = drifted(reply.alignment, len(proposal.tasks))
         if drift is not None:
             await _refuse(
-                run,
-                verdict,
-                ReplanOutcome.REFUSED_DRIFT,
-                drift,
-                proposed=version,
-                calls=calls,
+                run, verdict, ReplanOutcome.REFUSED_DRIFT, drift, proposed=version
             )
             return
     approved_by: str | None = None
     if verdict.trigger in run.state.spec.gate_policy.gate_on:
-        if calls:
-            await run.record_events(*usage_events(calls))
-            calls = []
         resolution = await _gate_replan(run, verdict, version)
         if resolution.decision == "reject":
             reason = f"rejected by {resolution.by}" + (
@@ -214,9 +191,18 @@ async def replan(run: RunDriver, verdict: Verdict) -> None:
             )
             return
         if resolution.decision == "edit" and resolution.tasks is not None:
-            edited = PlanProposal(tasks=resolution.tasks, rationale=proposal.rationale)
-            version = _version(run, edited, verdict)
+            proposal = PlanProposal(
+                tasks=resolution.tasks, rationale=proposal.rationale
+            )
         approved_by = resolution.by
+    # Approval answers may have changed pending tasks during the model calls
+    # and the gate: the diff applied is the one against the plan as it is now.
+    try:
+        version = _version(run, proposal, verdict)
+    except ValueError as exc:
+        reason = f"the plan no longer fits the run: {exc}"
+        await _refuse(run, verdict, ReplanOutcome.REFUSED_INVALID, reason)
+        return
     version = version.model_copy(update={"approved_by": approved_by})
     record = ReplanRecord(
         trigger=verdict.trigger,
@@ -226,10 +212,7 @@ async def replan(run: RunDriver, verdict: Verdict) -> None:
         version=version.version,
         proposed=version,
     )
-    await run.record_events(
-        *usage_events(calls),
-        (ReplanApplied, {"record": record, "version": version}),
-    )
+    await run.record_events((ReplanApplied, {"record": record, "version": version}))
 
 
 def _version(run: RunDriver, proposal: PlanProposal, verdict: Verdict) -> PlanVersion:
@@ -243,9 +226,7 @@ def _version(run: RunDriver, proposal: PlanProposal, verdict: Verdict) -> PlanVe
     )
 
 
-async def _propose(
-    run: RunDriver, verdict: Verdict
-) -> tuple[PlanProposal, list[ModelCall]]:
+async def _propose(run: RunDriver, verdict: Verdict) -> PlanProposal:
     """The planner's revision; with K > 1 candidates: critique, rank, evolve."""
     state = run.state
     context = run.base_context()
@@ -257,11 +238,9 @@ async def _propose(
         verdict=verdict,
     )
     k = state.spec.limits.replan_candidates
-    reply = await run.plan_proposal("replan", context, candidates=k)
-    calls = list(reply.calls)
-    proposals = reply.proposals
+    proposals = (await run.plan_proposal("replan", context, candidates=k)).proposals
     if k == 1 or len(proposals) == 1:
-        return proposals[0], calls
+        return proposals[0]
     critiques = await run.ask(
         run.roles.reviewer,
         CritiqueRequest(candidates=proposals, context=context),
@@ -280,8 +259,7 @@ async def _propose(
         ),
         EvolveReply,
     )
-    calls.extend([*critiques.calls, *ranking.calls, *evolved.calls])
-    return evolved.proposal, calls
+    return evolved.proposal
 
 
 async def _gate_replan(
@@ -313,7 +291,6 @@ async def _refuse(
     reason: str,
     *,
     proposed: PlanVersion | None = None,
-    calls: list[ModelCall] | None = None,
 ) -> None:
     record = ReplanRecord(
         trigger=verdict.trigger,
@@ -322,6 +299,4 @@ async def _refuse(
         confidence=verdict.confidence,
         proposed=proposed,
     )
-    specs: list[tuple[Any, dict[str, Any]]] = [*usage_events(calls or [])]
-    specs.append((ReplanRefused, {"record": record}))
-    await run.record_events(*specs)
+    await run.record_events((ReplanRefused, {"record": record}))

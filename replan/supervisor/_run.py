@@ -135,6 +135,7 @@ class RunDriver:
         self._awaiting_approval: set[str] = set()
         self._cancel_requested = False
         self._staged: list[Event] = []
+        self._journal_lock = anyio.Lock()
         self._staged_state: RunState | None = None
         self._cancel_scope = anyio.CancelScope()
         send: MemoryObjectSendStream[_Done | _Answered | _RoleStopped]
@@ -181,13 +182,20 @@ class RunDriver:
     async def record_events(
         self, *specs: tuple[type[Event], dict[str, Any]]
     ) -> RunState:
-        """Append staged and new events to the journal, then install the state."""
-        state = self.stage(*specs)
-        events, self._staged, self._staged_state = self._staged, [], None
-        if events:
-            await self.store.append(state.run_id, events, summary_of(state))
-            self.record.install(state, events)
-        return state
+        """Append staged and new events to the journal, then install the state.
+
+        Serialized by a lock: approval answers are journaled by their own
+        tasks while the driver may be waiting elsewhere (at a replan gate).
+        """
+        async with self._journal_lock:
+            state = self.stage(*specs)
+            events, self._staged = self._staged, []
+            if events:
+                await self.store.append(state.run_id, events, summary_of(state))
+                self.record.install(state, events)
+            if self._staged_state is state:
+                self._staged_state = None
+            return state
 
     # Asking actors ------------------------------------------------------------
 
@@ -203,9 +211,15 @@ class RunDriver:
         for attempt in range(1, attempts + 1):
             self.check_budget()
             try:
-                return expect(
+                reply = expect(
                     await pool.ask(request, run_id=self.state.run_id), reply_type
                 )
+                # Journal the usage at once: the budget checks before the next
+                # call of the same flow must see it.
+                calls: list[ModelCall] | None = getattr(reply, "calls", None)
+                if calls:
+                    await self.record_events(*usage_events(calls))
+                return reply
             except ActorStopped as exc:
                 raise RunEnded(
                     RunStatus.FAILED, f"the {exc.role} role stopped: {exc}"
@@ -357,11 +371,12 @@ class RunDriver:
         if not self.state.versions:
             await first_plan(self)
         while True:
+            self._withdraw_stale_approvals()
             await self._dispatch(tg)
             if self._in_flight == 0 and not self._awaiting_approval:
                 state = self.state
                 if phase_done(state):
-                    if state.window:
+                    if state.window and not state.completing:
                         await review(self)
                         continue
                     if phase_gate(state) == "boundary":
@@ -383,7 +398,6 @@ class RunDriver:
                 )
             if isinstance(item, _Answered):
                 self._awaiting_approval.discard(item.request.gate_id)
-                await self.resolve_gate(item.request, item.resolution)
                 continue
             self._in_flight -= 1
             staged = self.stage(
@@ -427,6 +441,18 @@ class RunDriver:
             self._in_flight += 1
             tg.start_soon(self._execute, state.tasks[task.id])
 
+    def _withdraw_stale_approvals(self) -> None:
+        """A side effect that a replan or ``complete`` superseded needs no answer."""
+        state = self.state
+        for gate in state.open_gates:
+            task_id = gate.request.task_id
+            if task_id is not None and state.tasks[task_id].status is not (
+                TaskStatus.PENDING
+            ):
+                self.gates.withdraw(
+                    gate.request.gate_id, f"task {task_id} is no longer pending"
+                )
+
     async def _request_approval(self, tg: TaskGroup, task: Task) -> None:
         request = self.gate_request(
             f"task {task.id} has side effects and needs approval: {task.description}",
@@ -442,6 +468,11 @@ class RunDriver:
         tg.start_soon(self._await_approval, request)
 
     async def _await_approval(self, request: GateRequest) -> None:
+        """Wait for a side effect's approval and journal the answer at once.
+
+        The answer is journaled here, not by the main loop, so that a person's
+        ``resolve()`` returns even while the run waits at another gate.
+        """
         try:
             resolution = await self.roles.human_gate.ask(
                 request, run_id=self.state.run_id
@@ -453,6 +484,7 @@ class RunDriver:
             resolution = GateResolution(
                 decision="reject", by="supervisor", note=str(exc)
             )
+        await self.resolve_gate(request, resolution)
         await self._inbox_send.send(_Answered(request, resolution))
 
     async def _execute(self, task: Task) -> None:
@@ -490,8 +522,6 @@ class RunDriver:
         reply = await self.ask(
             self.roles.executor, SynthesizeRequest(context=context), SynthesizeReply
         )
-        if reply.calls:
-            await self.record_events(*usage_events(reply.calls))
         return reply.synthesis
 
     async def plan_proposal(

@@ -60,6 +60,9 @@ class RunState(Frozen):
     boundary_crossed: bool = False
     iterations: int = 0
     """Milestone reviews held."""
+    completing: bool = False
+    """A reviewer said ``complete``: no more reviews; tasks in flight finish,
+    nothing new starts, then the run synthesizes."""
     task_executions: int = 0
     """Task attempts started."""
     window: list[str] = Field(default_factory=list)
@@ -176,6 +179,7 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
             }
             if verdict.decision == "complete":
                 changes["tasks"] = _supersede(state.tasks, _pending_ids(state))
+                changes["completing"] = True
             return changes
         case ReplanRefused(record=record):
             return {"replans": [*state.replans, record]}
@@ -226,7 +230,8 @@ def _resolve_gate(
         "status": RunStatus.WAITING_FOR_HUMAN if still_open else RunStatus.RUNNING,
     }
     task_id = info.request.task_id
-    if task_id is None:
+    if task_id is None or _task(state, task_id).status is not TaskStatus.PENDING:
+        # A replan or an early completion may have superseded the task.
         return changes
     if resolution.decision == "reject":
         outcome = TaskOutcome(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
@@ -29,6 +30,8 @@ from ._handle import RunHandle, RunRecord
 from ._roles import DEFAULT_WORKERS, ROLES, Roles
 from ._run import RunDriver, summary_of
 from ._state import apply, replay
+
+logger = logging.getLogger("replan.supervisor")
 
 
 class Supervisor:
@@ -236,6 +239,13 @@ class Supervisor:
     async def _drive(self, driver: RunDriver) -> None:
         try:
             await driver.run()
+        except Exception:
+            # A bug in one run must not take the supervisor and its other
+            # runs down; the run stays unfinished in the journal.
+            logger.exception("run %s crashed", driver.state.run_id)
+            self._records[driver.state.run_id].detach(
+                "the run's driver crashed (see the log)"
+            )
         finally:
             self._drivers.pop(driver.state.run_id, None)
 
