@@ -47,3 +47,18 @@ async def call_model(
             f"got {type(output).__name__}"
         )
     return output, ModelCall(role=role, purpose=purpose, usage=response.usage)
+
+
+class Allowance:
+    """The tokens a handler may still spend on its model calls."""
+
+    def __init__(self, tokens: int | None) -> None:
+        self._left = tokens
+
+    @property
+    def spent(self) -> bool:
+        return self._left is not None and self._left <= 0
+
+    def charge(self, call: ModelCall) -> None:
+        if self._left is not None:
+            self._left -= call.usage.total_tokens

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from ..llm import Model
 from ..messages import ModelCall, PlanProposal, PlanReply, PlanRequest
-from ._calls import call_model
+from ._calls import Allowance, call_model
 from ._runtime import ActorContext
 
 
@@ -19,7 +19,10 @@ class Planner:
     async def handle(self, request: PlanRequest, ctx: ActorContext) -> PlanReply:
         proposals: list[PlanProposal] = []
         calls: list[ModelCall] = []
+        allowance = Allowance(request.token_allowance)
         for index in range(request.candidates):
+            if allowance.spent:
+                return PlanReply(proposals=proposals, calls=calls, cut_short=True)
             context = dict(request.context)
             if request.candidates > 1:
                 context["candidate"] = index
@@ -35,4 +38,5 @@ class Planner:
             )
             proposals.append(proposal)
             calls.append(call)
+            allowance.charge(call)
         return PlanReply(proposals=proposals, calls=calls)

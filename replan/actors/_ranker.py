@@ -13,7 +13,7 @@ from ..messages import (
     RankReply,
     RankRequest,
 )
-from ._calls import call_model
+from ._calls import Allowance, call_model
 from ._runtime import ActorContext
 
 
@@ -49,7 +49,12 @@ class Ranker:
         wins = [0] * n
         comparisons: list[Comparison] = []
         calls: list[ModelCall] = []
+        allowance = Allowance(request.token_allowance)
+        cut_short = False
         for i, j in combinations(range(n), 2):
+            if allowance.spent:
+                cut_short = True
+                break
             context = dict(request.context)
             context.update(
                 a=request.candidates[i],
@@ -69,5 +74,12 @@ class Ranker:
             wins[i if comparison.winner == "a" else j] += 1
             comparisons.append(comparison)
             calls.append(call)
+            allowance.charge(call)
         order = sorted(range(n), key=lambda k: (-wins[k], k))
-        return RankReply(order=order, wins=wins, comparisons=comparisons, calls=calls)
+        return RankReply(
+            order=order,
+            wins=wins,
+            comparisons=comparisons,
+            calls=calls,
+            cut_short=cut_short,
+        )

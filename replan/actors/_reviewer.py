@@ -12,7 +12,7 @@ from ..messages import (
     ReviewRequest,
     Verdict,
 )
-from ._calls import call_model
+from ._calls import Allowance, call_model
 from ._runtime import ActorContext
 
 
@@ -40,7 +40,12 @@ class Reviewer:
             case CritiqueRequest():
                 critiques: list[Critique] = []
                 calls: list[ModelCall] = []
+                allowance = Allowance(request.token_allowance)
                 for index, candidate in enumerate(request.candidates):
+                    if allowance.spent:
+                        return CritiqueReply(
+                            critiques=critiques, calls=calls, cut_short=True
+                        )
                     context = dict(request.context)
                     context.update(candidate=candidate, candidate_index=index)
                     critique, call = await call_model(
@@ -54,6 +59,7 @@ class Reviewer:
                     )
                     critiques.append(critique)
                     calls.append(call)
+                    allowance.charge(call)
                 return CritiqueReply(critiques=critiques, calls=calls)
             case _:
                 assert_never(request)

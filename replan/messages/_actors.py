@@ -32,6 +32,10 @@ class ModelCall(Frozen):
 class _Request(Frozen):
     context: dict[str, Any] = Field(default_factory=dict)
     """Structured inputs for the model (see ``ModelRequest.context``)."""
+    token_allowance: int | None = None
+    """Tokens the handler may still spend (the run's budget left). A handler
+    that makes several model calls starts none once it is spent, and answers
+    with what it has, marked ``cut_short``."""
 
 
 class PlanRequest(_Request):
@@ -45,6 +49,7 @@ class PlanRequest(_Request):
 class PlanReply(Frozen):
     kind: Literal["plan_reply"] = "plan_reply"
     proposals: list[PlanProposal]
+    cut_short: bool = False
     calls: list[ModelCall] = Field(default_factory=list)
 
 
@@ -89,6 +94,7 @@ class CritiqueRequest(_Request):
 class CritiqueReply(Frozen):
     kind: Literal["critique_reply"] = "critique_reply"
     critiques: list[Critique]
+    cut_short: bool = False
     calls: list[ModelCall] = Field(default_factory=list)
 
 
@@ -116,6 +122,7 @@ class RankReply(Frozen):
     wins: list[int]
     """Pairwise wins per candidate, by index."""
     comparisons: list[Comparison] = Field(default_factory=list)
+    cut_short: bool = False
     calls: list[ModelCall] = Field(default_factory=list)
 
 

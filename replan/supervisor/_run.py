@@ -210,6 +210,10 @@ class RunDriver:
         attempts = self.limits.max_task_attempts
         for attempt in range(1, attempts + 1):
             self.check_budget()
+            budget = self.limits.token_budget
+            if budget is not None and hasattr(request, "token_allowance"):
+                left = budget - self.view.usage.total.total_tokens
+                request = request.model_copy(update={"token_allowance": left})  # type: ignore[attr-defined]
             try:
                 reply = expect(
                     await pool.ask(request, run_id=self.state.run_id), reply_type
@@ -219,6 +223,8 @@ class RunDriver:
                 calls: list[ModelCall] | None = getattr(reply, "calls", None)
                 if calls:
                     await self.record_events(*usage_events(calls))
+                if getattr(reply, "cut_short", False):
+                    self.check_budget()
                 return reply
             except ActorStopped as exc:
                 raise RunEnded(

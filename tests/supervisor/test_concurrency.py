@@ -1,0 +1,87 @@
+"""At most ``max_concurrency`` tasks of a run in flight; no head-of-line blocking."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import anyio
+from scripts import clean, independent, scripted, spec, task_of
+
+from replan import (
+    MemoryStore,
+    ModelRequest,
+    RunStatus,
+    Supervisor,
+    TaskDraft,
+    TaskOutcome,
+    TaskStatus,
+)
+from replan.messages import TaskFinished
+
+
+@dataclass
+class InFlight:
+    current: int = 0
+    peak: int = 0
+
+
+async def test_never_more_than_max_concurrency_tasks_of_a_run_run_at_once() -> None:
+    flight = InFlight()
+
+    async def execute(request: ModelRequest) -> TaskOutcome:
+        flight.current += 1
+        flight.peak = max(flight.peak, flight.current)
+        try:
+            await anyio.sleep(0.05)
+        finally:
+            flight.current -= 1
+        return clean(request)
+
+    model = scripted(execute=execute)
+
+    with anyio.fail_after(10):
+        async with Supervisor(model, MemoryStore()) as sup:
+            handle = await sup.submit(spec(independent(12), max_concurrency=3))
+            result = await handle.result()
+
+    assert result.status is RunStatus.COMPLETED
+    assert [t.status for t in result.tasks] == [TaskStatus.COMPLETED] * 12
+    assert len(model.calls_for("executor", "execute")) == 12
+    # The executor pool has far more workers than 3: the run's limit holds.
+    assert flight.peak == 3
+
+
+async def test_one_slow_task_does_not_hold_back_independent_ready_tasks() -> None:
+    release = anyio.Event()
+    others = {f"t{i}" for i in range(2, 8)}
+
+    async def execute(request: ModelRequest) -> TaskOutcome:
+        if task_of(request).key == "slow":
+            await release.wait()
+        return clean(request)
+
+    model = scripted(execute=execute)
+    drafts = [
+        TaskDraft(key="slow", description="a long crawl"),
+        *(TaskDraft(key=f"s{i}", description=f"step {i}") for i in range(2, 8)),
+    ]
+    slow_state_when_others_done: TaskStatus | None = None
+
+    with anyio.fail_after(10):
+        async with Supervisor(model, MemoryStore()) as sup:
+            handle = await sup.submit(spec(drafts, max_concurrency=2))
+            finished: set[str] = set()
+            async for event in handle.events():
+                if isinstance(event, TaskFinished):
+                    finished.add(event.task_id)
+                    if finished == others:
+                        slow_state_when_others_done = handle.state.tasks["t1"].status
+                        release.set()
+            result = await handle.result()
+
+    # Six tasks ran one after another through the second slot while the slow
+    # one held the first.
+    assert slow_state_when_others_done is TaskStatus.IN_PROGRESS
+    assert result.status is RunStatus.COMPLETED
+    assert [t.status for t in result.tasks] == [TaskStatus.COMPLETED] * 7
+    assert result.tasks[0].attempts == 1

@@ -1,0 +1,187 @@
+"""Failures: skips follow dependencies; transient failures retry, never replan."""
+
+from __future__ import annotations
+
+import pytest
+from scripts import (
+    SYNTHESIS,
+    always_replan,
+    clean,
+    executed_ids,
+    independent,
+    run_to_end,
+    scripted,
+    spec,
+    task_of,
+)
+
+from replan import (
+    ModelRequest,
+    RunStatus,
+    TaskDraft,
+    TaskOutcome,
+    TaskStatus,
+)
+from replan.messages import MilestoneReviewed, TaskFinished, TaskStarted
+
+
+def transient(reason: str = "429 too many requests") -> TaskOutcome:
+    return TaskOutcome(success=False, transient=True, reason=reason)
+
+
+async def test_a_failed_task_skips_its_dependents_transitively_but_not_others() -> None:
+    drafts = [
+        TaskDraft(key="a", description="fetch the source"),
+        TaskDraft(key="b", description="parse it", depends_on=["a"]),
+        TaskDraft(key="c", description="summarize it", depends_on=["b"]),
+        TaskDraft(key="d", description="an independent survey"),
+    ]
+
+    def execute(request: ModelRequest) -> TaskOutcome:
+        if task_of(request).key == "a":
+            return TaskOutcome(success=False, reason="the source is gone for good")
+        return clean(request)
+
+    model = scripted(execute=execute)
+
+    done = await run_to_end(model, spec(drafts))
+
+    assert done.statuses() == {
+        "t1": "failed",
+        "t2": "skipped",
+        "t3": "skipped",
+        "t4": "completed",
+    }
+    # The executor was never asked to run b or c, and a failure for good is
+    # not retried.
+    assert sorted(executed_ids(model)) == ["t1", "t4"]
+    assert done.task("t1").attempts == 1
+    assert done.task("t1").result == TaskOutcome(
+        success=False, reason="the source is gone for good"
+    )
+    assert done.task("t2").attempts == 0
+    assert done.task("t3").attempts == 0
+    assert done.result.status is RunStatus.COMPLETED
+    assert done.replayed == done.result
+
+
+async def test_a_transient_failure_is_retried_until_it_succeeds_without_a_review() -> (
+    None
+):
+    def execute(request: ModelRequest) -> TaskOutcome:
+        if task_of(request).id == "t1" and request.context["attempt"] < 3:
+            return transient()
+        return clean(request)
+
+    # The reviewer would replan if it were asked; it must not be.
+    model = scripted(execute=execute, milestone=always_replan)
+    drafts = [
+        TaskDraft(key="flaky", description="call a rate-limited API"),
+        TaskDraft(key="next", description="use its answer", depends_on=["flaky"]),
+    ]
+
+    done = await run_to_end(model, spec(drafts, milestone_every=1, max_task_attempts=3))
+
+    flaky = done.task("t1")
+    assert flaky.status is TaskStatus.COMPLETED
+    assert flaky.attempts == 3
+    assert flaky.result == TaskOutcome(success=True, summary="t1 done")
+    assert executed_ids(model) == ["t1", "t1", "t1", "t2"]
+    started = [e.attempt for e in done.events if isinstance(e, TaskStarted)]
+    assert started == [1, 2, 3, 1]
+    # Retries happen before any review, and no review needed the model.
+    kinds = [
+        e.kind for e in done.events if isinstance(e, TaskFinished | MilestoneReviewed)
+    ]
+    assert kinds[:3] == ["task_finished"] * 3
+    assert all(r.by == "heuristic" for r in done.reviews())
+    assert model.calls_for("reviewer", "milestone") == []
+    assert model.calls_for("planner", "replan") == []
+    assert done.result.replans == []
+    assert done.result.status is RunStatus.COMPLETED
+
+
+@pytest.mark.parametrize("max_task_attempts", [1, 2, 3])
+async def test_a_task_that_keeps_failing_transiently_fails_after_max_task_attempts(
+    max_task_attempts: int,
+) -> None:
+    def execute(request: ModelRequest) -> TaskOutcome:
+        if task_of(request).id == "t1":
+            return transient("503 service unavailable")
+        return clean(request)
+
+    model = scripted(execute=execute)
+    drafts = [
+        TaskDraft(key="flaky", description="call a broken API"),
+        TaskDraft(key="next", description="use its answer", depends_on=["flaky"]),
+        TaskDraft(key="other", description="an independent survey"),
+    ]
+
+    done = await run_to_end(
+        model, spec(drafts, milestone_every=5, max_task_attempts=max_task_attempts)
+    )
+
+    flaky = done.task("t1")
+    assert flaky.status is TaskStatus.FAILED
+    assert flaky.attempts == max_task_attempts
+    assert flaky.result == transient("503 service unavailable")
+    assert executed_ids(model).count("t1") == max_task_attempts
+    assert done.task("t2").status is TaskStatus.SKIPPED
+    assert done.task("t3").status is TaskStatus.COMPLETED
+    # Only the final failure reaches a review: one model review, after the
+    # last attempt, and no replan.
+    reviews = model.calls_for("reviewer", "milestone")
+    assert len(reviews) == 1
+    last_attempt = max(i for i, c in enumerate(model.calls) if c.purpose == "execute")
+    assert model.calls.index(reviews[0]) > last_attempt
+    assert done.result.replans == []
+    assert done.result.status is RunStatus.COMPLETED
+
+
+async def test_an_executor_crash_is_retried_as_transient_and_the_run_completes() -> (
+    None
+):
+    def execute(request: ModelRequest) -> TaskOutcome:
+        if task_of(request).id == "t2" and request.context["attempt"] == 1:
+            raise RuntimeError("the executor blew up")
+        return clean(request)
+
+    model = scripted(execute=execute, milestone=always_replan)
+
+    done = await run_to_end(model, spec(independent(3), max_task_attempts=2))
+
+    assert executed_ids(model).count("t2") == 2
+    crashed = done.task("t2")
+    assert crashed.status is TaskStatus.COMPLETED
+    assert crashed.attempts == 2
+    assert done.statuses() == {
+        "t1": "completed",
+        "t2": "completed",
+        "t3": "completed",
+    }
+    assert done.result.status is RunStatus.COMPLETED
+    assert done.result.output == SYNTHESIS
+    assert done.result.replans == []
+    assert model.calls_for("reviewer", "milestone") == []
+
+
+async def test_an_executor_that_always_crashes_fails_the_task_not_the_run() -> None:
+    def execute(request: ModelRequest) -> TaskOutcome:
+        if task_of(request).id == "t1":
+            raise RuntimeError("the executor blew up")
+        return clean(request)
+
+    model = scripted(execute=execute)
+
+    done = await run_to_end(model, spec(independent(2), max_task_attempts=2))
+
+    assert executed_ids(model).count("t1") == 2
+    crashed = done.task("t1")
+    assert crashed.status is TaskStatus.FAILED
+    assert crashed.attempts == 2
+    assert crashed.result is not None
+    assert crashed.result.transient
+    assert crashed.result.reason is not None
+    assert "the executor blew up" in crashed.result.reason
+    assert done.task("t2").status is TaskStatus.COMPLETED
+    assert done.result.status is RunStatus.COMPLETED

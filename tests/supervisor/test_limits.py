@@ -1,0 +1,208 @@
+"""Hard limits end a run ``limit_reached`` (never an exception); the budget
+reserve refuses replans."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from scripts import (
+    chain,
+    clean,
+    executed_ids,
+    first_then_continue,
+    fresh_tasks,
+    independent,
+    replan_verdict,
+    run_to_end,
+    scripted,
+    spec,
+    task_of,
+    with_finding,
+)
+
+from replan import (
+    ModelRequest,
+    ReplanOutcome,
+    RunStatus,
+    ScriptedModel,
+    TaskOutcome,
+    TaskStatus,
+    TokenUsage,
+)
+
+PER_CALL = TokenUsage(input_tokens=6, output_tokens=4)
+"""Every scripted call uses 10 tokens."""
+
+
+def no_call_started_past(model: ScriptedModel, budget: int) -> bool:
+    """Calls are sequential here, so call ``i`` started after ``10 * i`` tokens."""
+    return all(10 * i < budget for i in range(len(model.calls)))
+
+
+@pytest.mark.parametrize(
+    ("token_budget", "outcome"),
+    [
+        pytest.param(100, ReplanOutcome.REFUSED_BUDGET, id="past-the-reserve"),
+        pytest.param(1_000, ReplanOutcome.APPLIED, id="control-ample-budget"),
+    ],
+)
+async def test_a_replan_past_the_budget_reserve_is_refused_and_the_run_goes_on(
+    token_budget: int, outcome: ReplanOutcome
+) -> None:
+    model = scripted(
+        execute=with_finding,
+        milestone=first_then_continue(replan_verdict()),
+        replan=lambda r: fresh_tasks(2),
+        usage=PER_CALL,
+    )
+    # Review 1 comes after 4 executions and its own call: 50 tokens, past the
+    # 40 allowed before the 60% reserve of 100, below the budget itself.
+    run_spec = spec(
+        chain(6),
+        milestone_every=4,
+        token_budget=token_budget,
+        replan_reserve=0.6,
+    )
+
+    done = await run_to_end(model, run_spec)
+
+    result = done.result
+    assert done.outcomes() == [outcome]
+    assert result.status is RunStatus.COMPLETED
+    assert result.usage.total.total_tokens < token_budget
+    if outcome is ReplanOutcome.REFUSED_BUDGET:
+        assert model.calls_for("planner", "replan") == []
+        assert "reserve" in result.replans[0].reason
+        assert [t.status for t in result.tasks] == [TaskStatus.COMPLETED] * 6
+        assert executed_ids(model) == [f"t{i}" for i in range(1, 7)]
+    else:
+        assert len(model.calls_for("planner", "replan")) == 1
+
+
+async def test_a_spent_token_budget_ends_the_run_before_another_model_call() -> None:
+    model = scripted(execute=clean, usage=PER_CALL)
+
+    done = await run_to_end(model, spec(chain(6), token_budget=35, max_concurrency=1))
+
+    result = done.result
+    assert result.status is RunStatus.LIMIT_REACHED
+    assert result.stop_reason is not None
+    assert result.stop_reason.startswith("token_budget")
+    # 0, 10, 20 and 30 tokens were used before calls 1-4; none after 40.
+    assert len(model.calls) == 4
+    assert no_call_started_past(model, 35)
+    assert result.usage.total.total_tokens == 10 * len(model.calls)
+    assert executed_ids(model) == ["t1", "t2", "t3", "t4"]
+    assert model.calls_for("executor", "synthesize") == []
+    assert done.replayed == result
+
+
+@pytest.mark.parametrize(
+    "candidates",
+    [
+        pytest.param(1, id="one-candidate"),
+        pytest.param(2, id="two-candidates"),
+        pytest.param(3, id="three-candidates"),
+    ],
+)
+async def test_no_model_call_starts_inside_a_replan_once_the_budget_is_spent(
+    candidates: int,
+) -> None:
+    model = scripted(
+        execute=with_finding,
+        milestone=first_then_continue(replan_verdict()),
+        replan=lambda r: fresh_tasks(2),
+        usage=PER_CALL,
+    )
+    # Regression: the planner's usage used to reach the journal only with the
+    # replan's outcome, so ranker/alignment started past the budget.
+    # 3 executions + the review = 40 < 45: the replan may start; the
+    # planner's first answer brings usage to 50, past the budget.
+    run_spec = spec(
+        chain(3),
+        milestone_every=3,
+        token_budget=45,
+        replan_reserve=0.0,
+        replan_candidates=candidates,
+    )
+
+    done = await run_to_end(model, run_spec)
+
+    result = done.result
+    assert result.status is RunStatus.LIMIT_REACHED
+    assert result.stop_reason is not None
+    assert result.stop_reason.startswith("token_budget")
+    assert no_call_started_past(model, 45)
+    assert len(model.calls_for("planner", "replan")) == 1
+    assert model.calls_for("ranker", "alignment") == []
+    assert result.usage.total.total_tokens == 10 * len(model.calls)
+
+
+async def test_max_iterations_ends_the_run_at_the_next_milestone() -> None:
+    model = scripted(execute=with_finding)
+
+    done = await run_to_end(model, spec(chain(5), milestone_every=1, max_iterations=2))
+
+    result = done.result
+    assert result.status is RunStatus.LIMIT_REACHED
+    assert result.stop_reason is not None
+    assert result.stop_reason.startswith("max_iterations")
+    assert len(model.calls_for("reviewer", "milestone")) == 2
+    assert result.iterations == 2
+    assert executed_ids(model) == ["t1", "t2", "t3"]
+    assert model.calls_for("executor", "synthesize") == []
+
+
+async def test_max_task_executions_stops_after_exactly_that_many_attempts() -> None:
+    model = scripted(execute=clean)
+
+    done = await run_to_end(
+        model, spec(independent(5), max_task_executions=3, max_concurrency=4)
+    )
+
+    result = done.result
+    assert result.status is RunStatus.LIMIT_REACHED
+    assert result.stop_reason is not None
+    assert result.stop_reason.startswith("max_task_executions")
+    assert len(executed_ids(model)) == 3
+    assert result.task_executions == 3
+    statuses = [t.status for t in result.tasks]
+    assert statuses.count(TaskStatus.COMPLETED) == 3
+    assert statuses.count(TaskStatus.PENDING) == 2
+
+
+async def test_retries_count_against_max_task_executions() -> None:
+    def execute(request: ModelRequest) -> TaskOutcome:
+        return TaskOutcome(success=False, transient=True, reason="timeout")
+
+    model = scripted(execute=execute)
+
+    done = await run_to_end(
+        model, spec(chain(1), max_task_executions=3, max_task_attempts=10)
+    )
+
+    assert done.result.status is RunStatus.LIMIT_REACHED
+    assert done.result.stop_reason is not None
+    assert done.result.stop_reason.startswith("max_task_executions")
+    assert executed_ids(model) == ["t1"] * 3
+
+
+async def test_a_deadline_ends_a_stuck_run_promptly() -> None:
+    async def execute(request: ModelRequest) -> TaskOutcome:
+        if task_of(request).id == "t2":
+            await anyio.sleep(30)
+        return clean(request)
+
+    model = scripted(execute=execute)
+
+    done = await run_to_end(model, spec(chain(3), deadline_s=0.2))
+
+    result = done.result
+    assert result.status is RunStatus.LIMIT_REACHED
+    assert result.stop_reason is not None
+    assert result.stop_reason.startswith("deadline_s")
+    assert done.elapsed_s < 2
+    assert done.task("t1").status is TaskStatus.COMPLETED
+    # The attempt cut short never finished.
+    assert done.task("t2").status is TaskStatus.PENDING
+    assert done.replayed == result
