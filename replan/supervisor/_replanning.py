@@ -72,6 +72,12 @@ async def boundary(run: RunDriver) -> None:
     context.update(completed=run.completed_context(), findings=run.state.findings())
     reply = await run.plan_proposal("boundary", context)
     proposal = reply.proposals[0]
+    if not proposal.achievable:
+        raise RunEnded(
+            RunStatus.ABORTED,
+            f"the planner found the goal unachievable at the boundary: "
+            f"{proposal.rationale}",
+        )
     await run.create_plan(proposal.tasks, proposal.rationale, boundary=True)
 
 

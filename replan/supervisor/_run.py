@@ -8,7 +8,7 @@ acts on are the pure functions of ``_decide``; the replan flow lives in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
@@ -180,7 +180,9 @@ class RunDriver:
         return self._staged_state or self.state
 
     async def record_events(
-        self, *specs: tuple[type[Event], dict[str, Any]]
+        self,
+        *specs: tuple[type[Event], dict[str, Any]],
+        before_install: Callable[[], None] | None = None,
     ) -> RunState:
         """Append staged and new events to the journal, then install the state.
 
@@ -192,6 +194,8 @@ class RunDriver:
             events, self._staged = self._staged, []
             if events:
                 await self.store.append(state.run_id, events, summary_of(state))
+                if before_install is not None:
+                    before_install()
                 self.record.install(state, events)
             if self._staged_state is state:
                 self._staged_state = None
@@ -270,15 +274,13 @@ class RunDriver:
         )
 
     async def open_gate(self, request: GateRequest, validate: Validator | None) -> None:
-        # Registered before the event is journaled, so that whoever reacts to
-        # the gate_opened event can resolve it at once; resolve() returns only
-        # after the resolution is journaled, which is after gate_opened.
-        self.gates.open(request, validate)
-        try:
-            await self.record_events((GateOpened, {"request": request}))
-        except BaseException:
-            self.gates.close(request.gate_id, "the gate could not be journaled")
-            raise
+        # Listed in the registry once gate_opened is journaled (a gate a
+        # person can see survives a crash) and before the state that shows it
+        # is installed (whoever reacts to the event can resolve it at once).
+        await self.record_events(
+            (GateOpened, {"request": request}),
+            before_install=lambda: self.gates.open(request, validate),
+        )
 
     async def await_gate(
         self, request: GateRequest, validate: Validator | None

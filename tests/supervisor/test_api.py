@@ -1,0 +1,398 @@
+"""The public API: embedding, event streams, cancellation, errors."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+
+import replan
+from replan import (
+    ConfigurationError,
+    Limits,
+    MemoryStore,
+    ModelRequest,
+    PlanProposal,
+    RunHandle,
+    RunSpec,
+    RunStatus,
+    ScriptedModel,
+    Supervisor,
+    SupervisorError,
+    Synthesis,
+    TaskDraft,
+    TaskOutcome,
+    TaskStatus,
+)
+from replan.messages import RunFinished
+
+PLAN = [
+    TaskDraft(key="a", description="first step"),
+    TaskDraft(key="b", description="second step", depends_on=["a"]),
+    TaskDraft(key="c", description="third step", depends_on=["b"]),
+]
+
+
+def answers(
+    execute: Callable[[ModelRequest], Awaitable[TaskOutcome]] | None = None,
+) -> Callable[[ModelRequest], Awaitable[Any]]:
+    """A model that plans PLAN, runs every task cleanly and synthesizes."""
+
+    async def handler(request: ModelRequest) -> Any:
+        match (request.role, request.purpose):
+            case ("planner", "plan"):
+                return PlanProposal(tasks=PLAN, rationale="three steps")
+            case ("executor", "execute"):
+                if execute is not None:
+                    return await execute(request)
+                return TaskOutcome(success=True, summary="ok")
+            case ("executor", "synthesize"):
+                return Synthesis(output="all done")
+        raise AssertionError(f"unexpected request {request.role}/{request.purpose}")
+
+    return handler
+
+
+async def until(predicate: Callable[[], object], seconds: float = 10) -> None:
+    """Poll ``predicate`` until it holds (the run gives no event to wait on)."""
+    with anyio.fail_after(seconds):
+        while True:
+            if predicate():
+                return
+            await anyio.sleep(0.005)
+
+
+class Blocker:
+    """An executor that blocks until released (or forever), and reports
+    when its handler starts and when its ``finally`` runs."""
+
+    def __init__(self, *, forever: bool = False) -> None:
+        self.forever = forever
+        self.release = anyio.Event()
+        self.started = 0
+        self.cleaned_up = 0
+
+    async def __call__(self, request: ModelRequest) -> TaskOutcome:
+        self.started += 1
+        try:
+            if self.forever:
+                await anyio.sleep_forever()
+            await self.release.wait()
+            return TaskOutcome(success=True, summary="ok")
+        finally:
+            self.cleaned_up += 1
+
+    async def wait_started(self) -> None:
+        await until(lambda: self.started)
+
+
+async def finish(handle: RunHandle) -> replan.RunResult:
+    with anyio.fail_after(10):
+        return await handle.result()
+
+
+async def collect(handle: RunHandle) -> list[replan.Event]:
+    with anyio.fail_after(10):
+        return [event async for event in handle.events()]
+
+
+def seqs(events: list[replan.Event]) -> list[int]:
+    return [e.seq for e in events]
+
+
+# Embedding ------------------------------------------------------------------
+
+
+async def test_async_with_supervisor_runs_a_plan_to_completion() -> None:
+    model = ScriptedModel(answers())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(RunSpec(goal="three steps"))
+        result = await finish(handle)
+
+    assert result.status is RunStatus.COMPLETED
+    assert result.output == "all done"
+    assert [t.key for t in result.tasks] == ["a", "b", "c"]
+    assert all(t.status is TaskStatus.COMPLETED for t in result.tasks)
+    assert handle.status is RunStatus.COMPLETED
+
+
+async def test_serve_in_an_application_task_group_runs_a_plan_to_completion() -> None:
+    model = ScriptedModel(answers())
+    sup = Supervisor(model)
+    async with anyio.create_task_group() as tg:
+        await tg.start(sup.serve)
+        handle = await sup.submit(RunSpec(goal="three steps"))
+        result = await finish(handle)
+        tg.cancel_scope.cancel()
+
+    assert result.status is RunStatus.COMPLETED
+    assert result.output == "all done"
+    with pytest.raises(SupervisorError):
+        await sup.submit(RunSpec(goal="too late"))
+
+
+# Event streams --------------------------------------------------------------
+
+
+async def test_a_late_subscriber_gets_the_whole_history_from_seq_1() -> None:
+    model = ScriptedModel(answers())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(RunSpec(goal="three steps"))
+        await finish(handle)
+        events = await collect(handle)
+        journaled = await sup.store.read(handle.run_id)
+
+    assert seqs(events) == list(range(1, len(events) + 1))
+    assert events[0].kind == "run_submitted"
+    assert isinstance(events[-1], RunFinished)
+    assert events[-1].status is RunStatus.COMPLETED
+    assert events == journaled
+    assert len(events) == handle.state.seq
+
+
+async def test_events_after_a_seq_start_right_after_it() -> None:
+    model = ScriptedModel(answers())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(RunSpec(goal="three steps"))
+        await finish(handle)
+        with anyio.fail_after(10):
+            tail = [event async for event in handle.events(after=3)]
+        everything = await collect(handle)
+
+    assert seqs(tail) == list(range(4, len(everything) + 1))
+    assert tail == everything[3:]
+
+
+async def test_a_mid_run_subscriber_gets_history_then_live_events_without_gaps() -> (
+    None
+):
+    blocker = Blocker()
+    model = ScriptedModel(answers(blocker))
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(RunSpec(goal="three steps"))
+        await blocker.wait_started()
+        seen: list[replan.Event] = []
+        at_subscription = handle.state.seq
+        assert at_subscription >= 2
+
+        async def subscribe() -> None:
+            async for event in handle.events():
+                seen.append(event)  # noqa: PERF401 (the test watches it grow)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(subscribe)
+            await until(lambda: len(seen) >= at_subscription)
+            # History first, up to where the run was when we subscribed.
+            assert seqs(seen) == list(range(1, at_subscription + 1))
+            blocker.release.set()
+            with anyio.fail_after(10):
+                result = await handle.result()
+        # The subscriber's loop ended on its own after run_finished.
+        journaled = await sup.store.read(handle.run_id)
+
+    assert result.status is RunStatus.COMPLETED
+    assert seqs(seen) == list(range(1, len(seen) + 1))
+    assert len(seen) > at_subscription
+    assert isinstance(seen[-1], RunFinished)
+    assert seen == journaled
+
+
+async def test_two_concurrent_subscribers_see_identical_sequences() -> None:
+    blocker = Blocker()
+    model = ScriptedModel(answers(blocker))
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(RunSpec(goal="three steps"))
+        streams: dict[str, list[replan.Event]] = {"one": [], "two": []}
+
+        async def subscribe(name: str, after_seq: int) -> None:
+            await until(lambda: handle.state.seq >= after_seq)
+            async for event in handle.events():
+                streams[name].append(event)
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(subscribe, "one", 1)
+                tg.start_soon(subscribe, "two", 3)
+                await blocker.wait_started()
+                await anyio.sleep(0.02)
+                blocker.release.set()
+
+    one, two = streams["one"], streams["two"]
+    assert one == two
+    assert seqs(one) == list(range(1, len(one) + 1))
+    assert isinstance(one[-1], RunFinished)
+
+
+# Cancellation and shutdown -------------------------------------------------
+
+
+async def test_cancelling_a_run_ends_it_cancelled_and_cancels_its_blocked_task() -> (
+    None
+):
+    blocker = Blocker(forever=True)
+    model = ScriptedModel(answers(blocker))
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(RunSpec(goal="three steps"))
+        await blocker.wait_started()
+        with anyio.fail_after(2):
+            await handle.cancel()
+        assert handle.status is RunStatus.CANCELLED
+        result = await finish(handle)
+        # The handler saw the cancellation: its finally ran.
+        await until(lambda: blocker.cleaned_up, seconds=2)
+        events = await collect(handle)
+
+    assert result.status is RunStatus.CANCELLED
+    assert result.stop_reason
+    assert result.output is None
+    assert blocker.started == 1
+    assert isinstance(events[-1], RunFinished)
+    assert events[-1].status is RunStatus.CANCELLED
+    assert model.calls_for("executor", "synthesize") == []
+
+
+async def test_cancelling_a_finished_run_changes_nothing() -> None:
+    model = ScriptedModel(answers())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(RunSpec(goal="three steps"))
+        result = await finish(handle)
+        with anyio.fail_after(2):
+            await handle.cancel()
+        assert await finish(handle) == result
+        events = await collect(handle)
+
+    assert result.status is RunStatus.COMPLETED
+    assert sum(isinstance(e, RunFinished) for e in events) == 1
+
+
+async def test_leaving_the_supervisor_with_a_run_in_flight_fails_its_result() -> None:
+    blocker = Blocker(forever=True)
+    model = ScriptedModel(answers(blocker))
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(RunSpec(goal="three steps"))
+        await blocker.wait_started()
+
+    # Nothing is left running: the blocked handler was cancelled on exit.
+    assert blocker.cleaned_up == 1
+    with anyio.fail_after(2), pytest.raises(SupervisorError):
+        await handle.result()
+    # The journal keeps the run, unfinished, to be resumed from.
+    events = await sup.store.read(handle.run_id)
+    assert events
+    assert not any(isinstance(e, RunFinished) for e in events)
+
+
+async def test_submitting_after_the_supervisor_exited_raises_supervisor_error() -> None:
+    model = ScriptedModel(answers())
+    async with Supervisor(model) as sup:
+        pass
+    with pytest.raises(SupervisorError):
+        await sup.submit(RunSpec(goal="too late"))
+    assert model.calls == []
+
+
+async def test_a_role_crashing_past_its_restart_intensity_fails_the_run() -> None:
+    def crash(request: ModelRequest) -> Any:
+        raise RuntimeError("the planner fell over")
+
+    model = ScriptedModel(crash)
+    spec = RunSpec(goal="three steps", limits=Limits(max_task_attempts=5))
+    async with Supervisor(model, max_restarts=1, restart_period_s=60) as sup:
+        handle = await sup.submit(spec)
+        result = await finish(handle)
+
+    assert result.status is RunStatus.FAILED
+    assert "planner" in (result.stop_reason or "")
+    # One crash is survived (a restart); the second stops the role for good.
+    assert len(model.calls_for("planner", "plan")) == 2
+    assert result.tasks == []
+
+
+# Configuration errors -------------------------------------------------------
+
+
+def test_a_negative_max_replans_names_the_field() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Limits(max_replans=-1)
+    assert caught.value.field == "max_replans"
+    assert isinstance(caught.value, ValueError)
+
+
+def test_an_empty_goal_names_the_field() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        RunSpec(goal="")
+    assert caught.value.field == "goal"
+
+
+def test_a_blank_goal_names_the_field() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        RunSpec(goal="   ")
+    assert caught.value.field == "goal"
+
+
+def test_a_bad_nested_limit_names_the_dotted_field() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        RunSpec(goal="g", limits={"max_concurrency": 0})  # type: ignore[arg-type]
+    assert caught.value.field == "limits.max_concurrency"
+
+
+def test_a_dependency_cycle_in_the_tasks_names_the_tasks_field() -> None:
+    cycle = [
+        TaskDraft(key="a", description="a", depends_on=["b"]),
+        TaskDraft(key="b", description="b", depends_on=["a"]),
+    ]
+    with pytest.raises(ConfigurationError) as caught:
+        RunSpec(goal="g", tasks=cycle)
+    assert caught.value.field == "tasks"
+
+
+def test_a_worker_pool_of_size_zero_is_a_configuration_error() -> None:
+    model = ScriptedModel(answers())
+    with pytest.raises(ConfigurationError) as caught:
+        Supervisor(model, workers={"executor": 0})
+    assert caught.value.field == "workers.executor"
+
+
+async def test_submitting_a_bad_dict_spec_fails_before_anything_runs() -> None:
+    model = ScriptedModel(answers())
+    store = MemoryStore()
+    async with Supervisor(model, store) as sup:
+        with pytest.raises(ConfigurationError) as caught:
+            await sup.submit({"goal": "g", "pattern": "nope"})
+        assert caught.value.field == "pattern"
+        assert model.calls == []
+        assert await store.list_runs() == []
+        assert sup.handles() == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"goal": "g", "limits": {"max_replans": -1}}, "limits.max_replans"),
+        ({"goal": ""}, "goal"),
+        ({"pattern": "contract"}, "goal"),
+        (
+            {
+                "goal": "g",
+                "tasks": [
+                    {"key": "a", "description": "a", "depends_on": ["b"]},
+                    {"key": "b", "description": "b", "depends_on": ["a"]},
+                ],
+            },
+            "tasks",
+        ),
+    ],
+)
+async def test_submitting_a_bad_dict_names_the_offending_field(
+    spec: dict[str, Any], field: str
+) -> None:
+    model = ScriptedModel(answers())
+    store = MemoryStore()
+    async with Supervisor(model, store) as sup:
+        with pytest.raises(ConfigurationError) as caught:
+            await sup.submit(spec)
+        assert await store.list_runs() == []
+    assert caught.value.field == field
+    assert model.calls == []

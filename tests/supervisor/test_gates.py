@@ -1,0 +1,633 @@
+"""Human gates: replan gates, approval gates for side effects, timeouts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+import replan
+from replan import (
+    Alignment,
+    GatePolicy,
+    GateRequest,
+    GateResolution,
+    Limits,
+    MemoryStore,
+    ModelRequest,
+    PlanProposal,
+    ReplanOutcome,
+    RunHandle,
+    RunSpec,
+    RunStatus,
+    ScriptedModel,
+    Supervisor,
+    Synthesis,
+    TaskDraft,
+    TaskOutcome,
+    TaskStatus,
+    Trigger,
+    Verdict,
+)
+from replan.messages import GateOpened, GateResolved
+from replan.store import RunSummary
+
+# A plan where the first task is a milestone with a finding, so the reviewer
+# is asked once while t2 and t3 are still pending.
+CHAIN = [
+    TaskDraft(key="a", description="survey the field", milestone=True),
+    TaskDraft(key="b", description="build on the survey", depends_on=["a"]),
+    TaskDraft(key="c", description="check the build", depends_on=["b"]),
+]
+REVISED = [
+    TaskDraft(key="x", description="survey the wider field", depends_on=["t1"]),
+    TaskDraft(key="y", description="build on the wider survey", depends_on=["x"]),
+]
+
+
+@dataclass
+class Script:
+    """Deterministic answers for every role; the reviewer replans once."""
+
+    trigger: Trigger | None = Trigger.SCOPE_SHIFT
+    revised: list[TaskDraft] = field(default_factory=lambda: list(REVISED))
+
+    def __call__(self, request: ModelRequest) -> Any:
+        ctx = request.context
+        match (request.role, request.purpose):
+            case ("planner", "replan"):
+                return PlanProposal(tasks=self.revised, rationale="revised")
+            case ("executor", "execute"):
+                task = ctx["task"]
+                findings = ["the scope is wider"] if task.key == "a" else []
+                return TaskOutcome(
+                    success=True, summary=f"did {task.key}", findings=findings
+                )
+            case ("executor", "synthesize"):
+                return Synthesis(output="done")
+            case ("reviewer", "milestone"):
+                if ctx["milestone_index"] == 1 and self.trigger is not None:
+                    return Verdict(
+                        decision="replan", trigger=self.trigger, rationale="wider"
+                    )
+                return Verdict(decision="continue")
+            case ("ranker", "alignment"):
+                return Alignment(aligned=[True] * len(ctx["proposed"]))
+        raise AssertionError(f"unexpected request {request.role}/{request.purpose}")
+
+
+def chain_spec(**fields: Any) -> RunSpec:
+    return RunSpec(goal="map the field", tasks=CHAIN, **fields)
+
+
+async def until(predicate: Callable[[], object], seconds: float = 10) -> None:
+    """Poll ``predicate`` until it holds (the run gives no event to wait on)."""
+    with anyio.fail_after(seconds):
+        while True:
+            if predicate():
+                return
+            await anyio.sleep(0.005)
+
+
+def journaled_gate(sup: Supervisor, run_id: str | None = None) -> GateRequest | None:
+    """The oldest pending gate whose opening the run has journaled."""
+    for gate in sup.gates.pending(run_id):
+        if gate.gate_id in sup.get(gate.run_id).state.gates:
+            return gate
+    return None
+
+
+async def next_gate(sup: Supervisor, run_id: str | None = None) -> GateRequest:
+    # Waiting for the journal too keeps the tests below about one rule each;
+    # the test of "listed only once journaled" is further down.
+    await until(lambda: journaled_gate(sup, run_id))
+    gate = journaled_gate(sup, run_id)
+    assert gate is not None
+    return gate
+
+
+async def finish(handle: RunHandle) -> replan.RunResult:
+    with anyio.fail_after(10):
+        return await handle.result()
+
+
+async def journal(handle: RunHandle) -> list[replan.Event]:
+    with anyio.fail_after(10):
+        return [event async for event in handle.events()]
+
+
+def keys_of(result: replan.RunResult, ids: list[str]) -> list[str]:
+    by_id = {t.id: t for t in result.tasks}
+    return [by_id[i].key for i in ids]
+
+
+# Replan gates ---------------------------------------------------------------
+
+
+async def test_a_scope_shift_waits_at_a_gate_that_shows_the_proposed_diff() -> None:
+    model = ScriptedModel(Script())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec())
+        gate = await next_gate(sup)
+
+        assert handle.status is RunStatus.WAITING_FOR_HUMAN
+        assert gate.run_id == handle.run_id
+        assert gate.trigger is Trigger.SCOPE_SHIFT
+        assert gate.task_id is None
+        assert gate.proposal is not None
+        assert gate.proposal.removed == ["t2", "t3"]
+        assert gate.proposal.added == ["t4", "t5"]
+        assert gate.proposal.preserved == ["t1"]
+        # Nothing is applied while the gate is open.
+        assert len(handle.state.versions) == 1
+        assert handle.state.tasks["t2"].status is TaskStatus.PENDING
+
+        await sup.gates.resolve(gate.gate_id, GateResolution(decision="approve"))
+        await finish(handle)
+
+
+async def test_approving_a_scope_shift_applies_the_replan_signed_by_the_approver() -> (
+    None
+):
+    model = ScriptedModel(Script())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec())
+        gate = await next_gate(sup)
+        await sup.gates.resolve(
+            gate.gate_id, GateResolution(decision="approve", by="alice")
+        )
+        assert sup.gates.pending() == []
+        result = await finish(handle)
+
+    assert result.status is RunStatus.COMPLETED
+    assert [r.outcome for r in result.replans] == [ReplanOutcome.APPLIED]
+    assert [v.version for v in result.versions] == [1, 2]
+    assert result.versions[-1].approved_by == "alice"
+    assert result.versions[-1].trigger is Trigger.SCOPE_SHIFT
+    status = {t.id: t.status for t in result.tasks}
+    assert status == {
+        "t1": TaskStatus.COMPLETED,
+        "t2": TaskStatus.SUPERSEDED,
+        "t3": TaskStatus.SUPERSEDED,
+        "t4": TaskStatus.COMPLETED,
+        "t5": TaskStatus.COMPLETED,
+    }
+
+
+async def test_rejecting_a_scope_shift_keeps_the_plan_and_runs_it_to_the_end() -> None:
+    model = ScriptedModel(Script())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec())
+        gate = await next_gate(sup)
+        await sup.gates.resolve(
+            gate.gate_id, GateResolution(decision="reject", by="bob", note="no")
+        )
+        result = await finish(handle)
+
+    assert result.status is RunStatus.COMPLETED
+    assert [r.outcome for r in result.replans] == [ReplanOutcome.REJECTED_BY_HUMAN]
+    assert [v.version for v in result.versions] == [1]
+    assert [t.id for t in result.tasks] == ["t1", "t2", "t3"]
+    assert all(t.status is TaskStatus.COMPLETED for t in result.tasks)
+    ran = [c.context["task"].id for c in model.calls_for("executor", "execute")]
+    assert ran == ["t1", "t2", "t3"]
+
+
+async def test_an_edit_applies_the_edited_tasks_instead_of_the_planners() -> None:
+    model = ScriptedModel(Script())
+    edited = [
+        TaskDraft(key="e1", description="the person's own step", depends_on=["t1"]),
+    ]
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec())
+        gate = await next_gate(sup)
+        await sup.gates.resolve(
+            gate.gate_id, GateResolution(decision="edit", tasks=edited, by="carol")
+        )
+        result = await finish(handle)
+
+    assert result.status is RunStatus.COMPLETED
+    assert [r.outcome for r in result.replans] == [ReplanOutcome.APPLIED]
+    version = result.versions[-1]
+    assert version.approved_by == "carol"
+    assert keys_of(result, version.added) == ["e1"]
+    assert version.removed == ["t2", "t3"]
+    keys = [t.key for t in result.tasks]
+    assert "x" not in keys
+    assert "y" not in keys
+    (e1,) = [t for t in result.tasks if t.key == "e1"]
+    assert e1.status is TaskStatus.COMPLETED
+    assert e1.depends_on == ["t1"]
+
+
+async def test_an_edit_that_is_no_valid_plan_is_refused_and_the_gate_stays_open() -> (
+    None
+):
+    model = ScriptedModel(Script())
+    broken = [TaskDraft(key="e1", description="step", depends_on=["ghost"])]
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec())
+        gate = await next_gate(sup)
+        with anyio.fail_after(10), pytest.raises(replan.GateError):
+            await sup.gates.resolve(
+                gate.gate_id, GateResolution(decision="edit", tasks=broken)
+            )
+        assert [g.gate_id for g in sup.gates.pending()] == [gate.gate_id]
+        assert handle.status is RunStatus.WAITING_FOR_HUMAN
+        assert len(handle.state.versions) == 1
+
+        await sup.gates.resolve(gate.gate_id, GateResolution(decision="approve"))
+        result = await finish(handle)
+
+    assert result.status is RunStatus.COMPLETED
+    assert keys_of(result, result.versions[-1].added) == ["x", "y"]
+
+
+async def test_resolving_an_unknown_gate_raises_gate_error() -> None:
+    model = ScriptedModel(Script())
+    async with Supervisor(model) as sup:
+        with pytest.raises(replan.GateError):
+            await sup.gates.resolve("no-such-gate", GateResolution(decision="approve"))
+
+
+async def test_resolving_a_gate_twice_raises_gate_error() -> None:
+    model = ScriptedModel(Script())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec())
+        gate = await next_gate(sup)
+        await sup.gates.resolve(gate.gate_id, GateResolution(decision="approve"))
+        with pytest.raises(replan.GateError):
+            await sup.gates.resolve(gate.gate_id, GateResolution(decision="reject"))
+        result = await finish(handle)
+    assert [r.outcome for r in result.replans] == [ReplanOutcome.APPLIED]
+
+
+async def test_an_unanswered_gate_times_out_to_a_rejection_by_default() -> None:
+    model = ScriptedModel(Script())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec(limits=Limits(gate_timeout_s=0.05)))
+        result = await finish(handle)
+        events = await journal(handle)
+
+    assert result.status is RunStatus.COMPLETED
+    assert [r.outcome for r in result.replans] == [ReplanOutcome.REJECTED_BY_HUMAN]
+    assert [v.version for v in result.versions] == [1]
+    assert all(t.status is TaskStatus.COMPLETED for t in result.tasks)
+    resolved = [e for e in events if isinstance(e, GateResolved)]
+    assert len(resolved) == 1
+    assert resolved[0].resolution.decision == "reject"
+    assert resolved[0].resolution.by == "policy:timeout"
+
+
+async def test_a_gate_policy_can_make_a_timeout_approve_the_replan() -> None:
+    model = ScriptedModel(Script())
+    spec = chain_spec(
+        limits=Limits(gate_timeout_s=0.05),
+        gate_policy=GatePolicy(on_timeout="approve"),
+    )
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(spec)
+        result = await finish(handle)
+        events = await journal(handle)
+
+    assert result.status is RunStatus.COMPLETED
+    assert [r.outcome for r in result.replans] == [ReplanOutcome.APPLIED]
+    assert result.versions[-1].approved_by == "policy:timeout"
+    assert keys_of(result, result.versions[-1].added) == ["x", "y"]
+    resolved = [e for e in events if isinstance(e, GateResolved)]
+    assert [e.resolution.by for e in resolved] == ["policy:timeout"]
+
+
+async def test_a_run_waiting_at_a_gate_does_not_block_other_runs() -> None:
+    model = ScriptedModel(Script())
+    plain = [
+        TaskDraft(key="p", description="plain step"),
+        TaskDraft(key="q", description="next plain step", depends_on=["p"]),
+    ]
+    async with Supervisor(model) as sup:
+        run_a = await sup.submit(chain_spec())
+        gate = await next_gate(sup, run_a.run_id)
+        run_b = await sup.submit(RunSpec(goal="something else", tasks=plain))
+        result_b = await finish(run_b)
+
+        assert result_b.status is RunStatus.COMPLETED
+        assert run_a.status is RunStatus.WAITING_FOR_HUMAN
+        assert [g.gate_id for g in sup.gates.pending()] == [gate.gate_id]
+
+        await sup.gates.resolve(gate.gate_id, GateResolution(decision="approve"))
+        result_a = await finish(run_a)
+
+    assert result_a.status is RunStatus.COMPLETED
+    assert result_a.replans_applied == 1
+
+
+async def test_gate_on_can_make_a_contradiction_wait_for_a_person() -> None:
+    model = ScriptedModel(Script(trigger=Trigger.CONTRADICTION))
+    policy = GatePolicy(gate_on=frozenset({Trigger.CONTRADICTION}))
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec(gate_policy=policy))
+        gate = await next_gate(sup)
+        assert gate.trigger is Trigger.CONTRADICTION
+        assert handle.status is RunStatus.WAITING_FOR_HUMAN
+        assert len(handle.state.versions) == 1
+        await sup.gates.resolve(
+            gate.gate_id, GateResolution(decision="approve", by="dana")
+        )
+        result = await finish(handle)
+
+    assert [r.outcome for r in result.replans] == [ReplanOutcome.APPLIED]
+    assert result.versions[-1].trigger is Trigger.CONTRADICTION
+    assert result.versions[-1].approved_by == "dana"
+
+
+async def test_a_contradiction_applies_without_a_gate_by_default() -> None:
+    model = ScriptedModel(Script(trigger=Trigger.CONTRADICTION))
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec())
+        result = await finish(handle)
+        events = await journal(handle)
+
+    assert not any(isinstance(e, GateOpened) for e in events)
+    assert [r.outcome for r in result.replans] == [ReplanOutcome.APPLIED]
+    assert result.versions[-1].approved_by is None
+
+
+async def test_an_empty_gate_on_lets_a_scope_shift_apply_without_a_gate() -> None:
+    model = ScriptedModel(Script())
+    policy = GatePolicy(gate_on=frozenset())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec(gate_policy=policy))
+        result = await finish(handle)
+        events = await journal(handle)
+
+    assert not any(isinstance(e, GateOpened) for e in events)
+    assert result.status is RunStatus.COMPLETED
+    assert [r.outcome for r in result.replans] == [ReplanOutcome.APPLIED]
+    assert result.versions[-1].trigger is Trigger.SCOPE_SHIFT
+    assert result.versions[-1].approved_by is None
+    assert keys_of(result, result.versions[-1].added) == ["x", "y"]
+
+
+# Approval gates for side effects --------------------------------------------
+
+SIDE_EFFECTS = [
+    TaskDraft(key="send", description="send the email", requires_approval=True),
+    TaskDraft(key="draft", description="draft the report"),
+    TaskDraft(key="log", description="log the sent email", depends_on=["send"]),
+]
+
+
+def executed(model: ScriptedModel, task_id: str) -> int:
+    return sum(
+        c.context["task"].id == task_id for c in model.calls_for("executor", "execute")
+    )
+
+
+async def wait_for_status(handle: RunHandle, task_id: str, status: TaskStatus) -> None:
+    def reached() -> bool:
+        task = handle.state.tasks.get(task_id)
+        return task is not None and task.status is status
+
+    await until(reached)
+
+
+async def test_a_side_effect_task_waits_for_approval_while_independent_tasks_run() -> (
+    None
+):
+    model = ScriptedModel(Script(trigger=None))
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(RunSpec(goal="report by email", tasks=SIDE_EFFECTS))
+        gate = await next_gate(sup)
+        assert gate.task_id == "t1"
+        assert gate.trigger is None
+        assert gate.proposal is None
+        assert handle.status is RunStatus.WAITING_FOR_HUMAN
+
+        # The independent task runs to completion while the gate is open...
+        await wait_for_status(handle, "t2", TaskStatus.COMPLETED)
+        assert [g.gate_id for g in sup.gates.pending()] == [gate.gate_id]
+        # ...but the side effect is never attempted before it is approved.
+        assert executed(model, "t1") == 0
+        assert handle.state.tasks["t1"].status is TaskStatus.PENDING
+        assert handle.state.tasks["t3"].status is TaskStatus.PENDING
+
+        await sup.gates.resolve(gate.gate_id, GateResolution(decision="approve"))
+        result = await finish(handle)
+
+    assert result.status is RunStatus.COMPLETED
+    assert executed(model, "t1") == 1
+    assert all(t.status is TaskStatus.COMPLETED for t in result.tasks)
+
+
+async def test_rejecting_a_side_effect_fails_the_task_and_skips_its_dependents() -> (
+    None
+):
+    model = ScriptedModel(Script(trigger=None))
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(RunSpec(goal="report by email", tasks=SIDE_EFFECTS))
+        gate = await next_gate(sup)
+        await sup.gates.resolve(
+            gate.gate_id, GateResolution(decision="reject", by="erin")
+        )
+        result = await finish(handle)
+
+    status = {t.id: t.status for t in result.tasks}
+    assert status == {
+        "t1": TaskStatus.FAILED,
+        "t2": TaskStatus.COMPLETED,
+        "t3": TaskStatus.SKIPPED,
+    }
+    assert executed(model, "t1") == 0
+    assert executed(model, "t3") == 0
+    failed = result.tasks[0].result
+    assert failed is not None
+    assert not failed.success
+    assert "erin" in (failed.reason or "")
+
+
+async def test_an_approval_gate_cannot_be_answered_with_an_edit() -> None:
+    model = ScriptedModel(Script(trigger=None))
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(RunSpec(goal="report by email", tasks=SIDE_EFFECTS))
+        gate = await next_gate(sup)
+        edit = GateResolution(
+            decision="edit", tasks=[TaskDraft(key="z", description="something else")]
+        )
+        with anyio.fail_after(10), pytest.raises(replan.GateError):
+            await sup.gates.resolve(gate.gate_id, edit)
+        assert [g.gate_id for g in sup.gates.pending()] == [gate.gate_id]
+        await sup.gates.resolve(gate.gate_id, GateResolution(decision="approve"))
+        result = await finish(handle)
+    assert all(t.status is TaskStatus.COMPLETED for t in result.tasks)
+
+
+@pytest.mark.parametrize(
+    ("on_timeout", "expected"),
+    [
+        ("reject", {"t1": TaskStatus.FAILED, "t3": TaskStatus.SKIPPED}),
+        ("approve", {"t1": TaskStatus.COMPLETED, "t3": TaskStatus.COMPLETED}),
+    ],
+)
+async def test_an_unanswered_approval_gate_applies_the_timeout_policy(
+    on_timeout: Any, expected: dict[str, TaskStatus]
+) -> None:
+    model = ScriptedModel(Script(trigger=None))
+    spec = RunSpec(
+        goal="report by email",
+        tasks=SIDE_EFFECTS,
+        limits=Limits(gate_timeout_s=0.05),
+        gate_policy=GatePolicy(on_timeout=on_timeout),
+    )
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(spec)
+        result = await finish(handle)
+        events = await journal(handle)
+
+    status = {t.id: t.status for t in result.tasks}
+    assert {k: status[k] for k in expected} == expected
+    assert status["t2"] is TaskStatus.COMPLETED
+    assert executed(model, "t1") == (1 if on_timeout == "approve" else 0)
+    resolved = [e for e in events if isinstance(e, GateResolved)]
+    assert [(e.resolution.decision, e.resolution.by) for e in resolved] == [
+        (on_timeout, "policy:timeout")
+    ]
+
+
+async def test_cancelling_a_run_that_waits_at_a_gate_closes_the_gate() -> None:
+    model = ScriptedModel(Script())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec())
+        gate = await next_gate(sup)
+        with anyio.fail_after(10):
+            await handle.cancel()
+        result = await finish(handle)
+        assert sup.gates.pending() == []
+        with pytest.raises(replan.GateError):
+            await sup.gates.resolve(gate.gate_id, GateResolution(decision="approve"))
+
+    assert result.status is RunStatus.CANCELLED
+    assert [v.version for v in result.versions] == [1]
+    assert model.calls_for("executor", "synthesize") == []
+
+
+# Approval gates meeting replans ---------------------------------------------
+
+# t1 is a milestone whose finding makes the reviewer replan; t2 is a side
+# effect still waiting for approval when that replan supersedes it.
+STALE = [
+    TaskDraft(key="a", description="survey the field", milestone=True),
+    TaskDraft(key="send", description="send the email", requires_approval=True),
+    TaskDraft(key="c", description="check the survey", depends_on=["a"]),
+]
+NEW = [TaskDraft(key="n", description="a new step", depends_on=["t1"])]
+
+
+async def test_a_run_does_not_wait_for_approval_of_a_superseded_side_effect() -> None:
+    model = ScriptedModel(Script(trigger=Trigger.CONTRADICTION, revised=NEW))
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(RunSpec(goal="survey", tasks=STALE))
+        # Nobody answers the gate: the task it guards is no longer in the plan.
+        # (3 s, not 10: without the bug the run takes milliseconds.)
+        with anyio.fail_after(3):
+            result = await handle.result()
+        assert sup.gates.pending() == []
+
+    assert result.status is RunStatus.COMPLETED
+    status = {t.id: t.status for t in result.tasks}
+    assert status["t2"] is TaskStatus.SUPERSEDED
+    assert executed(model, "t2") == 0
+
+
+async def test_rejecting_a_superseded_side_effect_leaves_it_superseded() -> None:
+    model = ScriptedModel(Script(trigger=Trigger.CONTRADICTION, revised=NEW))
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(RunSpec(goal="survey", tasks=STALE))
+        await wait_for_status(handle, "t2", TaskStatus.SUPERSEDED)
+        await wait_for_status(handle, "t4", TaskStatus.COMPLETED)
+        for gate in sup.gates.pending(handle.run_id):
+            with anyio.fail_after(10):
+                await sup.gates.resolve(gate.gate_id, GateResolution(decision="reject"))
+        result = await finish(handle)
+
+    status = {t.id: t.status for t in result.tasks}
+    # A terminal status is never left: superseded stays superseded.
+    assert status["t2"] is TaskStatus.SUPERSEDED
+    assert result.status is RunStatus.COMPLETED
+
+
+async def test_approving_a_side_effect_returns_while_the_run_waits_at_its_replan() -> (
+    None
+):
+    model = ScriptedModel(Script(trigger=Trigger.SCOPE_SHIFT, revised=NEW))
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(RunSpec(goal="survey", tasks=STALE))
+        await until(lambda: len(sup.gates.pending()) == 2)
+        approval, scope = sup.gates.pending()
+        assert approval.task_id == "t2"
+        assert scope.trigger is Trigger.SCOPE_SHIFT
+        # One person answers the gates one at a time, oldest first.
+        # (3 s, not 10: without the bug this returns at once.)
+        with anyio.fail_after(3):
+            await sup.gates.resolve(
+                approval.gate_id, GateResolution(decision="approve")
+            )
+        assert handle.state.tasks["t2"].approved
+        await sup.gates.resolve(scope.gate_id, GateResolution(decision="reject"))
+        result = await finish(handle)
+
+    assert result.status is RunStatus.COMPLETED
+    assert executed(model, "t2") == 1
+
+
+class SlowStore:
+    """A MemoryStore whose appends take a while, as a disk's do."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryStore()
+
+    async def append(
+        self, run_id: str, events: Sequence[replan.Event], summary: RunSummary
+    ) -> None:
+        await anyio.sleep(0.02)
+        await self.inner.append(run_id, events, summary)
+
+    async def read(self, run_id: str, after: int = 0) -> list[replan.Event]:
+        return await self.inner.read(run_id, after)
+
+    async def get_run(self, run_id: str) -> RunSummary | None:
+        return await self.inner.get_run(run_id)
+
+    async def list_runs(
+        self,
+        *,
+        statuses: Sequence[RunStatus] | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[RunSummary]:
+        return await self.inner.list_runs(statuses=statuses, limit=limit, offset=offset)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_a_gate_is_listed_only_once_its_opening_is_journaled() -> None:
+    model = ScriptedModel(Script())
+    store = SlowStore()
+    async with Supervisor(model, store) as sup:
+        handle = await sup.submit(chain_spec())
+        with anyio.fail_after(10):
+            while not (pending := sup.gates.pending()):
+                await anyio.lowlevel.checkpoint()
+        # The moment a person can see the gate, the run waits for them and
+        # the journal knows why: a crash now must not lose the gate.
+        status = handle.status
+        journaled = [e.kind for e in await store.read(handle.run_id)]
+        await sup.gates.resolve(pending[0].gate_id, GateResolution(decision="reject"))
+        await finish(handle)
+
+    assert status is RunStatus.WAITING_FOR_HUMAN
+    assert "gate_opened" in journaled
