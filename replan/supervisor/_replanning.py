@@ -153,7 +153,7 @@ def _no_edit(resolution: GateResolution) -> None:
 
 async def replan(run: RunDriver, verdict: Verdict) -> None:
     """Guards, proposal (K candidates ranked and evolved), drift, gate, apply."""
-    refusal = guard_replan(run.state, verdict)
+    refusal = guard_replan(run.view, verdict)
     if refusal is not None:
         await _refuse(run, verdict, *refusal)
         return
@@ -216,7 +216,6 @@ async def replan(run: RunDriver, verdict: Verdict) -> None:
         reason=verdict.rationale,
         confidence=verdict.confidence,
         version=version.version,
-        proposed=version,
     )
     await run.record_events((ReplanApplied, {"record": record, "version": version}))
 

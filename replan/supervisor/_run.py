@@ -222,11 +222,11 @@ class RunDriver:
                 reply = expect(
                     await pool.ask(request, run_id=self.state.run_id), reply_type
                 )
-                # Journal the usage at once: the budget checks before the next
-                # call of the same flow must see it.
+                # Staged, not committed: the budget checks read the staged view,
+                # and the flow's next append journals it with its outcome.
                 calls: list[ModelCall] | None = getattr(reply, "calls", None)
                 if calls:
-                    await self.record_events(*usage_events(calls))
+                    self.stage(*usage_events(calls))
                 if getattr(reply, "cut_short", False):
                     self.check_budget()
                 return reply
