@@ -9,7 +9,6 @@ from typing import Literal, assert_never
 from pydantic import Field
 
 from ..messages import (
-    TERMINAL_STATUSES,
     Event,
     GateInfo,
     GateOpened,
@@ -324,7 +323,3 @@ def _fail(state: RunState, task_id: str, outcome: TaskOutcome) -> dict[str, obje
                 doomed.add(task.id)
                 changed = True
     return {"tasks": tasks}
-
-
-def is_terminal(task: Task) -> bool:
-    return task.status in TERMINAL_STATUSES
