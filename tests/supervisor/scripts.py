@@ -39,7 +39,8 @@ from replan import (
     Trigger,
     Verdict,
 )
-from replan.messages import Event, MilestoneReviewed
+from replan.messages import Event, MilestoneReviewed, RunStatus
+from replan.store import RunSummary, Store
 
 GOAL = "map the market for solid-state batteries"
 SYNTHESIS = "the synthesis of every completed task"
@@ -270,3 +271,33 @@ async def run_to_end(
 def executed_ids(model: ScriptedModel) -> list[str]:
     """Ids of the tasks the executor model was asked to run, in call order."""
     return [task_of(c).id for c in model.calls_for("executor", "execute")]
+
+
+class DelegatingStore:
+    """A Store that passes every call to ``inner``; tests override ``append``."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+
+    async def append(
+        self, run_id: str, events: Sequence[Event], summary: RunSummary
+    ) -> None:
+        await self.inner.append(run_id, events, summary)
+
+    async def read(self, run_id: str, after: int = 0) -> list[Event]:
+        return await self.inner.read(run_id, after)
+
+    async def get_run(self, run_id: str) -> RunSummary | None:
+        return await self.inner.get_run(run_id)
+
+    async def list_runs(
+        self,
+        *,
+        statuses: Sequence[RunStatus] | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[RunSummary]:
+        return await self.inner.list_runs(statuses=statuses, limit=limit, offset=offset)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

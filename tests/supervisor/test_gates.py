@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from scripts import DelegatingStore
 
 import replan
 from replan import (
@@ -583,35 +584,17 @@ async def test_approving_a_side_effect_returns_while_the_run_waits_at_its_replan
     assert executed(model, "t2") == 1
 
 
-class SlowStore:
+class SlowStore(DelegatingStore):
     """A MemoryStore whose appends take a while, as a disk's do."""
 
     def __init__(self) -> None:
-        self.inner = MemoryStore()
+        super().__init__(MemoryStore())
 
     async def append(
         self, run_id: str, events: Sequence[replan.Event], summary: RunSummary
     ) -> None:
         await anyio.sleep(0.02)
         await self.inner.append(run_id, events, summary)
-
-    async def read(self, run_id: str, after: int = 0) -> list[replan.Event]:
-        return await self.inner.read(run_id, after)
-
-    async def get_run(self, run_id: str) -> RunSummary | None:
-        return await self.inner.get_run(run_id)
-
-    async def list_runs(
-        self,
-        *,
-        statuses: Sequence[RunStatus] | None = None,
-        limit: int = 100,
-        offset: int = 0,
-    ) -> list[RunSummary]:
-        return await self.inner.list_runs(statuses=statuses, limit=limit, offset=offset)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 async def test_a_gate_is_listed_only_once_its_opening_is_journaled() -> None:

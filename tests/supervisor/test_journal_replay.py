@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
+from scripts import DelegatingStore
 
 import replan
 from replan import (
@@ -194,11 +195,11 @@ async def test_every_event_of_a_run_round_trips_through_json() -> None:
         assert EVENT_ADAPTER.dump_json(again) == raw
 
 
-class RecordingStore:
+class RecordingStore(DelegatingStore):
     """A Store that notes, at every append, how far the live state had got."""
 
     def __init__(self, inner: Store) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.handle: RunHandle | None = None
         self.appends: list[tuple[int, list[int]]] = []
         """(the live ``handle.state.seq``, the seqs being appended)."""
@@ -209,24 +210,6 @@ class RecordingStore:
         if self.handle is not None:
             self.appends.append((self.handle.state.seq, [e.seq for e in events]))
         await self.inner.append(run_id, events, summary)
-
-    async def read(self, run_id: str, after: int = 0) -> list[Event]:
-        return await self.inner.read(run_id, after)
-
-    async def get_run(self, run_id: str) -> RunSummary | None:
-        return await self.inner.get_run(run_id)
-
-    async def list_runs(
-        self,
-        *,
-        statuses: Sequence[replan.RunStatus] | None = None,
-        limit: int = 100,
-        offset: int = 0,
-    ) -> list[RunSummary]:
-        return await self.inner.list_runs(statuses=statuses, limit=limit, offset=offset)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 async def test_events_are_journaled_before_the_state_changes() -> None:
