@@ -111,6 +111,10 @@ class SQLiteStore:
             )
         self.path = Path(path)
         self._conn = _connect(self.path, synchronous)
+        # The last seq this store committed per run: an append then needs no
+        # query to check that its events follow on. Another writer's rows
+        # still collide on the primary key, which reads as a conflict.
+        self._last_seq: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r})"
@@ -150,7 +154,9 @@ class SQLiteStore:
         ]
         conn.execute("BEGIN IMMEDIATE")
         try:
-            (last,) = conn.execute(_LAST_SEQ, (run_id,)).fetchone()
+            last = self._last_seq.get(run_id)
+            if last is None:
+                (last,) = conn.execute(_LAST_SEQ, (run_id,)).fetchone()
             for expected, event in enumerate(events, start=last + 1):
                 if event.seq != expected:
                     raise JournalConflict(
@@ -165,9 +171,12 @@ class SQLiteStore:
             _write_summary(conn, run_id, summary)
             conn.execute("COMMIT")
         except BaseException:
+            self._last_seq.pop(run_id, None)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        if events:
+            self._last_seq[run_id] = events[-1].seq
 
     async def read(self, run_id: str, after: int = 0) -> list[Event]:
         rows = self._connection().execute(_READ, (run_id, after)).fetchall()

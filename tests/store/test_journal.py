@@ -493,6 +493,24 @@ async def test_a_second_writer_that_lost_the_race_gets_a_conflict(
         assert await second.read("run-1") == [started(1), started(2)]
 
 
+async def test_a_writer_behind_another_gets_a_conflict_then_catches_up(
+    tmp_path: Path,
+) -> None:
+    async with (
+        SQLiteStore(tmp_path / "j.db") as first,
+        SQLiteStore(tmp_path / "j.db") as second,
+    ):
+        await first.append("run-1", [started(1)], summary("run-1", 1))
+        await second.append("run-1", [started(2)], summary("run-1", 2))
+        # first last wrote seq 1: its next append must not pass as seq 2.
+        with pytest.raises(JournalConflict):
+            await first.append("run-1", [started(2, "t9")], summary("run-1", 2))
+        with pytest.raises(JournalConflict, match="expected seq 3, got 4"):
+            await first.append("run-1", [started(4)], summary("run-1", 4))
+        await first.append("run-1", [started(3)], summary("run-1", 3))
+        assert await second.read("run-1") == [started(1), started(2), started(3)]
+
+
 async def test_missing_parent_directories_are_created(tmp_path: Path) -> None:
     path = tmp_path / "a" / "b" / "j.db"
     async with SQLiteStore(str(path), synchronous="FULL") as store:
