@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 import anyio
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 from anyio.lowlevel import checkpoint_if_cancelled
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -112,6 +112,7 @@ class Envelope(Generic[ReqT, RepT]):
 class PoolStatistics:
     role: str
     workers: int
+    """The most requests the role handles at once (the pool's size)."""
     busy: int
     mailbox_depth: int
     """Requests waiting in the mailbox."""
@@ -121,13 +122,17 @@ class PoolStatistics:
     stop_reason: str | None
     senders_waiting: int = 0
     """Senders blocked because the mailbox is full (backpressure)."""
+    live: int = 0
+    """Workers started so far: a pool grows to ``workers`` on demand."""
 
 
 class ActorPool(Generic[ReqT, RepT]):
     """N workers of one role sharing a bounded mailbox, restarted one for one.
 
     A handler that raises answers its caller with :class:`ActorCrashed` and
-    the worker is replaced with a fresh actor from ``factory``. More than
+    the worker is replaced with a fresh actor from ``factory``. Workers start
+    on demand: one at first, another whenever a request arrives and no worker
+    is free, up to ``workers``, so an idle role costs one task. More than
     ``max_restarts`` crashes within ``restart_period_s`` stop the role: every
     queued and later request gets :class:`ActorStopped` with the reason, as
     does a factory that raises. A request's deadline is timed by its caller;
@@ -169,7 +174,9 @@ class ActorPool(Generic[ReqT, RepT]):
         self._crashes: deque[float] = deque()
         self._restarts = 0
         self._busy = 0
+        self._live = 0
         self._started = False
+        self._task_group: TaskGroup | None = None
         self.stop_reason: str | None = None
 
     @property
@@ -188,6 +195,7 @@ class ActorPool(Generic[ReqT, RepT]):
             stopped=self.stopped,
             stop_reason=self.stop_reason,
             senders_waiting=mailbox.tasks_waiting_send,
+            live=self._live,
         )
 
     async def run(
@@ -199,11 +207,20 @@ class ActorPool(Generic[ReqT, RepT]):
         self._started = True
         try:
             async with anyio.create_task_group() as tg:
-                for index in range(self._workers):
-                    tg.start_soon(self._worker, index)
+                self._task_group = tg
+                self._grow()
                 task_status.started()
         finally:
+            self._task_group = None
             self.stop("the supervisor stopped")
+
+    def _grow(self) -> None:
+        """Start one more worker, unless the pool is full or stopping."""
+        if self._task_group is None or self.stop_reason is not None:
+            return
+        if self._live < self._workers:
+            self._live += 1
+            self._task_group.start_soon(self._worker, self._live - 1)
 
     def stop(self, reason: str) -> None:
         """Stop taking requests; answer every queued one with ActorStopped."""
@@ -250,6 +267,9 @@ class ActorPool(Generic[ReqT, RepT]):
         try:
             # A caller already cancelled, or past its deadline, sends nothing.
             await checkpoint_if_cancelled()
+            if self._receive.statistics().tasks_waiting_receive == 0:
+                # Nobody is free to take it: one more worker, if there is room.
+                self._grow()
             try:
                 # The fast path skips send()'s extra trip through the event
                 # loop; waiting for the reply below is the checkpoint.
@@ -267,6 +287,12 @@ class ActorPool(Generic[ReqT, RepT]):
             raise
 
     async def _worker(self, index: int) -> None:
+        try:
+            await self._work(index)
+        finally:
+            self._live -= 1
+
+    async def _work(self, index: int) -> None:
         while self.stop_reason is None:
             try:
                 actor = self._factory()

@@ -453,6 +453,31 @@ async def test_statistics_report_workers_busy_mailbox_depth_restarts_and_stopped
         assert (statistics.stopped, statistics.stop_reason) == (True, "done")
 
 
+async def test_workers_start_on_demand_up_to_the_pool_size() -> None:
+    script = Script()
+    pool = pool_of(script, workers=3, mailbox_size=8)
+    outcomes: dict[str, Outcome] = {}
+    async with running(pool) as tg:
+        await wait_all_tasks_blocked()
+        assert (pool.statistics().live, script.made) == (1, 1)
+        # One held request keeps the first worker; the next finds none free.
+        await enqueue(tg, pool, "hold:a", outcomes)
+        assert pool.statistics().live == 1
+        await enqueue(tg, pool, "hold:b", outcomes)
+        assert (pool.statistics().live, pool.statistics().busy) == (2, 2)
+        for name in "cde":
+            await enqueue(tg, pool, f"hold:{name}", outcomes)
+        statistics = pool.statistics()
+        assert (statistics.live, statistics.busy, statistics.mailbox_depth) == (3, 3, 2)
+        for name in "abcde":
+            script.release(name)
+        await wait_all_tasks_blocked()
+        # Free workers take later requests: the pool does not grow further.
+        assert await pool.ask("echo:x") == "x"
+        assert (pool.statistics().live, script.made) == (3, 3)
+    assert outcomes == {f"hold:{name}": name for name in "abcde"}
+
+
 async def test_the_senders_trace_context_reaches_the_handler() -> None:
     tracer = TracerProvider().get_tracer("test")
     seen: list[trace.SpanContext] = []
