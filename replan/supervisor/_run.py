@@ -398,24 +398,38 @@ class RunDriver:
                         "attempts started, the limit",
                     )
                 raise RunEnded(RunStatus.FAILED, "no pending task can ever run")
-            item = await self._inbox.receive()
-            if isinstance(item, _RoleStopped):
-                raise RunEnded(
-                    RunStatus.FAILED,
-                    f"the {item.error.role} role stopped: {item.error}",
-                )
-            if isinstance(item, _Answered):
-                self._awaiting_approval.discard(item.request.gate_id)
-                continue
-            self._in_flight -= 1
-            staged = self.stage(
-                (TaskFinished, {"task_id": item.task_id, "outcome": item.outcome}),
-                *usage_events(item.calls),
+            # Take every report that is already in, so that tasks finishing
+            # together share one append with the starts that follow them.
+            items = [await self._inbox.receive()]
+            while True:
+                try:
+                    items.append(self._inbox.receive_nowait())
+                except anyio.WouldBlock:
+                    break
+            for item in items:
+                await self._take(item)
+
+    async def _take(self, item: _Done | _Answered | _RoleStopped) -> None:
+        """Act on one report from a task or an approval."""
+        from ._replanning import review
+
+        if isinstance(item, _RoleStopped):
+            raise RunEnded(
+                RunStatus.FAILED,
+                f"the {item.error.role} role stopped: {item.error}",
             )
-            finished = staged.tasks[item.task_id].status is not TaskStatus.PENDING
-            if finished and milestone_due(staged, item.task_id):
-                await self.record_events()
-                await review(self)
+        if isinstance(item, _Answered):
+            self._awaiting_approval.discard(item.request.gate_id)
+            return
+        self._in_flight -= 1
+        staged = self.stage(
+            (TaskFinished, {"task_id": item.task_id, "outcome": item.outcome}),
+            *usage_events(item.calls),
+        )
+        finished = staged.tasks[item.task_id].status is not TaskStatus.PENDING
+        if finished and milestone_due(staged, item.task_id):
+            await self.record_events()
+            await review(self)
 
     async def _dispatch(self, tg: TaskGroup) -> None:
         """Start ready tasks up to ``max_concurrency``; gate side effects first.
