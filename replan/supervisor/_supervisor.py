@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import deque
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
@@ -54,6 +55,9 @@ class Supervisor:
         restart_period_s: the window of ``max_restarts``.
         executor_temperature: sampling temperature for task execution.
         evolver_temperature: sampling temperature for refining candidates.
+        keep_finished: how many finished runs :meth:`get` and :meth:`handles`
+            still know (the oldest are forgotten first; their journal stays,
+            :meth:`replay` reads it). Bounds a long-lived supervisor's memory.
 
     Raises:
         ConfigurationError: an argument is invalid.
@@ -71,6 +75,7 @@ class Supervisor:
         restart_period_s: float = 10.0,
         executor_temperature: float = 0.2,
         evolver_temperature: float = 0.7,
+        keep_finished: int = 1000,
     ) -> None:
         sizes = dict(DEFAULT_WORKERS)
         for role, size in (workers or {}).items():
@@ -87,6 +92,8 @@ class Supervisor:
             raise ConfigurationError("max_restarts", "must not be negative")
         if restart_period_s <= 0:
             raise ConfigurationError("restart_period_s", "must be positive")
+        if keep_finished < 0:
+            raise ConfigurationError("keep_finished", "must not be negative")
         self.model = model
         self.store: Store = store if store is not None else MemoryStore()
         self.gates = GateRegistry()
@@ -101,6 +108,8 @@ class Supervisor:
         self._temperatures = (executor_temperature, evolver_temperature)
         self._roles: Roles | None = None
         self._records: dict[str, RunRecord] = {}
+        self._finished: deque[str] = deque()
+        self._keep_finished = keep_finished
         self._drivers: dict[str, RunDriver] = {}
         self._task_group: TaskGroup | None = None
         self._serve_scope: anyio.CancelScope | None = None
@@ -247,7 +256,15 @@ class Supervisor:
                 "the run's driver crashed (see the log)"
             )
         finally:
-            self._drivers.pop(driver.state.run_id, None)
+            run_id = driver.state.run_id
+            self._drivers.pop(run_id, None)
+            if driver.state.status.final:
+                self._forget_oldest_finished(run_id)
+
+    def _forget_oldest_finished(self, run_id: str) -> None:
+        self._finished.append(run_id)
+        while len(self._finished) > self._keep_finished:
+            self._records.pop(self._finished.popleft(), None)
 
     def _handle(self, record: RunRecord) -> RunHandle:
         run_id = record.state.run_id
@@ -263,7 +280,8 @@ class Supervisor:
         """The handle of a run this supervisor started.
 
         Raises:
-            UnknownRunError: no such run in this supervisor.
+            UnknownRunError: no such run in this supervisor, or a finished
+                one it has forgotten (see ``keep_finished``).
         """
         record = self._records.get(run_id)
         if record is None:

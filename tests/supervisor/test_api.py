@@ -25,6 +25,7 @@ from replan import (
     TaskDraft,
     TaskOutcome,
     TaskStatus,
+    UnknownRunError,
 )
 from replan.messages import RunFinished
 
@@ -396,3 +397,28 @@ async def test_submitting_a_bad_dict_names_the_offending_field(
         assert await store.list_runs() == []
     assert caught.value.field == field
     assert model.calls == []
+
+
+async def test_a_supervisor_forgets_the_oldest_finished_runs_past_keep_finished() -> (
+    None
+):
+    async with Supervisor(ScriptedModel(answers()), keep_finished=2) as sup:
+        handles, results = [], []
+        for n in range(4):  # one after the other: they finish in this order
+            handles.append(await sup.submit(RunSpec(goal=f"goal {n}")))
+            results.append(await handles[-1].result())
+        await until(lambda: len(sup.handles()) == 2)
+        oldest = handles[0].run_id
+        with pytest.raises(UnknownRunError):
+            sup.get(oldest)
+        # The journal keeps it; the handle a caller holds still works.
+        assert await sup.replay(oldest) == results[0]
+        assert await handles[0].result() == results[0]
+        remembered = {handle.run_id for handle in sup.handles()}
+        assert remembered == {handles[2].run_id, handles[3].run_id}
+
+
+def test_a_negative_keep_finished_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Supervisor(ScriptedModel(answers()), keep_finished=-1)
+    assert caught.value.field == "keep_finished"
