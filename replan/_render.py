@@ -10,6 +10,7 @@ import textwrap
 from collections.abc import Iterable
 from typing import assert_never
 
+from ._render_explore import explore_event_lines
 from .messages import (
     Event,
     GateOpened,
@@ -30,6 +31,7 @@ from .messages import (
     Usage,
     UsageRecorded,
 )
+from .messages._explore_events import ExploreEvent
 from .supervisor import RunState
 
 WIDTH = 88
@@ -213,6 +215,8 @@ def event_lines(event: Event, state: RunState) -> list[str]:
             return [
                 f"run finished: {status.value}" + (f" ({reason})" if reason else "")
             ]
+        case ExploreEvent():
+            return explore_event_lines(event, state)
         case _:
             assert_never(event)
 

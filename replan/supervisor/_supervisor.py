@@ -12,6 +12,7 @@ from typing import Any, Self
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
+from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
 from .._errors import ConfigurationError, SupervisorError, UnknownRunError
@@ -54,6 +55,8 @@ class Supervisor:
         restart_period_s: the window of ``max_restarts``.
         executor_temperature: sampling temperature for task execution.
         evolver_temperature: sampling temperature for refining candidates.
+        tracer_provider: where spans go; the global OpenTelemetry provider
+            when omitted.
 
     Raises:
         ConfigurationError: an argument is invalid.
@@ -71,6 +74,7 @@ class Supervisor:
         restart_period_s: float = 10.0,
         executor_temperature: float = 0.2,
         evolver_temperature: float = 0.7,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         sizes = dict(DEFAULT_WORKERS)
         for role, size in (workers or {}).items():
@@ -99,6 +103,7 @@ class Supervisor:
             "restart_period_s": restart_period_s,
         }
         self._temperatures = (executor_temperature, evolver_temperature)
+        self._tracer_provider = tracer_provider
         self._roles: Roles | None = None
         self._records: dict[str, RunRecord] = {}
         self._drivers: dict[str, RunDriver] = {}
@@ -208,10 +213,6 @@ class Supervisor:
                 spec = RunSpec.model_validate(spec)
             except ValidationError as exc:
                 raise ConfigurationError.from_validation(exc) from None
-        if spec.kind != "plan":
-            raise ConfigurationError(
-                "kind", f"{spec.kind!r} runs are not supported by this version"
-            )
         tg, roles = self._task_group, self._roles
         if tg is None or roles is None or self._stopping:
             raise SupervisorError(
@@ -230,7 +231,7 @@ class Supervisor:
         state = apply(None, event)
         await self.store.append(run_id, [event], summary_of(state))
         record = RunRecord(state)
-        driver = RunDriver(record, roles, self.store, self.gates)
+        driver = RunDriver(record, roles, self.store, self.gates, self._tracer_provider)
         self._records[run_id] = record
         self._drivers[run_id] = driver
         tg.start_soon(self._drive, driver)
