@@ -115,9 +115,10 @@ class ExploreScript:
             case "reviewer", "critique":
                 idea = ideas[ctx["hypothesis"].statement]
                 index = min(ctx["reviewer_index"], len(idea.reviews) - 1)
+                who = ctx["reviewer_index"]
                 return Critique(
                     scores=idea.reviews[index],
-                    critique=f"review {ctx['reviewer_index']} of {ctx['hypothesis_id']}",
+                    critique=f"review {who} of {ctx['hypothesis_id']}",
                 )
             case "ranker", "compare":
                 a, b = ideas[ctx["a"].statement], ideas[ctx["b"].statement]
@@ -185,14 +186,9 @@ async def run_explore(
                     if event.kind == "gate_opened":
                         answer = resolve(event.request)  # type: ignore[union-attr]
                         if answer is not None:
-                            await _resolve(sup, event.request.gate_id, answer)  # type: ignore[union-attr]
+                            # Listed before its gate_opened can be read.
+                            await sup.gates.resolve(event.request.gate_id, answer)  # type: ignore[union-attr]
             result = await handle.result()
             replayed = await sup.replay(result.run_id)
     journal = await store.read(result.run_id)
     return Outcome(result, journal, replayed, model)
-
-
-async def _resolve(sup: Supervisor, gate_id: str, answer: GateResolution) -> None:
-    while sup.gates.get(gate_id) is None:
-        await anyio.sleep(0.005)
-    await sup.gates.resolve(gate_id, answer)
