@@ -10,7 +10,7 @@ brief says what was found so far.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -105,6 +105,8 @@ class _Flow:
             "replan", __version__, tracer_provider=run.tracer_provider
         )
         self._errors: list[str] = []
+        self._ended: RunEnded | None = None
+        """The first end (a limit, a stopped role) met by a concurrent call."""
 
     @property
     def explore(self) -> ExploreState:
@@ -140,6 +142,26 @@ class _Flow:
             reply = ExploreReply(errors=[f"{pool.role}/{purpose}: {failed.reason}"])
         self._errors.extend(reply.errors)
         return reply
+
+    async def guarded(
+        self, ask: Callable[..., Awaitable[ExploreReply]], *args: Any, **kw: Any
+    ) -> ExploreReply | None:
+        """``ask`` for a call made concurrently with others: an end of the run
+        is kept (and the others stop) instead of surfacing as an exception
+        group; :meth:`reraise` raises it once the group is done."""
+        if self._ended is not None:
+            return None
+        try:
+            return await ask(*args, **kw)
+        except RunEnded as end:
+            if self._ended is None:
+                self._ended = end
+            return None
+
+    def reraise(self) -> None:
+        ended, self._ended = self._ended, None
+        if ended is not None:
+            raise ended
 
     # The flow ---------------------------------------------------------------
 
@@ -291,7 +313,8 @@ class _Flow:
         answers: dict[tuple[str, int], Critique] = {}
 
         async def one(hid: str, index: int) -> None:
-            reply = await self.ask(
+            reply = await self.guarded(
+                self.ask,
                 self.run.roles.reviewer,
                 "critique",
                 {
@@ -303,13 +326,14 @@ class _Flow:
                 },
                 lenses=list(LENSES),
             )
-            if isinstance(reply.output, Critique):
+            if reply is not None and isinstance(reply.output, Critique):
                 answers[hid, index] = reply.output
 
         async with anyio.create_task_group() as tg:
             for hid in ids:
                 for index in range(n):
                     tg.start_soon(one, hid, index)
+        self.reraise()
         reviews, rejected, notes = [], [], []
         safety_min = self.settings.thresholds.get("safety", 0.0)
         for hid in ids:
@@ -359,6 +383,7 @@ class _Flow:
                 else top_round(ids, ratings, self.settings.top_n)
             )
             results = await play_round(pairs, self.judge)
+            self.reraise()
             _, records = apply_results(
                 ratings,
                 results,
@@ -385,12 +410,13 @@ class _Flow:
     def judge(self) -> Judge:
         async def judge(a: str, b: str) -> tuple[Literal["a", "b"], str] | None:
             hypotheses = self.explore.hypotheses
-            reply = await self.ask(
+            reply = await self.guarded(
+                self.ask,
                 self.run.roles.ranker,
                 "compare",
                 {"a": hypotheses[a], "b": hypotheses[b], "a_id": a, "b_id": b},
             )
-            if isinstance(reply.output, Comparison):
+            if reply is not None and isinstance(reply.output, Comparison):
                 return reply.output.winner, reply.output.rationale
             return None
 
