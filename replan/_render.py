@@ -151,7 +151,8 @@ def event_lines(event: Event, state: RunState) -> list[str]:
     match event:
         case RunSubmitted(run_id=run_id, spec=spec):
             return [
-                f"run {run_id} submitted ({spec.pattern})",
+                f"run {run_id} submitted "
+                f"({spec.pattern if spec.kind == 'plan' else spec.kind})",
                 *wrap(spec.goal, "    "),
             ]
         case PlanCreated(version=version, boundary=boundary):
@@ -256,6 +257,10 @@ def run_report(state: RunState) -> list[str]:
     for info in state.open_gates:
         lines += ["", *gate_lines(info.request, "")]
     lines.append("")
+    if result.brief is not None:
+        from ._render_explore import brief_lines
+
+        return [*lines, *brief_lines(result.brief)]
     lines.extend(outcome_lines(state))
     return lines
 

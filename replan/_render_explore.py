@@ -119,7 +119,11 @@ def brief_lines(brief: DiscoveryBrief) -> list[str]:
             lines.extend(_wrap(plan.success_signal, "       ", hang="success signal: "))
     for title, items in (
         ("assumptions", brief.assumptions),
-        ("review", brief.review_reasons),
+        (
+            "review",
+            [*brief.review_reasons]
+            + ([f"reviewed by {brief.reviewed_by}"] if brief.reviewed_by else []),
+        ),
         ("limitations", brief.limitations),
         ("safety notes", brief.safety_notes),
         ("errors", brief.errors),
@@ -128,8 +132,6 @@ def brief_lines(brief: DiscoveryBrief) -> list[str]:
             lines += ["", title]
             for item in items:
                 lines.extend(_wrap(item, "  ", hang="- "))
-    if brief.reviewed_by:
-        lines.append(f"  reviewed by {brief.reviewed_by}")
     if brief.rejected:
         lines += ["", "rejected"]
         for r in brief.rejected:
