@@ -33,11 +33,18 @@ from .llm import ModelResponse as ModelResponse
 from .llm import ScriptedModel as ScriptedModel
 from .messages import Alignment as Alignment
 from .messages import Comparison as Comparison
+from .messages import ContextAnalysis as ContextAnalysis
 from .messages import Critique as Critique
+from .messages import DiscoveryBrief as DiscoveryBrief
 from .messages import Event as Event
+from .messages import EvidenceItem as EvidenceItem
+from .messages import ExploreSettings as ExploreSettings
 from .messages import GatePolicy as GatePolicy
 from .messages import GateRequest as GateRequest
 from .messages import GateResolution as GateResolution
+from .messages import Hypothesis as Hypothesis
+from .messages import HypothesisBatch as HypothesisBatch
+from .messages import HypothesisReview as HypothesisReview
 from .messages import Limits as Limits
 from .messages import PlanProposal as PlanProposal
 from .messages import PlanVersion as PlanVersion
@@ -46,6 +53,7 @@ from .messages import ReplanRecord as ReplanRecord
 from .messages import RunResult as RunResult
 from .messages import RunSpec as RunSpec
 from .messages import RunStatus as RunStatus
+from .messages import SafetyPolicy as SafetyPolicy
 from .messages import Synthesis as Synthesis
 from .messages import Task as Task
 from .messages import TaskDraft as TaskDraft
@@ -54,6 +62,8 @@ from .messages import TaskStatus as TaskStatus
 from .messages import TokenUsage as TokenUsage
 from .messages import Trigger as Trigger
 from .messages import Usage as Usage
+from .messages import ValidationBatch as ValidationBatch
+from .messages import ValidationPlan as ValidationPlan
 from .messages import Verdict as Verdict
 from .store import MemoryStore as MemoryStore
 from .store import SQLiteStore as SQLiteStore
@@ -75,12 +85,19 @@ __all__ = (
     "BudgetExhausted",
     "Comparison",
     "ConfigurationError",
+    "ContextAnalysis",
     "Critique",
+    "DiscoveryBrief",
     "Event",
+    "EvidenceItem",
+    "ExploreSettings",
     "GateError",
     "GatePolicy",
     "GateRequest",
     "GateResolution",
+    "Hypothesis",
+    "HypothesisBatch",
+    "HypothesisReview",
     "JournalConflict",
     "Limits",
     "MemoryStore",
@@ -99,6 +116,7 @@ __all__ = (
     "RunState",
     "RunStatus",
     "SQLiteStore",
+    "SafetyPolicy",
     "ScriptedModel",
     "Store",
     "Supervisor",
@@ -115,6 +133,8 @@ __all__ = (
     "Trigger",
     "UnknownRunError",
     "Usage",
+    "ValidationBatch",
+    "ValidationPlan",
     "Verdict",
     "__version__",
     "apply",

@@ -10,6 +10,7 @@ import textwrap
 from collections.abc import Iterable
 from typing import assert_never
 
+from ._render_explore import explore_event_lines
 from .messages import (
     Event,
     GateOpened,
@@ -30,6 +31,7 @@ from .messages import (
     Usage,
     UsageRecorded,
 )
+from .messages._explore_events import ExploreEvent
 from .supervisor import RunState
 
 WIDTH = 88
@@ -149,7 +151,8 @@ def event_lines(event: Event, state: RunState) -> list[str]:
     match event:
         case RunSubmitted(run_id=run_id, spec=spec):
             return [
-                f"run {run_id} submitted ({spec.pattern})",
+                f"run {run_id} submitted "
+                f"({spec.pattern if spec.kind == 'plan' else spec.kind})",
                 *wrap(spec.goal, "    "),
             ]
         case PlanCreated(version=version, boundary=boundary):
@@ -213,6 +216,8 @@ def event_lines(event: Event, state: RunState) -> list[str]:
             return [
                 f"run finished: {status.value}" + (f" ({reason})" if reason else "")
             ]
+        case ExploreEvent():
+            return explore_event_lines(event, state)
         case _:
             assert_never(event)
 
@@ -252,6 +257,10 @@ def run_report(state: RunState) -> list[str]:
     for info in state.open_gates:
         lines += ["", *gate_lines(info.request, "")]
     lines.append("")
+    if result.brief is not None:
+        from ._render_explore import brief_lines
+
+        return [*lines, *brief_lines(result.brief)]
     lines.extend(outcome_lines(state))
     return lines
 

@@ -1,4 +1,4 @@
-"""The ``replan`` command line: ``demo``, ``show`` and ``runs``.
+"""The ``replan`` command line: ``demo``, ``explore``, ``show`` and ``runs``.
 
 ``main`` returns the exit status instead of exiting, so tests call it
 in-process: 0 on success, 1 for a run-time problem (a missing journal, an
@@ -24,6 +24,7 @@ import anyio
 from . import _render
 from ._demo import demo_model, demo_spec
 from ._errors import ConfigurationError
+from ._explore_cli import add_explore_parser, explore, explore_demo
 from ._version import __version__
 from .messages import GateOpened, GateRequest, GateResolution, RunStatus
 from .store import MemoryStore, SQLiteStore, Store
@@ -125,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--db", metavar="PATH", required=True, help="the SQLite journal")
     show.add_argument("--json", action="store_true", help="print the result as JSON")
 
+    demo.add_argument(
+        "--explore",
+        action="store_true",
+        help="run the explore scenario instead: hypotheses and a discovery brief",
+    )
+    add_explore_parser(commands)
+
     runs = commands.add_parser("runs", help="list the runs of a journal, newest first")
     runs.add_argument("--db", metavar="PATH", required=True, help="the SQLite journal")
     runs.add_argument(
@@ -154,6 +162,14 @@ def _positive(text: str) -> int:
 
 
 async def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "demo" and args.explore:
+        console = Console(sys.stdout, sys.stderr if args.json else sys.stdout)
+        return await explore_demo(
+            console, yes=args.yes, as_json=args.json, db=args.db, latency=args.latency
+        )
+    if args.command == "explore":
+        console = Console(sys.stdout, sys.stderr if args.json else sys.stdout)
+        return await explore(console, args)
     if args.command == "demo":
         console = Console(sys.stdout, sys.stderr if args.json else sys.stdout)
         return await demo(
@@ -214,6 +230,8 @@ async def _decide(
     if yes:
         return GateResolution(decision="approve", by="cli --yes")
     question = PROMPT
+    if request.hypotheses is not None:
+        question = question.replace("this change", "this selection")
     if request.task_id is not None:
         question = question.replace("this change", f"task {request.task_id}")
     while True:

@@ -10,6 +10,7 @@ import replan
 PACKAGES = [
     "replan",
     "replan.actors",
+    "replan.explore",
     "replan.llm",
     "replan.messages",
     "replan.store",

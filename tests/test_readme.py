@@ -25,3 +25,16 @@ def test_the_readme_gives_the_two_setup_commands() -> None:
     text = README.read_text()
     assert 'python -m pip install -e ".[dev]" && replan demo' in text
     assert "python -m pytest" in text
+
+
+def test_the_readme_explore_example_runs_as_written(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    example = next(b for b in blocks if "anyio.run(explore)" in b)
+    exec(compile(example, "README.md", "exec"), {"__name__": "readme_explore"})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("completed 2 candidate hypotheses selected")
+    assert lines[1].startswith("H1 ")
+    assert lines[1].endswith("Solo cooks leave because recipes serve four")
+    assert len(lines) == 3

@@ -2,11 +2,22 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from .._errors import ModelError
+from .._errors import BudgetExhausted, ModelError, TransientModelError
+from ..explore import critique_problem
 from ..llm import Model, ModelRequest, Role
-from ..messages import ModelCall
+from ..messages import (
+    Comparison,
+    ContextAnalysis,
+    Critique,
+    ExploreReply,
+    ExploreRequest,
+    HypothesisBatch,
+    ModelCall,
+    ValidationBatch,
+)
+from ._runtime import ActorContext
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -62,3 +73,76 @@ class Allowance:
     def charge(self, call: ModelCall) -> None:
         if self._left is not None:
             self._left -= call.usage.total_tokens
+
+
+_EXPLORE_OUTPUTS: dict[str, type[BaseModel]] = {
+    "gaps": ContextAnalysis,
+    "hypotheses": HypothesisBatch,
+    "validation": ValidationBatch,
+    "critique": Critique,
+    "compare": Comparison,
+    "evolve": HypothesisBatch,
+}
+
+MALFORMED: tuple[type[Exception], ...] = (ModelError, ValidationError, TypeError)
+"""What counts as malformed output: the wrong type (a model adapter's
+``ModelError``, a scripted answer of the wrong type) or one that fails
+validation. A transient model error is not malformed: it crashes the call and
+the run retries it like any crash."""
+
+
+async def explore_call(
+    model: Model,
+    role: Role,
+    request: ExploreRequest,
+    ctx: ActorContext,
+    temperature: float,
+) -> ExploreReply:
+    """One explore model call, asked once more when the answer is malformed.
+
+    A second malformed answer is reported in ``errors`` rather than raised:
+    an explore run records it and goes on without that answer.
+    """
+    output_type = _EXPLORE_OUTPUTS[request.purpose]
+    if request.temperature is not None:
+        temperature = request.temperature
+    errors: list[str] = []
+    calls: list[ModelCall] = []
+    allowance = Allowance(request.token_allowance)
+    for _attempt in range(2):
+        if allowance.spent:
+            break
+        try:
+            output, call = await call_model(
+                model,
+                role=role,
+                purpose=request.purpose,
+                output_type=output_type,
+                context=request.context,
+                temperature=temperature,
+                run_id=ctx.run_id,
+            )
+        except (TransientModelError, BudgetExhausted):
+            raise
+        except MALFORMED as exc:
+            errors.append(f"{role}/{request.purpose}: malformed output: {_brief(exc)}")
+            continue
+        calls.append(call)
+        allowance.charge(call)
+        problem = (
+            critique_problem(output, request.lenses)
+            if isinstance(output, Critique)
+            else None
+        )
+        if problem is None:
+            return ExploreReply(output=output, calls=calls)  # type: ignore[arg-type]
+        errors.append(f"{role}/{request.purpose}: malformed output: {problem}")
+    return ExploreReply(errors=errors, calls=calls)
+
+
+def _brief(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "output"
+        return f"{where}: {first['msg']}"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -1,8 +1,14 @@
 from __future__ import annotations
 
 from ..llm import Model
-from ..messages import EvolveReply, EvolveRequest, PlanProposal
-from ._calls import call_model
+from ..messages import (
+    EvolveReply,
+    EvolveRequest,
+    ExploreReply,
+    ExploreRequest,
+    PlanProposal,
+)
+from ._calls import call_model, explore_call
 from ._runtime import ActorContext
 
 
@@ -13,7 +19,13 @@ class Evolver:
         self._model = model
         self._temperature = temperature
 
-    async def handle(self, request: EvolveRequest, ctx: ActorContext) -> EvolveReply:
+    async def handle(
+        self, request: EvolveRequest | ExploreRequest, ctx: ActorContext
+    ) -> EvolveReply | ExploreReply:
+        if isinstance(request, ExploreRequest):
+            return await explore_call(
+                self._model, "evolver", request, ctx, self._temperature
+            )
         context = dict(request.context)
         context.update(candidate=request.candidate, critiques=request.critiques)
         proposal, call = await call_model(

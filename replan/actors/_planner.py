@@ -1,8 +1,15 @@
 from __future__ import annotations
 
 from ..llm import Model
-from ..messages import ModelCall, PlanProposal, PlanReply, PlanRequest
-from ._calls import Allowance, call_model
+from ..messages import (
+    ExploreReply,
+    ExploreRequest,
+    ModelCall,
+    PlanProposal,
+    PlanReply,
+    PlanRequest,
+)
+from ._calls import Allowance, call_model, explore_call
 from ._runtime import ActorContext
 
 
@@ -16,7 +23,11 @@ class Planner:
     def __init__(self, model: Model) -> None:
         self._model = model
 
-    async def handle(self, request: PlanRequest, ctx: ActorContext) -> PlanReply:
+    async def handle(
+        self, request: PlanRequest | ExploreRequest, ctx: ActorContext
+    ) -> PlanReply | ExploreReply:
+        if isinstance(request, ExploreRequest):
+            return await explore_call(self._model, "planner", request, ctx, 0.0)
         proposals: list[PlanProposal] = []
         calls: list[ModelCall] = []
         allowance = Allowance(request.token_allowance)

@@ -9,11 +9,13 @@ from ..messages import (
     AlignmentReply,
     AlignmentRequest,
     Comparison,
+    ExploreReply,
+    ExploreRequest,
     ModelCall,
     RankReply,
     RankRequest,
 )
-from ._calls import Allowance, call_model
+from ._calls import Allowance, call_model, explore_call
 from ._runtime import ActorContext
 
 
@@ -24,9 +26,13 @@ class Ranker:
         self._model = model
 
     async def handle(
-        self, request: AlignmentRequest | RankRequest, ctx: ActorContext
-    ) -> AlignmentReply | RankReply:
+        self,
+        request: AlignmentRequest | RankRequest | ExploreRequest,
+        ctx: ActorContext,
+    ) -> AlignmentReply | RankReply | ExploreReply:
         match request:
+            case ExploreRequest():
+                return await explore_call(self._model, "ranker", request, ctx, 0.0)
             case AlignmentRequest():
                 alignment, call = await call_model(
                     self._model,

@@ -7,12 +7,14 @@ from ..messages import (
     Critique,
     CritiqueReply,
     CritiqueRequest,
+    ExploreReply,
+    ExploreRequest,
     ModelCall,
     ReviewReply,
     ReviewRequest,
     Verdict,
 )
-from ._calls import Allowance, call_model
+from ._calls import Allowance, call_model, explore_call
 from ._runtime import ActorContext
 
 
@@ -23,9 +25,13 @@ class Reviewer:
         self._model = model
 
     async def handle(
-        self, request: ReviewRequest | CritiqueRequest, ctx: ActorContext
-    ) -> ReviewReply | CritiqueReply:
+        self,
+        request: ReviewRequest | CritiqueRequest | ExploreRequest,
+        ctx: ActorContext,
+    ) -> ReviewReply | CritiqueReply | ExploreReply:
         match request:
+            case ExploreRequest():
+                return await explore_call(self._model, "reviewer", request, ctx, 0.0)
             case ReviewRequest():
                 verdict, call = await call_model(
                     self._model,

@@ -12,6 +12,10 @@ from ._actors import EvolveReply as EvolveReply
 from ._actors import EvolveRequest as EvolveRequest
 from ._actors import ExecuteReply as ExecuteReply
 from ._actors import ExecuteRequest as ExecuteRequest
+from ._actors import ExploreOutput as ExploreOutput
+from ._actors import ExplorePurpose as ExplorePurpose
+from ._actors import ExploreReply as ExploreReply
+from ._actors import ExploreRequest as ExploreRequest
 from ._actors import Message as Message
 from ._actors import ModelCall as ModelCall
 from ._actors import PlanReply as PlanReply
@@ -37,6 +41,34 @@ from ._events import RunSubmitted as RunSubmitted
 from ._events import TaskFinished as TaskFinished
 from ._events import TaskStarted as TaskStarted
 from ._events import UsageRecorded as UsageRecorded
+from ._explore import DEFAULT_THRESHOLDS as DEFAULT_THRESHOLDS
+from ._explore import LENSES as LENSES
+from ._explore import Cluster as Cluster
+from ._explore import ComparisonRecord as ComparisonRecord
+from ._explore import ContextAnalysis as ContextAnalysis
+from ._explore import DiscoveryBrief as DiscoveryBrief
+from ._explore import EloRating as EloRating
+from ._explore import EvidenceItem as EvidenceItem
+from ._explore import ExploreSettings as ExploreSettings
+from ._explore import Hypothesis as Hypothesis
+from ._explore import HypothesisBatch as HypothesisBatch
+from ._explore import HypothesisReview as HypothesisReview
+from ._explore import Rejection as Rejection
+from ._explore import SafetyFinding as SafetyFinding
+from ._explore import SafetyPolicy as SafetyPolicy
+from ._explore import SelectedHypothesis as SelectedHypothesis
+from ._explore import ValidationBatch as ValidationBatch
+from ._explore import ValidationPlan as ValidationPlan
+from ._explore_events import BriefIssued as BriefIssued
+from ._explore_events import ContextExplored as ContextExplored
+from ._explore_events import CycleFinished as CycleFinished
+from ._explore_events import ExploreErrorRecorded as ExploreErrorRecorded
+from ._explore_events import ExploreEvent as ExploreEvent
+from ._explore_events import GoalScreened as GoalScreened
+from ._explore_events import HypothesesAdded as HypothesesAdded
+from ._explore_events import HypothesesClustered as HypothesesClustered
+from ._explore_events import HypothesesCompared as HypothesesCompared
+from ._explore_events import HypothesesReviewed as HypothesesReviewed
 from ._gate import GateInfo as GateInfo
 from ._gate import GateRequest as GateRequest
 from ._gate import GateResolution as GateResolution
@@ -65,28 +97,54 @@ from ._task import TaskOutcome as TaskOutcome
 from ._task import TaskStatus as TaskStatus
 
 __all__ = (
+    "DEFAULT_THRESHOLDS",
     "EVENT_ADAPTER",
+    "LENSES",
     "MESSAGE_ADAPTER",
     "TERMINAL_STATUSES",
     "ActorFailure",
     "Alignment",
     "AlignmentReply",
     "AlignmentRequest",
+    "BriefIssued",
+    "Cluster",
     "Comparison",
+    "ComparisonRecord",
+    "ContextAnalysis",
+    "ContextExplored",
     "Critique",
     "CritiqueReply",
     "CritiqueRequest",
+    "CycleFinished",
+    "DiscoveryBrief",
+    "EloRating",
     "Event",
+    "EvidenceItem",
     "EvolveReply",
     "EvolveRequest",
     "ExecuteReply",
     "ExecuteRequest",
+    "ExploreErrorRecorded",
+    "ExploreEvent",
+    "ExploreOutput",
+    "ExplorePurpose",
+    "ExploreReply",
+    "ExploreRequest",
+    "ExploreSettings",
     "GateInfo",
     "GateOpened",
     "GatePolicy",
     "GateRequest",
     "GateResolution",
     "GateResolved",
+    "GoalScreened",
+    "HypothesesAdded",
+    "HypothesesClustered",
+    "HypothesesCompared",
+    "HypothesesReviewed",
+    "Hypothesis",
+    "HypothesisBatch",
+    "HypothesisReview",
     "Limits",
     "Message",
     "MilestoneReviewed",
@@ -98,6 +156,7 @@ __all__ = (
     "PlanVersion",
     "RankReply",
     "RankRequest",
+    "Rejection",
     "ReplanApplied",
     "ReplanOutcome",
     "ReplanRecord",
@@ -111,6 +170,9 @@ __all__ = (
     "RunSpec",
     "RunStatus",
     "RunSubmitted",
+    "SafetyFinding",
+    "SafetyPolicy",
+    "SelectedHypothesis",
     "Synthesis",
     "SynthesizeReply",
     "SynthesizeRequest",
@@ -124,6 +186,8 @@ __all__ = (
     "Trigger",
     "Usage",
     "UsageRecorded",
+    "ValidationBatch",
+    "ValidationPlan",
     "Verdict",
     "check_drafts",
 )

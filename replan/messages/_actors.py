@@ -5,6 +5,13 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, TypeAdapter
 
 from ._base import Frozen
+from ._explore import (
+    ContextAnalysis,
+    DiscoveryBrief,
+    Hypothesis,
+    HypothesisBatch,
+    ValidationBatch,
+)
 from ._gate import GateRequest, GateResolution
 from ._plan import (
     Alignment,
@@ -138,6 +145,39 @@ class EvolveReply(Frozen):
     calls: list[ModelCall] = Field(default_factory=list)
 
 
+ExplorePurpose = Literal[
+    "gaps", "hypotheses", "validation", "critique", "compare", "evolve"
+]
+"""What an explore run asks a role: planner ``gaps``, ``hypotheses`` and
+``validation``; reviewer ``critique``; ranker ``compare``; evolver ``evolve``."""
+
+
+class ExploreRequest(_Request):
+    """One model call of an explore run, answered by the role it is sent to."""
+
+    kind: Literal["explore_request"] = "explore_request"
+    purpose: ExplorePurpose
+    temperature: float | None = None
+    """None: the role's own temperature."""
+    lenses: list[str] = Field(default_factory=list)
+    """For ``critique``: the lenses every score set must cover."""
+
+
+ExploreOutput = Annotated[
+    ContextAnalysis | HypothesisBatch | ValidationBatch | Critique | Comparison,
+    Field(discriminator="kind"),
+]
+
+
+class ExploreReply(Frozen):
+    """The answer, or None with the errors of a malformed answer asked twice."""
+
+    kind: Literal["explore_reply"] = "explore_reply"
+    output: ExploreOutput | None = None
+    errors: list[str] = Field(default_factory=list)
+    calls: list[ModelCall] = Field(default_factory=list)
+
+
 class ActorFailure(Frozen):
     """The typed report of a handler that raised instead of answering."""
 
@@ -156,6 +196,7 @@ Request = (
     | AlignmentRequest
     | RankRequest
     | EvolveRequest
+    | ExploreRequest
     | GateRequest
 )
 Reply = (
@@ -167,6 +208,7 @@ Reply = (
     | AlignmentReply
     | RankReply
     | EvolveReply
+    | ExploreReply
     | GateResolution
     | ActorFailure
 )
@@ -185,6 +227,11 @@ Message = Annotated[
     | Alignment
     | Comparison
     | Synthesis
+    | Hypothesis
+    | HypothesisBatch
+    | ContextAnalysis
+    | ValidationBatch
+    | DiscoveryBrief
     | RunResult
     | TokenUsage
     | Usage

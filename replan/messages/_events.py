@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 from pydantic import Field, TypeAdapter
 
 from ._base import Frozen
+from ._explore_events import ExploreEvents
 from ._gate import GateRequest, GateResolution
 from ._plan import PlanVersion, ReplanRecord, Synthesis, Verdict
 from ._result import RunStatus, TokenUsage
@@ -110,7 +111,8 @@ Event = Annotated[
     | GateOpened
     | GateResolved
     | UsageRecorded
-    | RunFinished,
+    | RunFinished
+    | ExploreEvents,
     Field(discriminator="kind"),
 ]
 """Every state change of a run, as the journal stores it."""

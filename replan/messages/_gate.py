@@ -6,6 +6,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from ._base import Frozen
+from ._explore import Hypothesis
 from ._plan import PlanVersion, Trigger
 from ._task import TaskDraft
 
@@ -23,6 +24,8 @@ class GateRequest(Frozen):
     """The proposed change as a diff (replan gates)."""
     task_id: str | None = None
     """The task whose side effect needs approval (approval gates)."""
+    hypotheses: list[Hypothesis] | None = None
+    """The selection a person reviews (explore runs)."""
     created_at: datetime
     expires_at: datetime | None = None
     on_timeout: Literal["approve", "reject"] = "reject"
@@ -35,16 +38,21 @@ class GateResolution(Frozen):
     decision: Literal["approve", "reject", "edit"]
     tasks: list[TaskDraft] | None = None
     """The replacement tasks, for ``edit``."""
+    hypotheses: list[Hypothesis] | None = None
+    """A person's own hypotheses, for ``edit`` at an explore review gate:
+    they join the tournament."""
     by: str = "human"
     """Who decided (a user name, or ``policy:timeout``)."""
     note: str = ""
 
     @model_validator(mode="after")
     def _edit_has_tasks(self) -> GateResolution:
-        if self.decision == "edit" and not self.tasks:
+        if self.decision == "edit" and not (self.tasks or self.hypotheses):
             raise ValueError("an edit resolution needs the edited tasks")
-        if self.decision != "edit" and self.tasks is not None:
-            raise ValueError("only an edit resolution carries tasks")
+        if self.decision != "edit" and (
+            self.tasks is not None or self.hypotheses is not None
+        ):
+            raise ValueError("only an edit resolution carries tasks or hypotheses")
         return self
 
 

@@ -6,6 +6,7 @@ from typing import Literal
 from pydantic import Field
 
 from ._base import Frozen
+from ._explore import DiscoveryBrief
 from ._plan import PlanVersion, ReplanRecord
 from ._task import Task
 
@@ -91,6 +92,8 @@ class RunResult(Frozen):
     stop_reason: str | None = None
     iterations: int = 0
     task_executions: int = 0
+    brief: DiscoveryBrief | None = None
+    """The discovery brief of an explore run."""
 
     @property
     def replans_applied(self) -> int:

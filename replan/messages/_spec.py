@@ -2,9 +2,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, JsonValue, field_validator
+from pydantic import Field, JsonValue, field_validator, model_validator
 
+from .._errors import ConfigurationError
 from ._base import Settings
+from ._explore import ExploreSettings, SafetyPolicy
 from ._plan import Trigger
 from ._task import TaskDraft
 
@@ -69,6 +71,10 @@ class RunSpec(Settings):
     limits: Limits = Field(default_factory=Limits)
     gate_policy: GatePolicy = Field(default_factory=GatePolicy)
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    explore: ExploreSettings = Field(default_factory=ExploreSettings)
+    """How an explore run generates, judges and selects hypotheses."""
+    safety_policy: SafetyPolicy = Field(default_factory=SafetyPolicy)
+    """What an explore run may not pursue, and what needs a person."""
 
     @field_validator("goal")
     @classmethod
@@ -88,6 +94,14 @@ class RunSpec(Settings):
             raise ValueError("give at least one task, or leave tasks out")
         check_drafts(tasks, known=frozenset())
         return tasks
+
+    @model_validator(mode="after")
+    def _explore_has_no_tasks(self) -> RunSpec:
+        if self.kind == "explore" and self.tasks is not None:
+            raise ConfigurationError(
+                "tasks", "explore runs generate hypotheses, not a task list"
+            )
+        return self
 
 
 def check_drafts(drafts: list[TaskDraft], known: frozenset[str]) -> None:

@@ -283,6 +283,8 @@ async def _gate_replan(
     )
 
     def valid_edit(resolution: GateResolution) -> None:
+        if resolution.hypotheses is not None:
+            raise ValueError("a replan gate takes edited tasks, not hypotheses")
         if resolution.tasks is not None:
             check_drafts(resolution.tasks, known=known)
 

@@ -15,6 +15,8 @@ from ..messages import (
     EvolveRequest,
     ExecuteReply,
     ExecuteRequest,
+    ExploreReply,
+    ExploreRequest,
     GateRequest,
     GateResolution,
     PlanReply,
@@ -44,13 +46,19 @@ DEFAULT_WORKERS = {
 
 @dataclass(frozen=True, slots=True)
 class Roles:
-    planner: ActorPool[PlanRequest, PlanReply]
+    planner: ActorPool[PlanRequest | ExploreRequest, PlanReply | ExploreReply]
     executor: ActorPool[
         ExecuteRequest | SynthesizeRequest, ExecuteReply | SynthesizeReply
     ]
-    reviewer: ActorPool[ReviewRequest | CritiqueRequest, ReviewReply | CritiqueReply]
-    ranker: ActorPool[AlignmentRequest | RankRequest, AlignmentReply | RankReply]
-    evolver: ActorPool[EvolveRequest, EvolveReply]
+    reviewer: ActorPool[
+        ReviewRequest | CritiqueRequest | ExploreRequest,
+        ReviewReply | CritiqueReply | ExploreReply,
+    ]
+    ranker: ActorPool[
+        AlignmentRequest | RankRequest | ExploreRequest,
+        AlignmentReply | RankReply | ExploreReply,
+    ]
+    evolver: ActorPool[EvolveRequest | ExploreRequest, EvolveReply | ExploreReply]
     human_gate: ActorPool[GateRequest, GateResolution]
 
     def all(self) -> list[ActorPool[Any, Any]]:

@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from opentelemetry.trace import TracerProvider
 
 from .._errors import ActorCrashed, ActorError, ActorStopped, ActorTimeout
 from ..actors import ActorPool
@@ -68,6 +69,10 @@ class RunEnded(Exception):
         super().__init__(reason)
         self.status = status
         self.reason = reason
+
+
+class RoleFailed(RunEnded):
+    """A role crashed on every attempt of one request (explore runs go on)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +130,10 @@ class RunDriver:
         roles: Roles,
         store: Store,
         gates: GateRegistry,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.record = record
+        self.tracer_provider = tracer_provider
         self.roles = roles
         self.store = store
         self.gates = gates
@@ -236,7 +243,7 @@ class RunDriver:
                 ) from None
             except (ActorCrashed, ActorTimeout) as exc:
                 if attempt == attempts:
-                    raise RunEnded(
+                    raise RoleFailed(
                         RunStatus.FAILED,
                         f"{pool.role} failed {attempts} time(s); last: {exc}",
                     ) from None
@@ -361,13 +368,15 @@ class RunDriver:
 
     async def _drive(self) -> tuple[RunStatus, str | None, Synthesis | None]:
         async with anyio.create_task_group() as tg:
+            outcome: tuple[RunStatus, str | None, Synthesis | None]
             try:
-                synthesis = await self._loop(tg)
-                outcome: tuple[RunStatus, str | None, Synthesis | None] = (
-                    RunStatus.COMPLETED,
-                    None,
-                    synthesis,
-                )
+                if self.state.spec.kind == "explore":
+                    from ._explore import explore
+
+                    outcome = await explore(self)
+                else:
+                    synthesis = await self._loop(tg)
+                    outcome = (RunStatus.COMPLETED, None, synthesis)
             except RunEnded as end:
                 outcome = (end.status, end.reason, None)
             tg.cancel_scope.cancel()

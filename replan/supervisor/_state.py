@@ -35,6 +35,8 @@ from ..messages import (
     UsageRecorded,
 )
 from ..messages._base import Frozen
+from ..messages._explore_events import ExploreEvent
+from ._explore_state import ExploreState, fold_explore
 
 Phase = Literal["main", "collection", "synthesis"]
 
@@ -72,6 +74,8 @@ class RunState(Frozen):
     output: str | None = None
     sources: list[str] = Field(default_factory=list)
     stop_reason: str | None = None
+    explore: ExploreState | None = None
+    """What an explore run found (hypotheses, reviews, ratings, the brief)."""
 
     @property
     def replans_applied(self) -> int:
@@ -108,6 +112,7 @@ class RunState(Frozen):
             stop_reason=self.stop_reason,
             iterations=self.iterations,
             task_executions=self.task_executions,
+            brief=self.explore.brief if self.explore else None,
         )
 
 
@@ -209,6 +214,9 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
                 "output": synthesis.output if synthesis else None,
                 "sources": synthesis.sources if synthesis else [],
             }
+        case ExploreEvent():
+            explore = fold_explore(state.explore, event)
+            return {"explore": explore, "iterations": len(explore.cycles)}
         case _:
             assert_never(event)
 

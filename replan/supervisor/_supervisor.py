@@ -13,6 +13,7 @@ from typing import Any, Self
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
+from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
 from .._errors import ConfigurationError, SupervisorError, UnknownRunError
@@ -58,6 +59,8 @@ class Supervisor:
         keep_finished: how many finished runs :meth:`get` and :meth:`handles`
             still know (the oldest are forgotten first; their journal stays,
             :meth:`replay` reads it). Bounds a long-lived supervisor's memory.
+        tracer_provider: where spans go; the global OpenTelemetry provider
+            when omitted.
 
     Raises:
         ConfigurationError: an argument is invalid.
@@ -76,6 +79,7 @@ class Supervisor:
         executor_temperature: float = 0.2,
         evolver_temperature: float = 0.7,
         keep_finished: int = 1000,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         sizes = dict(DEFAULT_WORKERS)
         for role, size in (workers or {}).items():
@@ -106,6 +110,7 @@ class Supervisor:
             "restart_period_s": restart_period_s,
         }
         self._temperatures = (executor_temperature, evolver_temperature)
+        self._tracer_provider = tracer_provider
         self._roles: Roles | None = None
         self._records: dict[str, RunRecord] = {}
         self._finished: deque[str] = deque()
@@ -217,10 +222,6 @@ class Supervisor:
                 spec = RunSpec.model_validate(spec)
             except ValidationError as exc:
                 raise ConfigurationError.from_validation(exc) from None
-        if spec.kind != "plan":
-            raise ConfigurationError(
-                "kind", f"{spec.kind!r} runs are not supported by this version"
-            )
         tg, roles = self._task_group, self._roles
         if tg is None or roles is None or self._stopping:
             raise SupervisorError(
@@ -239,7 +240,7 @@ class Supervisor:
         state = apply(None, event)
         await self.store.append(run_id, [event], summary_of(state))
         record = RunRecord(state)
-        driver = RunDriver(record, roles, self.store, self.gates)
+        driver = RunDriver(record, roles, self.store, self.gates, self._tracer_provider)
         self._records[run_id] = record
         self._drivers[run_id] = driver
         tg.start_soon(self._drive, driver)

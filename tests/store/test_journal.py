@@ -9,6 +9,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from explore_samples import explore_events
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -247,7 +248,8 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
 def test_the_samples_hold_one_event_of_every_type() -> None:
     (union, _) = typing.get_args(Event)
-    assert sorted(type(e).__name__ for e in sample_events()) == sorted(
+    samples = [*sample_events(), *explore_events()]
+    assert sorted(type(e).__name__ for e in samples) == sorted(
         t.__name__ for t in typing.get_args(union)
     )
 

@@ -1,0 +1,166 @@
+"""``replan explore`` and ``replan demo --explore``: explore runs from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import _render
+from ._demo_explore import explore_demo_model, explore_demo_spec
+from ._render_explore import brief_lines
+from .llm import Model
+from .messages import ExploreSettings, Limits, RunResult, RunSpec, RunStatus
+from .store import MemoryStore, Store
+from .supervisor import RunState, Supervisor
+
+if TYPE_CHECKING:
+    from .cli import Console
+
+DEMO_MODEL = "scripted:demo"
+
+
+def make_model(name: str | None, base_url: str | None) -> Model:
+    """The model ``--model NAME`` (and ``--base-url``) names.
+
+    ``scripted:demo`` answers offline with the explore demo's script.
+
+    Raises:
+        CommandError: no model was named, or this build cannot make it.
+    """
+    from .cli import CommandError
+
+    if not name:
+        raise CommandError(
+            f"give a model with --model (or REPLAN_MODEL); {DEMO_MODEL} runs offline",
+            code=2,
+        )
+    if name == DEMO_MODEL:
+        return explore_demo_model()
+    raise CommandError(
+        f"--model {name}: this build has no adapter for it; use {DEMO_MODEL}",
+        code=2,
+    )
+
+
+def add_explore_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    explore = commands.add_parser(
+        "explore",
+        help="explore a question: hypotheses, reviewed, ranked and briefed",
+        description="Generate hypotheses for GOAL from the context files, review "
+        "them on seven lenses, rank them by tournament, keep a diverse set, and "
+        "print a discovery brief with a validation step for each.",
+    )
+    explore.add_argument("goal", metavar="GOAL", help="the open question to explore")
+    explore.add_argument(
+        "--context",
+        metavar="FILE",
+        nargs="+",
+        default=[],
+        help="text files of evidence (paragraphs become evidence items)",
+    )
+    explore.add_argument(
+        "--model",
+        default=os.environ.get("REPLAN_MODEL"),
+        help=f"the model to ask ({DEMO_MODEL} runs offline)",
+    )
+    explore.add_argument("--base-url", help="an OpenAI-compatible endpoint")
+    explore.add_argument(
+        "--domain", default="", help="the domain, for the safety screen"
+    )
+    explore.add_argument(
+        "--select", type=int, default=3, help="hypotheses to select (default 3)"
+    )
+    explore.add_argument(
+        "--max-iterations", type=int, default=3, help="cycles at most (default 3)"
+    )
+    explore.add_argument("--seed", type=int, default=0, help="the tournament's seed")
+    explore.add_argument("--yes", action="store_true", help="approve every review")
+    explore.add_argument(
+        "--json", action="store_true", help="print only the run result as JSON"
+    )
+    explore.add_argument("--db", metavar="PATH", help="journal the run in this file")
+
+
+def explore_spec_from(args: argparse.Namespace) -> RunSpec:
+    from ._errors import ConfigurationError
+    from .cli import CommandError
+
+    context: list[str] = []
+    for name in args.context:
+        try:
+            context.append(Path(name).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CommandError(
+                f"cannot read context file {name}: {exc}", code=2
+            ) from None
+    try:
+        return RunSpec(
+            goal=args.goal,
+            kind="explore",
+            context=context,
+            limits=Limits(max_iterations=args.max_iterations),
+            explore=ExploreSettings(
+                domain=args.domain, select=args.select, seed=args.seed
+            ),
+        )
+    except ConfigurationError as exc:
+        raise CommandError(str(exc), code=2) from None
+
+
+async def explore(console: Console, args: argparse.Namespace) -> int:
+    """``replan explore``: run one explore run and print its brief."""
+    spec = explore_spec_from(args)
+    model = make_model(args.model, args.base_url)
+    return await _run(console, model, spec, yes=args.yes, as_json=args.json, db=args.db)
+
+
+async def explore_demo(
+    console: Console, *, yes: bool, as_json: bool, db: str | None, latency: float
+) -> int:
+    """``replan demo --explore``: the offline explore scenario."""
+    model = explore_demo_model(latency)
+    return await _run(
+        console, model, explore_demo_spec(), yes=yes, as_json=as_json, db=db
+    )
+
+
+async def _run(
+    console: Console,
+    model: Model,
+    spec: RunSpec,
+    *,
+    yes: bool,
+    as_json: bool,
+    db: str | None,
+) -> int:
+    from .cli import CommandError, _follow, _open_store
+
+    store: Store = _open_store(db, create=True) if db else MemoryStore()
+    try:
+        async with Supervisor(model=model, store=store) as sup:
+            handle = await sup.submit(spec)
+            await _follow(sup, handle, console, yes=yes)
+            result = await handle.result()
+            state = handle.state
+    finally:
+        await store.aclose()
+    if as_json:
+        console.emit([result.model_dump_json(indent=2)])
+    else:
+        console.emit(["", *report(state, result)])
+        if db:
+            console.emit(["", f"journal: replan show {result.run_id} --db {db}"])
+    if result.status is not RunStatus.COMPLETED:
+        reason = f": {result.stop_reason}" if result.stop_reason else ""
+        raise CommandError(f"the explore run ended {result.status.value}{reason}")
+    return 0
+
+
+def report(state: RunState, result: RunResult) -> list[str]:
+    """The brief, then the usage by role."""
+    lines = brief_lines(result.brief) if result.brief else ["no brief was issued"]
+    lines += ["", "usage by role"]
+    lines.extend(_render.usage_lines(result.usage))
+    return lines

@@ -1,0 +1,681 @@
+"""The explore flow: screen, gather evidence, then generate-review-rank-evolve.
+
+Each step journals its outcome before the next one reads it; the decisions
+are the pure functions of :mod:`replan.explore`. Malformed model output is
+recorded in the run's errors and the run goes on without that answer; only a
+limit, a stopped role or a cancellation ends it early, and even then the
+brief says what was found so far.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+from opentelemetry import trace
+from opentelemetry.trace import Span
+
+from .._version import __version__
+from ..explore import (
+    Judge,
+    aggregate,
+    apply_results,
+    clusters,
+    decide,
+    evidence_items,
+    goal_words,
+    play_round,
+    random_round,
+    rank_key,
+    review_reasons,
+    screen,
+    select,
+    shortfalls,
+    top_round,
+)
+from ..messages import (
+    LENSES,
+    BriefIssued,
+    Cluster,
+    Comparison,
+    ContextAnalysis,
+    ContextExplored,
+    Critique,
+    CycleFinished,
+    ExploreErrorRecorded,
+    ExploreReply,
+    ExploreRequest,
+    GateResolution,
+    GoalScreened,
+    HypothesesAdded,
+    HypothesesClustered,
+    HypothesesCompared,
+    HypothesesReviewed,
+    Hypothesis,
+    HypothesisBatch,
+    Rejection,
+    RunStatus,
+    ValidationBatch,
+    ValidationPlan,
+)
+from ..messages._actors import ExplorePurpose
+from ._explore_brief import BriefStatus, admit, build_brief
+from ._explore_state import ExploreState
+from ._run import RoleFailed, RunEnded
+
+if TYPE_CHECKING:
+    from ..actors import ActorPool
+    from ._run import RunDriver
+
+CYCLE_SPAN = "explore cycle"
+"""One span per generate-review-rank-evolve cycle."""
+COMPARISON_EVENT = "replan.explore.comparison"
+"""A span event per tournament comparison."""
+
+_RUN_STATUS: dict[BriefStatus, RunStatus] = {
+    "completed": RunStatus.COMPLETED,
+    "needs_review": RunStatus.COMPLETED,
+    "blocked": RunStatus.BLOCKED,
+    "failed": RunStatus.FAILED,
+}
+
+Ended = tuple[RunStatus, str | None, None]
+
+
+async def explore(run: RunDriver) -> Ended:
+    """Drive an explore run to its brief; returns how the run ends."""
+    flow = _Flow(run)
+    try:
+        return await flow.drive()
+    except RunEnded as end:
+        # A limit or a stopped role: the brief still says what was found.
+        with anyio.CancelScope(shield=True):
+            await flow.brief_early(end)
+        raise
+
+
+class _Flow:
+    def __init__(self, run: RunDriver) -> None:
+        self.run = run
+        self.spec = run.state.spec
+        self.settings = self.spec.explore
+        self.tracer = trace.get_tracer(
+            "replan", __version__, tracer_provider=run.tracer_provider
+        )
+        self._errors: list[str] = []
+        self._ended: RunEnded | None = None
+        """The first end (a limit, a stopped role) met by a concurrent call."""
+
+    @property
+    def explore(self) -> ExploreState:
+        return self.run.state.explore or ExploreState()
+
+    # Journal and asking ---------------------------------------------------
+
+    async def record(self, *specs: tuple[type[Any], dict[str, Any]]) -> None:
+        """Journal ``specs`` with the errors gathered since the last append."""
+        errors, self._errors = self._errors, []
+        pending = [(ExploreErrorRecorded, {"errors": errors})] if errors else []
+        await self.run.record_events(*pending, *specs)
+
+    async def ask(
+        self,
+        pool: ActorPool[Any, Any],
+        purpose: ExplorePurpose,
+        context: dict[str, Any],
+        **fields: Any,
+    ) -> ExploreReply:
+        full = self.run.base_context()
+        full.update(
+            run_kind="explore",
+            domain=self.settings.domain,
+            constraints=self.settings.constraints,
+            evidence=self.explore.evidence,
+        )
+        full.update(context)
+        request = ExploreRequest(purpose=purpose, context=full, **fields)
+        try:
+            reply = await self.run.ask(pool, request, ExploreReply)
+        except RoleFailed as failed:
+            reply = ExploreReply(errors=[f"{pool.role}/{purpose}: {failed.reason}"])
+        self._errors.extend(reply.errors)
+        return reply
+
+    async def guarded(
+        self, ask: Callable[..., Awaitable[ExploreReply]], *args: Any, **kw: Any
+    ) -> ExploreReply | None:
+        """``ask`` for a call made concurrently with others: an end of the run
+        is kept (and the others stop) instead of surfacing as an exception
+        group; :meth:`reraise` raises it once the group is done."""
+        if self._ended is not None:
+            return None
+        try:
+            return await ask(*args, **kw)
+        except RunEnded as end:
+            if self._ended is None:
+                self._ended = end
+            return None
+
+    def reraise(self) -> None:
+        ended, self._ended = self._ended, None
+        if ended is not None:
+            raise ended
+
+    # The flow ---------------------------------------------------------------
+
+    async def drive(self) -> Ended:
+        goal = self.spec.goal
+        if not goal_words(goal):
+            self._errors.append("goal: it has no words to explore")
+            await self.record((GoalScreened, {"outcome": "invalid"}))
+            return await self.finish("failed", "The goal has no words to explore.")
+        outcome, findings = screen(goal, self.settings.domain, self.spec.safety_policy)
+        await self.record((GoalScreened, {"outcome": outcome, "findings": findings}))
+        if outcome == "blocked":
+            detail = findings[0].detail
+            return await self.finish(
+                "blocked",
+                f"Blocked by the safety policy before any hypothesis was "
+                f"generated: {detail}.",
+                reason=detail,
+            )
+        await self.gather()
+        decision: str = "limit"
+        for iteration in range(1, self.spec.limits.max_iterations + 1):
+            decision = await self.cycle(iteration)
+            if decision != "evolve":
+                break
+        return await self.conclude(decision)
+
+    async def gather(self) -> None:
+        """Evidence items from the context; gaps and questions from the planner."""
+        evidence = evidence_items(self.spec.context)
+        sparse = len(evidence) < self.settings.min_evidence
+        reply = await self.ask(self.run.roles.planner, "gaps", {"evidence": evidence})
+        analysis = (
+            reply.output
+            if isinstance(reply.output, ContextAnalysis)
+            else ContextAnalysis()
+        )
+        gaps = list(analysis.gaps)
+        if sparse:
+            gaps.insert(0, f"only {len(evidence)} evidence item(s) were supplied")
+        await self.record(
+            (
+                ContextExplored,
+                {
+                    "evidence": evidence,
+                    "summary": analysis.summary,
+                    "gaps": gaps,
+                    "questions": analysis.questions,
+                    "sparse": sparse,
+                },
+            )
+        )
+
+    async def cycle(self, iteration: int) -> Literal["select", "evolve", "limit"]:
+        """Generate (or take the evolved), review, rank, cluster, decide, evolve."""
+        with self.tracer.start_as_current_span(
+            CYCLE_SPAN,
+            attributes={
+                "gen_ai.conversation.id": self.run.state.run_id,
+                "replan.explore.iteration": iteration,
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            if not self.explore.unreviewed and not self.explore.active:
+                await self.generate(iteration)
+            await self.review_new()
+            await self.tournament(iteration, span)
+            await self.cluster()
+            explore = self.explore
+            qualifying = [
+                h
+                for h in explore.active
+                if not shortfalls(explore.reviews[h], self.settings.thresholds)
+            ]
+            decision = decide(
+                len(qualifying),
+                self.settings.select,
+                iteration,
+                self.spec.limits.max_iterations,
+            )
+            reason = (
+                f"{len(qualifying)} of {self.settings.select} wanted diverse "
+                f"hypotheses meet the thresholds"
+            )
+            await self.record(
+                (
+                    CycleFinished,
+                    {
+                        "iteration": iteration,
+                        "decision": decision,
+                        "qualifying": qualifying,
+                        "reason": reason,
+                    },
+                )
+            )
+            if decision == "evolve":
+                await self.evolve(iteration)
+            span.set_attribute("replan.explore.decision", decision)
+            span.set_attribute("replan.explore.candidates", len(explore.active))
+            span.set_attribute("replan.explore.qualifying", len(qualifying))
+        return decision
+
+    async def generate(self, iteration: int) -> None:
+        explore = self.explore
+        reply = await self.ask(
+            self.run.roles.planner,
+            "hypotheses",
+            {
+                "gaps": explore.gaps,
+                "questions": explore.questions,
+                "count": self.settings.per_batch,
+                "existing": list(explore.hypotheses.values()),
+                "iteration": iteration,
+            },
+            temperature=self.settings.temperature,
+        )
+        if isinstance(reply.output, HypothesisBatch):
+            await self.add(reply.output.hypotheses, "generated", iteration)
+
+    async def add(
+        self,
+        proposed: Sequence[Hypothesis],
+        origin: Literal["generated", "evolved", "human"],
+        iteration: int,
+        parents: Sequence[str] = (),
+    ) -> list[Hypothesis]:
+        limit = None if origin == "human" else self.settings.per_batch
+        new, notes = admit(
+            self.explore,
+            proposed,
+            origin=origin,
+            iteration=iteration,
+            limit=limit,
+            parents=parents,
+        )
+        self._errors.extend(notes)
+        if new:
+            await self.record((HypothesesAdded, {"hypotheses": new}))
+        return new
+
+    async def review_new(self) -> None:
+        """Every unreviewed candidate, by ``settings.reviewers`` reviewers."""
+        explore = self.explore
+        ids = explore.unreviewed
+        if not ids:
+            return
+        n = self.settings.reviewers
+        answers: dict[tuple[str, int], Critique] = {}
+
+        async def one(hid: str, index: int) -> None:
+            reply = await self.guarded(
+                self.ask,
+                self.run.roles.reviewer,
+                "critique",
+                {
+                    "hypothesis": explore.hypotheses[hid],
+                    "hypothesis_id": hid,
+                    "lenses": list(LENSES),
+                    "reviewer_index": index,
+                    "reviewers": n,
+                },
+                lenses=list(LENSES),
+            )
+            if reply is not None and isinstance(reply.output, Critique):
+                answers[hid, index] = reply.output
+
+        async with anyio.create_task_group() as tg:
+            for hid in ids:
+                for index in range(n):
+                    tg.start_soon(one, hid, index)
+        self.reraise()
+        reviews, rejected, notes = [], [], []
+        safety_min = self.settings.thresholds.get("safety", 0.0)
+        for hid in ids:
+            critiques = [answers[hid, i] for i in range(n) if (hid, i) in answers]
+            statement = explore.hypotheses[hid].statement
+            if not critiques:
+                rejected.append(
+                    Rejection(
+                        hypothesis_id=hid,
+                        statement=statement,
+                        reason="could not be reviewed (malformed or failed reviews)",
+                    )
+                )
+                continue
+            review = aggregate(hid, critiques, LENSES, self.settings.disagreement)
+            reviews.append(review)
+            safety = review.scores["safety"]
+            if safety < safety_min:
+                why = "; ".join(review.critiques) or "low safety score"
+                notes.append(f"{hid}: safety {safety:.2g} < {safety_min:g}: {why}")
+                rejected.append(
+                    Rejection(
+                        hypothesis_id=hid,
+                        statement=statement,
+                        reason=f"safety or ethical concern (safety {safety:.2g})",
+                    )
+                )
+        await self.record(
+            (
+                HypothesesReviewed,
+                {"reviews": reviews, "rejected": rejected, "safety_notes": notes},
+            )
+        )
+
+    async def tournament(self, iteration: int, span: Span) -> None:
+        """Random rounds, then a round robin among the top candidates."""
+        ids = self.explore.active
+        if len(ids) < 2:
+            return
+        rng = random.Random(f"{self.settings.seed}:{iteration}")
+        rounds = self.settings.rounds
+        for index in range(1, rounds + 2):
+            ratings = self.explore.ratings
+            pairs = (
+                random_round(ids, rng)
+                if index <= rounds
+                else top_round(ids, ratings, self.settings.top_n)
+            )
+            results = await play_round(pairs, self.judge)
+            self.reraise()
+            _, records = apply_results(
+                ratings,
+                results,
+                iteration=iteration,
+                round_index=index,
+                k=self.settings.k_factor,
+            )
+            for r in records:
+                span.add_event(
+                    COMPARISON_EVENT,
+                    {
+                        "replan.explore.a": r.a,
+                        "replan.explore.b": r.b,
+                        "replan.explore.winner": r.winner,
+                        "replan.explore.round": r.round,
+                        "replan.explore.rating_a": r.rating_a,
+                        "replan.explore.rating_b": r.rating_b,
+                    },
+                )
+            if records or self._errors:
+                await self.record((HypothesesCompared, {"comparisons": records}))
+
+    @property
+    def judge(self) -> Judge:
+        async def judge(a: str, b: str) -> tuple[Literal["a", "b"], str] | None:
+            hypotheses = self.explore.hypotheses
+            reply = await self.guarded(
+                self.ask,
+                self.run.roles.ranker,
+                "compare",
+                {"a": hypotheses[a], "b": hypotheses[b], "a_id": a, "b_id": b},
+            )
+            if reply is not None and isinstance(reply.output, Comparison):
+                return reply.output.winner, reply.output.rationale
+            return None
+
+        return judge
+
+    async def cluster(self) -> None:
+        """Group near-duplicates; keep the best of each, reject the others."""
+        explore = self.explore
+        ids = explore.active
+        if not ids:
+            return
+
+        def rank(h: str) -> tuple[float, float, int, str]:
+            return rank_key(h, explore.ratings, explore.reviews)
+
+        earlier = {c.representative: c.members for c in explore.clusters}
+        groups = clusters(
+            {h: explore.hypotheses[h].statement for h in ids},
+            self.settings.similarity,
+            rank,
+        )
+        out: list[Cluster] = []
+        rejected: list[Rejection] = []
+        for representative, members in groups:
+            everyone: list[str] = []
+            for m in members:
+                for old in earlier.get(m, [m]):
+                    if old not in everyone:
+                        everyone.append(old)
+            out.append(Cluster(representative=representative, members=everyone))
+            rejected.extend(
+                Rejection(
+                    hypothesis_id=m,
+                    statement=explore.hypotheses[m].statement,
+                    reason=f"near-duplicate of {representative}",
+                )
+                for m in members
+                if m != representative
+            )
+        await self.record(
+            (HypothesesClustered, {"clusters": out, "rejected": rejected})
+        )
+
+    async def evolve(self, iteration: int) -> None:
+        explore = self.explore
+        best = sorted(
+            explore.active, key=lambda h: rank_key(h, explore.ratings, explore.reviews)
+        )[: self.settings.evolve_top]
+        if not best:
+            return
+        reply = await self.ask(
+            self.run.roles.evolver,
+            "evolve",
+            {
+                "candidates": [explore.hypotheses[h] for h in best],
+                "reviews": [explore.reviews[h] for h in best],
+                "count": self.settings.per_batch,
+                "iteration": iteration,
+            },
+        )
+        if isinstance(reply.output, HypothesisBatch):
+            await self.add(reply.output.hypotheses, "evolved", iteration + 1, best)
+
+    # The end ----------------------------------------------------------------
+
+    def selection(self) -> list[str]:
+        explore = self.explore
+        return select(
+            explore.active,
+            explore.ratings,
+            explore.reviews,
+            self.settings.thresholds,
+            self.settings.select,
+        )
+
+    async def conclude(self, decision: str) -> Ended:
+        """Select, ask a person when needed, plan validation, issue the brief."""
+        selected = self.selection()
+        explore = self.explore
+        if not selected:
+            return await self.finish(
+                "failed",
+                "No usable hypothesis remained to recommend.",
+                reason="no usable candidates",
+                reasons=self.reasons([]),
+            )
+        status: BriefStatus = "completed"
+        reason: str | None = None
+        if decision == "limit":
+            status = "needs_review"
+            reason = (
+                f"max_iterations: {len(explore.cycles)} cycle(s) without "
+                f"{self.settings.select} diverse hypotheses meeting the thresholds"
+            )
+        reasons = self.reasons(selected)
+        reviewed_by: str | None = None
+        rejected: list[Rejection] = []
+        if reasons:
+            resolution = await self.human_review(selected, reasons)
+            if resolution.by == "policy:timeout":
+                status = "needs_review"
+                reason = "no person reviewed the selection before the gate expired"
+            elif resolution.decision == "reject":
+                rejected = [
+                    Rejection(
+                        hypothesis_id=h,
+                        statement=self.explore.hypotheses[h].statement,
+                        reason=f"rejected at review by {resolution.by}"
+                        + (f": {resolution.note}" if resolution.note else ""),
+                    )
+                    for h in selected
+                ]
+                return await self.finish(
+                    "failed",
+                    f"The selection was rejected at review by {resolution.by}.",
+                    reason=f"rejected at review by {resolution.by}",
+                    reasons=reasons,
+                    reviewed_by=resolution.by,
+                    rejected=rejected,
+                )
+            else:
+                if resolution.hypotheses:
+                    await self.join(resolution.hypotheses)
+                    selected = self.selection()
+                status, reason, reviewed_by = "completed", None, resolution.by
+        plans = await self.validation(selected)
+        n = len(selected)
+        total = len(self.explore.hypotheses)
+        if status == "completed":
+            summary = (
+                f"{n} candidate hypothes{'is' if n == 1 else 'es'} selected for "
+                f"validation from {total} explored; none is a verified finding."
+            )
+        else:
+            summary = (
+                f"{n} candidate hypothes{'is' if n == 1 else 'es'} need a "
+                f"person's review before validation: {reason}."
+            )
+        return await self.finish(
+            status,
+            summary,
+            reason=reason,
+            selected=selected,
+            plans=plans,
+            reasons=reasons,
+            reviewed_by=reviewed_by,
+        )
+
+    def reasons(self, selected: Sequence[str]) -> list[str]:
+        explore = self.explore
+        high = [f.detail for f in explore.findings if f.level == "review"]
+        return review_reasons(
+            [explore.reviews[h] for h in selected],
+            high_impact=high[0] if high else None,
+            safety_concerns=explore.safety_notes,
+            min_confidence=self.settings.min_confidence,
+        )
+
+    async def human_review(
+        self, selected: Sequence[str], reasons: Sequence[str]
+    ) -> GateResolution:
+        hypotheses = [self.explore.hypotheses[h] for h in selected]
+        request = self.run.gate_request(
+            "a person reviews the selected hypotheses: "
+            + "; ".join(reasons)
+            + ". Approve the selection, reject it, or edit to add hypotheses "
+            "of your own (they join the tournament).",
+            hypotheses=hypotheses,
+        )
+
+        def valid(resolution: GateResolution) -> None:
+            if resolution.tasks is not None:
+                raise ValueError("an explore review takes hypotheses, not tasks")
+
+        if self._errors:
+            await self.record()
+        return await self.run.await_gate(request, valid)
+
+    async def join(self, proposed: Sequence[Hypothesis]) -> None:
+        """A person's hypotheses: reviewed, played and clustered with the rest."""
+        iteration = len(self.explore.cycles) + 1
+        await self.add(proposed, "human", 0)
+        await self.review_new()
+        with self.tracer.start_as_current_span(
+            CYCLE_SPAN,
+            attributes={
+                "gen_ai.conversation.id": self.run.state.run_id,
+                "replan.explore.iteration": iteration,
+                "replan.explore.human": True,
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            await self.tournament(iteration, span)
+        await self.cluster()
+
+    async def validation(self, selected: Sequence[str]) -> list[ValidationPlan]:
+        reply = await self.ask(
+            self.run.roles.planner,
+            "validation",
+            {"hypotheses": [self.explore.hypotheses[h] for h in selected]},
+        )
+        if not isinstance(reply.output, ValidationBatch):
+            return []
+        plans: list[ValidationPlan] = []
+        for plan in reply.output.plans:
+            if plan.hypothesis_id in selected and plan.hypothesis_id not in {
+                p.hypothesis_id for p in plans
+            }:
+                plans.append(plan)
+            else:
+                self._errors.append(
+                    f"planner/validation: a plan for {plan.hypothesis_id}, "
+                    "which is not selected (or already has one), was ignored"
+                )
+        return plans
+
+    async def finish(
+        self,
+        status: BriefStatus,
+        summary: str,
+        *,
+        reason: str | None = None,
+        selected: Sequence[str] = (),
+        plans: Sequence[ValidationPlan] = (),
+        reasons: Sequence[str] = (),
+        reviewed_by: str | None = None,
+        rejected: Sequence[Rejection] = (),
+    ) -> Ended:
+        if self._errors:
+            await self.record()
+        brief = build_brief(
+            self.explore,
+            self.settings,
+            status=status,
+            summary=summary,
+            selected=selected,
+            plans=plans,
+            review_reasons=reasons,
+            reviewed_by=reviewed_by,
+            rejected=rejected,
+        )
+        await self.record((BriefIssued, {"brief": brief}))
+        if reason is None and status == "failed":
+            reason = summary
+        return _RUN_STATUS[status], reason, None
+
+    async def brief_early(self, end: RunEnded) -> None:
+        """The brief of a run a limit or a stopped role ended early."""
+        selected = self.selection()
+        status: BriefStatus = "needs_review" if selected else "failed"
+        await self.finish(
+            status,
+            f"The run ended early ({end.reason}); "
+            + (
+                f"{len(selected)} unfinished candidate(s) need a person's review."
+                if selected
+                else "no hypothesis can be recommended."
+            ),
+            selected=selected,
+            reasons=[f"the run ended early: {end.reason}"] if selected else [],
+        )

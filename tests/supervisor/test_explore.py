@@ -1,0 +1,423 @@
+"""Explore runs end to end with scripted models: the flow and its failure cases."""
+
+from __future__ import annotations
+
+import pytest
+from explore_scripts import (
+    ExploreScript,
+    Idea,
+    explore_spec,
+    run_explore,
+    scores,
+)
+
+from replan import (
+    ConfigurationError,
+    Critique,
+    ModelError,
+    RunSpec,
+    RunStatus,
+    ScriptedModel,
+    Supervisor,
+)
+from replan.explore import similarity
+from replan.messages import HypothesisBatch, Limits
+
+pytestmark = pytest.mark.anyio
+
+STRONG = [
+    Idea("Solo cooks leave because every recipe serves four", strength=0.9),
+    Idea("Leftovers pile up and make planning feel wasteful", strength=0.7),
+    Idea("Cooks without a weekly budget lose their reason to plan", strength=0.6),
+    Idea("Skipping a week is hard, so busy cooks quit instead", strength=0.4),
+]
+
+
+def purposes(model: ScriptedModel) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for call in model.calls:
+        key = f"{call.role}/{call.purpose}"
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+async def test_the_happy_path_issues_a_completed_brief_with_scores_and_plans() -> None:
+    outcome = await run_explore(explore_spec(), ExploreScript(generated=STRONG))
+    result, brief = outcome.result, outcome.result.brief
+    assert result.status is RunStatus.COMPLETED
+    assert brief is not None
+    assert brief.status == "completed"
+    # H1 wins every comparison; H4 is the weakest and left out
+    assert brief.selected[0].hypothesis.id == "H1"
+    assert {s.hypothesis.id for s in brief.selected} == {"H1", "H2", "H3"}
+    ratings = [s.rating for s in brief.selected]
+    assert ratings == sorted(ratings, reverse=True)
+    best = brief.selected[0]
+    assert best.rating > 1200
+    assert best.wins > 0
+    assert best.losses == 0
+    assert set(best.scores) == {
+        "novelty",
+        "plausibility",
+        "evidence",
+        "feasibility",
+        "impact",
+        "clarity",
+        "safety",
+    }
+    assert best.hypothesis.evidence_refs == ["E1"]
+    assert [p.hypothesis_id for p in brief.validation_plan] == [
+        s.hypothesis.id for s in brief.selected
+    ]
+    assert [e.id for e in brief.evidence] == ["E1", "E2", "E3"]
+    assert brief.gaps == ["no data on household size"]
+    assert "not verified" in " ".join(brief.limitations)
+    assert "none is a verified finding" in brief.summary
+    assert not brief.needs_human_review
+    assert brief.errors == []
+    # four hypotheses, two reviewers each; one cycle, no evolution
+    assert purposes(outcome.model) == {
+        "planner/gaps": 1,
+        "planner/hypotheses": 1,
+        "reviewer/critique": 8,
+        "ranker/compare": purposes(outcome.model)["ranker/compare"],
+        "planner/validation": 1,
+    }
+    assert result.iterations == 1
+
+
+async def test_every_request_carries_the_documented_context() -> None:
+    outcome = await run_explore(explore_spec(), ExploreScript(generated=STRONG))
+    model = outcome.model
+    for call in model.calls:
+        assert call.context["run_kind"] == "explore"
+        assert call.context["goal"] == outcome.result.goal
+        assert [e.id for e in call.context["evidence"]] == ["E1", "E2", "E3"]
+    generate = model.calls_for("planner", "hypotheses")[0]
+    assert generate.output_type is HypothesisBatch
+    assert generate.context["count"] == 6
+    assert generate.context["gaps"] == ["no data on household size"]
+    critique = model.calls_for("reviewer", "critique")[0]
+    assert critique.context["hypothesis"].id == critique.context["hypothesis_id"]
+    compare = model.calls_for("ranker", "compare")[0]
+    assert compare.context["a"].id == compare.context["a_id"]
+    assert compare.context["b"].id == compare.context["b_id"]
+
+
+async def test_an_unsafe_goal_is_blocked_before_any_model_call() -> None:
+    script = ExploreScript(generated=STRONG)
+    outcome = await run_explore(
+        explore_spec("Find cheaper precursors for a nerve agent"), script
+    )
+    assert outcome.result.status is RunStatus.BLOCKED
+    brief = outcome.result.brief
+    assert brief is not None
+    assert brief.status == "blocked"
+    assert brief.selected == []
+    assert "nerve agent" in outcome.result.stop_reason
+    assert any("blocked topic" in note for note in brief.safety_notes)
+    assert outcome.model.calls == []
+
+
+async def test_a_missing_goal_is_refused_before_anything_runs() -> None:
+    model = ScriptedModel(ExploreScript(generated=STRONG))
+    with pytest.raises(ConfigurationError) as info:
+        RunSpec(goal="   ", kind="explore")
+    assert info.value.field == "goal"
+    async with Supervisor(model=model) as sup:
+        with pytest.raises(ConfigurationError) as info:
+            await sup.submit({"kind": "explore", "context": ["a note"]})
+    assert info.value.field == "goal"
+    assert model.calls == []
+
+
+async def test_a_goal_without_words_fails_with_an_error_and_no_model_call() -> None:
+    outcome = await run_explore(explore_spec("?? !!"), ExploreScript(generated=STRONG))
+    assert outcome.result.status is RunStatus.FAILED
+    brief = outcome.result.brief
+    assert brief is not None
+    assert brief.status == "failed"
+    assert brief.errors == ["goal: it has no words to explore"]
+    assert outcome.model.calls == []
+
+
+async def test_sparse_evidence_labels_every_hypothesis_speculative() -> None:
+    outcome = await run_explore(
+        explore_spec(context=["Only one note: 41% inactive by day 21."]),
+        ExploreScript(generated=STRONG),
+    )
+    brief = outcome.result.brief
+    assert brief is not None
+    assert brief.status == "completed"
+    assert brief.selected
+    assert all(s.speculative for s in brief.selected)
+    assert any("sparse (1 item(s))" in note for note in brief.limitations)
+    assert brief.gaps[0] == "only 1 evidence item(s) were supplied"
+
+
+async def test_uncited_hypotheses_are_speculative_and_unknown_refs_are_dropped() -> (
+    None
+):
+    ideas = [
+        Idea("Solo cooks leave because every recipe serves four", evidence=[]),
+        Idea("Leftovers make planning feel wasteful", evidence=["E2", "E9"]),
+        Idea("Cooks without a budget lose their reason to plan", evidence=["E3"]),
+    ]
+    outcome = await run_explore(explore_spec(), ExploreScript(generated=ideas))
+    brief = outcome.result.brief
+    assert brief is not None
+    by_id = {s.hypothesis.id: s for s in brief.selected}
+    assert by_id["H1"].speculative
+    assert not by_id["H3"].speculative
+    assert by_id["H2"].hypothesis.evidence_refs == ["E2"]
+    assert "H2 cited unknown evidence E9" in brief.errors
+    assert "H1 cites no evidence: it is speculative." in brief.limitations
+
+
+async def test_near_duplicates_are_clustered_and_the_selection_stays_diverse() -> None:
+    ideas = [
+        Idea("Solo cooks leave because every recipe serves four", strength=0.6),
+        Idea("Solo cooks leave because each recipe serves four", strength=0.9),
+        Idea("Solo cooks leave since every recipe serves four people", strength=0.3),
+        Idea("Leftovers pile up and make planning feel wasteful", strength=0.5),
+        Idea("Cooks without a weekly budget lose their reason to plan", strength=0.4),
+    ]
+    outcome = await run_explore(explore_spec(), ExploreScript(generated=ideas))
+    brief = outcome.result.brief
+    assert brief is not None
+    assert brief.status == "completed"
+    chosen = [s.hypothesis.statement for s in brief.selected]
+    assert len(chosen) == 3
+    for n, a in enumerate(chosen):
+        for b in chosen[n + 1 :]:
+            assert similarity(a, b) < 0.6
+    # the strongest of the three rephrasings represents them
+    assert brief.selected[0].hypothesis.id == "H2"
+    assert brief.selected[0].cluster_size == 3
+    reasons = {r.hypothesis_id: r.reason for r in brief.rejected}
+    assert reasons == {"H1": "near-duplicate of H2", "H3": "near-duplicate of H2"}
+
+
+async def test_low_scores_evolve_new_candidates_while_under_the_limit() -> None:
+    weak = scores(plausibility=0.2)
+    script = ExploreScript(
+        generated=[
+            Idea("Solo cooks leave because every recipe serves four", strength=0.9),
+            Idea("Leftovers make planning feel wasteful", [weak], strength=0.5),
+            Idea("Cooks quit when they cannot skip a week", [weak], strength=0.4),
+        ],
+        evolved=[
+            [
+                Idea("Solo cooks with leftovers quit when recipes serve four"),
+                Idea("Cooks quit when skipping a week wastes bought food"),
+            ]
+        ],
+    )
+    outcome = await run_explore(explore_spec(max_iterations=3), script)
+    result, brief = outcome.result, outcome.result.brief
+    assert brief is not None
+    assert brief.status == "completed"
+    assert purposes(outcome.model)["evolver/evolve"] == 1
+    assert result.iterations == 2
+    evolve = outcome.model.calls_for("evolver", "evolve")[0]
+    given = [h.id for h in evolve.context["candidates"]]
+    assert given[0] == "H1"
+    state = result  # hypotheses live in the journal; the brief shows the chosen
+    evolved = [s.hypothesis for s in brief.selected if s.hypothesis.origin == "evolved"]
+    assert sorted(h.id for h in evolved) == ["H4", "H5"]
+    assert all(h.parent_ids == given for h in evolved)
+    assert all(h.iteration == 2 for h in evolved)
+    # the weak originals stay as they were: evolving never edits a candidate
+    added = [e for e in outcome.journal if e.kind == "hypotheses_added"]
+    assert [h.statement for h in added[0].hypotheses][1] == (
+        "Leftovers make planning feel wasteful"
+    )
+    assert state.status is RunStatus.COMPLETED
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+async def test_the_iteration_limit_stops_refinement_with_a_needs_review_brief(
+    limit: int,
+) -> None:
+    weak = scores(evidence=0.1)
+    ideas = [
+        Idea("Solo cooks leave because every recipe serves four", [weak]),
+        Idea("Leftovers make planning feel wasteful", [weak]),
+    ]
+    script = ExploreScript(
+        generated=ideas,
+        evolved=[[Idea("Portions for one would keep solo cooks", [weak])]],
+    )
+    outcome = await run_explore(explore_spec(max_iterations=limit), script)
+    result, brief = outcome.result, outcome.result.brief
+    assert result.status is RunStatus.COMPLETED
+    assert brief is not None
+    assert brief.status == "needs_review"
+    assert result.stop_reason.startswith("max_iterations: ")
+    assert purposes(outcome.model).get("evolver/evolve", 0) == limit - 1
+    assert result.iterations == limit
+    assert brief.selected
+    assert not any(s.meets_thresholds for s in brief.selected)
+    assert any(
+        "falls short of the thresholds: evidence" in n for n in brief.limitations
+    )
+
+
+async def test_no_usable_candidate_fails_the_brief_without_an_exception() -> None:
+    unsafe = scores(safety=0.1)
+    script = ExploreScript(
+        generated=[Idea("Track cooks' locations to nudge them", [unsafe])],
+        evolved=[[Idea("Read cooks' messages to find churn signals", [unsafe])]],
+    )
+    outcome = await run_explore(explore_spec(max_iterations=2), script)
+    result, brief = outcome.result, outcome.result.brief
+    assert result.status is RunStatus.FAILED
+    assert brief is not None
+    assert brief.status == "failed"
+    assert brief.selected == []
+    assert {r.reason for r in brief.rejected} == {
+        "safety or ethical concern (safety 0.1)"
+    }
+    assert len(brief.safety_notes) == 2
+    assert brief.needs_human_review  # concerns were raised, nothing to approve
+
+
+async def test_malformed_output_is_asked_once_more_then_recorded() -> None:
+    answered: list[str] = []
+
+    def broken_review(request):
+        answered.append(request.context["hypothesis_id"])
+        if request.context["hypothesis_id"] == "H2":
+            return {"scores": {"novelty": 0.5}}  # misses six lenses
+        return Critique(scores=scores())
+
+    script = ExploreScript(generated=STRONG, broken={"critique": broken_review})
+    outcome = await run_explore(explore_spec(), script)
+    brief = outcome.result.brief
+    assert outcome.result.status is RunStatus.COMPLETED
+    assert brief is not None
+    # two reviewers, each asked twice for H2
+    assert answered.count("H2") == 4
+    malformed = [e for e in brief.errors if "malformed output" in e]
+    assert len(malformed) == 4
+    assert all("reviewer/critique" in e and "miss the lens" in e for e in malformed)
+    assert {r.hypothesis_id: r.reason for r in brief.rejected} == {
+        "H2": "could not be reviewed (malformed or failed reviews)"
+    }
+    assert any("malformed or failed" in note for note in brief.limitations)
+
+
+async def test_a_wrong_type_or_a_model_error_is_recorded_not_raised() -> None:
+    calls = {"n": 0}
+
+    def flaky_generation(request):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return Critique(scores={})  # the wrong type
+        if calls["n"] == 2:
+            raise ModelError("the model returned invalid JSON")
+        return HypothesisBatch(hypotheses=[i.hypothesis() for i in STRONG])
+
+    script = ExploreScript(generated=STRONG, broken={"hypotheses": flaky_generation})
+    outcome = await run_explore(explore_spec(max_iterations=2), script)
+    result, brief = outcome.result, outcome.result.brief
+    assert brief is not None
+    assert result.status is RunStatus.COMPLETED
+    assert brief.status == "completed"
+    assert brief.errors[0].startswith("planner/hypotheses: malformed output: ")
+    assert (
+        "expected HypothesisBatch" in brief.errors[0] or "Critique" in brief.errors[0]
+    )
+    assert "invalid JSON" in brief.errors[1]
+    # the first cycle had nothing to review; the second generated again
+    assert purposes(outcome.model)["planner/hypotheses"] == 3
+    assert result.iterations == 2
+    errors = [e for e in outcome.journal if e.kind == "explore_error"]
+    assert errors
+    assert errors[0].errors[:2] == brief.errors[:2]
+
+
+async def test_a_call_crashing_on_every_attempt_is_recorded_and_the_run_goes_on() -> (
+    None
+):
+    plain = ExploreScript(generated=STRONG)
+    crashed: list[tuple[str, str]] = []
+
+    def crash_on_first_pair(request):
+        pair = (request.context["a_id"], request.context["b_id"])
+        if not crashed or (crashed[0] == pair and len(crashed) < 2):
+            crashed.append(pair)
+            raise RuntimeError("ranker process died")
+        return plain(request)
+
+    script = ExploreScript(generated=STRONG, broken={"compare": crash_on_first_pair})
+    outcome = await run_explore(explore_spec(), script)
+    brief = outcome.result.brief
+    assert outcome.result.status is RunStatus.COMPLETED
+    assert brief is not None
+    assert brief.status == "completed"
+    assert len(crashed) == 2  # asked, then retried once, like any crash
+    failures = [e for e in brief.errors if e.startswith("ranker/compare: ")]
+    assert failures == [failures[0]]
+    assert "ranker failed 2 time(s)" in failures[0]
+    played = [
+        c
+        for e in outcome.journal
+        if e.kind == "hypotheses_compared"
+        for c in e.comparisons
+    ]
+    # every comparison asked made a record, except the one that crashed twice
+    assert len(played) == len(outcome.model.calls_for("ranker", "compare")) - 2
+    assert outcome.replayed == outcome.result
+
+
+async def test_a_role_that_stops_fails_the_run_with_a_brief_of_what_was_found() -> None:
+    def crash(request):
+        raise RuntimeError("ranker process died")
+
+    script = ExploreScript(generated=STRONG, broken={"compare": crash})
+    outcome = await run_explore(explore_spec(), script, max_restarts=1)
+    result, brief = outcome.result, outcome.result.brief
+    assert result.status is RunStatus.FAILED
+    assert "the ranker role stopped" in result.stop_reason
+    assert brief is not None
+    assert brief.status == "needs_review"
+    assert "ended early" in brief.summary
+    assert outcome.replayed == result
+
+
+async def test_a_spent_token_budget_ends_the_run_with_a_brief_of_what_was_found() -> (
+    None
+):
+    spec = explore_spec().model_copy(
+        update={"limits": Limits(token_budget=60, max_iterations=3)}
+    )
+    from replan import TokenUsage
+
+    model = ScriptedModel(
+        ExploreScript(generated=STRONG), usage=TokenUsage(input_tokens=5, calls=1)
+    )
+    outcome = await run_explore(spec, model)
+    result, brief = outcome.result, outcome.result.brief
+    assert result.status is RunStatus.LIMIT_REACHED
+    assert result.stop_reason.startswith("token_budget")
+    assert brief is not None
+    assert brief.status in ("needs_review", "failed")
+    assert "ended early" in brief.summary
+    assert outcome.replayed == result
+
+
+async def test_evolving_never_changes_an_existing_hypothesis() -> None:
+    weak = scores(plausibility=0.3)
+    script = ExploreScript(
+        generated=[Idea("Solo cooks leave because every recipe serves four", [weak])],
+        evolved=[[Idea("Solo cooks stay with single-portion recipes")]],
+    )
+    outcome = await run_explore(explore_spec(max_iterations=2, select=1), script)
+    added = [
+        h for e in outcome.journal if e.kind == "hypotheses_added" for h in e.hypotheses
+    ]
+    assert [h.id for h in added] == ["H1", "H2"]
+    assert added[0].statement == "Solo cooks leave because every recipe serves four"
+    assert added[1].origin == "evolved"
+    assert added[1].parent_ids == ["H1"]

@@ -1,0 +1,220 @@
+"""Human review of explore runs: when a gate opens and what each answer does."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from explore_scripts import (
+    GOAL,
+    ExploreScript,
+    Idea,
+    explore_spec,
+    run_explore,
+    scores,
+)
+
+from replan import (
+    GateError,
+    GateResolution,
+    RunStatus,
+    ScriptedModel,
+    Supervisor,
+    TaskDraft,
+)
+from replan.messages import Hypothesis, Limits, SafetyPolicy
+
+GOOD = [
+    Idea("Solo cooks leave because every recipe serves four", strength=0.9),
+    Idea("Leftovers pile up and make planning feel wasteful", strength=0.7),
+    Idea("Cooks without a weekly budget lose their reason to plan", strength=0.6),
+]
+TORN = Idea(
+    "Solo cooks leave because every recipe serves four",
+    [scores(plausibility=0.95), scores(plausibility=0.15)],
+    strength=0.9,
+)
+
+
+def approve(request) -> GateResolution:
+    return GateResolution(decision="approve", by="ana")
+
+
+async def test_sharp_reviewer_disagreement_opens_a_review_gate() -> None:
+    seen = []
+
+    def look(request):
+        seen.append(request)
+        return approve(request)
+
+    script = ExploreScript(generated=[TORN, *GOOD[1:]])
+    outcome = await run_explore(explore_spec(), script, resolve=look)
+    brief = outcome.result.brief
+    assert len(seen) == 1
+    assert "reviewers disagree sharply on H1 (plausibility)" in seen[0].reason
+    assert [h.id for h in seen[0].hypotheses] == [
+        s.hypothesis.id for s in brief.selected
+    ]
+    assert outcome.result.status is RunStatus.COMPLETED
+    assert brief.status == "completed"
+    assert brief.reviewed_by == "ana"
+    assert not brief.needs_human_review
+    assert brief.review_reasons == ["reviewers disagree sharply on H1 (plausibility)"]
+    assert outcome.replayed == outcome.result
+
+
+async def test_the_run_waits_for_a_person_while_the_gate_is_open() -> None:
+    model = ScriptedModel(ExploreScript(generated=[TORN, *GOOD[1:]]))
+    with anyio.fail_after(10):
+        async with Supervisor(model=model) as sup:
+            handle = await sup.submit(explore_spec())
+            async for event in handle.events():
+                if event.kind == "gate_opened":
+                    break
+            assert handle.status is RunStatus.WAITING_FOR_HUMAN
+            assert handle.state.explore.brief is None
+            [gate] = sup.gates.pending(handle.run_id)
+            assert gate.hypotheses is not None
+            await sup.gates.resolve(gate.gate_id, approve(gate))
+            result = await handle.result()
+    assert result.brief.status == "completed"
+
+
+async def test_low_reviewer_confidence_asks_a_person() -> None:
+    unsure = Idea(GOOD[0].statement, [scores(confidence=0.2)], strength=0.9)
+    seen = []
+    outcome = await run_explore(
+        explore_spec(),
+        ExploreScript(generated=[unsure, *GOOD[1:]]),
+        resolve=lambda r: seen.append(r) or approve(r),
+    )
+    assert len(seen) == 1
+    assert "low reviewer confidence in H1 (0.2)" in seen[0].reason
+    assert outcome.result.brief.reviewed_by == "ana"
+
+
+@pytest.mark.parametrize("autonomy", [False, True])
+async def test_a_high_impact_domain_needs_review_unless_the_policy_allows_autonomy(
+    autonomy: bool,
+) -> None:
+    spec = explore_spec(domain="clinical").model_copy(
+        update={"safety_policy": SafetyPolicy(allow_autonomy=autonomy)}
+    )
+    seen = []
+    outcome = await run_explore(
+        spec,
+        ExploreScript(generated=GOOD),
+        resolve=lambda r: seen.append(r) or approve(r),
+    )
+    brief = outcome.result.brief
+    assert brief.status == "completed"
+    assert len(seen) == (0 if autonomy else 1)
+    assert any("high-impact domain (clinical)" in n for n in brief.safety_notes)
+    assert brief.reviewed_by == (None if autonomy else "ana")
+
+
+async def test_an_ethical_concern_is_excluded_noted_and_reviewed() -> None:
+    risky = Idea(
+        "Read cooks' private messages to predict churn",
+        [scores(safety=0.1)],
+        strength=1.0,
+    )
+    seen = []
+    outcome = await run_explore(
+        explore_spec(),
+        ExploreScript(generated=[risky, *GOOD]),
+        resolve=lambda r: seen.append(r) or approve(r),
+    )
+    brief = outcome.result.brief
+    assert "H1" not in {s.hypothesis.id for s in brief.selected}
+    assert brief.rejected[0].hypothesis_id == "H1"
+    assert brief.rejected[0].reason == "safety or ethical concern (safety 0.1)"
+    assert brief.safety_notes[0].startswith("H1: safety 0.1 < 0.7")
+    assert len(seen) == 1
+    assert "ethical or safety concern: H1" in seen[0].reason
+
+
+async def test_a_persons_hypotheses_join_the_tournament() -> None:
+    mine = Idea(
+        "Cooks stay when the app plans around what is already in the fridge",
+        strength=1.0,
+    )
+    script = ExploreScript(generated=[TORN, *GOOD[1:]], extra=[mine])
+
+    def add_mine(request) -> GateResolution:
+        return GateResolution(
+            decision="edit",
+            hypotheses=[Hypothesis(statement=mine.statement, evidence_refs=["E2"])],
+            by="ana",
+        )
+
+    outcome = await run_explore(explore_spec(), script, resolve=add_mine)
+    result, brief = outcome.result, outcome.result.brief
+    assert brief.status == "completed"
+    assert brief.reviewed_by == "ana"
+    chosen = {s.hypothesis.id: s for s in brief.selected}
+    assert "H4" in chosen
+    assert chosen["H4"].hypothesis.origin == "human"
+    assert chosen["H4"].wins > 0
+    played = [
+        c
+        for e in outcome.journal
+        if e.kind == "hypotheses_compared"
+        for c in e.comparisons
+    ]
+    assert any("H4" in (c.a, c.b) for c in played)
+    reviewed = outcome.model.calls_for("reviewer", "critique")
+    assert sum(c.context["hypothesis_id"] == "H4" for c in reviewed) == 2
+    assert outcome.replayed == result
+
+
+async def test_rejecting_the_selection_fails_the_brief_and_lists_why() -> None:
+    outcome = await run_explore(
+        explore_spec(),
+        ExploreScript(generated=[TORN, *GOOD[1:]]),
+        resolve=lambda r: GateResolution(decision="reject", by="ana", note="too thin"),
+    )
+    result, brief = outcome.result, outcome.result.brief
+    assert result.status is RunStatus.FAILED
+    assert brief.status == "failed"
+    assert brief.selected == []
+    assert brief.validation_plan == []
+    reasons = [r.reason for r in brief.rejected]
+    assert reasons.count("rejected at review by ana: too thin") == 3
+    assert outcome.model.calls_for("planner", "validation") == []
+
+
+async def test_a_review_nobody_answers_leaves_the_brief_needing_review() -> None:
+    spec = explore_spec().model_copy(
+        update={"limits": Limits(max_iterations=3, gate_timeout_s=0.05)}
+    )
+    outcome = await run_explore(spec, ExploreScript(generated=[TORN, *GOOD[1:]]))
+    result, brief = outcome.result, outcome.result.brief
+    assert result.status is RunStatus.COMPLETED
+    assert brief.status == "needs_review"
+    assert brief.needs_human_review
+    assert brief.selected
+    assert result.stop_reason == (
+        "no person reviewed the selection before the gate expired"
+    )
+    resolved = [e for e in outcome.journal if e.kind == "gate_resolved"]
+    assert resolved[0].resolution.by == "policy:timeout"
+
+
+async def test_an_explore_review_refuses_edited_tasks() -> None:
+    model = ScriptedModel(ExploreScript(generated=[TORN, *GOOD[1:]]))
+    with anyio.fail_after(10):
+        async with Supervisor(model=model) as sup:
+            handle = await sup.submit(explore_spec(GOAL))
+            async for event in handle.events():
+                if event.kind == "gate_opened":
+                    break
+            [gate] = sup.gates.pending()
+            with pytest.raises(GateError, match="takes hypotheses, not tasks"):
+                await sup.gates.resolve(
+                    gate.gate_id,
+                    GateResolution(
+                        decision="edit", tasks=[TaskDraft(key="a", description="a")]
+                    ),
+                )
+            await sup.gates.resolve(gate.gate_id, approve(gate))
+            assert (await handle.result()).brief.status == "completed"

@@ -1,0 +1,120 @@
+"""``replan explore`` and ``replan demo --explore``, called in-process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from replan.cli import main
+
+
+def test_demo_explore_prints_the_brief_with_plans_and_a_review(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["demo", "--explore", "--yes"]) == 0
+    out = capsys.readouterr().out
+    for expected in (
+        "goal screened: pass",
+        "context: 4 evidence item(s)",
+        "5 hypotheses added",
+        "H2  near-duplicate of H1",
+        "cycle 1: evolve (2 of 3 wanted diverse hypotheses meet the thresholds)",
+        "(evolved from H1, H3",
+        "cycle 2: select (3 of 3 wanted",
+        "gate g1 opened",
+        "reviewers disagree sharply on H3 (plausibility)",
+        "gate g1 resolved: approve by cli --yes",
+        "discovery brief: completed",
+        "selected hypotheses (to validate, not verified)",
+        "next step: ",
+        "success signal: ",
+        "reviewed by cli --yes",
+        "not verified findings",
+    ):
+        assert expected in out, expected
+
+
+def test_demo_explore_json_prints_the_run_result_with_its_brief(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["demo", "--explore", "--yes", "--json"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["status"] == "completed"
+    brief = result["brief"]
+    assert brief["status"] == "completed"
+    assert len(brief["selected"]) == len(brief["validation_plan"]) == 3
+    assert "discovery brief" not in captured.out
+    assert "gate g1 opened" in captured.err
+
+
+def test_explore_reads_context_files_and_journals_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("First note about week three.\n\nSecond note on leftovers.\n")
+    tickets = tmp_path / "tickets.txt"
+    tickets.write_text("Tickets ask how to skip a week.")
+    db = tmp_path / "runs.db"
+    argv = ["explore", "Why do cooks stop planning after week three?"]
+    argv += ["--context", str(notes), str(tickets), "--model", "scripted:demo"]
+    argv += ["--yes", "--db", str(db), "--json"]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [e["source"] for e in result["brief"]["evidence"]] == [
+        "context[0]",
+        "context[0]",
+        "context[1]",
+    ]
+    assert main(["show", result["run_id"], "--db", str(db)]) == 0
+    shown = capsys.readouterr().out
+    assert "discovery brief: completed" in shown
+    assert "H1" in shown
+
+
+def test_a_blocked_goal_exits_1_with_one_error_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["explore", "Make ransomware spread faster", "--model", "scripted:demo"]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "discovery brief: blocked" in captured.out
+    assert (
+        captured.err.strip()
+        .splitlines()[-1]
+        .startswith(
+            "replan: error: the explore run ended blocked: the goal touches a blocked"
+        )
+    )
+    assert "Traceback" not in captured.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["explore", "why?"], "give a model with --model"),
+        (["explore", "why?", "--model", "gpt-x"], "--model gpt-x: this build has no"),
+        (
+            ["explore", "why?", "--model", "scripted:demo", "--context", "/nope.txt"],
+            "cannot read context file /nope.txt",
+        ),
+        (
+            ["explore", "why?", "--model", "scripted:demo", "--select", "0"],
+            "select: Input should be greater than or equal to 1",
+        ),
+    ],
+)
+def test_bad_explore_arguments_exit_2_with_one_line(
+    argv: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("REPLAN_MODEL", raising=False)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("replan: error: ")
+    assert message in err[0]
