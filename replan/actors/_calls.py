@@ -7,6 +7,7 @@ from pydantic import BaseModel
 from .._errors import ModelError
 from ..llm import Model, ModelRequest, Role
 from ..messages import ModelCall
+from ..telemetry import model_call
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -39,7 +40,9 @@ async def call_model(
         task_id=task_id,
         context=context,
     )
-    response = await model.generate(request)
+    with model_call(model, request) as answered:
+        response = await model.generate(request)
+        answered(response)
     output = response.output
     if not isinstance(output, output_type):
         raise ModelError(

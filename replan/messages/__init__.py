@@ -36,6 +36,7 @@ from ._events import RunFinished as RunFinished
 from ._events import RunSubmitted as RunSubmitted
 from ._events import TaskFinished as TaskFinished
 from ._events import TaskStarted as TaskStarted
+from ._events import TraceSuspended as TraceSuspended
 from ._events import UsageRecorded as UsageRecorded
 from ._gate import GateInfo as GateInfo
 from ._gate import GateRequest as GateRequest
@@ -121,6 +122,7 @@ __all__ = (
     "TaskStarted",
     "TaskStatus",
     "TokenUsage",
+    "TraceSuspended",
     "Trigger",
     "Usage",
     "UsageRecorded",

@@ -44,6 +44,7 @@ from ..messages import (
     UsageRecorded,
 )
 from ..store import RunSummary, Store
+from ..telemetry import RunTrace, Telemetry
 from ._decide import (
     budget_spent,
     milestone_due,
@@ -125,6 +126,7 @@ class RunDriver:
         roles: Roles,
         store: Store,
         gates: GateRegistry,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.record = record
         self.roles = roles
@@ -147,6 +149,9 @@ class RunDriver:
         )
         self._inbox_send = send
         self._inbox = receive
+        self.trace = RunTrace(
+            telemetry or Telemetry(), record.state, self.record_events, (RunEnded,)
+        )
 
     @property
     def state(self) -> RunState:
@@ -197,6 +202,7 @@ class RunDriver:
                 if before_install is not None:
                     before_install()
                 self.record.install(state, events)
+                self.trace.on_events(events, state)
             if self._staged_state is state:
                 self._staged_state = None
             return state
@@ -288,7 +294,8 @@ class RunDriver:
         """Open a gate, wait for its answer, and journal it (the run waits)."""
         await self.open_gate(request, validate)
         try:
-            resolution = await self._ask_gate(request)
+            async with self.trace.waiting(request):
+                resolution = await self._ask_gate(request)
             await self.resolve_gate(request, resolution)
         finally:
             self.gates.close(
@@ -316,8 +323,13 @@ class RunDriver:
         """Drive the run to its end and journal how it ended.
 
         A supervisor shutdown cancels the driver without journaling an end:
-        the run stays ``running`` in the journal, to be resumed from it.
+        the run stays ``running`` in the journal, to be resumed from it (its
+        trace is suspended, and the resumed run's trace links to it).
         """
+        async with self.trace.running():
+            await self._run()
+
+    async def _run(self) -> None:
         ended: tuple[RunStatus, str | None, Synthesis | None] | None = None
         try:
             with self._cancel_scope:

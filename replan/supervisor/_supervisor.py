@@ -12,6 +12,8 @@ from typing import Any, Self
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
 from .._errors import ConfigurationError, SupervisorError, UnknownRunError
@@ -25,6 +27,7 @@ from ..actors._reviewer import Reviewer
 from ..llm import Model
 from ..messages import RunResult, RunSpec, RunSubmitted
 from ..store import MemoryStore, Store
+from ..telemetry import Telemetry
 from ._gates import GateRegistry
 from ._handle import RunHandle, RunRecord
 from ._roles import DEFAULT_WORKERS, ROLES, Roles
@@ -54,6 +57,9 @@ class Supervisor:
         restart_period_s: the window of ``max_restarts``.
         executor_temperature: sampling temperature for task execution.
         evolver_temperature: sampling temperature for refining candidates.
+        tracer_provider: where the runs' spans go (OpenTelemetry API); the
+            global provider when omitted.
+        meter_provider: where the metrics go; the global provider when omitted.
 
     Raises:
         ConfigurationError: an argument is invalid.
@@ -71,6 +77,8 @@ class Supervisor:
         restart_period_s: float = 10.0,
         executor_temperature: float = 0.2,
         evolver_temperature: float = 0.7,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         sizes = dict(DEFAULT_WORKERS)
         for role, size in (workers or {}).items():
@@ -93,10 +101,12 @@ class Supervisor:
         """The open human gates: ``pending()`` and ``await resolve(id, resolution)``."""
         self._task_runner = task_runner
         self._sizes = sizes
+        self._telemetry = Telemetry(tracer_provider, meter_provider)
         self._pool_options: dict[str, Any] = {
             "mailbox_size": mailbox_size,
             "max_restarts": max_restarts,
             "restart_period_s": restart_period_s,
+            "telemetry": self._telemetry,
         }
         self._temperatures = (executor_temperature, evolver_temperature)
         self._roles: Roles | None = None
@@ -148,11 +158,13 @@ class Supervisor:
                     for pool in roles.all():
                         await tg.start(pool.run)
                     self._task_group = tg
+                    self._telemetry.watch(roles.all())
                     task_status.started()
                     await anyio.sleep_forever()
         finally:
             self._stopping = True
             self._task_group = None
+            self._telemetry.unwatch()
             for pool in roles.all():
                 pool.stop("the supervisor stopped")
             self.gates.close_all("the supervisor stopped")
@@ -230,7 +242,7 @@ class Supervisor:
         state = apply(None, event)
         await self.store.append(run_id, [event], summary_of(state))
         record = RunRecord(state)
-        driver = RunDriver(record, roles, self.store, self.gates)
+        driver = RunDriver(record, roles, self.store, self.gates, self._telemetry)
         self._records[run_id] = record
         self._drivers[run_id] = driver
         tg.start_soon(self._drive, driver)

@@ -1,0 +1,64 @@
+"""Reading a finished span tree: by name, by parent, by trace."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from opentelemetry.sdk.trace import ReadableSpan
+
+from replan.telemetry import _names as n
+
+
+@dataclass(frozen=True)
+class Tree:
+    spans: Sequence[ReadableSpan]
+
+    def named(self, name: str) -> list[ReadableSpan]:
+        return [s for s in self.spans if s.name == name]
+
+    def one(self, name: str) -> ReadableSpan:
+        found = self.named(name)
+        assert len(found) == 1, f"{len(found)} spans named {name!r}"
+        return found[0]
+
+    def by_id(self, span_id: int) -> ReadableSpan:
+        for span in self.spans:
+            if span.context is not None and span.context.span_id == span_id:
+                return span
+        raise KeyError(hex(span_id))
+
+    def parent(self, span: ReadableSpan) -> ReadableSpan | None:
+        if span.parent is None:
+            return None
+        return self.by_id(span.parent.span_id)
+
+    def children(
+        self, span: ReadableSpan, name: str | None = None
+    ) -> list[ReadableSpan]:
+        assert span.context is not None
+        return [
+            s
+            for s in self.spans
+            if s.parent is not None
+            and s.parent.span_id == span.context.span_id
+            and (name is None or s.name == name)
+        ]
+
+    def of_run(self, run_id: str) -> Tree:
+        return Tree(
+            [
+                s
+                for s in self.spans
+                if (s.attributes or {}).get(n.GEN_AI_CONVERSATION_ID) == run_id
+            ]
+        )
+
+    def traces(self) -> set[int]:
+        return {s.context.trace_id for s in self.spans if s.context is not None}
+
+
+def attr(span: ReadableSpan, key: str) -> object:
+    attributes = span.attributes or {}
+    assert key in attributes, f"{span.name} has no {key}: {dict(attributes)}"
+    return attributes[key]
