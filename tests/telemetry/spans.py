@@ -4,10 +4,32 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from opentelemetry.sdk.trace import ReadableSpan
+import anyio
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 
+from replan import MemoryStore, RunResult, RunSpec, ScriptedModel, Supervisor
 from replan.telemetry import _names as n
+
+
+async def run_traced(
+    model: ScriptedModel,
+    run_spec: RunSpec,
+    provider: TracerProvider,
+    meter_provider: MeterProvider | None = None,
+) -> RunResult:
+    """Run ``run_spec`` to its end under a supervisor with these providers."""
+    with anyio.fail_after(10):
+        async with Supervisor(
+            model,
+            MemoryStore(),
+            tracer_provider=provider,
+            meter_provider=meter_provider,
+        ) as sup:
+            handle = await sup.submit(run_spec)
+            return await handle.result()
 
 
 @dataclass(frozen=True)
@@ -58,7 +80,7 @@ class Tree:
         return {s.context.trace_id for s in self.spans if s.context is not None}
 
 
-def attr(span: ReadableSpan, key: str) -> object:
+def attr(span: ReadableSpan, key: str) -> Any:
     attributes = span.attributes or {}
     assert key in attributes, f"{span.name} has no {key}: {dict(attributes)}"
     return attributes[key]

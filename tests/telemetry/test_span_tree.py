@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import anyio
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
@@ -16,28 +15,15 @@ from scripts import (
     spec,
     with_finding,
 )
-from spans import Tree, attr
+from spans import Tree, attr, run_traced
 
 from replan import (
-    MemoryStore,
-    RunResult,
-    RunSpec,
     ScriptedModel,
-    Supervisor,
     TokenUsage,
 )
 from replan.telemetry import _names as n
 
 USAGE = TokenUsage(input_tokens=10, output_tokens=4, calls=1)
-
-
-async def run_traced(
-    model: ScriptedModel, run_spec: RunSpec, provider: TracerProvider
-) -> RunResult:
-    with anyio.fail_after(10):
-        async with Supervisor(model, MemoryStore(), tracer_provider=provider) as sup:
-            handle = await sup.submit(run_spec)
-            return await handle.result()
 
 
 def replanning_model() -> ScriptedModel:
@@ -116,7 +102,7 @@ async def test_model_calls_are_client_spans_under_the_actor_that_made_them(
         assert attr(actor, n.GEN_AI_AGENT_NAME) == attr(chat, n.GEN_AI_AGENT_NAME)
     # Tokens are on the model-call spans only: summed once, they are the run's.
     counted = sum(
-        int((s.attributes or {}).get(n.GEN_AI_USAGE_INPUT_TOKENS, 0))  # type: ignore[arg-type]
+        int((s.attributes or {}).get(n.GEN_AI_USAGE_INPUT_TOKENS, 0))
         for s in tree.spans
     )
     assert counted == result.usage.total.input_tokens == 10 * len(model.calls)
@@ -165,9 +151,9 @@ async def test_the_replan_span_holds_the_revised_plan_and_the_alignment_check(
     assert attr(replan, n.REPLAN_VERSION) == version.version == 2
     assert attr(replan, n.REPLAN_CONFIDENCE) == 1.0
     assert attr(replan, n.REPLAN_RATIONALE) == "a finding contradicts the plan"
-    assert list(attr(replan, n.REPLAN_TASKS_REMOVED)) == version.removed == ["t2", "t3"]  # type: ignore[call-overload]
-    assert list(attr(replan, n.REPLAN_TASKS_ADDED)) == version.added == ["t4", "t5"]  # type: ignore[call-overload]
-    assert list(attr(replan, n.REPLAN_TASKS_PRESERVED)) == version.preserved  # type: ignore[call-overload]
+    assert list(attr(replan, n.REPLAN_TASKS_REMOVED)) == version.removed == ["t2", "t3"]
+    assert list(attr(replan, n.REPLAN_TASKS_ADDED)) == version.added == ["t4", "t5"]
+    assert list(attr(replan, n.REPLAN_TASKS_PRESERVED)) == version.preserved
     assert attr(replan, n.REPLAN_REPLANS_REMAINING) == 2
     # Its cost: the planner's revision and the ranker's alignment check.
     assert attr(replan, n.REPLAN_USAGE_INPUT_TOKENS) == 2 * USAGE.input_tokens
