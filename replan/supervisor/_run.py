@@ -410,7 +410,12 @@ class RunDriver:
                         "attempts started, the limit",
                     )
                 raise RunEnded(RunStatus.FAILED, "no pending task can ever run")
-            item = await self._inbox.receive()
+            if self._in_flight or self.limits.gate_timeout_s is not None:
+                item = await self._inbox.receive()
+            else:
+                # Only approvals without a timeout can move the run on now.
+                async with self.trace.idle("waiting for approvals, no timeout"):
+                    item = await self._inbox.receive()
             if isinstance(item, _RoleStopped):
                 raise RunEnded(
                     RunStatus.FAILED,

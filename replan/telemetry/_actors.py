@@ -53,14 +53,12 @@ def _describe_request(
             attrs[n.GEN_AI_OPERATION_NAME] = n.OP_PLAN
             attrs[n.PURPOSE] = purpose
             return n.SPAN_PLAN, attrs
-        case GateRequest(expires_at=None):
-            # An unbounded wait holds no span: the run suspends its trace.
-            return None
         case GateRequest():
             attrs[n.GATE_ID] = request.gate_id
             attrs[n.GATE_REASON] = truncate(request.reason)
-            timeout = (request.expires_at - request.created_at).total_seconds()  # type: ignore[operator]
-            attrs[n.GATE_TIMEOUT_S] = timeout
+            if request.expires_at is not None:
+                timeout = request.expires_at - request.created_at
+                attrs[n.GATE_TIMEOUT_S] = timeout.total_seconds()
             return n.SPAN_GATE, attrs
         case ExecuteRequest(task=task):
             attrs[n.TASK_ID] = task.id
@@ -177,9 +175,9 @@ def serving(
 ) -> Iterator[ActorSpan | None]:
     """Handle a request under the sender's context, in the actor's span.
 
-    Yields None (no span) without ``telemetry``, when the sender's trace is
-    not sampled, and for a gate without a timeout (no span is held open
-    across an unbounded wait).
+    Yields None (no span) without ``telemetry``, or when the sender's trace
+    is not sampled. A gate without a timeout gets an ``await approval`` span
+    that ends as it opens: no span is held open across an unbounded wait.
     """
     parent = propagate.extract(carrier)
     described = None
@@ -199,10 +197,16 @@ def serving(
     span = telemetry.tracer.start_span(
         name, context=parent, kind=SpanKind.INTERNAL, attributes=attrs
     )
+    if isinstance(request, GateRequest) and request.expires_at is None:
+        # An unbounded wait holds no span open: the gate is recorded as it
+        # opens, and the run suspends its trace while nothing else moves.
+        span.set_attribute(n.GATE_OUTCOME, n.SUSPENDED)
+        span.end()
+        span = trace.INVALID_SPAN
     active = _ACTIVE.set(telemetry)
     try:
         with current(span, parent):
-            yield ActorSpan(span)
+            yield ActorSpan(span) if span.is_recording() else None
     finally:
         _ACTIVE.reset(active)
 

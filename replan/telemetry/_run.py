@@ -173,7 +173,7 @@ class RunTrace:
                 if span is not None:
                     span.end()
             self._replan = self._root = None
-            self._refresh()
+            self._refresh(final=True)
 
     def _begin(self) -> None:
         state = self._state
@@ -189,13 +189,17 @@ class RunTrace:
         self.recording = self._root.is_recording()
         self._refresh()
 
-    def _refresh(self) -> None:
-        """Make the innermost open span current in the driver's task."""
+    def _refresh(self, *, final: bool = False) -> None:
+        """Make the innermost open span current in the driver's task.
+
+        With none open (suspended), no span is current: what the driver asks
+        meanwhile is not parented to whoever submitted the run.
+        """
         if self._token is not None:
             context.detach(self._token)  # type: ignore[arg-type]
             self._token = None
-        span = self._replan or self._root
-        if span is not None:
+        if not final:
+            span = self._replan or self._root or trace.INVALID_SPAN
             self._token = context.attach(trace.set_span_in_context(span))
 
     def _child_context(self) -> context.Context:
@@ -307,6 +311,16 @@ class RunTrace:
         )
         gate.end()
         await self.suspend(f"gate {request.gate_id} waits for a person, no timeout")
+        yield
+        self.resume()
+
+    @asynccontextmanager
+    async def idle(self, reason: str) -> AsyncIterator[None]:
+        """Around a wait only people can end (approvals without a timeout)."""
+        if not self.recording or self._root is None:
+            yield
+            return
+        await self.suspend(reason)
         yield
         self.resume()
 

@@ -28,6 +28,7 @@ from replan import (
     Supervisor,
     Task,
     TaskContext,
+    TaskDraft,
     TaskOutcome,
     Trigger,
     replay,
@@ -227,3 +228,36 @@ async def test_without_a_tracer_provider_nothing_is_journaled_for_traces() -> No
         events = await store.read(handle.run_id)
     assert not any(isinstance(e, TraceSuspended) for e in events)
     assert handle.state.suspended_trace is None
+
+
+async def test_a_run_left_waiting_only_for_an_untimed_approval_suspends_its_trace(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    side_effect = [
+        TaskDraft(key="send", description="email the report", requires_approval=True)
+    ]
+    store = MemoryStore()
+    async with Supervisor(scripted(), store, tracer_provider=provider) as sup:
+        handle = await sup.submit(spec(side_effect))
+        await until(lambda: handle.state.suspended_trace is not None)
+        while_waiting = Tree(exporter.get_finished_spans())
+        root = while_waiting.one(n.SPAN_RUN)
+        assert attr(root, n.RUN_OUTCOME) == "suspended"
+        gate = while_waiting.one(n.SPAN_GATE)
+        assert while_waiting.parent(gate) is root
+        assert attr(gate, n.GATE_OUTCOME) == "suspended"
+        (pending,) = sup.gates.pending()
+        await sup.gates.resolve(pending.gate_id, GateResolution(decision="approve"))
+        with anyio.fail_after(5):
+            result = await handle.result()
+    assert result.status.value == "completed"
+    tree = Tree(exporter.get_finished_spans())
+    first, second = sorted(tree.named(n.SPAN_RUN), key=lambda s: s.start_time or 0)
+    assert second.links[0].context.span_id == first.context.span_id  # type: ignore[union-attr]
+    (task,) = [
+        s
+        for s in tree.named("invoke_agent executor")
+        if attr(s, n.PURPOSE) == "execute"
+    ]
+    assert tree.parent(task) is second
+    assert attr(second, n.RUN_OUTCOME) == "completed"
