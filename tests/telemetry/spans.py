@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +12,15 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 
 from replan import MemoryStore, RunResult, RunSpec, ScriptedModel, Supervisor
 from replan.telemetry import _names as n
+
+
+async def until(check: Callable[[], object]) -> None:
+    """Poll ``check`` until it holds (the run gives no event to wait on)."""
+    with anyio.fail_after(5):
+        while True:
+            if check():
+                return
+            await anyio.sleep(0.005)
 
 
 async def run_traced(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import anyio
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
@@ -18,7 +16,7 @@ from scripts import (
     spec,
     with_finding,
 )
-from spans import Tree, attr
+from spans import Tree, attr, until
 
 from replan import (
     GateRequest,
@@ -36,15 +34,6 @@ from replan import (
 from replan.messages import TraceSuspended
 from replan.telemetry import Telemetry, journaled_context, resumed_root
 from replan.telemetry import _names as n
-
-
-async def until(check: Callable[[], object]) -> None:
-    """Poll ``check`` until it holds (the run gives no event to wait on)."""
-    with anyio.fail_after(5):
-        while True:
-            if check():
-                return
-            await anyio.sleep(0.005)
 
 
 def scope_shift_model() -> ScriptedModel:
