@@ -15,15 +15,19 @@ from ._run import RunTrace as RunTrace
 from ._run import journaled_context as journaled_context
 from ._run import resumed_root as resumed_root
 from ._telemetry import Telemetry as Telemetry
+from .setup import TelemetrySetup as TelemetrySetup
+from .setup import setup as setup
 
 __all__ = (
     "ActorSpan",
     "RunTrace",
     "Telemetry",
+    "TelemetrySetup",
     "attached",
     "current_carrier",
     "journaled_context",
     "model_call",
     "resumed_root",
     "serving",
+    "setup",
 )
