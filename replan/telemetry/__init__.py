@@ -9,6 +9,8 @@ from __future__ import annotations
 from ._actors import ActorSpan as ActorSpan
 from ._actors import model_call as model_call
 from ._actors import serving as serving
+from ._openai import instrument_openai as instrument_openai
+from ._openai import openai_instrumented as openai_instrumented
 from ._propagation import attached as attached
 from ._propagation import current_carrier as current_carrier
 from ._run import RunTrace as RunTrace
@@ -25,8 +27,10 @@ __all__ = (
     "TelemetrySetup",
     "attached",
     "current_carrier",
+    "instrument_openai",
     "journaled_context",
     "model_call",
+    "openai_instrumented",
     "resumed_root",
     "serving",
     "setup",

@@ -128,6 +128,13 @@ def setup(
     if set_global:
         trace.set_tracer_provider(tracer_provider)
         metrics.set_meter_provider(meter_provider)
+        # With the openai-otel extra, the OpenAI client's calls are traced
+        # too, under the actor spans (an adapter then skips its own span).
+        from ._openai import instrument_openai
+
+        instrument_openai(
+            tracer_provider=tracer_provider, meter_provider=meter_provider
+        )
     return TelemetrySetup(
         configured=True,
         tracer_provider=tracer_provider,
