@@ -28,6 +28,7 @@ from .messages import (
     TaskFinished,
     TaskStarted,
     TaskStatus,
+    TraceSuspended,
     Usage,
     UsageRecorded,
 )
@@ -146,7 +147,7 @@ def gate_lines(request: GateRequest, indent: str = "  ") -> list[str]:
 def event_lines(event: Event, state: RunState) -> list[str]:
     """One progress entry for ``event``; ``state`` is the run just after it.
 
-    Bookkeeping events (usage) render as no lines.
+    Bookkeeping events (usage, trace suspensions) render as no lines.
     """
     match event:
         case RunSubmitted(run_id=run_id, spec=spec):
@@ -210,7 +211,7 @@ def event_lines(event: Event, state: RunState) -> list[str]:
             return [
                 f"gate {gate} resolved: {resolution.decision} by {resolution.by}{note}"
             ]
-        case UsageRecorded():
+        case UsageRecorded() | TraceSuspended():
             return []
         case RunFinished(status=status, stop_reason=reason):
             return [

@@ -29,6 +29,8 @@ from ._version import __version__
 from .messages import GateOpened, GateRequest, GateResolution, RunStatus
 from .store import MemoryStore, SQLiteStore, Store
 from .supervisor import RunHandle, RunState, Supervisor, apply, replay
+from .telemetry import TelemetrySetup
+from .telemetry import setup as setup_telemetry
 
 PROMPT = "Approve this change? [y/N/e(dit not supported here)] "
 
@@ -172,15 +174,33 @@ async def _dispatch(args: argparse.Namespace) -> int:
         return await explore(console, args)
     if args.command == "demo":
         console = Console(sys.stdout, sys.stderr if args.json else sys.stdout)
-        return await demo(
-            console, yes=args.yes, as_json=args.json, db=args.db, latency=args.latency
-        )
+        with _telemetry():
+            return await demo(
+                console,
+                yes=args.yes,
+                as_json=args.json,
+                db=args.db,
+                latency=args.latency,
+            )
     console = Console(sys.stdout, sys.stderr)
     if args.command == "show":
         return await show(console, args.run_id, db=args.db, as_json=args.json)
     if args.command == "runs":
         return await list_runs(console, db=args.db, limit=args.limit)
     raise CommandError(f"unknown command {args.command!r}", code=2)
+
+
+def _telemetry() -> TelemetrySetup:
+    """Export spans as the ``OTEL_*`` variables say; console spans go to stderr.
+
+    Unlike an application's default (OTLP), the CLI exports only when asked:
+    ``OTEL_TRACES_EXPORTER`` or an ``OTEL_EXPORTER_OTLP_ENDPOINT``.
+    """
+    default = "otlp" if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") else "none"
+    try:
+        return setup_telemetry(default_exporter=default, console=sys.stderr)
+    except ConfigurationError as exc:
+        raise CommandError(f"{exc.field}: {exc.problem}", code=2) from None
 
 
 # demo --------------------------------------------------------------------------

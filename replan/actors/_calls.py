@@ -17,6 +17,7 @@ from ..messages import (
     ModelCall,
     ValidationBatch,
 )
+from ..telemetry import model_call
 from ._runtime import ActorContext
 
 T = TypeVar("T", bound=BaseModel)
@@ -50,7 +51,9 @@ async def call_model(
         task_id=task_id,
         context=context,
     )
-    response = await model.generate(request)
+    with model_call(model, request) as answered:
+        response = await model.generate(request)
+        answered(response)
     output = response.output
     if not isinstance(output, output_type):
         raise ModelError(

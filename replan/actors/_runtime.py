@@ -16,7 +16,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from .._errors import ActorCrashed, ActorError, ActorStopped, ActorTimeout
 from ..messages import ActorFailure
-from ..telemetry import attached, current_carrier
+from ..telemetry import Telemetry, current_carrier, serving
 
 logger = logging.getLogger("replan.actors")
 
@@ -146,6 +146,7 @@ class ActorPool(Generic[ReqT, RepT]):
         mailbox_size: requests that may wait; senders block beyond it.
         max_restarts: crashes tolerated within ``restart_period_s``.
         restart_period_s: the sliding window for ``max_restarts``.
+        telemetry: where each request's span goes (under the sender's).
     """
 
     def __init__(
@@ -157,6 +158,7 @@ class ActorPool(Generic[ReqT, RepT]):
         mailbox_size: int = 64,
         max_restarts: int = 5,
         restart_period_s: float = 10.0,
+        telemetry: Telemetry | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
@@ -166,6 +168,7 @@ class ActorPool(Generic[ReqT, RepT]):
         self._mailbox_size = mailbox_size
         self._max_restarts = max_restarts
         self._restart_period_s = restart_period_s
+        self._telemetry = telemetry
         send: MemoryObjectSendStream[Envelope[ReqT, RepT]]
         receive: MemoryObjectReceiveStream[Envelope[ReqT, RepT]]
         send, receive = anyio.create_memory_object_stream(mailbox_size)
@@ -361,8 +364,16 @@ class ActorPool(Generic[ReqT, RepT]):
             # cancels this scope through the slot when it gives up.
             slot.bind(scope)
             try:
-                with attached(carrier) if carrier else _UNTRACED:
+                with (
+                    serving(
+                        self._telemetry, role, envelope.request, ctx.run_id, carrier
+                    )
+                    if carrier
+                    else _UNTRACED
+                ) as span:
                     value = await actor.handle(envelope.request, ctx)
+                    if span is not None:
+                        span.replied(value)
             except Exception as exc:
                 logger.exception("%s handler crashed", role)
                 slot.fail(

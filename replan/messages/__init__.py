@@ -40,6 +40,7 @@ from ._events import RunFinished as RunFinished
 from ._events import RunSubmitted as RunSubmitted
 from ._events import TaskFinished as TaskFinished
 from ._events import TaskStarted as TaskStarted
+from ._events import TraceSuspended as TraceSuspended
 from ._events import UsageRecorded as UsageRecorded
 from ._explore import DEFAULT_THRESHOLDS as DEFAULT_THRESHOLDS
 from ._explore import LENSES as LENSES
@@ -183,6 +184,7 @@ __all__ = (
     "TaskStarted",
     "TaskStatus",
     "TokenUsage",
+    "TraceSuspended",
     "Trigger",
     "Usage",
     "UsageRecorded",

@@ -91,6 +91,20 @@ class UsageRecorded(_Event):
     usage: TokenUsage
 
 
+class TraceSuspended(_Event):
+    """The run's trace was ended while the run waits without bound.
+
+    A gate with no timeout, or a supervisor stopping with the run in
+    flight: no span stays open across such a wait. The run goes on in a new
+    trace whose root links to this one.
+    """
+
+    kind: Literal["trace_suspended"] = "trace_suspended"
+    carrier: dict[str, str]
+    """The W3C trace context (``traceparent``...) of the ended root span."""
+    reason: str
+
+
 class RunFinished(_Event):
     """The last event of a run."""
 
@@ -111,6 +125,7 @@ Event = Annotated[
     | GateOpened
     | GateResolved
     | UsageRecorded
+    | TraceSuspended
     | RunFinished
     | ExploreEvents,
     Field(discriminator="kind"),

@@ -14,10 +14,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
-from opentelemetry import trace
 from opentelemetry.trace import Span
 
-from .._version import __version__
 from ..explore import (
     Judge,
     aggregate,
@@ -61,6 +59,7 @@ from ..messages import (
     ValidationPlan,
 )
 from ..messages._actors import ExplorePurpose
+from ..telemetry import _names as names
 from ._explore_brief import BriefStatus, admit, build_brief
 from ._explore_state import ExploreState
 from ._run import RoleFailed, RunEnded
@@ -69,10 +68,8 @@ if TYPE_CHECKING:
     from ..actors import ActorPool
     from ._run import RunDriver
 
-CYCLE_SPAN = "explore cycle"
-"""One span per generate-review-rank-evolve cycle."""
-COMPARISON_EVENT = "replan.explore.comparison"
-"""A span event per tournament comparison."""
+CYCLE_SPAN = names.SPAN_EXPLORE_CYCLE
+COMPARISON_EVENT = names.EVENT_EXPLORE_COMPARISON
 
 _RUN_STATUS: dict[BriefStatus, RunStatus] = {
     "completed": RunStatus.COMPLETED,
@@ -101,9 +98,7 @@ class _Flow:
         self.run = run
         self.spec = run.state.spec
         self.settings = self.spec.explore
-        self.tracer = trace.get_tracer(
-            "replan", __version__, tracer_provider=run.tracer_provider
-        )
+        self.tracer = run.telemetry.tracer
         self._errors: list[str] = []
         self._ended: RunEnded | None = None
         """The first end (a limit, a stopped role) met by a concurrent call."""
@@ -220,8 +215,8 @@ class _Flow:
         with self.tracer.start_as_current_span(
             CYCLE_SPAN,
             attributes={
-                "gen_ai.conversation.id": self.run.state.run_id,
-                "replan.explore.iteration": iteration,
+                names.GEN_AI_CONVERSATION_ID: self.run.state.run_id,
+                names.EXPLORE_ITERATION: iteration,
             },
             record_exception=False,
             set_status_on_exception=False,
@@ -260,9 +255,9 @@ class _Flow:
             )
             if decision == "evolve":
                 await self.evolve(iteration)
-            span.set_attribute("replan.explore.decision", decision)
-            span.set_attribute("replan.explore.candidates", len(explore.active))
-            span.set_attribute("replan.explore.qualifying", len(qualifying))
+            span.set_attribute(names.EXPLORE_DECISION, decision)
+            span.set_attribute(names.EXPLORE_CANDIDATES, len(explore.active))
+            span.set_attribute(names.EXPLORE_QUALIFYING, len(qualifying))
         return decision
 
     async def generate(self, iteration: int) -> None:
@@ -395,12 +390,12 @@ class _Flow:
                 span.add_event(
                     COMPARISON_EVENT,
                     {
-                        "replan.explore.a": r.a,
-                        "replan.explore.b": r.b,
-                        "replan.explore.winner": r.winner,
-                        "replan.explore.round": r.round,
-                        "replan.explore.rating_a": r.rating_a,
-                        "replan.explore.rating_b": r.rating_b,
+                        names.EXPLORE_A: r.a,
+                        names.EXPLORE_B: r.b,
+                        names.EXPLORE_WINNER: r.winner,
+                        names.EXPLORE_ROUND: r.round,
+                        names.EXPLORE_RATING_A: r.rating_a,
+                        names.EXPLORE_RATING_B: r.rating_b,
                     },
                 )
             if records or self._errors:
@@ -603,8 +598,8 @@ class _Flow:
         with self.tracer.start_as_current_span(
             CYCLE_SPAN,
             attributes={
-                "gen_ai.conversation.id": self.run.state.run_id,
-                "replan.explore.iteration": iteration,
+                names.GEN_AI_CONVERSATION_ID: self.run.state.run_id,
+                names.EXPLORE_ITERATION: iteration,
                 "replan.explore.human": True,
             },
             record_exception=False,

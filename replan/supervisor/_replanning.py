@@ -152,6 +152,12 @@ def _no_edit(resolution: GateResolution) -> None:
 
 
 async def replan(run: RunDriver, verdict: Verdict) -> None:
+    """One replan decision, applied or refused, in its own ``replan`` span."""
+    with run.trace.replanning(verdict):
+        await _replan(run, verdict)
+
+
+async def _replan(run: RunDriver, verdict: Verdict) -> None:
     """Guards, proposal (K candidates ranked and evolved), drift, gate, apply."""
     refusal = guard_replan(run.view, verdict)
     if refusal is not None:

@@ -16,7 +16,6 @@ from typing import Any, Literal, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from opentelemetry.trace import TracerProvider
 
 from .._errors import ActorCrashed, ActorError, ActorStopped, ActorTimeout
 from ..actors import ActorPool
@@ -45,6 +44,7 @@ from ..messages import (
     UsageRecorded,
 )
 from ..store import RunSummary, Store
+from ..telemetry import RunTrace, Telemetry
 from ._decide import (
     budget_spent,
     milestone_due,
@@ -130,10 +130,10 @@ class RunDriver:
         roles: Roles,
         store: Store,
         gates: GateRegistry,
-        tracer_provider: TracerProvider | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.record = record
-        self.tracer_provider = tracer_provider
+        self.telemetry = telemetry or Telemetry()
         self.roles = roles
         self.store = store
         self.gates = gates
@@ -154,6 +154,9 @@ class RunDriver:
         )
         self._inbox_send = send
         self._inbox = receive
+        self.trace = RunTrace(
+            self.telemetry, record.state, self.record_events, (RunEnded,)
+        )
 
     @property
     def state(self) -> RunState:
@@ -204,6 +207,7 @@ class RunDriver:
                 if before_install is not None:
                     before_install()
                 self.record.install(state, events)
+                self.trace.on_events(events, state)
             if self._staged_state is state:
                 self._staged_state = None
             return state
@@ -295,7 +299,8 @@ class RunDriver:
         """Open a gate, wait for its answer, and journal it (the run waits)."""
         await self.open_gate(request, validate)
         try:
-            resolution = await self._ask_gate(request)
+            async with self.trace.waiting(request):
+                resolution = await self._ask_gate(request)
             await self.resolve_gate(request, resolution)
         finally:
             self.gates.close(
@@ -323,8 +328,13 @@ class RunDriver:
         """Drive the run to its end and journal how it ended.
 
         A supervisor shutdown cancels the driver without journaling an end:
-        the run stays ``running`` in the journal, to be resumed from it.
+        the run stays ``running`` in the journal, to be resumed from it (its
+        trace is suspended, and the resumed run's trace links to it).
         """
+        async with self.trace.running():
+            await self._run()
+
+    async def _run(self) -> None:
         ended: tuple[RunStatus, str | None, Synthesis | None] | None = None
         try:
             with self._cancel_scope:
@@ -409,7 +419,12 @@ class RunDriver:
                 raise RunEnded(RunStatus.FAILED, "no pending task can ever run")
             # Take every report that is already in, so that tasks finishing
             # together share one append with the starts that follow them.
-            items = [await self._inbox.receive()]
+            if self._in_flight or self.limits.gate_timeout_s is not None:
+                items = [await self._inbox.receive()]
+            else:
+                # Only approvals without a timeout can move the run on now.
+                async with self.trace.idle("waiting for approvals, no timeout"):
+                    items = [await self._inbox.receive()]
             while True:
                 try:
                     items.append(self._inbox.receive_nowait())

@@ -31,6 +31,7 @@ from ..messages import (
     TaskOutcome,
     TaskStarted,
     TaskStatus,
+    TraceSuspended,
     Usage,
     UsageRecorded,
 )
@@ -76,6 +77,9 @@ class RunState(Frozen):
     stop_reason: str | None = None
     explore: ExploreState | None = None
     """What an explore run found (hypotheses, reviews, ratings, the brief)."""
+    suspended_trace: dict[str, str] | None = None
+    """The trace context of the run's last suspended root span (see
+    ``TraceSuspended``): a resumed run's new root links to it."""
 
     @property
     def replans_applied(self) -> int:
@@ -199,6 +203,8 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
             return _resolve_gate(state, gate_id, resolution, event.at)
         case UsageRecorded(role=role, usage=usage):
             return {"usage": state.usage.add(role, usage)}
+        case TraceSuspended(carrier=carrier):
+            return {"suspended_trace": carrier}
         case RunFinished(status=status, stop_reason=reason, synthesis=synthesis):
             # Attempts cut short by the end of the run never finished.
             tasks = {

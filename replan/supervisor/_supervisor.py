@@ -13,6 +13,7 @@ from typing import Any, Self
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
+from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
@@ -27,6 +28,7 @@ from ..actors._reviewer import Reviewer
 from ..llm import Model
 from ..messages import RunResult, RunSpec, RunSubmitted
 from ..store import MemoryStore, Store
+from ..telemetry import Telemetry
 from ._gates import GateRegistry
 from ._handle import RunHandle, RunRecord
 from ._roles import DEFAULT_WORKERS, ROLES, Roles
@@ -59,8 +61,9 @@ class Supervisor:
         keep_finished: how many finished runs :meth:`get` and :meth:`handles`
             still know (the oldest are forgotten first; their journal stays,
             :meth:`replay` reads it). Bounds a long-lived supervisor's memory.
-        tracer_provider: where spans go; the global OpenTelemetry provider
-            when omitted.
+        tracer_provider: where the runs' spans go (OpenTelemetry API); the
+            global provider when omitted.
+        meter_provider: where the metrics go; the global provider when omitted.
 
     Raises:
         ConfigurationError: an argument is invalid.
@@ -80,6 +83,7 @@ class Supervisor:
         evolver_temperature: float = 0.7,
         keep_finished: int = 1000,
         tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         sizes = dict(DEFAULT_WORKERS)
         for role, size in (workers or {}).items():
@@ -104,13 +108,14 @@ class Supervisor:
         """The open human gates: ``pending()`` and ``await resolve(id, resolution)``."""
         self._task_runner = task_runner
         self._sizes = sizes
+        self._telemetry = Telemetry(tracer_provider, meter_provider)
         self._pool_options: dict[str, Any] = {
             "mailbox_size": mailbox_size,
             "max_restarts": max_restarts,
             "restart_period_s": restart_period_s,
+            "telemetry": self._telemetry,
         }
         self._temperatures = (executor_temperature, evolver_temperature)
-        self._tracer_provider = tracer_provider
         self._roles: Roles | None = None
         self._records: dict[str, RunRecord] = {}
         self._finished: deque[str] = deque()
@@ -162,11 +167,13 @@ class Supervisor:
                     for pool in roles.all():
                         await tg.start(pool.run)
                     self._task_group = tg
+                    self._telemetry.watch(roles.all())
                     task_status.started()
                     await anyio.sleep_forever()
         finally:
             self._stopping = True
             self._task_group = None
+            self._telemetry.unwatch()
             for pool in roles.all():
                 pool.stop("the supervisor stopped")
             self.gates.close_all("the supervisor stopped")
@@ -240,7 +247,7 @@ class Supervisor:
         state = apply(None, event)
         await self.store.append(run_id, [event], summary_of(state))
         record = RunRecord(state)
-        driver = RunDriver(record, roles, self.store, self.gates, self._tracer_provider)
+        driver = RunDriver(record, roles, self.store, self.gates, self._telemetry)
         self._records[run_id] = record
         self._drivers[run_id] = driver
         tg.start_soon(self._drive, driver)

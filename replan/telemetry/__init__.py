@@ -1,11 +1,37 @@
-"""Telemetry: trace context that travels in envelopes, and tracer access.
+"""Telemetry: the run's spans and metrics through the OpenTelemetry API.
 
-The library only uses the OpenTelemetry API; applications configure the SDK.
+The library only uses the API; :func:`setup` configures the SDK for
+applications, the CLI and the daemon. Names live in ``_names``.
 """
 
 from __future__ import annotations
 
+from ._actors import ActorSpan as ActorSpan
+from ._actors import model_call as model_call
+from ._actors import serving as serving
+from ._openai import instrument_openai as instrument_openai
+from ._openai import openai_instrumented as openai_instrumented
 from ._propagation import attached as attached
 from ._propagation import current_carrier as current_carrier
+from ._run import RunTrace as RunTrace
+from ._run import journaled_context as journaled_context
+from ._run import resumed_root as resumed_root
+from ._telemetry import Telemetry as Telemetry
+from .setup import TelemetrySetup as TelemetrySetup
+from .setup import setup as setup
 
-__all__ = ("attached", "current_carrier")
+__all__ = (
+    "ActorSpan",
+    "RunTrace",
+    "Telemetry",
+    "TelemetrySetup",
+    "attached",
+    "current_carrier",
+    "instrument_openai",
+    "journaled_context",
+    "model_call",
+    "openai_instrumented",
+    "resumed_root",
+    "serving",
+    "setup",
+)

@@ -42,6 +42,7 @@ from replan.messages import (
     TaskStarted,
     TaskStatus,
     TokenUsage,
+    TraceSuspended,
     Trigger,
     UsageRecorded,
     Verdict,
@@ -81,7 +82,7 @@ def started(seq: int, task_id: str = "t1") -> TaskStarted:
 
 
 def sample_events(run_id: str = "run-1") -> list[Event]:
-    """One realistic event of every type, numbered 1 to 11."""
+    """One realistic event of every type, numbered 1 to 12."""
     drafts = [
         TaskDraft(key="metrics", description="Pull p50/p99 latency per service"),
         TaskDraft(
@@ -222,9 +223,17 @@ def sample_events(run_id: str = "run-1") -> list[Event]:
                 input_tokens=1_812, output_tokens=407, cached_tokens=1_024, calls=2
             ),
         ),
-        RunFinished(
+        TraceSuspended(
             seq=11,
             at=at(10),
+            carrier={
+                "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+            },
+            reason="the supervisor stopped with the run in flight",
+        ),
+        RunFinished(
+            seq=12,
+            at=at(11),
             status=RunStatus.COMPLETED,
             synthesis=Synthesis(
                 output="A cache eviction change halved the hit rate.",
@@ -284,7 +293,7 @@ async def test_read_after_a_seq_returns_only_later_events(store: Store) -> None:
     events = sample_events()
     await store.append("run-1", events, summary("run-1", len(events)))
     assert await store.read("run-1", after=4) == events[4:]
-    assert await store.read("run-1", after=11) == []
+    assert await store.read("run-1", after=12) == []
 
 
 async def test_reading_an_unknown_run_returns_no_events(store: Store) -> None:
@@ -447,7 +456,7 @@ async def test_events_and_runs_survive_closing_and_reopening_the_file(
         assert await store.get_run("run-1") == row
         assert await store.list_runs() == [row]
         with pytest.raises(JournalConflict):
-            await store.append("run-1", [started(11)], row)
+            await store.append("run-1", [started(12)], row)
 
 
 async def test_the_database_is_in_wal_mode_with_a_schema_version(

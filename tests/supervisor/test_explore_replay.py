@@ -151,4 +151,10 @@ async def test_each_cycle_is_a_span_with_the_run_id_and_its_comparisons() -> Non
         for e in events
     ] == [(a, b, w) for a, b, w, *_ in journaled]
     assert all(s.status.is_ok or s.status.status_code.name == "UNSET" for s in spans)
+    # The cycles belong to the run's trace, under its root span.
+    (root,) = [
+        s for s in exporter.get_finished_spans() if s.name == "invoke_workflow replan"
+    ]
+    assert all(s.parent is not None for s in spans)
+    assert {s.parent.span_id for s in spans if s.parent} == {root.context.span_id}
     provider.shutdown()

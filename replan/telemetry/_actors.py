@@ -1,0 +1,314 @@
+"""Actor spans (started in the worker, under the sender's context) and model-call spans.
+
+Context does not cross an anyio channel by itself: the envelope carries the
+sender's W3C context, and :func:`serving` starts the actor's span as its child.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from opentelemetry import context, propagate, trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
+from pydantic_core import to_jsonable_python
+
+from ..messages import (
+    AlignmentReply,
+    CritiqueReply,
+    ExecuteReply,
+    ExecuteRequest,
+    GateRequest,
+    GateResolution,
+    PlanRequest,
+    RankReply,
+    ReviewReply,
+    SynthesizeRequest,
+)
+from . import _names as n
+from ._telemetry import Telemetry, truncate
+
+_ACTIVE: ContextVar[Telemetry | None] = ContextVar("replan_telemetry", default=None)
+"""The telemetry of the actor span being served (read by model-call spans)."""
+
+_PURPOSES: dict[type, str] = {
+    ExecuteRequest: "execute",
+    SynthesizeRequest: "synthesize",
+}
+
+
+def _describe_request(
+    role: str, request: object, run_id: str | None
+) -> tuple[str, dict[str, AttributeValue]] | None:
+    """The span name and first attributes of a request; None for no span."""
+    attrs: dict[str, AttributeValue] = {n.GEN_AI_AGENT_NAME: role}
+    if run_id is not None:
+        attrs[n.GEN_AI_CONVERSATION_ID] = run_id
+    match request:
+        case PlanRequest(purpose=purpose):
+            attrs[n.GEN_AI_OPERATION_NAME] = n.OP_PLAN
+            attrs[n.PURPOSE] = purpose
+            return n.SPAN_PLAN, attrs
+        case GateRequest():
+            attrs[n.GATE_ID] = request.gate_id
+            attrs[n.GATE_REASON] = truncate(request.reason)
+            if request.expires_at is not None:
+                timeout = request.expires_at - request.created_at
+                attrs[n.GATE_TIMEOUT_S] = timeout.total_seconds()
+            return n.SPAN_GATE, attrs
+        case ExecuteRequest(task=task):
+            attrs[n.TASK_ID] = task.id
+            attrs[n.TASK_ATTEMPT] = task.attempts
+    attrs[n.GEN_AI_OPERATION_NAME] = n.OP_INVOKE_AGENT
+    kind = getattr(request, "kind", "")
+    attrs[n.PURPOSE] = _PURPOSES.get(type(request), kind.removesuffix("_request"))
+    return n.SPAN_AGENT_PREFIX + role, attrs
+
+
+def task_outcome(reply: ExecuteReply) -> str:
+    outcome = reply.outcome
+    if outcome.success:
+        return "completed"
+    return "transient_failure" if outcome.transient else "failed"
+
+
+def _evaluation(
+    span: Span,
+    name: str,
+    score: float,
+    label: str | None = None,
+    explanation: str = "",
+    extra: dict[str, AttributeValue] | None = None,
+) -> None:
+    attrs: dict[str, AttributeValue] = {
+        n.GEN_AI_EVALUATION_NAME: name,
+        n.GEN_AI_EVALUATION_SCORE_VALUE: score,
+    }
+    if label is not None:
+        attrs[n.GEN_AI_EVALUATION_SCORE_LABEL] = label
+    if explanation:
+        attrs[n.GEN_AI_EVALUATION_EXPLANATION] = truncate(explanation)
+    if extra:
+        attrs.update(extra)
+    span.add_event(n.EVENT_EVALUATION, attrs)
+
+
+def describe_reply(span: Span, reply: object) -> None:
+    """Outcome attributes and evaluation events of an actor's answer."""
+    match reply:
+        case ExecuteReply():
+            span.set_attribute(n.TASK_OUTCOME, task_outcome(reply))
+        case ReviewReply(verdict=verdict):
+            _evaluation(
+                span,
+                "milestone",
+                verdict.confidence,
+                verdict.decision,
+                verdict.rationale,
+            )
+            event: dict[str, AttributeValue] = {
+                n.REPLAN_DECISION: verdict.decision,
+                n.REPLAN_DECIDED_BY: "model",
+                n.REPLAN_CONFIDENCE: verdict.confidence,
+            }
+            if verdict.trigger is not None:
+                event[n.REPLAN_TRIGGER] = verdict.trigger.value
+            span.add_event(n.EVENT_DECISION, event)
+        case CritiqueReply(critiques=critiques):
+            for index, critique in enumerate(critiques):
+                for lens, score in critique.scores.items():
+                    _evaluation(
+                        span,
+                        lens,
+                        score,
+                        explanation=critique.critique,
+                        extra={n.CANDIDATE_INDEX: index},
+                    )
+        case AlignmentReply(alignment=alignment):
+            aligned = sum(alignment.aligned)
+            total = len(alignment.aligned)
+            _evaluation(
+                span,
+                "goal_alignment",
+                aligned / total if total else 1.0,
+                f"{aligned}/{total} aligned",
+                alignment.rationale,
+            )
+        case RankReply(wins=wins, order=order):
+            for rank, index in enumerate(order, start=1):
+                _evaluation(
+                    span,
+                    "tournament",
+                    float(wins[index]),
+                    f"rank {rank}",
+                    extra={n.CANDIDATE_INDEX: index},
+                )
+        case GateResolution(decision=decision, by=by):
+            span.set_attribute(n.GATE_DECISION, decision)
+            span.set_attribute(n.GATE_DECIDED_BY, by)
+            span.set_attribute(n.GATE_OUTCOME, "resolved")
+
+
+class ActorSpan:
+    """The span of one request being handled; record the answer with :meth:`replied`."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+
+    def replied(self, reply: object) -> None:
+        describe_reply(self.span, reply)
+
+
+@contextmanager
+def serving(
+    telemetry: Telemetry | None,
+    role: str,
+    request: object,
+    run_id: str | None,
+    carrier: dict[str, str],
+) -> Iterator[ActorSpan | None]:
+    """Handle a request under the sender's context, in the actor's span.
+
+    Yields None (no span) without ``telemetry``, or when the sender's trace
+    is not sampled. A gate without a timeout gets an ``await approval`` span
+    that ends as it opens: no span is held open across an unbounded wait.
+    """
+    parent = propagate.extract(carrier)
+    described = None
+    if telemetry is not None:
+        sender = trace.get_current_span(parent).get_span_context()
+        if sender.trace_flags.sampled:
+            described = _describe_request(role, request, run_id)
+    if described is None:
+        token = context.attach(parent)
+        try:
+            yield None
+        finally:
+            context.detach(token)
+        return
+    name, attrs = described
+    assert telemetry is not None
+    span = telemetry.tracer.start_span(
+        name, context=parent, kind=SpanKind.INTERNAL, attributes=attrs
+    )
+    if isinstance(request, GateRequest) and request.expires_at is None:
+        # An unbounded wait holds no span open: the gate is recorded as it
+        # opens, and the run suspends its trace while nothing else moves.
+        span.set_attribute(n.GATE_OUTCOME, n.SUSPENDED)
+        span.end()
+        span = trace.INVALID_SPAN
+    active = _ACTIVE.set(telemetry)
+    try:
+        with current(span, parent):
+            yield ActorSpan(span) if span.is_recording() else None
+    finally:
+        _ACTIVE.reset(active)
+
+
+@contextmanager
+def current(span: Span, parent: context.Context | None = None) -> Iterator[Span]:
+    """Make ``span`` current for the block and end it after.
+
+    An exception is recorded with status ERROR; a cancellation is not an
+    error (the caller gave up, or the supervisor is stopping) and is noted
+    in ``replan.actor.outcome`` instead.
+    """
+    token = context.attach(trace.set_span_in_context(span, parent))
+    try:
+        yield span
+    except Exception as exc:
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        span.set_attribute(n.ACTOR_OUTCOME, "crashed")
+        raise
+    except BaseException:
+        span.set_attribute(n.ACTOR_OUTCOME, "cancelled")
+        raise
+    finally:
+        context.detach(token)
+        span.end()
+
+
+# Model calls -----------------------------------------------------------------------
+
+
+def _ignore(response: Any) -> None:
+    return None
+
+
+def _model_name(model: object, role: str) -> str:
+    model_for = getattr(model, "model_for", None)
+    if callable(model_for):
+        name = model_for(role)
+        if isinstance(name, str) and name:
+            return name
+    name = getattr(model, "name", None)
+    return name if isinstance(name, str) and name else "unknown"
+
+
+def _content(value: Any) -> str:
+    return truncate(
+        json.dumps(to_jsonable_python(value, fallback=str), ensure_ascii=False)
+    )
+
+
+@contextmanager
+def model_call(model: object, request: Any) -> Iterator[Callable[[Any], None]]:
+    """A ``chat <model>`` CLIENT span around one model call.
+
+    Yields a function to call with the ``ModelResponse``. No span when the
+    actor span is not recording, or when the model's client is instrumented
+    itself (``model.otel_instrumented``): its own span then carries the call
+    and its tokens, nested under the actor span, so tokens are counted once.
+    """
+    telemetry = _ACTIVE.get()
+    if (
+        telemetry is None
+        or not trace.get_current_span().is_recording()
+        or getattr(model, "otel_instrumented", False)
+    ):
+        yield _ignore
+        return
+    role = str(request.role)
+    model_name = _model_name(model, role)
+    attrs: dict[str, AttributeValue] = {
+        n.GEN_AI_OPERATION_NAME: n.OP_CHAT,
+        n.GEN_AI_PROVIDER_NAME: str(getattr(model, "provider_name", None) or "unknown"),
+        n.GEN_AI_REQUEST_MODEL: model_name,
+        n.GEN_AI_REQUEST_TEMPERATURE: float(request.temperature),
+        n.GEN_AI_AGENT_NAME: role,
+        n.PURPOSE: str(request.purpose),
+        n.GEN_AI_OUTPUT_TYPE: "json",
+    }
+    if request.run_id is not None:
+        attrs[n.GEN_AI_CONVERSATION_ID] = request.run_id
+    if request.task_id is not None:
+        attrs[n.TASK_ID] = request.task_id
+    if telemetry.capture_content:
+        attrs[n.GEN_AI_INPUT_MESSAGES] = _content(
+            request.messages or [{"role": "user", "content": request.context}]
+        )
+    span = telemetry.tracer.start_span(
+        n.SPAN_CHAT_PREFIX + model_name, kind=SpanKind.CLIENT, attributes=attrs
+    )
+    with current(span):
+
+        def answered(response: Any) -> None:
+            usage = response.usage
+            span.set_attribute(n.GEN_AI_USAGE_INPUT_TOKENS, usage.input_tokens)
+            span.set_attribute(n.GEN_AI_USAGE_OUTPUT_TOKENS, usage.output_tokens)
+            if response.model:
+                span.set_attribute(n.GEN_AI_RESPONSE_MODEL, response.model)
+            if telemetry.capture_content:
+                span.set_attribute(
+                    n.GEN_AI_OUTPUT_MESSAGES,
+                    _content([{"role": "assistant", "content": response.output}]),
+                )
+
+        yield answered

@@ -1,0 +1,255 @@
+"""Configure the OpenTelemetry SDK from the standard ``OTEL_*`` variables.
+
+For applications, the CLI and the daemon; the library itself never calls it.
+The SDK is imported only when :func:`setup` runs::
+
+    from replan.telemetry import setup
+
+    with setup():  # flushes and shuts the providers down on exit
+        async with Supervisor(model) as sup: ...
+
+Variables read (besides those the SDK and the exporters read themselves:
+``OTEL_TRACES_SAMPLER``/``_ARG``, ``OTEL_SPAN_*_LIMIT``, ``OTEL_BSP_*``,
+``OTEL_EXPORTER_OTLP_ENDPOINT``, ``_HEADERS``, ``_TIMEOUT``...):
+
+* ``OTEL_SDK_DISABLED=true``: configure nothing.
+* ``OTEL_SERVICE_NAME``: default ``replan`` (``OTEL_RESOURCE_ATTRIBUTES`` too).
+* ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER``: ``otlp``, ``console``
+  or ``none`` (a comma-separated list is allowed).
+* ``OTEL_EXPORTER_OTLP_PROTOCOL`` (or the ``_TRACES_`` / ``_METRICS_``
+  variants): ``http/protobuf`` (default, port 4318) or ``grpc`` (port 4317).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Self, TextIO
+
+from opentelemetry import metrics, trace
+
+from .._errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+Environ = os._Environ[str]
+
+DEFAULT_SERVICE_NAME = "replan"
+PROTOCOLS = ("http/protobuf", "grpc")
+EXPORTERS = ("otlp", "console", "none")
+
+
+@dataclass
+class TelemetrySetup:
+    """What :func:`setup` configured; :meth:`shutdown` flushes and stops it.
+
+    ``configured`` is False when nothing was done (the SDK is disabled, or
+    the application had set its own providers); the providers are then None
+    and the supervisor uses the global ones.
+    """
+
+    configured: bool
+    tracer_provider: TracerProvider | None = None
+    meter_provider: MeterProvider | None = None
+    exporters: dict[str, list[str]] = field(default_factory=dict)
+    """The exporters chosen per signal, e.g. ``{"traces": ["otlp"]}``."""
+
+    def shutdown(self) -> None:
+        """Flush what is buffered and stop the providers (idempotent)."""
+        if self.tracer_provider is not None:
+            self.tracer_provider.shutdown()
+            self.tracer_provider = None
+        if self.meter_provider is not None:
+            self.meter_provider.shutdown()
+            self.meter_provider = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()
+
+
+def setup(
+    *,
+    set_global: bool = True,
+    default_exporter: str = "otlp",
+    console: TextIO | None = None,
+) -> TelemetrySetup:
+    """Configure tracing and metrics export from the ``OTEL_*`` variables.
+
+    Args:
+        set_global: install the providers as the global ones (what an
+            application wants); False only returns them, to inject into a
+            ``Supervisor(tracer_provider=..., meter_provider=...)``.
+        default_exporter: the exporter when ``OTEL_TRACES_EXPORTER`` /
+            ``OTEL_METRICS_EXPORTER`` is unset (the standard says ``otlp``;
+            the CLI passes ``none`` unless an OTLP endpoint is set).
+        console: where the ``console`` exporters write (stdout by default).
+
+    Returns:
+        A :class:`TelemetrySetup`; call ``shutdown()`` (or use it as a context
+        manager) before the process exits so that buffered spans are sent.
+
+    Raises:
+        ConfigurationError: a variable has a value this function cannot use,
+            or OTLP is asked for without the ``replan[otel]`` extra.
+    """
+    env = os.environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return TelemetrySetup(configured=False)
+    if set_global and _providers_already_set():
+        return TelemetrySetup(configured=False)
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+
+    resource = _resource()
+    traces = _exporter_names(env, "OTEL_TRACES_EXPORTER", default_exporter)
+    metric_names = _exporter_names(env, "OTEL_METRICS_EXPORTER", default_exporter)
+    # Sampler and span limits come from OTEL_TRACES_SAMPLER(_ARG) and
+    # OTEL_SPAN_*_LIMIT: the SDK reads them when given none here.
+    tracer_provider = TracerProvider(resource=resource)
+    for name in traces:
+        _add_span_exporter(tracer_provider, name, env, console)
+    readers = [_metric_reader(name, env, console) for name in metric_names]
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    if set_global:
+        trace.set_tracer_provider(tracer_provider)
+        metrics.set_meter_provider(meter_provider)
+        # With the openai-otel extra, the OpenAI client's calls are traced
+        # too, under the actor spans (an adapter then skips its own span).
+        from ._openai import instrument_openai
+
+        instrument_openai(
+            tracer_provider=tracer_provider, meter_provider=meter_provider
+        )
+    return TelemetrySetup(
+        configured=True,
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+        exporters={"traces": traces, "metrics": metric_names},
+    )
+
+
+def _providers_already_set() -> bool:
+    """Did the application install its own global providers?"""
+    # Until one is set, the API hands out proxy providers.
+    tracer_set = not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    meter_set = not type(metrics.get_meter_provider()).__name__.startswith("_Proxy")
+    return tracer_set or meter_set
+
+
+def _resource() -> Resource:
+    """The SDK's resource (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``)
+    with ``service.name`` defaulting to ``replan``, not ``unknown_service``."""
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+
+    resource = Resource.create()
+    name = str(resource.attributes.get(SERVICE_NAME, ""))
+    if not os.environ.get("OTEL_SERVICE_NAME") and name.startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
+    return resource
+
+
+def _exporter_names(env: Environ, variable: str, default: str) -> list[str]:
+    value = env.get(variable, "").strip() or default
+    names = [v.strip().lower() for v in value.split(",") if v.strip()]
+    for name in names:
+        if name not in EXPORTERS:
+            raise ConfigurationError(
+                variable, f"{name!r} is not one of {', '.join(EXPORTERS)}"
+            )
+    return [name for name in names if name != "none"]
+
+
+def _protocol(env: Environ, signal: str) -> str:
+    for variable in (
+        f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ):
+        value = env.get(variable, "").strip().lower()
+        if value:
+            if value not in PROTOCOLS:
+                raise ConfigurationError(
+                    variable, f"{value!r} is not one of {', '.join(PROTOCOLS)}"
+                )
+            return value
+    return "http/protobuf"
+
+
+def _missing_extra(exc: ImportError) -> ConfigurationError:
+    return ConfigurationError(
+        "OTEL_TRACES_EXPORTER",
+        f"OTLP export needs the exporters: pip install 'replan[otel]' ({exc})",
+    )
+
+
+def _add_span_exporter(
+    provider: TracerProvider, name: str, env: Environ, console: TextIO | None
+) -> None:
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        ConsoleSpanExporter,
+        SimpleSpanProcessor,
+    )
+
+    if name == "console":
+        exporter = ConsoleSpanExporter(out=console or sys.stdout)
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        return
+    try:
+        if _protocol(env, "TRACES") == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter as GrpcSpanExporter,
+            )
+
+            provider.add_span_processor(BatchSpanProcessor(GrpcSpanExporter()))
+        else:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                OTLPSpanExporter as HttpSpanExporter,
+            )
+
+            provider.add_span_processor(BatchSpanProcessor(HttpSpanExporter()))
+    except ImportError as exc:
+        raise _missing_extra(exc) from None
+
+
+def _metric_reader(name: str, env: Environ, console: TextIO | None) -> MetricReader:
+    from opentelemetry.sdk.metrics.export import (
+        ConsoleMetricExporter,
+        MetricExporter,
+        PeriodicExportingMetricReader,
+    )
+
+    exporter: MetricExporter
+    if name == "console":
+        exporter = ConsoleMetricExporter(out=console or sys.stdout)
+    else:
+        try:
+            if _protocol(env, "METRICS") == "grpc":
+                from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                    OTLPMetricExporter as GrpcMetricExporter,
+                )
+
+                exporter = GrpcMetricExporter()
+            else:
+                from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+                    OTLPMetricExporter as HttpMetricExporter,
+                )
+
+                exporter = HttpMetricExporter()
+        except ImportError as exc:
+            raise _missing_extra(exc) from None
+    return PeriodicExportingMetricReader(exporter)

@@ -1,0 +1,159 @@
+"""Metrics through the OpenTelemetry metrics API, read with an in-memory reader."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from scripts import (
+    chain,
+    first_then_continue,
+    independent,
+    replan_verdict,
+    scripted,
+    spec,
+    with_finding,
+)
+from spans import run_traced, until
+
+from replan import (
+    GateResolution,
+    MemoryStore,
+    ModelRequest,
+    Supervisor,
+    Task,
+    TaskContext,
+    TaskOutcome,
+    TokenUsage,
+    Trigger,
+    Verdict,
+)
+from replan.telemetry import _names as n
+
+USAGE = TokenUsage(input_tokens=10, output_tokens=4, calls=1)
+
+
+def points(reader: InMemoryMetricReader, name: str) -> list[Any]:
+    data = reader.get_metrics_data()
+    found: list[Any] = []
+    for resource in data.resource_metrics if data else []:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == name:
+                    found.extend(metric.data.data_points)
+    return found
+
+
+def by(points_: list[Any], *keys: str) -> dict[tuple[Any, ...], Any]:
+    return {tuple(p.attributes[k] for k in keys): p for p in points_}
+
+
+def always_replan(request: ModelRequest) -> Verdict:
+    return replan_verdict(confidence=0.95)
+
+
+async def test_runs_replans_tokens_and_task_durations_are_counted(
+    provider: TracerProvider,
+    meter_provider: MeterProvider,
+    metric_reader: InMemoryMetricReader,
+) -> None:
+    model = scripted(execute=with_finding, milestone=always_replan, usage=USAGE)
+    result = await run_traced(
+        model,
+        spec(chain(3), milestone_every=1, max_replans=1),
+        provider,
+        meter_provider,
+    )
+    runs = by(points(metric_reader, n.METRIC_RUNS), n.RUN_OUTCOME)
+    assert {k: p.value for k, p in runs.items()} == {("completed",): 1}
+
+    replans = by(
+        points(metric_reader, n.METRIC_REPLANS), n.REPLAN_TRIGGER, n.REPLAN_OUTCOME
+    )
+    assert {k: p.value for k, p in replans.items()} == {
+        ("contradiction", "applied"): 1,
+        ("contradiction", "refused_ceiling"): 2,
+    }
+
+    tokens = by(
+        points(metric_reader, n.METRIC_TOKENS), n.GEN_AI_AGENT_NAME, n.GEN_AI_TOKEN_TYPE
+    )
+    expected = {}
+    for role, usage in result.usage.by_role.items():
+        expected[(role, "input")] = usage.input_tokens
+        expected[(role, "output")] = usage.output_tokens
+    assert {k: p.value for k, p in tokens.items()} == expected
+    assert expected[("executor", "input")] == 10 * (result.task_executions + 1)
+
+    (durations,) = points(metric_reader, n.METRIC_TASK_DURATION)
+    assert durations.attributes == {n.TASK_OUTCOME: "completed"}
+    assert durations.count == result.task_executions == 3
+
+
+async def test_a_gates_wait_is_measured_until_its_answer(
+    meter_provider: MeterProvider, metric_reader: InMemoryMetricReader
+) -> None:
+    model = scripted(
+        execute=with_finding,
+        milestone=first_then_continue(replan_verdict(Trigger.SCOPE_SHIFT)),
+    )
+    async with Supervisor(model, MemoryStore(), meter_provider=meter_provider) as sup:
+        handle = await sup.submit(
+            spec(chain(2, milestone_at=[1]), gate_timeout_s=30, max_replans=1)
+        )
+        await until(sup.gates.pending)
+        await anyio.sleep(0.1)
+        (gate,) = sup.gates.pending()
+        await sup.gates.resolve(gate.gate_id, GateResolution(decision="reject"))
+        with anyio.fail_after(5):
+            await handle.result()
+    (waits,) = points(metric_reader, n.METRIC_GATE_WAIT)
+    assert waits.attributes == {n.GATE_DECISION: "reject"}
+    assert waits.count == 1
+    assert 0.1 <= waits.sum < 5
+
+
+async def test_the_mailbox_depth_gauge_shows_requests_waiting_per_role(
+    meter_provider: MeterProvider, metric_reader: InMemoryMetricReader
+) -> None:
+    release = anyio.Event()
+    running = 0
+
+    async def blocked(task: Task, ctx: TaskContext) -> TaskOutcome:
+        nonlocal running
+        running += 1
+        await release.wait()
+        return TaskOutcome(success=True, summary="done")
+
+    async with Supervisor(
+        scripted(),
+        MemoryStore(),
+        task_runner=blocked,
+        workers={"executor": 1},
+        meter_provider=meter_provider,
+    ) as sup:
+        handle = await sup.submit(spec(independent(3), max_concurrency=3))
+        executor = sup._roles.executor  # type: ignore[union-attr]
+        await until(lambda: running and executor.statistics().mailbox_depth == 2)
+        depth = by(points(metric_reader, n.METRIC_MAILBOX_DEPTH), n.ACTOR_ROLE)
+        release.set()
+        with anyio.fail_after(5):
+            await handle.result()
+    assert depth[("executor",)].value == 2
+    assert depth[("planner",)].value == 0
+    assert set(depth) == {
+        (role,)
+        for role in (
+            "planner",
+            "executor",
+            "reviewer",
+            "ranker",
+            "evolver",
+            "human_gate",
+        )
+    }
+    # A stopped supervisor reports no mailboxes.
+    assert points(metric_reader, n.METRIC_MAILBOX_DEPTH) == []

@@ -1,0 +1,205 @@
+"""``replan.telemetry.setup()``: the SDK configured from the OTEL_* variables."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+    InMemorySpanExporter,
+)
+from scripts import chain, scripted, spec
+from spans import Tree, attr, run_traced
+
+from replan import ConfigurationError
+from replan.telemetry import _names as n
+from replan.telemetry import setup
+from replan.telemetry._telemetry import CONTENT_LIMIT
+
+QUIET = {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
+
+
+def set_env(monkeypatch: pytest.MonkeyPatch, **values: str) -> None:
+    for name in list(os.environ):
+        if name.startswith("OTEL_"):
+            monkeypatch.delenv(name)
+    for name, value in {**QUIET, **values}.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_the_service_name_defaults_to_replan(monkeypatch: pytest.MonkeyPatch) -> None:
+    set_env(monkeypatch)
+    with setup(set_global=False) as configured:
+        assert configured.configured
+        assert configured.tracer_provider is not None
+        resource = configured.tracer_provider.resource
+        assert resource.attributes["service.name"] == "replan"
+
+
+def test_otel_service_name_names_the_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    set_env(monkeypatch, OTEL_SERVICE_NAME="research-agents")
+    with setup(set_global=False) as configured:
+        assert configured.tracer_provider is not None
+        resource = configured.tracer_provider.resource
+        assert resource.attributes["service.name"] == "research-agents"
+
+
+def test_the_sampler_comes_from_otel_traces_sampler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    set_env(
+        monkeypatch, OTEL_TRACES_SAMPLER="traceidratio", OTEL_TRACES_SAMPLER_ARG="0.25"
+    )
+    with setup(set_global=False) as configured:
+        assert configured.tracer_provider is not None
+        sampler = configured.tracer_provider.sampler
+        assert "0.25" in sampler.get_description()
+
+
+def test_a_disabled_sdk_configures_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    set_env(monkeypatch, OTEL_SDK_DISABLED="true", OTEL_TRACES_EXPORTER="otlp")
+    configured = setup(set_global=False)
+    assert not configured.configured
+    assert configured.tracer_provider is None
+    configured.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("OTEL_TRACES_EXPORTER", "jaeger"),
+        ("OTEL_METRICS_EXPORTER", "prometheus"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+        ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "thrift"),
+    ],
+)
+def test_an_unusable_variable_is_a_configuration_error_naming_it(
+    variable: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    set_env(monkeypatch, **{"OTEL_TRACES_EXPORTER": "otlp", variable: value})
+    with pytest.raises(ConfigurationError) as caught:
+        setup(set_global=False)
+    assert caught.value.field == variable
+    assert value in caught.value.problem
+
+
+async def test_prompts_and_completions_are_captured_only_when_asked_and_truncated(
+    monkeypatch: pytest.MonkeyPatch,
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+) -> None:
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    long_goal = "map the market " + "x" * (2 * CONTENT_LIMIT)
+    run_spec = spec(chain(1)).model_copy(update={"goal": long_goal})
+    await run_traced(scripted(), run_spec, provider)
+    chats = [
+        s
+        for s in Tree(exporter.get_finished_spans()).spans
+        if s.name.startswith("chat ")
+    ]
+    assert chats
+    for chat in chats:
+        prompt = attr(chat, n.GEN_AI_INPUT_MESSAGES)
+        assert "map the market" in prompt
+        assert len(prompt) <= CONTENT_LIMIT
+        assert attr(chat, n.GEN_AI_OUTPUT_MESSAGES)
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_setup_leaves_a_provider_the_application_set_alone() -> None:
+    done = run_python(
+        """
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from replan.telemetry import setup
+
+        mine = TracerProvider()
+        trace.set_tracer_provider(mine)
+        configured = setup()
+        assert not configured.configured, configured
+        assert trace.get_tracer_provider() is mine
+        print("left alone")
+        """,
+        OTEL_TRACES_EXPORTER="console",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "left alone"
+
+
+def test_an_application_that_calls_setup_gets_its_runs_traced_globally() -> None:
+    done = run_python(
+        """
+        import anyio
+        from replan import MemoryStore, RunSpec, ScriptedModel, Supervisor, TaskDraft
+        from replan import Synthesis, TaskOutcome, Verdict
+        from replan.telemetry import setup
+
+        def answer(request):
+            if request.purpose == "execute":
+                return TaskOutcome(success=True, summary="done")
+            if request.purpose == "synthesize":
+                return Synthesis(output="all done")
+            return Verdict(decision="continue")
+
+        async def main():
+            async with Supervisor(ScriptedModel(answer), MemoryStore()) as sup:
+                spec = RunSpec(goal="g", tasks=[TaskDraft(key="a", description="a")])
+                handle = await sup.submit(spec)
+                print("status", (await handle.result()).status.value)
+
+        with setup():
+            anyio.run(main)
+        """,
+        OTEL_TRACES_EXPORTER="console",
+        OTEL_METRICS_EXPORTER="none",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "status completed" in done.stdout
+    assert '"name": "invoke_workflow replan"' in done.stdout
+    assert '"name": "invoke_agent executor"' in done.stdout
+    assert '"service.name": "replan"' in done.stdout
+
+
+def test_the_demo_prints_its_spans_on_stderr_when_asked() -> None:
+    asked = run_python(
+        "from replan.cli import main; raise SystemExit(main(['demo', '--yes']))",
+        OTEL_TRACES_EXPORTER="console",
+    )
+    assert asked.returncode == 0, asked.stderr
+    assert '"name": "invoke_workflow replan"' in asked.stderr
+    assert '"replan.outcome": "applied"' in asked.stderr
+    assert '"name"' not in asked.stdout
+    quiet = run_python(
+        "from replan.cli import main; raise SystemExit(main(['demo', '--yes']))"
+    )
+    assert quiet.returncode == 0, quiet.stderr
+    assert '"name"' not in quiet.stderr
+    # The same demo either way: spans do not change what it prints.
+    assert len(quiet.stdout.splitlines()) == len(asked.stdout.splitlines())
+
+
+def test_a_bad_exporter_variable_is_one_cli_error_line() -> None:
+    done = run_python(
+        "from replan.cli import main; raise SystemExit(main(['demo', '--yes']))",
+        OTEL_TRACES_EXPORTER="zipkin",
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "replan: error: OTEL_TRACES_EXPORTER: "
+        "'zipkin' is not one of otlp, console, none"
+    ]

@@ -1,0 +1,160 @@
+"""The span tree of a run, asserted on spans from an injected SDK provider."""
+
+from __future__ import annotations
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+    InMemorySpanExporter,
+)
+from opentelemetry.trace import SpanKind
+from scripts import (
+    chain,
+    first_then_continue,
+    replan_verdict,
+    scripted,
+    spec,
+    with_finding,
+)
+from spans import Tree, attr, run_traced
+
+from replan import (
+    ScriptedModel,
+    TokenUsage,
+)
+from replan.telemetry import _names as n
+
+USAGE = TokenUsage(input_tokens=10, output_tokens=4, calls=1)
+
+
+def replanning_model() -> ScriptedModel:
+    """t1 finds something, the first review asks for a contradiction replan."""
+    return scripted(
+        execute=with_finding,
+        milestone=first_then_continue(replan_verdict()),
+        usage=USAGE,
+    )
+
+
+async def test_a_run_is_one_trace_under_an_invoke_workflow_root(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    result = await run_traced(
+        replanning_model(), spec(chain(3, milestone_at=[1])), provider
+    )
+    tree = Tree(exporter.get_finished_spans())
+    assert len(tree.traces()) == 1
+    root = tree.one(n.SPAN_RUN)
+    assert root.parent is None
+    assert root.kind is SpanKind.INTERNAL
+    assert attr(root, n.GEN_AI_OPERATION_NAME) == "invoke_workflow"
+    assert attr(root, n.RUN_PATTERN) == "discovery"
+    assert attr(root, n.RUN_OUTCOME) == "completed"
+    assert attr(root, n.RUN_REPLANS_APPLIED) == 1
+    assert attr(root, n.LIMIT_PREFIX + "max_replans") == 3
+    total = result.usage.total
+    assert attr(root, n.RUN_USAGE_INPUT_TOKENS) == total.input_tokens
+    assert attr(root, n.RUN_USAGE_OUTPUT_TOKENS) == total.output_tokens
+    for span in tree.spans:
+        assert attr(span, n.GEN_AI_CONVERSATION_ID) == result.run_id, span.name
+
+
+async def test_each_task_execution_is_an_executor_span_under_the_root(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    result = await run_traced(
+        replanning_model(), spec(chain(3, milestone_at=[1])), provider
+    )
+    tree = Tree(exporter.get_finished_spans())
+    root = tree.one(n.SPAN_RUN)
+    executor = tree.named("invoke_agent executor")
+    executions = [s for s in executor if attr(s, n.PURPOSE) == "execute"]
+    assert len(executions) == result.task_executions == 3
+    assert sorted(str(attr(s, n.TASK_ID)) for s in executions) == ["t1", "t4", "t5"]
+    for span in executions:
+        assert tree.parent(span) is root
+        assert span.kind is SpanKind.INTERNAL
+        assert attr(span, n.GEN_AI_AGENT_NAME) == "executor"
+        assert attr(span, n.GEN_AI_OPERATION_NAME) == "invoke_agent"
+        assert attr(span, n.TASK_ATTEMPT) == 1
+        assert attr(span, n.TASK_OUTCOME) == "completed"
+    (synthesis,) = [s for s in executor if attr(s, n.PURPOSE) == "synthesize"]
+    assert tree.parent(synthesis) is root
+
+
+async def test_model_calls_are_client_spans_under_the_actor_that_made_them(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    model = replanning_model()
+    result = await run_traced(model, spec(chain(3, milestone_at=[1])), provider)
+    tree = Tree(exporter.get_finished_spans())
+    chats = [s for s in tree.spans if s.name.startswith(n.SPAN_CHAT_PREFIX)]
+    assert len(chats) == len(model.calls)
+    for chat in chats:
+        assert chat.name == "chat scripted"
+        assert chat.kind is SpanKind.CLIENT
+        assert attr(chat, n.GEN_AI_OPERATION_NAME) == "chat"
+        assert attr(chat, n.GEN_AI_REQUEST_MODEL) == "scripted"
+        assert isinstance(attr(chat, n.GEN_AI_PROVIDER_NAME), str)
+        assert attr(chat, n.GEN_AI_USAGE_INPUT_TOKENS) == 10
+        assert attr(chat, n.GEN_AI_USAGE_OUTPUT_TOKENS) == 4
+        actor = tree.parent(chat)
+        assert actor is not None
+        assert attr(actor, n.GEN_AI_AGENT_NAME) == attr(chat, n.GEN_AI_AGENT_NAME)
+    # Tokens are on the model-call spans only: summed once, they are the run's.
+    counted = sum(
+        int((s.attributes or {}).get(n.GEN_AI_USAGE_INPUT_TOKENS, 0))
+        for s in tree.spans
+    )
+    assert counted == result.usage.total.input_tokens == 10 * len(model.calls)
+    # Prompts and completions are captured only when asked for.
+    assert not any(n.GEN_AI_INPUT_MESSAGES in (s.attributes or {}) for s in chats)
+    assert not any(n.GEN_AI_OUTPUT_MESSAGES in (s.attributes or {}) for s in chats)
+
+
+async def test_the_reviewer_span_carries_its_evaluation_and_decision_events(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    await run_traced(replanning_model(), spec(chain(3, milestone_at=[1])), provider)
+    tree = Tree(exporter.get_finished_spans())
+    reviews = tree.named("invoke_agent reviewer")
+    first = min(reviews, key=lambda s: s.start_time or 0)
+    assert tree.parent(first) is tree.one(n.SPAN_RUN)
+    events = {e.name: e for e in first.events}
+    evaluation = events[n.EVENT_EVALUATION].attributes or {}
+    assert evaluation[n.GEN_AI_EVALUATION_NAME] == "milestone"
+    assert evaluation[n.GEN_AI_EVALUATION_SCORE_LABEL] == "replan"
+    assert evaluation[n.GEN_AI_EVALUATION_SCORE_VALUE] == 1.0
+    decision = events[n.EVENT_DECISION].attributes or {}
+    assert decision[n.REPLAN_DECISION] == "replan"
+    assert decision[n.REPLAN_TRIGGER] == "contradiction"
+
+
+async def test_the_replan_span_holds_the_revised_plan_and_the_alignment_check(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    result = await run_traced(
+        replanning_model(), spec(chain(3, milestone_at=[1])), provider
+    )
+    tree = Tree(exporter.get_finished_spans())
+    replan = tree.one(n.SPAN_REPLAN)
+    assert tree.parent(replan) is tree.one(n.SPAN_RUN)
+    (planner,) = tree.children(replan, n.SPAN_PLAN)
+    assert attr(planner, n.PURPOSE) == "replan"
+    assert attr(planner, n.GEN_AI_OPERATION_NAME) == "plan"
+    (ranker,) = tree.children(replan, "invoke_agent ranker")
+    (alignment,) = [e for e in ranker.events if e.name == n.EVENT_EVALUATION]
+    assert (alignment.attributes or {})[n.GEN_AI_EVALUATION_NAME] == "goal_alignment"
+    assert (alignment.attributes or {})[n.GEN_AI_EVALUATION_SCORE_VALUE] == 1.0
+    version = result.versions[-1]
+    assert attr(replan, n.REPLAN_OUTCOME) == "applied"
+    assert attr(replan, n.REPLAN_TRIGGER) == "contradiction"
+    assert attr(replan, n.REPLAN_VERSION) == version.version == 2
+    assert attr(replan, n.REPLAN_CONFIDENCE) == 1.0
+    assert attr(replan, n.REPLAN_RATIONALE) == "a finding contradicts the plan"
+    assert list(attr(replan, n.REPLAN_TASKS_REMOVED)) == version.removed == ["t2", "t3"]
+    assert list(attr(replan, n.REPLAN_TASKS_ADDED)) == version.added == ["t4", "t5"]
+    assert list(attr(replan, n.REPLAN_TASKS_PRESERVED)) == version.preserved
+    assert attr(replan, n.REPLAN_REPLANS_REMAINING) == 2
+    # Its cost: the planner's revision and the ranker's alignment check.
+    assert attr(replan, n.REPLAN_USAGE_INPUT_TOKENS) == 2 * USAGE.input_tokens
+    assert attr(replan, n.REPLAN_USAGE_OUTPUT_TOKENS) == 2 * USAGE.output_tokens
