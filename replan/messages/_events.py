@@ -8,7 +8,7 @@ from pydantic import Field, TypeAdapter
 from ._base import Frozen
 from ._gate import GateRequest, GateResolution
 from ._plan import PlanVersion, ReplanRecord, Synthesis, Verdict
-from ._result import RunStatus, TokenUsage
+from ._result import ModelFailure, RunStatus, TokenUsage
 from ._spec import RunSpec
 from ._task import TaskOutcome
 
@@ -90,6 +90,13 @@ class UsageRecorded(_Event):
     usage: TokenUsage
 
 
+class ModelCallFailed(_Event):
+    """A model call failed for good; the raw text of an invalid answer is kept."""
+
+    kind: Literal["model_call_failed"] = "model_call_failed"
+    failure: ModelFailure
+
+
 class RunFinished(_Event):
     """The last event of a run."""
 
@@ -110,6 +117,7 @@ Event = Annotated[
     | GateOpened
     | GateResolved
     | UsageRecorded
+    | ModelCallFailed
     | RunFinished,
     Field(discriminator="kind"),
 ]

@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 from ._base import Frozen
 from ._plan import PlanVersion, Trigger
 from ._task import TaskDraft
+from ._tool import ToolCall
 
 
 class GateRequest(Frozen):
@@ -23,6 +24,8 @@ class GateRequest(Frozen):
     """The proposed change as a diff (replan gates)."""
     task_id: str | None = None
     """The task whose side effect needs approval (approval gates)."""
+    tool_call: ToolCall | None = None
+    """The side-effect tool call a running task asks to make (tool gates)."""
     created_at: datetime
     expires_at: datetime | None = None
     on_timeout: Literal["approve", "reject"] = "reject"

@@ -9,12 +9,15 @@ from typing import Literal, assert_never
 from pydantic import Field
 
 from ..messages import (
+    REPLANNING_PURPOSES,
     Event,
     GateInfo,
     GateOpened,
     GateResolution,
     GateResolved,
     MilestoneReviewed,
+    ModelCallFailed,
+    ModelFailure,
     PlanCreated,
     PlanVersion,
     ReplanApplied,
@@ -72,6 +75,9 @@ class RunState(Frozen):
     output: str | None = None
     sources: list[str] = Field(default_factory=list)
     stop_reason: str | None = None
+    model_failures: list[ModelFailure] = Field(default_factory=list)
+    replanning_tokens: int = 0
+    """Tokens of the model purposes in ``REPLANNING_PURPOSES``."""
 
     @property
     def replans_applied(self) -> int:
@@ -108,6 +114,8 @@ class RunState(Frozen):
             stop_reason=self.stop_reason,
             iterations=self.iterations,
             task_executions=self.task_executions,
+            model_failures=self.model_failures,
+            replanning_tokens=self.replanning_tokens,
         )
 
 
@@ -192,8 +200,15 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
             return {"gates": gates, "status": RunStatus.WAITING_FOR_HUMAN}
         case GateResolved(gate_id=gate_id, resolution=resolution):
             return _resolve_gate(state, gate_id, resolution, event.at)
-        case UsageRecorded(role=role, usage=usage):
-            return {"usage": state.usage.add(role, usage)}
+        case UsageRecorded(role=role, purpose=purpose, usage=usage):
+            changes = {"usage": state.usage.add(role, usage)}
+            if purpose in REPLANNING_PURPOSES:
+                changes["replanning_tokens"] = (
+                    state.replanning_tokens + usage.total_tokens
+                )
+            return changes
+        case ModelCallFailed(failure=failure):
+            return {"model_failures": [*state.model_failures, failure]}
         case RunFinished(status=status, stop_reason=reason, synthesis=synthesis):
             # Attempts cut short by the end of the run never finished.
             tasks = {
