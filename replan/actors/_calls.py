@@ -5,7 +5,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from .._errors import ModelError
-from ..llm import Model, ModelRequest, Role
+from ..llm import Model, ModelRequest, ModelResponse, Role
 from ..messages import ModelCall
 
 T = TypeVar("T", bound=BaseModel)
@@ -39,7 +39,7 @@ async def call_model(
         task_id=task_id,
         context=context,
     )
-    response = await model.generate(request)
+    response = await generate(model, request)
     output = response.output
     if not isinstance(output, output_type):
         raise ModelError(
@@ -47,6 +47,19 @@ async def call_model(
             f"got {type(output).__name__}"
         )
     return output, ModelCall(role=role, purpose=purpose, usage=response.usage)
+
+
+async def generate(model: Model, request: ModelRequest) -> ModelResponse:
+    """``model.generate`` with any model error marked with where it happened."""
+    try:
+        return await model.generate(request)
+    except ModelError as exc:
+        exc.role, exc.purpose, exc.task_id = (
+            request.role,
+            request.purpose,
+            request.task_id,
+        )
+        raise
 
 
 class Allowance:

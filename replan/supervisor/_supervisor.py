@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
@@ -22,9 +22,11 @@ from ..actors._human_gate import HumanGate
 from ..actors._planner import Planner
 from ..actors._ranker import Ranker
 from ..actors._reviewer import Reviewer
-from ..llm import Model
-from ..messages import RunResult, RunSpec, RunSubmitted
+from ..llm import Model, Tool
+from ..llm._tools import as_tools
+from ..messages import GateResolution, RunResult, RunSpec, RunSubmitted, ToolCall
 from ..store import MemoryStore, Store
+from ._budget import MeteredModel, RunMeter
 from ._gates import GateRegistry
 from ._handle import RunHandle, RunRecord
 from ._roles import DEFAULT_WORKERS, ROLES, Roles
@@ -54,6 +56,9 @@ class Supervisor:
         restart_period_s: the window of ``max_restarts``.
         executor_temperature: sampling temperature for task execution.
         evolver_temperature: sampling temperature for refining candidates.
+        tools: functions (or :class:`~replan.llm.Tool` objects) the executor
+            may call while running a task; a ``side_effect`` tool waits for a
+            person's approval at a human gate before each call.
 
     Raises:
         ConfigurationError: an argument is invalid.
@@ -71,6 +76,7 @@ class Supervisor:
         restart_period_s: float = 10.0,
         executor_temperature: float = 0.2,
         evolver_temperature: float = 0.7,
+        tools: Sequence[Tool | Callable[..., Any]] = (),
     ) -> None:
         sizes = dict(DEFAULT_WORKERS)
         for role, size in (workers or {}).items():
@@ -87,7 +93,13 @@ class Supervisor:
             raise ConfigurationError("max_restarts", "must not be negative")
         if restart_period_s <= 0:
             raise ConfigurationError("restart_period_s", "must be positive")
+        try:
+            self._tools = as_tools(list(tools))
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError("tools", str(exc)) from None
         self.model = model
+        self._meters: dict[str, RunMeter] = {}
+        self._metered = MeteredModel(model, self._meters)
         self.store: Store = store if store is not None else MemoryStore()
         self.gates = GateRegistry()
         """The open human gates: ``pending()`` and ``await resolve(id, resolution)``."""
@@ -160,7 +172,8 @@ class Supervisor:
                 record.detach("the supervisor stopped before the run finished")
 
     def _build_roles(self) -> Roles:
-        model, runner = self.model, self._task_runner
+        model, runner = self._metered, self._task_runner
+        tools, approve = self._tools, self._approve_tool_call
         executor_t, evolver_t = self._temperatures
         opts = self._pool_options
         size = self._sizes
@@ -170,7 +183,7 @@ class Supervisor:
             ),
             executor=ActorPool(
                 "executor",
-                lambda: Executor(model, runner, executor_t),
+                lambda: Executor(model, runner, executor_t, tools, approve),
                 workers=size["executor"],
                 **opts,
             ),
@@ -233,6 +246,7 @@ class Supervisor:
         driver = RunDriver(record, roles, self.store, self.gates)
         self._records[run_id] = record
         self._drivers[run_id] = driver
+        self._meters[run_id] = driver.meter
         tg.start_soon(self._drive, driver)
         return self._handle(record)
 
@@ -248,6 +262,17 @@ class Supervisor:
             )
         finally:
             self._drivers.pop(driver.state.run_id, None)
+            self._meters.pop(driver.state.run_id, None)
+
+    async def _approve_tool_call(
+        self, run_id: str, task_id: str, call: ToolCall
+    ) -> GateResolution:
+        driver = self._drivers.get(run_id)
+        if driver is None:
+            return GateResolution(
+                decision="reject", by="supervisor", note="the run is not active"
+            )
+        return await driver.approve_tool_call(task_id, call)
 
     def _handle(self, record: RunRecord) -> RunHandle:
         run_id = record.state.run_id
