@@ -162,7 +162,8 @@ def _handler_for(server: ChatServer) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             length = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(length) if length else b"{}"
-            logged = Logged(self.path, dict(self.headers), json.loads(raw or b"{}"))
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            logged = Logged(self.path, headers, json.loads(raw or b"{}"))
             try:
                 reply = server._answer(logged)
             except Exception as exc:  # a broken script must still answer
@@ -199,3 +200,15 @@ def chat_server(script: Script | None = None) -> Iterator[ChatServer]:
         server.httpd.shutdown()
         server.httpd.server_close()
         thread.join(timeout=5)
+
+
+def answer_type(logged: Logged) -> str:
+    """The output type a request asks for (the json_schema name, or the
+    ``a <Name>`` of the prompt's output instruction)."""
+    fmt = logged.body.get("response_format") or {}
+    if fmt.get("type") == "json_schema":
+        return str(fmt["json_schema"]["name"])
+    import re
+
+    found = re.search(r"Reply with one JSON object, a (\w+),", logged.text)
+    return found.group(1) if found else ""
