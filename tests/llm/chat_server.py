@@ -191,7 +191,9 @@ def chat_server(script: Script | None = None) -> Iterator[ChatServer]:
     """Run a :class:`ChatServer` for the duration of the block."""
     server = ChatServer()
     server.script = script
-    thread = threading.Thread(target=server.httpd.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+    )
     thread.start()
     try:
         yield server
