@@ -148,7 +148,8 @@ class PromptRegistry:
             raise MissingPromptError(role, purpose)
         return template
 
-    def keys(self) -> list[tuple[str, str]]:
+    def available(self) -> list[tuple[str, str]]:
+        """The (role, purpose) pairs that have a template, sorted."""
         return sorted(self._templates)
 
     def _add_text(self, filename: str, text: str) -> None:
@@ -178,9 +179,9 @@ def _fill(text: str, context: Mapping[str, Any]) -> str:
 
 def render_value(value: Any) -> str:
     """A context value as prompt text; ``(none)`` for nothing."""
+    if value is None or (isinstance(value, str | list | dict) and not value):
+        return "(none)"
     match value:
-        case None | "" | [] | {}:
-            return "(none)"
         case str():
             return value
         case bool() | int() | float():
