@@ -19,7 +19,10 @@ from ._errors import BudgetExhausted as BudgetExhausted
 from ._errors import ConfigurationError as ConfigurationError
 from ._errors import GateError as GateError
 from ._errors import JournalConflict as JournalConflict
+from ._errors import ModelAuthenticationError as ModelAuthenticationError
 from ._errors import ModelError as ModelError
+from ._errors import ModelOutputError as ModelOutputError
+from ._errors import ModelRefusal as ModelRefusal
 from ._errors import ReplanError as ReplanError
 from ._errors import SupervisorError as SupervisorError
 from ._errors import TransientModelError as TransientModelError
@@ -28,9 +31,14 @@ from ._version import __version__ as __version__
 from .actors import TaskContext as TaskContext
 from .actors import TaskRunner as TaskRunner
 from .llm import Model as Model
+from .llm import ModelPrice as ModelPrice
 from .llm import ModelRequest as ModelRequest
 from .llm import ModelResponse as ModelResponse
+from .llm import OpenAIModel as OpenAIModel
+from .llm import PromptRegistry as PromptRegistry
 from .llm import ScriptedModel as ScriptedModel
+from .llm import Tool as Tool
+from .llm import tool as tool
 from .messages import Alignment as Alignment
 from .messages import Comparison as Comparison
 from .messages import ContextAnalysis as ContextAnalysis
@@ -46,6 +54,7 @@ from .messages import Hypothesis as Hypothesis
 from .messages import HypothesisBatch as HypothesisBatch
 from .messages import HypothesisReview as HypothesisReview
 from .messages import Limits as Limits
+from .messages import ModelFailure as ModelFailure
 from .messages import PlanProposal as PlanProposal
 from .messages import PlanVersion as PlanVersion
 from .messages import ReplanOutcome as ReplanOutcome
@@ -60,6 +69,7 @@ from .messages import TaskDraft as TaskDraft
 from .messages import TaskOutcome as TaskOutcome
 from .messages import TaskStatus as TaskStatus
 from .messages import TokenUsage as TokenUsage
+from .messages import ToolCall as ToolCall
 from .messages import Trigger as Trigger
 from .messages import Usage as Usage
 from .messages import ValidationBatch as ValidationBatch
@@ -102,11 +112,18 @@ __all__ = (
     "Limits",
     "MemoryStore",
     "Model",
+    "ModelAuthenticationError",
     "ModelError",
+    "ModelFailure",
+    "ModelOutputError",
+    "ModelPrice",
+    "ModelRefusal",
     "ModelRequest",
     "ModelResponse",
+    "OpenAIModel",
     "PlanProposal",
     "PlanVersion",
+    "PromptRegistry",
     "ReplanError",
     "ReplanOutcome",
     "ReplanRecord",
@@ -129,6 +146,8 @@ __all__ = (
     "TaskRunner",
     "TaskStatus",
     "TokenUsage",
+    "Tool",
+    "ToolCall",
     "TransientModelError",
     "Trigger",
     "UnknownRunError",
@@ -139,4 +158,5 @@ __all__ = (
     "__version__",
     "apply",
     "replay",
+    "tool",
 )

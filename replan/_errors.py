@@ -13,9 +13,12 @@
     │   ├── ActorCrashed             the handler raised; carries the typed failure
     │   ├── ActorStopped             stopped (shutdown, or too many restarts)
     │   └── ActorTimeout             the envelope's deadline passed
-    └── ModelError                   a model call failed
+    └── ModelError                   a model call failed (keeps its usage, raw text)
         ├── TransientModelError      a retry may help: retried, never replanned
-        └── BudgetExhausted          the run's token budget is spent
+        ├── BudgetExhausted          the run's token budget is spent
+        ├── ModelAuthenticationError bad credentials: the run stops at once
+        ├── ModelRefusal             the model refused, or a content filter stopped it
+        └── ModelOutputError         the answer did not validate, even after one re-ask
 
 Run-time outcomes (a refused replan, a reached limit, an aborted plan) are not
 exceptions: they end the run with a status and a ``stop_reason``.
@@ -28,7 +31,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
-    from .messages import ActorFailure
+    from .messages import ActorFailure, ModelFailure, TokenUsage
 
 
 class ReplanError(Exception):
@@ -113,12 +116,93 @@ class ActorTimeout(ActorError):
 
 
 class ModelError(ReplanError):
-    """A model call failed."""
+    """A model call failed.
+
+    Attributes:
+        usage: tokens the failed call(s) still used (a rejected answer costs
+            as much as an accepted one), or None.
+        raw_output: the model's text when it could not be used, or None.
+        role, purpose, task_id: where the call was made, once known.
+    """
+
+    fatal: bool = False
+    """True when no retry or other run can succeed either: the run stops."""
+    transient: bool = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        usage: TokenUsage | None = None,
+        raw_output: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.usage = usage
+        self.raw_output = raw_output
+        self.role = ""
+        self.purpose = ""
+        self.task_id: str | None = None
+
+    def failure(self) -> ModelFailure:
+        """The typed report the journal keeps of this failure."""
+        from .messages import ModelFailure, TokenUsage
+
+        return ModelFailure(
+            role=self.role,
+            purpose=self.purpose,
+            task_id=self.task_id,
+            error_type=type(self).__name__,
+            message=str(self),
+            transient=self.transient,
+            fatal=self.fatal,
+            raw_output=self.raw_output,
+            usage=self.usage or TokenUsage(),
+        )
 
 
 class TransientModelError(ModelError):
     """A model call failed in a way a retry may fix (rate limit, 5xx, timeout)."""
 
+    transient = True
+
 
 class BudgetExhausted(ModelError):
     """The run's token budget is spent: no further model call may start."""
+
+    fatal = True
+
+
+class ModelAuthenticationError(ModelError):
+    """The endpoint rejected the credentials (401/403): retrying cannot help.
+
+    The run ends ``failed`` after the first such answer, with a stop reason
+    naming the fix.
+    """
+
+    fatal = True
+
+
+class ModelRefusal(ModelError):
+    """The model refused to answer, or a content filter stopped its answer.
+
+    Attributes:
+        reason: ``refusal`` or ``content_filter``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        usage: TokenUsage | None = None,
+        raw_output: str | None = None,
+    ) -> None:
+        super().__init__(message, usage=usage, raw_output=raw_output)
+        self.reason = reason
+
+
+class ModelOutputError(ModelError):
+    """The answer did not validate, even after one re-ask with the error shown.
+
+    ``raw_output`` keeps the last answer's text for the journal.
+    """

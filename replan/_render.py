@@ -17,6 +17,7 @@ from .messages import (
     GateRequest,
     GateResolved,
     MilestoneReviewed,
+    ModelCallFailed,
     PlanCreated,
     PlanVersion,
     ReplanApplied,
@@ -138,6 +139,11 @@ def gate_lines(request: GateRequest, indent: str = "  ") -> list[str]:
     subject = f" for task {request.task_id}" if request.task_id else ""
     lines = [f"{indent}gate {gate} opened{subject}: waiting for a decision"]
     lines.extend(wrap(request.reason, indent + "    "))
+    if request.tool_call is not None:
+        call = request.tool_call
+        lines.extend(
+            wrap(f"{call.name}({call.arguments})", indent + "    ", hang="call: ")
+        )
     if request.proposal is not None:
         lines.append(f"{indent}    proposed change:")
         lines.extend(version_lines(request.proposal, indent + "    "))
@@ -213,6 +219,13 @@ def event_lines(event: Event, state: RunState) -> list[str]:
             ]
         case UsageRecorded() | TraceSuspended():
             return []
+        case ModelCallFailed(failure=failure):
+            where = f" for task {failure.task_id}" if failure.task_id else ""
+            head = (
+                f"model call failed ({failure.role}/{failure.purpose}{where}): "
+                f"{failure.error_type}"
+            )
+            return [head, *wrap(failure.message, "    ")]
         case RunFinished(status=status, stop_reason=reason):
             return [
                 f"run finished: {status.value}" + (f" ({reason})" if reason else "")

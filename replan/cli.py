@@ -1,4 +1,4 @@
-"""The ``replan`` command line: ``demo``, ``explore``, ``show`` and ``runs``.
+"""The ``replan`` command line: ``run``, ``explore``, ``demo``, ``show`` and ``runs``.
 
 ``main`` returns the exit status instead of exiting, so tests call it
 in-process: 0 on success, 1 for a run-time problem (a missing journal, an
@@ -22,6 +22,8 @@ from typing import NoReturn, TextIO
 import anyio
 
 from . import _render
+from ._cli_run import add_run_parser as _add_run_parser
+from ._cli_run import run_goal
 from ._demo import demo_model, demo_spec
 from ._errors import ConfigurationError
 from ._explore_cli import add_explore_parser, explore, explore_demo
@@ -121,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulated seconds per model call (default 0)",
     )
 
+    _add_run_parser(commands)
+
     show = commands.add_parser(
         "show", help="print a journaled run: tasks, plan versions and diffs"
     )
@@ -164,14 +168,24 @@ def _positive(text: str) -> int:
 
 
 async def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "run":
+        console = Console(sys.stdout, sys.stderr if args.json else sys.stdout)
+        with _telemetry():
+            return await run_goal(console, args)
     if args.command == "demo" and args.explore:
         console = Console(sys.stdout, sys.stderr if args.json else sys.stdout)
-        return await explore_demo(
-            console, yes=args.yes, as_json=args.json, db=args.db, latency=args.latency
-        )
+        with _telemetry():
+            return await explore_demo(
+                console,
+                yes=args.yes,
+                as_json=args.json,
+                db=args.db,
+                latency=args.latency,
+            )
     if args.command == "explore":
         console = Console(sys.stdout, sys.stderr if args.json else sys.stdout)
-        return await explore(console, args)
+        with _telemetry():
+            return await explore(console, args)
     if args.command == "demo":
         console = Console(sys.stdout, sys.stderr if args.json else sys.stdout)
         with _telemetry():
@@ -250,9 +264,14 @@ async def _decide(
     if yes:
         return GateResolution(decision="approve", by="cli --yes")
     question = PROMPT
-    if request.hypotheses is not None:
+    if request.tool_call is not None:
+        question = question.replace(
+            "this change",
+            f"the {request.tool_call.name} call of task {request.task_id}",
+        )
+    elif request.hypotheses is not None:
         question = question.replace("this change", "this selection")
-    if request.task_id is not None:
+    elif request.task_id is not None:
         question = question.replace("this change", f"task {request.task_id}")
     while True:
         print(question, end="", file=console.progress, flush=True)

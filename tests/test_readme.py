@@ -38,3 +38,17 @@ def test_the_readme_explore_example_runs_as_written(
     assert lines[1].startswith("H1 ")
     assert lines[1].endswith("Solo cooks leave because recipes serve four")
     assert len(lines) == 3
+
+
+def test_the_readme_openai_example_builds_offline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "REPLAN_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    example = next(b for b in blocks if "OpenAIModel(" in b)
+    scope: dict[str, object] = {"__name__": "readme_openai"}
+    exec(compile(example, "README.md", "exec"), scope)
+    model = scope["model"]
+    assert model.model_for("executor") == "qwen2.5:3b"  # type: ignore[attr-defined]
+    assert model.provider_name == "ollama"  # type: ignore[attr-defined]

@@ -6,7 +6,7 @@ from pydantic import BaseModel, ValidationError
 
 from .._errors import BudgetExhausted, ModelError, TransientModelError
 from ..explore import critique_problem
-from ..llm import Model, ModelRequest, Role
+from ..llm import Model, ModelRequest, ModelResponse, Role
 from ..messages import (
     Comparison,
     ContextAnalysis,
@@ -51,9 +51,7 @@ async def call_model(
         task_id=task_id,
         context=context,
     )
-    with model_call(model, request) as answered:
-        response = await model.generate(request)
-        answered(response)
+    response = await generate(model, request)
     output = response.output
     if not isinstance(output, output_type):
         raise ModelError(
@@ -61,6 +59,23 @@ async def call_model(
             f"got {type(output).__name__}"
         )
     return output, ModelCall(role=role, purpose=purpose, usage=response.usage)
+
+
+async def generate(model: Model, request: ModelRequest) -> ModelResponse:
+    """``model.generate`` in its model-call span, with any model error marked
+    with where it happened."""
+    with model_call(model, request) as answered:
+        try:
+            response = await model.generate(request)
+        except ModelError as exc:
+            exc.role, exc.purpose, exc.task_id = (
+                request.role,
+                request.purpose,
+                request.task_id,
+            )
+            raise
+        answered(response)
+    return response
 
 
 class Allowance:

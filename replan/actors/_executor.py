@@ -1,13 +1,12 @@
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
 from pydantic import JsonValue
 
-from .._errors import ModelError, TransientModelError
-from ..llm import Model
+from ..llm import Model, Tool
 from ..messages import (
     ExecuteReply,
     ExecuteRequest,
@@ -19,6 +18,7 @@ from ..messages import (
 )
 from ._calls import call_model
 from ._runtime import ActorContext
+from ._tool_loop import Approver, ToolLoop
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,14 +41,24 @@ TaskRunner = Callable[[Task, TaskContext], Awaitable[TaskOutcome]]
 
 
 class Executor:
-    """Runs one task (a user function or the model) and writes the synthesis."""
+    """Runs one task (a user function or the model) and writes the synthesis.
+
+    With the model, a task is a tool loop (see ``ToolLoop``): the model may
+    call ``tools`` before it answers; side-effect tools wait for ``approver``.
+    """
 
     def __init__(
-        self, model: Model, task_runner: TaskRunner | None, temperature: float
+        self,
+        model: Model,
+        task_runner: TaskRunner | None,
+        temperature: float,
+        tools: Mapping[str, Tool] | None = None,
+        approver: Approver | None = None,
     ) -> None:
         self._model = model
         self._task_runner = task_runner
         self._temperature = temperature
+        self._loop = ToolLoop(model, tools or {}, approver, temperature)
 
     async def handle(
         self, request: ExecuteRequest | SynthesizeRequest, ctx: ActorContext
@@ -87,21 +97,4 @@ class Executor:
             )
             outcome = await self._task_runner(task, task_ctx)
             return ExecuteReply(outcome=outcome)
-        try:
-            outcome, call = await call_model(
-                self._model,
-                role="executor",
-                purpose="execute",
-                output_type=TaskOutcome,
-                context=context,
-                temperature=self._temperature,
-                run_id=ctx.run_id,
-                task_id=task.id,
-            )
-        except TransientModelError as exc:
-            return ExecuteReply(
-                outcome=TaskOutcome(success=False, reason=str(exc), transient=True)
-            )
-        except ModelError as exc:
-            return ExecuteReply(outcome=TaskOutcome(success=False, reason=str(exc)))
-        return ExecuteReply(outcome=outcome, calls=[call])
+        return await self._loop.run(request, ctx.run_id or "")

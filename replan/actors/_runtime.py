@@ -14,7 +14,13 @@ from anyio.abc import TaskGroup, TaskStatus
 from anyio.lowlevel import checkpoint_if_cancelled
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from .._errors import ActorCrashed, ActorError, ActorStopped, ActorTimeout
+from .._errors import (
+    ActorCrashed,
+    ActorError,
+    ActorStopped,
+    ActorTimeout,
+    ModelError,
+)
 from ..messages import ActorFailure
 from ..telemetry import Telemetry, current_carrier, serving
 
@@ -130,8 +136,10 @@ class ActorPool(Generic[ReqT, RepT]):
     """N workers of one role sharing a bounded mailbox, restarted one for one.
 
     A handler that raises answers its caller with :class:`ActorCrashed` and
-    the worker is replaced with a fresh actor from ``factory``. Workers start
-    on demand: one at first, another whenever a request arrives and no worker
+    the worker is replaced with a fresh actor from ``factory`` (a
+    ``ModelError`` is answered the same way, with its ``model_failure``
+    report, but is not a crash: the worker goes on). Workers start on
+    demand: one at first, another whenever a request arrives and no worker
     is free, up to ``workers``, so an idle role costs one task. More than
     ``max_restarts`` crashes within ``restart_period_s`` stop the role: every
     queued and later request gets :class:`ActorStopped` with the reason, as
@@ -374,6 +382,19 @@ class ActorPool(Generic[ReqT, RepT]):
                     value = await actor.handle(envelope.request, ctx)
                     if span is not None:
                         span.replied(value)
+            except ModelError as exc:
+                # The model failed, not the actor: answer with the typed
+                # report and keep serving (a restart would not help).
+                slot.fail(
+                    ActorCrashed(
+                        ActorFailure(
+                            role=role,
+                            error_type=type(exc).__name__,
+                            message=str(exc),
+                            model_failure=exc.failure(),
+                        )
+                    )
+                )
             except Exception as exc:
                 logger.exception("%s handler crashed", role)
                 slot.fail(

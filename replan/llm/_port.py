@@ -4,7 +4,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..messages import TokenUsage
+from ..messages import TokenUsage, ToolCall, ToolExchange
+from ._tools import ToolSpec
 
 Role = Literal["planner", "executor", "reviewer", "ranker", "evolver"]
 
@@ -23,28 +24,47 @@ class ModelRequest(BaseModel):
     """``plan``, ``replan``, ``boundary``, ``execute``, ``synthesize``,
     ``milestone``, ``critique``, ``alignment``, ``compare`` or ``evolve``."""
     output_type: type[BaseModel]
-    messages: list[dict[str, str]] = Field(default_factory=list)
-    """Chat messages (``role`` and ``content``) for a real model."""
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    """Chat messages (``role`` and ``content``). Empty: adapters render the
+    role's prompt template from ``context``; given: sent as they are."""
     temperature: float = 0.0
     run_id: str | None = None
     task_id: str | None = None
     context: dict[str, Any] = Field(default_factory=dict)
+    tools: list[ToolSpec] = Field(default_factory=list)
+    """Tools the model may call instead of answering (executor tool loops)."""
+    transcript: list[ToolExchange] = Field(default_factory=list)
+    """The tool calls made so far in this loop, with their results."""
+    token_allowance: int | None = None
+    """Tokens the run may still spend (None: no budget). An adapter that
+    would make a further call for this request (a re-ask) makes none past it."""
 
 
 class ModelResponse(BaseModel):
-    """A model's validated answer."""
+    """A model's validated answer, or the tools it wants to call first."""
 
     model_config = ConfigDict(frozen=True)
 
-    output: BaseModel
+    output: BaseModel | None = None
+    """An instance of the request's ``output_type``; None when the model
+    asks for ``tool_calls`` instead."""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
     usage: TokenUsage = Field(default_factory=TokenUsage)
     model: str = ""
     latency_s: float = 0.0
+    prompt_version: str | None = None
+    """The prompt template used (``planner.replan@1``), for the journal and
+    telemetry; None when the request's own messages were sent."""
 
 
 @runtime_checkable
 class Model(Protocol):
-    """The port every model adapter implements."""
+    """The port every model adapter implements.
+
+    Adapters also expose ``provider_name`` (``openai``, ``vllm``,
+    ``scripted``...) and ``model_for(role) -> str`` for telemetry; those are
+    optional for user models.
+    """
 
     async def generate(self, request: ModelRequest) -> ModelResponse:
         """Answer ``request`` with an instance of ``request.output_type``.

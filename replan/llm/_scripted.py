@@ -13,7 +13,8 @@ from ._port import ModelRequest, ModelResponse
 
 ScriptHandler = Callable[[ModelRequest], Any]
 """``handler(request)`` (sync or async) returning the output model, a dict to
-validate into ``request.output_type``, or a whole :class:`ModelResponse`."""
+validate into ``request.output_type``, or a whole :class:`ModelResponse`
+(one with ``tool_calls`` asks the executor to run tools first)."""
 
 
 class ScriptedModel:
@@ -41,7 +42,12 @@ class ScriptedModel:
         self._latency_s = latency_s
         self._usage = usage
         self.name = name
+        self.provider_name = "scripted"
         self.calls: list[ModelRequest] = []
+
+    def model_for(self, role: str) -> str:
+        """The model name reported for ``role`` (one name for every role)."""
+        return self.name
 
     def calls_for(self, role: str, purpose: str | None = None) -> list[ModelRequest]:
         """The requests made so far by ``role`` (and ``purpose``, if given)."""

@@ -33,6 +33,7 @@ from ._events import Event as Event
 from ._events import GateOpened as GateOpened
 from ._events import GateResolved as GateResolved
 from ._events import MilestoneReviewed as MilestoneReviewed
+from ._events import ModelCallFailed as ModelCallFailed
 from ._events import PlanCreated as PlanCreated
 from ._events import ReplanApplied as ReplanApplied
 from ._events import ReplanRefused as ReplanRefused
@@ -83,6 +84,8 @@ from ._plan import ReplanRecord as ReplanRecord
 from ._plan import Synthesis as Synthesis
 from ._plan import Trigger as Trigger
 from ._plan import Verdict as Verdict
+from ._result import REPLANNING_PURPOSES as REPLANNING_PURPOSES
+from ._result import ModelFailure as ModelFailure
 from ._result import RunResult as RunResult
 from ._result import RunStatus as RunStatus
 from ._result import TokenUsage as TokenUsage
@@ -96,12 +99,16 @@ from ._task import Task as Task
 from ._task import TaskDraft as TaskDraft
 from ._task import TaskOutcome as TaskOutcome
 from ._task import TaskStatus as TaskStatus
+from ._tool import ToolCall as ToolCall
+from ._tool import ToolExchange as ToolExchange
+from ._tool import ToolResult as ToolResult
 
 __all__ = (
     "DEFAULT_THRESHOLDS",
     "EVENT_ADAPTER",
     "LENSES",
     "MESSAGE_ADAPTER",
+    "REPLANNING_PURPOSES",
     "TERMINAL_STATUSES",
     "ActorFailure",
     "Alignment",
@@ -150,6 +157,8 @@ __all__ = (
     "Message",
     "MilestoneReviewed",
     "ModelCall",
+    "ModelCallFailed",
+    "ModelFailure",
     "PlanCreated",
     "PlanProposal",
     "PlanReply",
@@ -184,6 +193,9 @@ __all__ = (
     "TaskStarted",
     "TaskStatus",
     "TokenUsage",
+    "ToolCall",
+    "ToolExchange",
+    "ToolResult",
     "TraceSuspended",
     "Trigger",
     "Usage",

@@ -23,8 +23,9 @@ from ._plan import (
     Synthesis,
     Verdict,
 )
-from ._result import RunResult, TokenUsage, Usage
+from ._result import ModelFailure, RunResult, TokenUsage, Usage
 from ._task import Task, TaskDraft, TaskOutcome
+from ._tool import ToolCall, ToolExchange, ToolResult
 
 
 class ModelCall(Frozen):
@@ -63,12 +64,16 @@ class PlanReply(Frozen):
 class ExecuteRequest(_Request):
     kind: Literal["execute_request"] = "execute_request"
     task: Task
+    max_tool_steps: int = 8
+    """Model calls the task's tool loop may make (``Limits.max_tool_steps``)."""
 
 
 class ExecuteReply(Frozen):
     kind: Literal["execute_reply"] = "execute_reply"
     outcome: TaskOutcome
     calls: list[ModelCall] = Field(default_factory=list)
+    failures: list[ModelFailure] = Field(default_factory=list)
+    """Model calls that failed for good while running the task."""
 
 
 class SynthesizeRequest(_Request):
@@ -185,6 +190,9 @@ class ActorFailure(Frozen):
     role: str
     error_type: str
     message: str
+    model_failure: ModelFailure | None = None
+    """Set when the handler raised a model error: its usage, raw text and
+    whether it is transient or ends the run."""
 
 
 Request = (
@@ -235,7 +243,11 @@ Message = Annotated[
     | RunResult
     | TokenUsage
     | Usage
-    | ModelCall,
+    | ModelCall
+    | ModelFailure
+    | ToolCall
+    | ToolResult
+    | ToolExchange,
     Field(discriminator="kind"),
 ]
 """Anything that crosses a channel, the journal or the HTTP API."""

@@ -9,7 +9,7 @@ from ._base import Frozen
 from ._explore_events import ExploreEvents
 from ._gate import GateRequest, GateResolution
 from ._plan import PlanVersion, ReplanRecord, Synthesis, Verdict
-from ._result import RunStatus, TokenUsage
+from ._result import ModelFailure, RunStatus, TokenUsage
 from ._spec import RunSpec
 from ._task import TaskOutcome
 
@@ -105,6 +105,13 @@ class TraceSuspended(_Event):
     reason: str
 
 
+class ModelCallFailed(_Event):
+    """A model call failed for good; the raw text of an invalid answer is kept."""
+
+    kind: Literal["model_call_failed"] = "model_call_failed"
+    failure: ModelFailure
+
+
 class RunFinished(_Event):
     """The last event of a run."""
 
@@ -126,6 +133,7 @@ Event = Annotated[
     | GateResolved
     | UsageRecorded
     | TraceSuspended
+    | ModelCallFailed
     | RunFinished
     | ExploreEvents,
     Field(discriminator="kind"),

@@ -9,6 +9,7 @@ from ._base import Frozen
 from ._explore import Hypothesis
 from ._plan import PlanVersion, Trigger
 from ._task import TaskDraft
+from ._tool import ToolCall
 
 
 class GateRequest(Frozen):
@@ -26,6 +27,8 @@ class GateRequest(Frozen):
     """The task whose side effect needs approval (approval gates)."""
     hypotheses: list[Hypothesis] | None = None
     """The selection a person reviews (explore runs)."""
+    tool_call: ToolCall | None = None
+    """The side-effect tool call a running task asks to make (tool gates)."""
     created_at: datetime
     expires_at: datetime | None = None
     on_timeout: Literal["approve", "reject"] = "reject"

@@ -37,7 +37,10 @@ class TokenUsage(Frozen):
     input_tokens: int = Field(default=0, ge=0)
     output_tokens: int = Field(default=0, ge=0)
     cached_tokens: int = Field(default=0, ge=0)
+    """Input tokens the provider served from its prompt cache (part of input)."""
     calls: int = Field(default=0, ge=0)
+    cost: float = Field(default=0.0, ge=0.0)
+    """Price of these tokens by the model's price table (0 without one)."""
 
     @property
     def total_tokens(self) -> int:
@@ -49,6 +52,7 @@ class TokenUsage(Frozen):
             output_tokens=self.output_tokens + other.output_tokens,
             cached_tokens=self.cached_tokens + other.cached_tokens,
             calls=self.calls + other.calls,
+            cost=self.cost + other.cost,
         )
 
 
@@ -70,6 +74,31 @@ class Usage(Frozen):
         by_role = dict(self.by_role)
         by_role[role] = by_role.get(role, TokenUsage()) + usage
         return Usage(by_role=by_role)
+
+
+class ModelFailure(Frozen):
+    """A model call that failed for good, as the journal keeps it."""
+
+    kind: Literal["model_failure"] = "model_failure"
+    role: str
+    purpose: str
+    task_id: str | None = None
+    error_type: str
+    """``ModelOutputError``, ``ModelRefusal``, ``TransientModelError``..."""
+    message: str
+    transient: bool = False
+    fatal: bool = False
+    """The failure ends the run (authentication, spent budget)."""
+    raw_output: str | None = None
+    """The model's text when it could not be used (an invalid answer)."""
+    usage: TokenUsage = Field(default_factory=TokenUsage)
+    """Tokens the failed call(s) used; the run's usage counts them too."""
+
+
+REPLANNING_PURPOSES = frozenset(
+    {"replan", "critique", "compare", "evolve", "alignment"}
+)
+"""Model purposes that serve a replan: their tokens are the price of discovery."""
 
 
 class RunResult(Frozen):
@@ -94,7 +123,22 @@ class RunResult(Frozen):
     task_executions: int = 0
     brief: DiscoveryBrief | None = None
     """The discovery brief of an explore run."""
+    model_failures: list[ModelFailure] = Field(default_factory=list)
+    """Model calls that failed for good (with the raw text of invalid answers)."""
+    replanning_tokens: int = 0
+    """Tokens spent on replanning: the purposes in ``REPLANNING_PURPOSES``."""
 
     @property
     def replans_applied(self) -> int:
         return sum(r.outcome == "applied" for r in self.replans)
+
+    @property
+    def cost_to_discovery(self) -> float | None:
+        """Replanning tokens per applied replan (None before the first one)."""
+        applied = self.replans_applied
+        return self.replanning_tokens / applied if applied else None
+
+    @property
+    def cost(self) -> float:
+        """The run's total cost by the model's price table (0 without one)."""
+        return self.usage.total.cost

@@ -44,6 +44,8 @@ class Limits(Settings):
     """How long a gate waits for a person before the policy default applies."""
     replan_candidates: int = Field(default=1, ge=1, le=16)
     """Revisions the planner proposes per replan; more than one are ranked."""
+    max_tool_steps: int = Field(default=8, ge=1, le=100)
+    """Model calls one task attempt may make in its tool loop."""
 
 
 class GatePolicy(Settings):

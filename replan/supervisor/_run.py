@@ -28,6 +28,8 @@ from ..messages import (
     GateResolution,
     GateResolved,
     ModelCall,
+    ModelCallFailed,
+    ModelFailure,
     PlanCreated,
     PlanReply,
     PlanRequest,
@@ -41,10 +43,12 @@ from ..messages import (
     TaskOutcome,
     TaskStarted,
     TaskStatus,
+    ToolCall,
     UsageRecorded,
 )
 from ..store import RunSummary, Store
 from ..telemetry import RunTrace, Telemetry
+from ._budget import RunMeter
 from ._decide import (
     budget_spent,
     milestone_due,
@@ -80,6 +84,14 @@ class _Done:
     task_id: str
     outcome: TaskOutcome
     calls: list[ModelCall]
+    failures: Sequence[ModelFailure] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Fatal:
+    """A model failure no retry can fix (bad credentials, spent budget)."""
+
+    failure: ModelFailure
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +119,38 @@ def summary_of(state: RunState) -> RunSummary:
     )
 
 
+def failure_events(
+    failure: ModelFailure, *, with_usage: bool
+) -> list[tuple[type[Event], dict[str, Any]]]:
+    """Journal a failed model call: its usage (unless reported elsewhere) and
+    the failure with its raw text. A spent budget made no call: no failure."""
+    events: list[tuple[type[Event], dict[str, Any]]] = []
+    usage = failure.usage
+    if with_usage and (usage.calls or usage.total_tokens):
+        events.append(
+            (
+                UsageRecorded,
+                {"role": failure.role, "purpose": failure.purpose, "usage": usage},
+            )
+        )
+    if failure.error_type != "BudgetExhausted":
+        events.append((ModelCallFailed, {"failure": failure}))
+    return events
+
+
+def failure_ending(failure: ModelFailure) -> RunEnded:
+    """How a model failure that cannot be retried ends the run."""
+    if failure.error_type == "BudgetExhausted":
+        return RunEnded(RunStatus.LIMIT_REACHED, failure.message)
+    if failure.fatal:
+        return RunEnded(RunStatus.FAILED, failure.message)
+    return RunEnded(
+        RunStatus.FAILED,
+        f"the {failure.role} could not answer ({failure.error_type}): "
+        f"{failure.message}",
+    )
+
+
 def usage_events(
     calls: Sequence[ModelCall],
 ) -> list[tuple[type[Event], dict[str, Any]]]:
@@ -119,6 +163,11 @@ def usage_events(
         (UsageRecorded, {"role": role, "purpose": purpose, "usage": usage})
         for (role, purpose), usage in totals.items()
     ]
+
+
+def _no_edit(resolution: GateResolution) -> None:
+    if resolution.decision == "edit":
+        raise ValueError("an approval gate takes approve or reject, not edit")
 
 
 class RunDriver:
@@ -138,6 +187,11 @@ class RunDriver:
         self.store = store
         self.gates = gates
         self.limits = record.state.spec.limits
+        self.meter = RunMeter(
+            self.limits.token_budget, record.state.usage.total.total_tokens
+        )
+        """Tokens used as responses arrive (the model wrapper checks it)."""
+        self._gate_seq = len(record.state.gates)
         self._in_flight = 0
         self._awaiting_approval: set[str] = set()
         self._cancel_requested = False
@@ -145,8 +199,8 @@ class RunDriver:
         self._journal_lock = anyio.Lock()
         self._staged_state: RunState | None = None
         self._cancel_scope = anyio.CancelScope()
-        send: MemoryObjectSendStream[_Done | _Answered | _RoleStopped]
-        receive: MemoryObjectReceiveStream[_Done | _Answered | _RoleStopped]
+        send: MemoryObjectSendStream[_Done | _Answered | _RoleStopped | _Fatal]
+        receive: MemoryObjectReceiveStream[_Done | _Answered | _RoleStopped | _Fatal]
         # Room for every task in flight to report while the driver waits on
         # a review or a gate; approval answers beyond that simply wait.
         send, receive = anyio.create_memory_object_stream(
@@ -246,6 +300,13 @@ class RunDriver:
                     RunStatus.FAILED, f"the {exc.role} role stopped: {exc}"
                 ) from None
             except (ActorCrashed, ActorTimeout) as exc:
+                failure = (
+                    exc.failure.model_failure if isinstance(exc, ActorCrashed) else None
+                )
+                if failure is not None:
+                    self.stage(*failure_events(failure, with_usage=True))
+                    if failure.fatal or not failure.transient:
+                        raise failure_ending(failure) from None
                 if attempt == attempts:
                     raise RoleFailed(
                         RunStatus.FAILED,
@@ -254,7 +315,7 @@ class RunDriver:
         raise AssertionError("unreachable")
 
     def check_budget(self) -> None:
-        reason = budget_spent(self.view)
+        reason = budget_spent(self.view) or self.meter.spent_reason()
         if reason is not None:
             raise RunEnded(RunStatus.LIMIT_REACHED, reason)
 
@@ -269,7 +330,10 @@ class RunDriver:
     # Gates --------------------------------------------------------------------
 
     def next_gate_id(self) -> str:
-        return f"{self.state.run_id}-g{len(self.state.gates) + 1}"
+        # A counter, not the journal's gate count: tool approvals open gates
+        # from executor tasks while the driver may be opening one too.
+        self._gate_seq = max(self._gate_seq, len(self.state.gates)) + 1
+        return f"{self.state.run_id}-g{self._gate_seq}"
 
     def gate_request(self, reason: str, **fields: Any) -> GateRequest:
         now = datetime.now(UTC)
@@ -433,7 +497,7 @@ class RunDriver:
             for item in items:
                 await self._take(item)
 
-    async def _take(self, item: _Done | _Answered | _RoleStopped) -> None:
+    async def _take(self, item: _Done | _Answered | _RoleStopped | _Fatal) -> None:
         """Act on one report from a task or an approval."""
         from ._replanning import review
 
@@ -445,10 +509,18 @@ class RunDriver:
         if isinstance(item, _Answered):
             self._awaiting_approval.discard(item.request.gate_id)
             return
+        if isinstance(item, _Fatal):
+            self.stage(*failure_events(item.failure, with_usage=True))
+            raise failure_ending(item.failure)
         self._in_flight -= 1
         staged = self.stage(
             (TaskFinished, {"task_id": item.task_id, "outcome": item.outcome}),
             *usage_events(item.calls),
+            *(
+                event
+                for failure in item.failures
+                for event in failure_events(failure, with_usage=False)
+            ),
         )
         finished = staged.tasks[item.task_id].status is not TaskStatus.PENDING
         if finished and milestone_due(staged, item.task_id):
@@ -492,6 +564,8 @@ class RunDriver:
         state = self.state
         for gate in state.open_gates:
             task_id = gate.request.task_id
+            if gate.request.tool_call is not None:
+                continue  # the running task itself waits for this answer
             if task_id is not None and state.tasks[task_id].status is not (
                 TaskStatus.PENDING
             ):
@@ -505,11 +579,7 @@ class RunDriver:
             task_id=task.id,
         )
 
-        def no_edit(resolution: GateResolution) -> None:
-            if resolution.decision == "edit":
-                raise ValueError("an approval gate takes approve or reject, not edit")
-
-        await self.open_gate(request, no_edit)
+        await self.open_gate(request, _no_edit)
         self._awaiting_approval.add(request.gate_id)
         tg.start_soon(self._await_approval, request)
 
@@ -533,6 +603,18 @@ class RunDriver:
         await self.resolve_gate(request, resolution)
         await self._inbox_send.send(_Answered(request, resolution))
 
+    async def approve_tool_call(self, task_id: str, call: ToolCall) -> GateResolution:
+        """A running task's side-effect tool call waits for a person's answer."""
+        request = self.gate_request(
+            f"task {task_id} asks to run the tool {call.name}, which has side effects",
+            task_id=task_id,
+            tool_call=call,
+        )
+        try:
+            return await self.await_gate(request, _no_edit)
+        except RunEnded as end:
+            return GateResolution(decision="reject", by="supervisor", note=end.reason)
+
     async def _execute(self, task: Task) -> None:
         state = self.state
         context = self.base_context()
@@ -542,15 +624,26 @@ class RunDriver:
             attempt=task.attempts,
         )
         calls: list[ModelCall] = []
+        failures: Sequence[ModelFailure] = ()
         try:
             reply = expect(
                 await self.roles.executor.ask(
-                    ExecuteRequest(task=task, context=context), run_id=state.run_id
+                    ExecuteRequest(
+                        task=task,
+                        context=context,
+                        max_tool_steps=self.limits.max_tool_steps,
+                    ),
+                    run_id=state.run_id,
                 ),
                 ExecuteReply,
             )
             outcome, calls = reply.outcome, reply.calls
+            failures = reply.failures
         except ActorCrashed as exc:
+            failure = exc.failure.model_failure
+            if failure is not None and failure.fatal:
+                await self._inbox_send.send(_Fatal(failure))
+                return
             # A crash may be the worker's, not the task's: retry on a fresh one.
             outcome = TaskOutcome(
                 success=False, transient=True, reason=f"executor crashed: {exc}"
@@ -560,7 +653,7 @@ class RunDriver:
         except ActorStopped as exc:
             await self._inbox_send.send(_RoleStopped(exc))
             return
-        await self._inbox_send.send(_Done(task.id, outcome, calls))
+        await self._inbox_send.send(_Done(task.id, outcome, calls, failures))
 
     async def _synthesize(self) -> Synthesis:
         context = self.base_context()

@@ -9,12 +9,15 @@ from typing import Literal, assert_never
 from pydantic import Field
 
 from ..messages import (
+    REPLANNING_PURPOSES,
     Event,
     GateInfo,
     GateOpened,
     GateResolution,
     GateResolved,
     MilestoneReviewed,
+    ModelCallFailed,
+    ModelFailure,
     PlanCreated,
     PlanVersion,
     ReplanApplied,
@@ -80,6 +83,9 @@ class RunState(Frozen):
     suspended_trace: dict[str, str] | None = None
     """The trace context of the run's last suspended root span (see
     ``TraceSuspended``): a resumed run's new root links to it."""
+    model_failures: list[ModelFailure] = Field(default_factory=list)
+    replanning_tokens: int = 0
+    """Tokens of the model purposes in ``REPLANNING_PURPOSES``."""
 
     @property
     def replans_applied(self) -> int:
@@ -117,6 +123,8 @@ class RunState(Frozen):
             iterations=self.iterations,
             task_executions=self.task_executions,
             brief=self.explore.brief if self.explore else None,
+            model_failures=self.model_failures,
+            replanning_tokens=self.replanning_tokens,
         )
 
 
@@ -201,10 +209,17 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
             return {"gates": gates, "status": RunStatus.WAITING_FOR_HUMAN}
         case GateResolved(gate_id=gate_id, resolution=resolution):
             return _resolve_gate(state, gate_id, resolution, event.at)
-        case UsageRecorded(role=role, usage=usage):
-            return {"usage": state.usage.add(role, usage)}
+        case UsageRecorded(role=role, purpose=purpose, usage=usage):
+            changes = {"usage": state.usage.add(role, usage)}
+            if purpose in REPLANNING_PURPOSES:
+                changes["replanning_tokens"] = (
+                    state.replanning_tokens + usage.total_tokens
+                )
+            return changes
         case TraceSuspended(carrier=carrier):
             return {"suspended_trace": carrier}
+        case ModelCallFailed(failure=failure):
+            return {"model_failures": [*state.model_failures, failure]}
         case RunFinished(status=status, stop_reason=reason, synthesis=synthesis):
             # Attempts cut short by the end of the run never finished.
             tasks = {

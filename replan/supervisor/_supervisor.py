@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
@@ -25,10 +25,12 @@ from ..actors._human_gate import HumanGate
 from ..actors._planner import Planner
 from ..actors._ranker import Ranker
 from ..actors._reviewer import Reviewer
-from ..llm import Model
-from ..messages import RunResult, RunSpec, RunSubmitted
+from ..llm import Model, Tool
+from ..llm._tools import as_tools
+from ..messages import GateResolution, RunResult, RunSpec, RunSubmitted, ToolCall
 from ..store import MemoryStore, Store
 from ..telemetry import Telemetry
+from ._budget import MeteredModel, RunMeter
 from ._gates import GateRegistry
 from ._handle import RunHandle, RunRecord
 from ._roles import DEFAULT_WORKERS, ROLES, Roles
@@ -64,6 +66,9 @@ class Supervisor:
         tracer_provider: where the runs' spans go (OpenTelemetry API); the
             global provider when omitted.
         meter_provider: where the metrics go; the global provider when omitted.
+        tools: functions (or :class:`~replan.llm.Tool` objects) the executor
+            may call while running a task; a ``side_effect`` tool waits for a
+            person's approval at a human gate before each call.
 
     Raises:
         ConfigurationError: an argument is invalid.
@@ -84,6 +89,7 @@ class Supervisor:
         keep_finished: int = 1000,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
+        tools: Sequence[Tool | Callable[..., Any]] = (),
     ) -> None:
         sizes = dict(DEFAULT_WORKERS)
         for role, size in (workers or {}).items():
@@ -102,7 +108,13 @@ class Supervisor:
             raise ConfigurationError("restart_period_s", "must be positive")
         if keep_finished < 0:
             raise ConfigurationError("keep_finished", "must not be negative")
+        try:
+            self._tools = as_tools(list(tools))
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError("tools", str(exc)) from None
         self.model = model
+        self._meters: dict[str, RunMeter] = {}
+        self._metered = MeteredModel(model, self._meters)
         self.store: Store = store if store is not None else MemoryStore()
         self.gates = GateRegistry()
         """The open human gates: ``pending()`` and ``await resolve(id, resolution)``."""
@@ -181,7 +193,8 @@ class Supervisor:
                 record.detach("the supervisor stopped before the run finished")
 
     def _build_roles(self) -> Roles:
-        model, runner = self.model, self._task_runner
+        model, runner = self._metered, self._task_runner
+        tools, approve = self._tools, self._approve_tool_call
         executor_t, evolver_t = self._temperatures
         opts = self._pool_options
         size = self._sizes
@@ -191,7 +204,7 @@ class Supervisor:
             ),
             executor=ActorPool(
                 "executor",
-                lambda: Executor(model, runner, executor_t),
+                lambda: Executor(model, runner, executor_t, tools, approve),
                 workers=size["executor"],
                 **opts,
             ),
@@ -250,6 +263,7 @@ class Supervisor:
         driver = RunDriver(record, roles, self.store, self.gates, self._telemetry)
         self._records[run_id] = record
         self._drivers[run_id] = driver
+        self._meters[run_id] = driver.meter
         tg.start_soon(self._drive, driver)
         return self._handle(record)
 
@@ -266,6 +280,7 @@ class Supervisor:
         finally:
             run_id = driver.state.run_id
             self._drivers.pop(run_id, None)
+            self._meters.pop(run_id, None)
             if driver.state.status.final:
                 self._forget_oldest_finished(run_id)
 
@@ -273,6 +288,16 @@ class Supervisor:
         self._finished.append(run_id)
         while len(self._finished) > self._keep_finished:
             self._records.pop(self._finished.popleft(), None)
+
+    async def _approve_tool_call(
+        self, run_id: str, task_id: str, call: ToolCall
+    ) -> GateResolution:
+        driver = self._drivers.get(run_id)
+        if driver is None:
+            return GateResolution(
+                decision="reject", by="supervisor", note="the run is not active"
+            )
+        return await driver.approve_tool_call(task_id, call)
 
     def _handle(self, record: RunRecord) -> RunHandle:
         run_id = record.state.run_id

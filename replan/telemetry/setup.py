@@ -112,12 +112,17 @@ def setup(
     if set_global and _providers_already_set():
         return TelemetrySetup(configured=False)
 
+    traces = _exporter_names(env, "OTEL_TRACES_EXPORTER", default_exporter)
+    metric_names = _exporter_names(env, "OTEL_METRICS_EXPORTER", default_exporter)
+    if set_global and not traces and not metric_names:
+        # Global providers that export nowhere would only make every span
+        # record for nothing: leave the no-op API in place.
+        return TelemetrySetup(configured=False)
+
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
 
     resource = _resource()
-    traces = _exporter_names(env, "OTEL_TRACES_EXPORTER", default_exporter)
-    metric_names = _exporter_names(env, "OTEL_METRICS_EXPORTER", default_exporter)
     # Sampler and span limits come from OTEL_TRACES_SAMPLER(_ARG) and
     # OTEL_SPAN_*_LIMIT: the SDK reads them when given none here.
     tracer_provider = TracerProvider(resource=resource)

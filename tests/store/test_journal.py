@@ -24,6 +24,8 @@ from replan.messages import (
     GateResolved,
     Limits,
     MilestoneReviewed,
+    ModelCallFailed,
+    ModelFailure,
     PlanCreated,
     PlanVersion,
     ReplanApplied,
@@ -82,7 +84,7 @@ def started(seq: int, task_id: str = "t1") -> TaskStarted:
 
 
 def sample_events(run_id: str = "run-1") -> list[Event]:
-    """One realistic event of every type, numbered 1 to 12."""
+    """One realistic event of every type, numbered 1 to 13."""
     drafts = [
         TaskDraft(key="metrics", description="Pull p50/p99 latency per service"),
         TaskDraft(
@@ -231,9 +233,22 @@ def sample_events(run_id: str = "run-1") -> list[Event]:
             },
             reason="the supervisor stopped with the run in flight",
         ),
-        RunFinished(
+        ModelCallFailed(
             seq=12,
             at=at(11),
+            failure=ModelFailure(
+                role="executor",
+                purpose="execute",
+                task_id="t4",
+                error_type="ModelOutputError",
+                message="the answer is not a valid TaskOutcome",
+                raw_output='{"success": "maybe"',
+                usage=TokenUsage(input_tokens=900, output_tokens=40, calls=2),
+            ),
+        ),
+        RunFinished(
+            seq=13,
+            at=at(12),
             status=RunStatus.COMPLETED,
             synthesis=Synthesis(
                 output="A cache eviction change halved the hit rate.",
@@ -293,7 +308,7 @@ async def test_read_after_a_seq_returns_only_later_events(store: Store) -> None:
     events = sample_events()
     await store.append("run-1", events, summary("run-1", len(events)))
     assert await store.read("run-1", after=4) == events[4:]
-    assert await store.read("run-1", after=12) == []
+    assert await store.read("run-1", after=len(events)) == []
 
 
 async def test_reading_an_unknown_run_returns_no_events(store: Store) -> None:

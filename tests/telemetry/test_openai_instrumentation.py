@@ -24,6 +24,7 @@ from scripts import chain, spec
 from spans import Tree, attr, run_traced
 
 from replan import ModelRequest, ModelResponse, Synthesis, TaskOutcome, TokenUsage
+from replan.llm import OpenAIModel
 from replan.telemetry import _names as n
 from replan.telemetry import openai_instrumented
 
@@ -146,3 +147,20 @@ async def test_openai_client_spans_nest_under_actor_spans_and_count_tokens_once(
         for s in tree.spans
     )
     assert counted == result.usage.total.input_tokens == 3 * 12
+
+
+async def test_the_openai_adapter_leaves_its_calls_to_an_active_instrumentation(
+    server: str, provider: TracerProvider
+) -> None:
+    model = OpenAIModel("tiny-model", base_url=server)
+    try:
+        assert not model.otel_instrumented
+        instrumentor = OpenAIInstrumentor()
+        instrumentor.instrument(tracer_provider=provider)
+        try:
+            assert model.otel_instrumented
+        finally:
+            instrumentor.uninstrument()
+        assert not model.otel_instrumented
+    finally:
+        await model.aclose()

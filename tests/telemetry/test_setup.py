@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
@@ -66,6 +67,16 @@ def test_a_disabled_sdk_configures_nothing(monkeypatch: pytest.MonkeyPatch) -> N
     assert not configured.configured
     assert configured.tracer_provider is None
     configured.shutdown()
+
+
+def test_with_no_exporter_asked_for_nothing_is_installed_globally(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    set_env(monkeypatch)
+    with setup() as configured:
+        assert not configured.configured
+        assert configured.tracer_provider is None
+        assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
 @pytest.mark.parametrize(

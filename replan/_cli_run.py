@@ -1,0 +1,159 @@
+"""``replan run "GOAL"``: a real run on an OpenAI-compatible endpoint."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from . import _render
+from ._errors import ConfigurationError
+from .llm import OpenAIModel
+from .messages import GatePolicy, Limits, RunResult, RunSpec, RunStatus
+from .store import MemoryStore, Store
+from .supervisor import Supervisor
+
+LIMIT_FLAGS: dict[str, tuple[str, type, str]] = {
+    "max_replans": ("--max-replans", int, "applied replans allowed (default 3)"),
+    "max_iterations": ("--max-iterations", int, "milestone reviews (default 20)"),
+    "max_task_executions": (
+        "--max-task-executions",
+        int,
+        "task attempts started (default 200)",
+    ),
+    "max_concurrency": ("--max-concurrency", int, "tasks at once (default 4)"),
+    "token_budget": ("--token-budget", int, "tokens the run may use in all"),
+    "deadline_s": ("--deadline", float, "seconds the run may take"),
+    "replan_candidates": (
+        "--replan-candidates",
+        int,
+        "revisions per replan, ranked (default 1)",
+    ),
+    "gate_timeout_s": (
+        "--gate-timeout",
+        float,
+        "seconds a gate waits before it is rejected",
+    ),
+}
+
+
+def add_run_parser(commands: Any) -> None:
+    run = commands.add_parser(
+        "run",
+        help="run a goal with a model on an OpenAI-compatible endpoint",
+        description="Plan, execute, review and replan GOAL with real model calls. "
+        "The key comes from OPENAI_API_KEY, the endpoint from --base-url or "
+        "OPENAI_BASE_URL (OpenAI by default), the model from --model or "
+        "REPLAN_MODEL.",
+    )
+    run.add_argument("goal", metavar="GOAL", help="what the run should achieve")
+    run.add_argument(
+        "--pattern",
+        choices=("discovery", "contract", "hybrid"),
+        default="discovery",
+        help="how the plan may change (default discovery)",
+    )
+    run.add_argument("--model", help="model name (else REPLAN_MODEL)")
+    run.add_argument(
+        "--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:11434/v1"
+    )
+    run.add_argument(
+        "--provider", default=None, help="provider name for telemetry (e.g. vllm)"
+    )
+    run.add_argument(
+        "--structured-output",
+        choices=("auto", "json_schema", "json_object", "prompt"),
+        default="auto",
+        help="how the answer's JSON shape is requested (default auto)",
+    )
+    run.add_argument(
+        "--retries",
+        type=int,
+        default=3,
+        help="retries per model call on 429/5xx/timeouts (default 3)",
+    )
+    for field, (flag, kind, text) in LIMIT_FLAGS.items():
+        run.add_argument(flag, dest=field, type=kind, default=None, help=text)
+    run.add_argument("--yes", action="store_true", help="approve every gate")
+    run.add_argument("--json", action="store_true", help="print the result as JSON")
+    run.add_argument("--db", metavar="PATH", help="journal the run in this SQLite file")
+
+
+async def run_goal(console: Any, args: argparse.Namespace) -> int:
+    """Run ``args.goal`` and print its progress, summary, usage and cost."""
+    from .cli import CommandError, _follow, _open_store
+
+    limits = {f: getattr(args, f) for f in LIMIT_FLAGS if getattr(args, f) is not None}
+    try:
+        spec = RunSpec(
+            goal=args.goal,
+            pattern=args.pattern,
+            limits=Limits(**limits),
+            gate_policy=GatePolicy(on_timeout="reject"),
+        )
+        model = OpenAIModel(
+            args.model,
+            base_url=args.base_url,
+            max_retries=max(0, args.retries),
+            structured_output=args.structured_output,
+            provider_name=args.provider or _provider(args.base_url),
+        )
+    except ConfigurationError as exc:
+        raise CommandError(_flag_message(exc), code=2) from None
+    store: Store = _open_store(args.db, create=True) if args.db else MemoryStore()
+    try:
+        async with model, Supervisor(model=model, store=store) as sup:
+            handle = await sup.submit(spec)
+            await _follow(sup, handle, console, yes=args.yes)
+            result = await handle.result()
+            state = handle.state
+    finally:
+        await store.aclose()
+    if args.json:
+        console.emit([result.model_dump_json(indent=2)])
+    else:
+        console.emit(["", *_render.outcome_lines(state), *cost_lines(result)])
+        if args.db:
+            console.emit(["", f"journal: replan show {result.run_id} --db {args.db}"])
+    if result.status is RunStatus.FAILED:
+        raise CommandError(_failure_message(result, model.base_url))
+    return 0 if result.status is RunStatus.COMPLETED else 1
+
+
+def cost_lines(result: RunResult) -> list[str]:
+    lines = ["", "cost"]
+    lines.append(f"  total {result.cost:.4f}" if result.cost else "  (no price table)")
+    lines.append(f"  replanning tokens {result.replanning_tokens}")
+    ratio = result.cost_to_discovery
+    if ratio is not None:
+        lines.append(f"  tokens per applied replan {ratio:.0f}")
+    return lines
+
+
+def _provider(base_url: str | None) -> str:
+    url = (base_url or "").lower()
+    for name, mark in (("ollama", ":11434"), ("vllm", ":8000"), ("litellm", ":4000")):
+        if mark in url:
+            return name
+    return "openai"
+
+
+def _flag_message(exc: ConfigurationError) -> str:
+    if exc.field == "api_key":
+        return "no API key: set OPENAI_API_KEY or pass --base-url for a local server"
+    if exc.field == "model":
+        return "no model: pass --model NAME or set REPLAN_MODEL"
+    name = exc.field.removeprefix("limits.")
+    if name in LIMIT_FLAGS:
+        return f"{LIMIT_FLAGS[name][0]}: {exc.problem}"
+    return str(exc)
+
+
+def _failure_message(result: RunResult, base_url: str) -> str:
+    messages = [f.message for f in result.model_failures]
+    if any("cannot connect" in m for m in messages):
+        return (
+            f"cannot reach the model endpoint at {base_url}: check --base-url "
+            "(or OPENAI_BASE_URL) and that the server is running"
+        )
+    reason = " ".join((result.stop_reason or "no reason given").split())
+    return f"the run failed: {reason}"

@@ -1,0 +1,418 @@
+"""The OpenAI adapter: any Chat Completions endpoint (OpenAI, vLLM, Ollama, LiteLLM)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import openai
+from pydantic import ValidationError
+
+from .._errors import (
+    BudgetExhausted,
+    ConfigurationError,
+    ModelError,
+    ModelOutputError,
+    ModelRefusal,
+)
+from ..messages import TokenUsage, ToolCall
+from ._port import ModelRequest, ModelResponse
+from ._pricing import ModelPrice, PriceTable, priced
+from ._prompts import PromptRegistry
+from ._retry import BackoffPolicy, status_error, with_retries
+from ._schema import describe_errors, parse_output, response_schema, schema_text
+
+StructuredOutput = Literal["auto", "json_schema", "json_object", "prompt"]
+"""How the answer's shape is asked for:
+
+* ``json_schema``: the server enforces the schema (OpenAI, vLLM, Ollama,
+  LiteLLM to providers that support it); strict where the schema allows.
+* ``json_object``: JSON mode; the schema is in the prompt.
+* ``prompt``: no ``response_format`` at all; the schema is in the prompt.
+* ``auto``: ``json_schema``, falling back to ``json_object`` and then
+  ``prompt`` when the server rejects the request with 400.
+
+Whatever the mode, the answer is validated with pydantic.
+"""
+
+_FALLBACK: dict[str, StructuredOutput] = {
+    "json_schema": "json_object",
+    "json_object": "prompt",
+}
+TEMPERATURE_ROLES = ("executor", "evolver")
+"""Roles whose temperature may be set; planner, reviewer and ranker stay at 0."""
+LOCAL_KEY = "not-needed"
+
+
+class OpenAIModel:
+    """A :class:`~replan.llm.Model` over ``openai.AsyncOpenAI``.
+
+    Args:
+        model: the default model name (else ``REPLAN_MODEL``).
+        api_key: else ``OPENAI_API_KEY``; a local server (a ``base_url``
+            other than OpenAI's) needs none.
+        base_url: else ``OPENAI_BASE_URL``, else OpenAI.
+        models: model name per role (``{"executor": "gpt-4o-mini"}``).
+        temperatures: sampling temperature for ``executor`` and ``evolver``;
+            the planner, reviewer and ranker always run at 0.
+        structured_output: see :data:`StructuredOutput`.
+        prices: model name -> :class:`ModelPrice` per million tokens.
+        prompts: the templates (the shipped ones by default).
+        max_retries, backoff_s, max_backoff_s: see ``BackoffPolicy``.
+        timeout_s: seconds one HTTP request may take.
+        max_output_tokens: sent as ``max_tokens`` when given.
+        provider_name: reported to telemetry (``openai``, ``vllm``...).
+        client: an ``AsyncOpenAI`` to use instead of building one (it is not
+            closed by :meth:`aclose`).
+
+    Raises:
+        ConfigurationError: no model name, or no key for OpenAI itself.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        models: Mapping[str, str] | None = None,
+        temperatures: Mapping[str, float] | None = None,
+        structured_output: StructuredOutput = "auto",
+        prices: PriceTable | Mapping[str, ModelPrice] | None = None,
+        prompts: PromptRegistry | None = None,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        timeout_s: float = 120.0,
+        max_output_tokens: int | None = None,
+        provider_name: str = "openai",
+        client: openai.AsyncOpenAI | None = None,
+    ) -> None:
+        name = model or os.environ.get("REPLAN_MODEL")
+        if not name:
+            raise ConfigurationError(
+                "model", "name a model (or set REPLAN_MODEL), e.g. gpt-4o-mini"
+            )
+        for role, value in (temperatures or {}).items():
+            if role not in TEMPERATURE_ROLES:
+                raise ConfigurationError(
+                    f"temperatures.{role}",
+                    "only executor and evolver temperatures can be set; "
+                    "planning, reviewing and ranking run at 0",
+                )
+            if not 0 <= value <= 2:
+                raise ConfigurationError(f"temperatures.{role}", "must be 0 to 2")
+        if max_retries < 0:
+            raise ConfigurationError("max_retries", "must not be negative")
+        if timeout_s <= 0:
+            raise ConfigurationError("timeout_s", "must be positive")
+        self.name = name
+        self.provider_name = provider_name
+        self.models = dict(models or {})
+        self.temperatures = dict(temperatures or {})
+        self.structured_output: StructuredOutput = structured_output
+        self.prices = prices
+        self.prompts = prompts or PromptRegistry()
+        self.retry = BackoffPolicy(max_retries, backoff_s, max_backoff_s)
+        self.max_output_tokens = max_output_tokens
+        self._owns_client = client is None
+        if client is None:
+            url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+            key = api_key or os.environ.get("OPENAI_API_KEY")
+            if not key:
+                if url is None or "api.openai.com" in url:
+                    raise ConfigurationError(
+                        "api_key",
+                        "no API key: set OPENAI_API_KEY or pass --base-url for "
+                        "a local server",
+                    )
+                key = LOCAL_KEY
+            client = openai.AsyncOpenAI(
+                api_key=key, base_url=url, max_retries=0, timeout=timeout_s
+            )
+        self.client = client
+        self.base_url = str(client.base_url)
+
+    def model_for(self, role: str) -> str:
+        """The model name ``role`` asks."""
+        return self.models.get(role, self.name)
+
+    @property
+    def otel_instrumented(self) -> bool:
+        """Whether the OpenAI client's own instrumentation traces our calls
+        (the ``openai-otel`` extra, activated by ``telemetry.setup()``): its
+        spans then carry each call and its tokens, and replan adds none."""
+        from ..telemetry._openai import openai_instrumented
+
+        return openai_instrumented()
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self.client.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # Answering ----------------------------------------------------------------
+
+    async def generate(self, request: ModelRequest) -> ModelResponse:
+        """Ask the endpoint; see the :class:`~replan.llm.Model` protocol.
+
+        Raises:
+            ModelAuthenticationError: the key was rejected (first answer).
+            TransientModelError: retries used up on 429/5xx/timeouts.
+            ModelRefusal: a refusal or a content-filter stop.
+            ModelOutputError: the answer did not validate after one re-ask.
+            BudgetExhausted: the re-ask would pass ``request.token_allowance``.
+            ModelError: any other failure.
+        """
+        started = time.perf_counter()
+        model = self.model_for(request.role)
+        where = f"{self.base_url} ({model})"
+        version: str | None = None
+        if request.messages:
+            base = list(request.messages)
+        else:
+            template = self.prompts.for_request(
+                request.role, request.purpose, request.context
+            )
+            version = template.label
+            base = template.render(request.context)
+        schema, strict = response_schema(request.output_type)
+        extra: list[dict[str, Any]] = [*_transcript_messages(request)]
+        usage = TokenUsage()
+        reasked = False
+        while True:
+            mode = self.structured_output
+            if mode == "auto":
+                mode = "json_schema"
+            messages = base + extra
+
+            async def create(
+                mode: StructuredOutput = mode, messages: list[Any] = messages
+            ) -> Any:
+                return await self._create(
+                    request, model, mode, schema, strict, messages
+                )
+
+            try:
+                completion = await with_retries(create, self.retry, where)
+            except openai.BadRequestError as exc:
+                fallback = _FALLBACK.get(mode)
+                if self.structured_output == "auto" and fallback is not None:
+                    # The server does not take this response_format: use the
+                    # next simpler one from now on, and ask again.
+                    self.structured_output = fallback
+                    continue
+                raise _annotated(status_error(exc, where), usage) from None
+            except openai.APIStatusError as exc:
+                raise _annotated(status_error(exc, where), usage) from None
+            except ModelError as exc:
+                raise _annotated(exc, usage) from None
+            except openai.OpenAIError as exc:
+                raise ModelError(f"{where}: {exc}", usage=usage) from None
+            if self.structured_output == "auto":
+                self.structured_output = "json_schema"
+            usage = usage + self._usage(completion, model)
+            if not completion.choices:
+                raise ModelOutputError(
+                    f"{where}: the answer had no choices", usage=usage
+                )
+            choice = completion.choices[0]
+            message = choice.message
+            if choice.finish_reason == "content_filter":
+                raise ModelRefusal(
+                    f"{where}: a content filter stopped the answer",
+                    reason="content_filter",
+                    usage=usage,
+                    raw_output=message.content,
+                )
+            if message.refusal:
+                raise ModelRefusal(
+                    f"{where}: the model refused: {message.refusal}",
+                    reason="refusal",
+                    usage=usage,
+                    raw_output=message.refusal,
+                )
+            calls = _tool_calls(message)
+            if calls and request.tools:
+                return ModelResponse(
+                    tool_calls=calls,
+                    usage=usage,
+                    model=completion.model or model,
+                    latency_s=time.perf_counter() - started,
+                    prompt_version=version,
+                )
+            raw = message.content or ""
+            try:
+                output = parse_output(raw, request.output_type)
+            except ValidationError as exc:
+                problems = describe_errors(exc)
+                if reasked:
+                    raise ModelOutputError(
+                        f"{where}: the {request.role}'s answer is not a valid "
+                        f"{request.output_type.__name__}, even after a re-ask:\n"
+                        f"{problems}",
+                        usage=usage,
+                        raw_output=raw,
+                    ) from None
+                allowance = request.token_allowance
+                if allowance is not None and usage.total_tokens >= allowance:
+                    raise BudgetExhausted(
+                        f"token_budget: the re-ask of an invalid answer would pass "
+                        f"the {allowance} tokens left",
+                        usage=usage,
+                        raw_output=raw,
+                    ) from None
+                reasked = True
+                extra += [
+                    {"role": "assistant", "content": raw},
+                    {
+                        "role": "user",
+                        "content": "Your answer could not be used:\n"
+                        f"{problems}\nAnswer again with one JSON object that "
+                        "matches the required schema, and nothing else.",
+                    },
+                ]
+                continue
+            return ModelResponse(
+                output=output,
+                usage=usage,
+                model=completion.model or model,
+                latency_s=time.perf_counter() - started,
+                prompt_version=version,
+            )
+
+    async def _create(
+        self,
+        request: ModelRequest,
+        model: str,
+        mode: StructuredOutput,
+        schema: dict[str, Any],
+        strict: bool,
+        messages: list[dict[str, Any]],
+    ) -> Any:
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "temperature": self._temperature(request),
+        }
+        name = request.output_type.__name__
+        if mode == "json_schema":
+            kwargs["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": name, "schema": schema, "strict": strict},
+            }
+            instruction = f"Reply with one JSON object: a {name} in the given format."
+        else:
+            if mode == "json_object":
+                kwargs["response_format"] = {"type": "json_object"}
+            instruction = (
+                f"Reply with one JSON object, a {name}, matching this JSON schema, "
+                f"and nothing else:\n{schema_text(schema)}"
+            )
+        if request.tools:
+            kwargs["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.parameters,
+                    },
+                }
+                for t in request.tools
+            ]
+        if self.max_output_tokens is not None:
+            kwargs["max_tokens"] = self.max_output_tokens
+        kwargs["messages"] = _with_instruction(messages, instruction)
+        return await self.client.chat.completions.create(**kwargs)
+
+    def _temperature(self, request: ModelRequest) -> float:
+        if request.role in TEMPERATURE_ROLES:
+            return self.temperatures.get(request.role, request.temperature)
+        return 0.0
+
+    def _usage(self, completion: Any, model: str) -> TokenUsage:
+        usage = completion.usage
+        if usage is None:
+            return TokenUsage(calls=1)
+        details = usage.prompt_tokens_details
+        cached = (details.cached_tokens or 0) if details is not None else 0
+        tokens = TokenUsage(
+            input_tokens=usage.prompt_tokens or 0,
+            output_tokens=usage.completion_tokens or 0,
+            cached_tokens=cached,
+            calls=1,
+        )
+        return priced(tokens, model, self.prices)
+
+
+def _annotated(exc: ModelError, usage: TokenUsage) -> ModelError:
+    """Add the tokens earlier attempts of this call used to ``exc``."""
+    if usage.calls:
+        exc.usage = usage + exc.usage if exc.usage else usage
+    return exc
+
+
+def _tool_calls(message: Any) -> list[ToolCall]:
+    calls = []
+    for call in message.tool_calls or []:
+        function = getattr(call, "function", None)
+        if function is None:
+            continue
+        calls.append(
+            ToolCall(id=call.id, name=function.name, arguments=function.arguments)
+        )
+    return calls
+
+
+def _transcript_messages(request: ModelRequest) -> list[dict[str, Any]]:
+    """The tool loop so far as chat messages: calls, then their results."""
+    messages: list[dict[str, Any]] = []
+    for exchange in request.transcript:
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments},
+                    }
+                    for c in exchange.calls
+                ],
+            }
+        )
+        messages.extend(
+            {
+                "role": "tool",
+                "tool_call_id": r.call_id,
+                "content": f"error: {r.content}" if r.error else r.content,
+            }
+            for r in exchange.results
+        )
+    return messages
+
+
+def _with_instruction(
+    messages: list[dict[str, Any]], instruction: str
+) -> list[dict[str, Any]]:
+    """Add the output instruction to the first system message (or make one):
+    some chat templates accept a system message only at the start."""
+    if messages and messages[0].get("role") == "system":
+        first = dict(messages[0])
+        first["content"] = f"{first.get('content') or ''}\n\n{instruction}".strip()
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": instruction}, *messages]

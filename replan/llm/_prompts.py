@@ -1,0 +1,296 @@
+"""Role prompts: versioned templates shipped in ``replan/llm/prompts/``.
+
+One file per role and purpose (``planner.replan.md``)::
+
+    ---
+    version: 1
+    ---
+    ## system
+    You are the planner ...
+    ## user
+    Goal, verbatim:
+    {{goal}}
+
+``{{name}}`` is replaced by ``ModelRequest.context[name]`` rendered as text
+(tasks as lines with their status and results, findings as bullets, a
+verdict with its trigger and evidence...); an empty value reads ``(none)``,
+and a line whose placeholders all name keys missing from the context is
+left out (``candidate {{candidate}} of {{candidates}}`` only shows when the
+planner is asked for several candidates).
+
+The registry is open: :meth:`PromptRegistry.register` and
+:meth:`PromptRegistry.load_dir` add or override templates (explore runs add
+``planner.hypotheses``, say).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from .._errors import ConfigurationError
+from ..messages import (
+    Critique,
+    PlanProposal,
+    Task,
+    TaskDraft,
+    TaskOutcome,
+    Trigger,
+    Verdict,
+)
+
+_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+_SECTION = re.compile(r"^## (system|user)\s*$", re.M)
+
+
+class MissingPromptError(ConfigurationError):
+    """No template is registered for a role and purpose."""
+
+    def __init__(self, role: str, purpose: str) -> None:
+        super().__init__(
+            f"prompts.{role}.{purpose}",
+            f"no prompt template for role {role!r} and purpose {purpose!r}: add "
+            f"{role}.{purpose}.md with PromptRegistry.load_dir() or register() it",
+        )
+        self.role = role
+        self.purpose = purpose
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTemplate:
+    """One role's prompt for one purpose."""
+
+    role: str
+    purpose: str
+    version: int
+    system: str
+    user: str
+
+    @property
+    def label(self) -> str:
+        """``planner.replan@1``: what the journal and telemetry record."""
+        return f"{self.role}.{self.purpose}@{self.version}"
+
+    @property
+    def placeholders(self) -> set[str]:
+        return set(_PLACEHOLDER.findall(self.system + self.user))
+
+    def render(self, context: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The chat messages for ``context``."""
+        return [
+            {"role": "system", "content": _fill(self.system, context)},
+            {"role": "user", "content": _fill(self.user, context)},
+        ]
+
+    @classmethod
+    def parse(cls, text: str, *, role: str, purpose: str) -> PromptTemplate:
+        """Read a template file's text.
+
+        Raises:
+            ConfigurationError: no version header, or no system/user section.
+        """
+        where = f"prompts.{role}.{purpose}"
+        header = re.match(r"\A---\n(.*?)\n---\n", text, re.S)
+        if header is None:
+            raise ConfigurationError(where, "a template starts with a --- header")
+        fields = dict(
+            line.split(":", 1) for line in header.group(1).splitlines() if ":" in line
+        )
+        try:
+            version = int(fields["version"].strip())
+        except (KeyError, ValueError):
+            raise ConfigurationError(where, "the header needs `version: N`") from None
+        parts = _SECTION.split(text[header.end() :])
+        sections = dict(zip(parts[1::2], (p.strip() for p in parts[2::2]), strict=True))
+        if set(sections) != {"system", "user"}:
+            raise ConfigurationError(where, "a template has a ## system and a ## user")
+        return cls(role, purpose, version, sections["system"], sections["user"])
+
+
+class PromptRegistry:
+    """Templates by (role, purpose); starts with the ones shipped in the package."""
+
+    def __init__(
+        self, templates: Iterable[PromptTemplate] = (), *, shipped: bool = True
+    ):
+        self._templates: dict[tuple[str, str], PromptTemplate] = {}
+        if shipped:
+            for entry in resources.files("replan.llm").joinpath("prompts").iterdir():
+                if entry.name.endswith(".md"):
+                    self._add_text(entry.name, entry.read_text(encoding="utf-8"))
+        for template in templates:
+            self.register(template)
+
+    def register(self, template: PromptTemplate) -> None:
+        """Add a template, replacing any for the same role and purpose."""
+        self._templates[template.role, template.purpose] = template
+
+    def load_dir(self, path: str | Path) -> None:
+        """Add every ``role.purpose.md`` file of a directory."""
+        for file in sorted(Path(path).glob("*.md")):
+            self._add_text(file.name, file.read_text(encoding="utf-8"))
+
+    def get(self, role: str, purpose: str) -> PromptTemplate:
+        """The template for ``role`` and ``purpose``.
+
+        Raises:
+            MissingPromptError: none is registered.
+        """
+        template = self._templates.get((role, purpose))
+        if template is None:
+            raise MissingPromptError(role, purpose)
+        return template
+
+    def for_request(
+        self, role: str, purpose: str, context: Mapping[str, Any]
+    ) -> PromptTemplate:
+        """The template for a request: a run kind's own variant first.
+
+        An explore run asks for ``critique``, ``compare`` and ``evolve`` like a
+        plan run, about hypotheses instead of plans: its context says
+        ``run_kind="explore"``, and ``reviewer.critique.explore`` is preferred
+        over ``reviewer.critique`` when it exists.
+
+        Raises:
+            MissingPromptError: neither is registered.
+        """
+        kind = context.get("run_kind")
+        if isinstance(kind, str) and kind:
+            variant = self._templates.get((role, f"{purpose}.{kind}"))
+            if variant is not None:
+                return variant
+        return self.get(role, purpose)
+
+    def available(self) -> list[tuple[str, str]]:
+        """The (role, purpose) pairs that have a template, sorted."""
+        return sorted(self._templates)
+
+    def _add_text(self, filename: str, text: str) -> None:
+        stem = filename.removesuffix(".md")
+        role, _, purpose = stem.partition(".")
+        if not purpose:
+            raise ConfigurationError(
+                f"prompts.{stem}", "template files are named role.purpose.md"
+            )
+        self.register(PromptTemplate.parse(text, role=role, purpose=purpose))
+
+
+def _fill(text: str, context: Mapping[str, Any]) -> str:
+    kept = []
+    for line in text.split("\n"):
+        names = _PLACEHOLDER.findall(line)
+        if names and not any(name in context for name in names):
+            continue
+        kept.append(
+            _PLACEHOLDER.sub(lambda m: render_value(context.get(m.group(1))), line)
+        )
+    return "\n".join(kept)
+
+
+# Rendering context values ----------------------------------------------------
+
+
+def render_value(value: Any) -> str:
+    """A context value as prompt text; ``(none)`` for nothing."""
+    if value is None or (isinstance(value, str | list | dict) and not value):
+        return "(none)"
+    match value:
+        case str():
+            return value
+        case bool() | int() | float():
+            return str(value)
+        case Trigger():
+            return value.value
+        case Task():
+            return "\n".join(_task_lines(value))
+        case TaskOutcome():
+            return "\n".join(_outcome_lines(value, ""))
+        case Verdict():
+            return _verdict_text(value)
+        case PlanProposal():
+            return _proposal_text(value)
+        case list() if all(isinstance(v, Task) for v in value):
+            return "\n".join(line for t in value for line in _task_lines(t))
+        case list() if all(isinstance(v, TaskDraft) for v in value):
+            return "\n".join(_draft_line(n, d) for n, d in enumerate(value, start=1))
+        case list() if all(isinstance(v, Critique) for v in value):
+            return "\n".join(_critique_text(c) for c in value)
+        case list() if all(isinstance(v, str) for v in value):
+            return "\n".join(f"- {' '.join(v.split())}" for v in value)
+        case dict() if all(isinstance(v, TaskOutcome | None) for v in value.values()):
+            lines: list[str] = []
+            for key, outcome in value.items():
+                lines.append(f"{key}:")
+                lines.extend(
+                    _outcome_lines(outcome, "  ") if outcome else ["  (no result)"]
+                )
+            return "\n".join(lines)
+        case BaseModel():
+            return value.model_dump_json(exclude={"kind"})
+        case _:
+            return json.dumps(value, default=str, ensure_ascii=False)
+
+
+def _task_lines(task: Task) -> list[str]:
+    head = f"{task.id} [{task.status.value}] {task.description}"
+    if task.depends_on:
+        head += f" (after {', '.join(task.depends_on)})"
+    if task.milestone:
+        head += " [milestone]"
+    lines = [head]
+    if task.result is not None:
+        lines.extend(_outcome_lines(task.result, "    "))
+    return lines
+
+
+def _outcome_lines(outcome: TaskOutcome, indent: str) -> list[str]:
+    if not outcome.success:
+        return [f"{indent}failed: {outcome.reason or 'no reason given'}"]
+    lines = [f"{indent}result: {outcome.summary or '(empty)'}"]
+    lines.extend(f"{indent}finding: {f}" for f in outcome.findings)
+    return lines
+
+
+def _draft_line(n: int, draft: TaskDraft) -> str:
+    line = f"{n}. {draft.key}: {draft.description}"
+    if draft.depends_on:
+        line += f" (after {', '.join(draft.depends_on)})"
+    if draft.requires_approval:
+        line += " [side effect]"
+    return line
+
+
+def _proposal_text(proposal: PlanProposal) -> str:
+    lines = [f"rationale: {proposal.rationale or '(none)'}"]
+    if not proposal.achievable:
+        lines.append("achievable: no")
+    lines.append("tasks:")
+    lines.extend(
+        "  " + _draft_line(n, d) for n, d in enumerate(proposal.tasks, start=1)
+    )
+    return "\n".join(lines)
+
+
+def _verdict_text(verdict: Verdict) -> str:
+    lines = [f"decision: {verdict.decision}"]
+    if verdict.trigger is not None:
+        lines.append(f"trigger: {verdict.trigger.value}")
+    lines.append(f"confidence: {verdict.confidence:g}")
+    lines.append(f"corroborating sources: {verdict.corroborating_sources}")
+    if verdict.affected_tasks:
+        lines.append(f"affected tasks: {', '.join(verdict.affected_tasks)}")
+    if verdict.rationale:
+        lines.append(f"rationale: {verdict.rationale}")
+    return "\n".join(lines)
+
+
+def _critique_text(critique: Critique) -> str:
+    scores = ", ".join(f"{k} {v:g}" for k, v in sorted(critique.scores.items()))
+    return f"- scores: {scores or '(none)'}; critique: {critique.critique}"

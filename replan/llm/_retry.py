@@ -1,0 +1,145 @@
+"""How the OpenAI adapter retries: which failures, how long to wait.
+
+429, 5xx, 408/409, connection errors and timeouts are retried with
+exponential backoff and jitter, waiting what a ``Retry-After`` header asks
+for; past the retry count they surface as :class:`TransientModelError`, so the
+supervisor retries the task instead of replanning. 401/403 raise
+:class:`ModelAuthenticationError` on the first answer.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import TypeVar
+
+import anyio
+import openai
+
+from .._errors import ModelAuthenticationError, ModelError, TransientModelError
+
+T = TypeVar("T")
+
+RETRYABLE_STATUS = frozenset({408, 409, 429})
+
+
+class BackoffPolicy:
+    """Retry count and waits.
+
+    Args:
+        max_retries: retries after the first attempt (0: none).
+        backoff_s: the first wait; it doubles with each retry.
+        max_backoff_s: no wait is longer; a ``Retry-After`` asking for more
+            ends the retries at once (the call is reported transient).
+    """
+
+    def __init__(
+        self, max_retries: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 30.0
+    ) -> None:
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+
+    def delay(self, retry: int, retry_after: float | None) -> float:
+        """Seconds to wait before retry number ``retry`` (from 0)."""
+        if retry_after is not None:
+            return float(retry_after)
+        ceiling = min(self.max_backoff_s, self.backoff_s * 2**retry)
+        # Equal jitter: never less than half the backoff, never in lockstep.
+        return float(ceiling / 2 + random.uniform(0, ceiling / 2))
+
+
+async def with_retries(
+    call: Callable[[], Awaitable[T]], policy: BackoffPolicy, where: str
+) -> T:
+    """Run ``call`` until it succeeds or fails for good.
+
+    Args:
+        where: the endpoint and model, for error messages.
+
+    Raises:
+        ModelAuthenticationError: 401 or 403.
+        TransientModelError: retries used up on a retryable failure.
+        openai.APIStatusError: any other HTTP error (the caller maps it).
+    """
+    retry = 0
+    while True:
+        try:
+            return await call()
+        except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+            raise ModelAuthenticationError(
+                f"{where} rejected the credentials ({exc.status_code}: "
+                f"{_message(exc)}): set OPENAI_API_KEY (or pass api_key) to a "
+                "key this endpoint accepts"
+            ) from None
+        except openai.APIStatusError as exc:
+            if exc.status_code < 500 and exc.status_code not in RETRYABLE_STATUS:
+                raise
+            problem = f"HTTP {exc.status_code}: {_message(exc)}"
+            retry_after = _retry_after(exc.response.headers)
+        except openai.APITimeoutError:
+            problem = "the request timed out"
+            retry_after = None
+        except openai.APIConnectionError as exc:
+            cause = exc.__cause__ or exc
+            problem = f"cannot connect ({cause})"
+            retry_after = None
+        if retry >= policy.max_retries:
+            raise TransientModelError(
+                f"{where}: {problem} (after {retry + 1} attempt(s))"
+            ) from None
+        if retry_after is not None and retry_after > policy.max_backoff_s:
+            raise TransientModelError(
+                f"{where}: {problem}; the server asks to wait {retry_after:g}s, "
+                f"more than max_backoff_s={policy.max_backoff_s:g}"
+            ) from None
+        await anyio.sleep(policy.delay(retry, retry_after))
+        retry += 1
+
+
+def status_error(exc: openai.APIStatusError, where: str) -> ModelError:
+    """A non-retryable HTTP error as a model error naming the likely fix."""
+    hint = ""
+    if exc.status_code == 404:
+        hint = ": check the model name and the base URL"
+    return ModelError(f"{where}: HTTP {exc.status_code}: {_message(exc)}{hint}")
+
+
+def _message(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+            return str(inner["message"])
+        if isinstance(inner, str):
+            return inner
+    return exc.message
+
+
+def _retry_after(headers: object) -> float | None:
+    """Seconds from ``retry-after-ms`` or ``retry-after`` (seconds or a date)."""
+    get = getattr(headers, "get", None)
+    if get is None:
+        return None
+    millis = get("retry-after-ms")
+    if millis is not None:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())

@@ -1,0 +1,202 @@
+"""Function tools: Python callables the executor may run for the model.
+
+A tool's arguments come from its signature (typed parameters) or from one
+pydantic model parameter; either way the model sees a JSON schema and the
+arguments it sends are validated before the function runs. A tool that takes
+an ``idempotency_key`` parameter receives a key that is stable for the call
+(``run_id:task_id:s<step>c<index>``), so a side effect is not repeated when a
+task is retried.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, get_type_hints, overload
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+KEY_PARAMETER = "idempotency_key"
+
+
+class ToolSpec(BaseModel):
+    """What a model is told about a tool."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    """The JSON schema of the arguments object."""
+    side_effect: bool = False
+    """Running it changes the world: a person approves each call first."""
+
+
+class ToolArgumentsError(ValueError):
+    """The model's arguments are not valid JSON for the tool's schema."""
+
+
+class Tool:
+    """A callable registered as a function tool.
+
+    Args:
+        fn: the function (sync or async). Its parameters are the tool's
+            arguments, or it takes one pydantic model holding them.
+        name: the name the model calls it by (the function's name by default).
+        description: what it does (the docstring's first paragraph by default).
+        side_effect: the call changes something outside the run (sends,
+            writes, pays): each call waits for approval at a human gate.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        side_effect: bool = False,
+    ) -> None:
+        self.fn = fn
+        self.name = name or fn.__name__
+        doc = inspect.getdoc(fn) or ""
+        self.description = (
+            description if description is not None else doc.split("\n\n")[0]
+        )
+        self.side_effect = side_effect
+        self._model, self._packed = _arguments_model(fn, self.name)
+        self.takes_key = KEY_PARAMETER in inspect.signature(fn).parameters
+        self.spec = ToolSpec(
+            name=self.name,
+            description=self.description,
+            parameters=_schema(self._model),
+            side_effect=side_effect,
+        )
+
+    def __repr__(self) -> str:
+        return f"Tool({self.name!r}, side_effect={self.side_effect})"
+
+    def parse(self, arguments: str) -> BaseModel:
+        """Validate the model's arguments.
+
+        Raises:
+            ToolArgumentsError: naming what is wrong, for the model to fix.
+        """
+        try:
+            return self._model.model_validate_json(arguments or "{}")
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
+                for e in exc.errors()
+            )
+            raise ToolArgumentsError(problems) from None
+
+    async def run(self, arguments: BaseModel, *, idempotency_key: str) -> str:
+        """Run the tool and return its result as text for the model."""
+        if self._packed is not None:
+            kwargs: dict[str, Any] = {self._packed: arguments}
+        else:
+            kwargs = {k: getattr(arguments, k) for k in type(arguments).model_fields}
+        if self.takes_key:
+            kwargs[KEY_PARAMETER] = idempotency_key
+        if inspect.iscoroutinefunction(self.fn):
+            result = await self.fn(**kwargs)
+        else:
+            result = await anyio.to_thread.run_sync(lambda: self.fn(**kwargs))
+            if inspect.isawaitable(result):
+                result = await _await(result)
+        return as_text(result)
+
+
+async def _await(value: Awaitable[Any]) -> Any:
+    return await value
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    side_effect: bool = False,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    side_effect: bool = False,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Make a :class:`Tool` of a function: ``@tool`` or ``@tool(side_effect=True)``."""
+    if fn is not None:
+        return Tool(fn)
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        return Tool(f, name=name, description=description, side_effect=side_effect)
+
+    return wrap
+
+
+def as_tools(tools: list[Tool | Callable[..., Any]]) -> dict[str, Tool]:
+    """A name -> tool registry; plain callables become tools.
+
+    Raises:
+        ValueError: two tools share a name.
+    """
+    registry: dict[str, Tool] = {}
+    for item in tools:
+        t = item if isinstance(item, Tool) else Tool(item)
+        if t.name in registry:
+            raise ValueError(f"two tools are named {t.name!r}")
+        registry[t.name] = t
+    return registry
+
+
+def as_text(result: Any) -> str:
+    """A tool's result as the model reads it."""
+    if isinstance(result, str):
+        return result
+    if isinstance(result, BaseModel):
+        return result.model_dump_json()
+    return json.dumps(result, default=str)
+
+
+def _arguments_model(
+    fn: Callable[..., Any], name: str
+) -> tuple[type[BaseModel], str | None]:
+    """The pydantic model of the arguments, and the parameter that takes it
+    whole (when the function has one pydantic model parameter)."""
+    hints = get_type_hints(fn, include_extras=True)
+    params = [
+        p for p in inspect.signature(fn).parameters.values() if p.name != KEY_PARAMETER
+    ]
+    if len(params) == 1:
+        hint = hints.get(params[0].name)
+        if isinstance(hint, type) and issubclass(hint, BaseModel):
+            return hint, params[0].name
+    fields: dict[str, Any] = {}
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise TypeError(f"tool {name}: *args and **kwargs cannot be described")
+        if p.name not in hints:
+            raise TypeError(f"tool {name}: parameter {p.name!r} needs a type")
+        default = ... if p.default is p.empty else p.default
+        fields[p.name] = (hints[p.name], default)
+    model = create_model(
+        f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
+    )
+    return model, None
+
+
+def _schema(model: type[BaseModel]) -> dict[str, Any]:
+    schema = model.model_json_schema()
+    schema.pop("title", None)
+    schema.setdefault("properties", {})
+    return schema

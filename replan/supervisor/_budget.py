@@ -1,0 +1,68 @@
+"""The live token meter of each run, and the model wrapper that enforces it.
+
+The journal's usage lags the calls in flight (a task's usage is recorded when
+the task reports back). The meter counts every response as it arrives, so
+that no model call starts once a run's budget is spent, even between the
+steps of an executor's tool loop or among tasks running at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .._errors import BudgetExhausted, ModelError
+from ..llm import Model, ModelRequest, ModelResponse
+from ..messages import TokenUsage
+
+
+class RunMeter:
+    """Tokens a run used, counted as responses arrive."""
+
+    def __init__(self, budget: int | None, used: int = 0) -> None:
+        self.budget = budget
+        self.used = used
+
+    def left(self) -> int | None:
+        return None if self.budget is None else self.budget - self.used
+
+    def charge(self, usage: TokenUsage) -> None:
+        self.used += usage.total_tokens
+
+    def spent_reason(self) -> str | None:
+        """The stop reason once the budget is spent, else None."""
+        if self.budget is not None and self.used >= self.budget:
+            return f"token_budget: {self.used} of {self.budget} tokens used"
+        return None
+
+
+class MeteredModel:
+    """Wraps the supervisor's model: checks and charges the run's meter."""
+
+    def __init__(self, model: Model, meters: Mapping[str, RunMeter]) -> None:
+        self.model = model
+        self._meters = meters
+
+    def __getattr__(self, name: str) -> Any:
+        # provider_name, model_for, name...: whatever the model exposes.
+        return getattr(self.model, name)
+
+    async def generate(self, request: ModelRequest) -> ModelResponse:
+        """Raises BudgetExhausted, without calling the model, once spent."""
+        meter = self._meters.get(request.run_id) if request.run_id else None
+        if meter is None:
+            return await self.model.generate(request)
+        reason = meter.spent_reason()
+        if reason is not None:
+            raise BudgetExhausted(reason)
+        left = meter.left()
+        if left is not None:
+            request = request.model_copy(update={"token_allowance": left})
+        try:
+            response = await self.model.generate(request)
+        except ModelError as exc:
+            if exc.usage is not None:
+                meter.charge(exc.usage)
+            raise
+        meter.charge(response.usage)
+        return response

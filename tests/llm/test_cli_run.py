@@ -1,0 +1,120 @@
+"""``replan run`` against a Chat Completions server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from chat_server import Logged, Reply, answer_type, chat_server, completion
+
+from replan import Alignment, PlanProposal, Synthesis, TaskDraft, TaskOutcome, Verdict
+from replan.cli import main
+
+
+def script(logged: Logged) -> Reply:
+    match answer_type(logged):
+        case "PlanProposal":
+            return completion(
+                PlanProposal(
+                    tasks=[
+                        TaskDraft(key="scan", description="scan the trade press"),
+                        TaskDraft(key="rank", description="rank", depends_on=["scan"]),
+                    ]
+                )
+            )
+        case "TaskOutcome":
+            return completion(TaskOutcome(success=True, summary="two makers ship"))
+        case "Verdict":
+            return completion(Verdict(decision="continue"))
+        case "Alignment":
+            return completion(Alignment(aligned=[True]))
+        case _:
+            return completion(Synthesis(output="Two makers ship cells at scale."))
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "REPLAN_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_run_json_prints_the_result_with_progress_on_stderr(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with chat_server(script) as server:
+        code = main(
+            ["run", "Who ships solid-state cells?", "--model", "m", "--base-url",
+             server.base_url, "--max-replans", "1", "--yes", "--json"]
+        )  # fmt: skip
+        sent = server.chat_requests()
+    captured = capsys.readouterr()
+    assert code == 0
+    result = json.loads(captured.out)
+    assert result["status"] == "completed"
+    assert result["output"] == "Two makers ship cells at scale."
+    assert result["usage"]["by_role"]["executor"]["calls"] == 3  # 2 tasks, synthesis
+    assert "plan v1: 2 tasks" in captured.err
+    assert "run finished: completed" in captured.err
+    assert {r.body["model"] for r in sent} == {"m"}
+    assert sent[0].headers["authorization"] == "Bearer not-needed"
+
+
+def test_run_prints_a_summary_with_usage_and_cost(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REPLAN_MODEL", "m")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    with chat_server(script) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        code = main(["run", "Who ships solid-state cells?", "--yes"])
+        sent = server.chat_requests()
+    out = capsys.readouterr().out
+    assert code == 0
+    assert sent[0].headers["authorization"] == "Bearer sk-test"
+    for expected in ("task t1 completed", "usage by role", "executor", "cost"):
+        assert expected in out
+
+
+def test_a_missing_api_key_is_one_line_naming_the_fix(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["run", "anything", "--model", "gpt-4o-mini"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "replan: error: no API key: set OPENAI_API_KEY or pass --base-url "
+        "for a local server\n"
+    )
+
+
+def test_a_missing_model_is_one_line_naming_the_fix(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["run", "anything", "--base-url", "http://127.0.0.1:9/v1"]) == 2
+    assert capsys.readouterr().err == (
+        "replan: error: no model: pass --model NAME or set REPLAN_MODEL\n"
+    )
+
+
+def test_an_unreachable_endpoint_is_one_line_naming_the_fix(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with chat_server() as server:
+        url = server.base_url  # closed when the block ends: nothing listens
+    code = main(
+        ["run", "anything", "--model", "m", "--base-url", url, "--retries", "0"]
+    )
+    err = capsys.readouterr().err.splitlines()
+    assert code == 1
+    assert err[-1].startswith(
+        f"replan: error: cannot reach the model endpoint at {url}"
+    )
+    assert "check --base-url" in err[-1]
+
+
+def test_a_bad_limit_names_its_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        ["run", "x", "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
+         "--max-replans", "-1"]
+    )  # fmt: skip
+    assert code == 2
+    assert capsys.readouterr().err.startswith("replan: error: --max-replans: ")

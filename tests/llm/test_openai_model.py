@@ -1,0 +1,420 @@
+"""OpenAIModel against a real Chat Completions server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from chat_server import Reply, chat_server, completion, error
+
+from replan import (
+    ConfigurationError,
+    ModelRequest,
+    PlanProposal,
+    Task,
+    TaskDraft,
+    TaskOutcome,
+    Verdict,
+)
+from replan._errors import (
+    ModelAuthenticationError,
+    ModelError,
+    ModelOutputError,
+    ModelRefusal,
+    TransientModelError,
+)
+from replan.llm import MissingPromptError, ModelPrice, OpenAIModel, Tool
+from replan.messages import ToolCall, ToolExchange, ToolResult
+
+GOAL = "map the battery market"
+
+
+def plan_request(**context: object) -> ModelRequest:
+    return ModelRequest(
+        role="planner",
+        purpose="plan",
+        output_type=PlanProposal,
+        context={"goal": GOAL, "metadata": {}, **context},
+    )
+
+
+def execute_request(**fields: object) -> ModelRequest:
+    task = Task(id="t1", key="search", description="search the news")
+    return ModelRequest(
+        role="executor",
+        purpose="execute",
+        output_type=TaskOutcome,
+        temperature=0.4,
+        context={"goal": GOAL, "task": task, "dependency_results": {}, "attempt": 1},
+        **fields,
+    )
+
+
+def fast(server_url: str, **options: object) -> OpenAIModel:
+    options = {"max_retries": 2, "backoff_s": 0.01, "max_backoff_s": 5.0, **options}
+    return OpenAIModel("gpt-test", base_url=server_url, **options)  # type: ignore[arg-type]
+
+
+async def test_a_structured_answer_is_parsed_into_the_requests_output_type() -> None:
+    proposal = PlanProposal(
+        tasks=[TaskDraft(key="search", description="search the news")],
+        rationale="one search is enough",
+    )
+    with chat_server() as server:
+        server.reply(completion(proposal, usage=(120, 30, 20)))
+        async with OpenAIModel("gpt-test", base_url=server.base_url) as model:
+            response = await model.generate(plan_request())
+        [sent] = server.chat_requests()
+    assert response.output == proposal
+    assert response.prompt_version == "planner.plan@1"
+    assert response.model == "test-model"
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (120, 30)
+    assert response.usage.cached_tokens == 20
+    assert response.usage.calls == 1
+    assert sent.body["model"] == "gpt-test"
+    assert sent.body["temperature"] == 0
+    schema = sent.body["response_format"]["json_schema"]
+    assert schema["name"] == "PlanProposal"
+    assert schema["strict"] is True
+    assert "kind" not in schema["schema"]["properties"]
+    assert sent.messages[0]["role"] == "system"
+    assert GOAL in sent.text
+
+
+async def test_a_schema_with_an_open_mapping_is_sent_without_strict_mode() -> None:
+    from replan import Critique
+
+    with chat_server() as server:
+        server.reply(completion({"scores": {"goal_fit": 0.5}, "critique": "thin"}))
+        async with fast(server.base_url) as model:
+            response = await model.generate(
+                ModelRequest(
+                    role="reviewer",
+                    purpose="critique",
+                    output_type=Critique,
+                    context={"goal": GOAL},
+                )
+            )
+        [sent] = server.chat_requests()
+    assert response.output == Critique(scores={"goal_fit": 0.5}, critique="thin")
+    assert sent.body["response_format"]["json_schema"]["strict"] is False
+
+
+async def test_rate_limit_with_retry_after_is_waited_out_then_succeeds() -> None:
+    with chat_server() as server:
+        server.reply(
+            error(429, "slow down", retry_after="1"),
+            completion(Verdict(decision="continue")),
+        )
+        async with fast(server.base_url) as model:
+            started = time.monotonic()
+            response = await model.generate(
+                ModelRequest(role="reviewer", purpose="milestone", output_type=Verdict)
+            )
+            waited = time.monotonic() - started
+        assert len(server.chat_requests()) == 2
+    assert response.output == Verdict(decision="continue")
+    assert waited >= 0.95
+
+
+async def test_a_retry_after_longer_than_the_backoff_cap_gives_up_at_once() -> None:
+    with chat_server() as server:
+        server.reply(error(429, "come back tomorrow", retry_after="3600"))
+        async with fast(server.base_url) as model:
+            with pytest.raises(TransientModelError, match="3600s"):
+                await model.generate(plan_request())
+        assert len(server.chat_requests()) == 1
+
+
+async def test_repeated_server_errors_surface_as_transient_after_the_retries() -> None:
+    with chat_server(lambda _: error(500, "overloaded")) as server:
+        async with fast(server.base_url, max_retries=2) as model:
+            with pytest.raises(TransientModelError, match="HTTP 500") as caught:
+                await model.generate(plan_request())
+        assert len(server.chat_requests()) == 3
+    assert "after 3 attempt(s)" in str(caught.value)
+
+
+async def test_a_timeout_is_retried_and_then_reported_transient() -> None:
+    slow = Reply(**vars(completion(PlanProposal())))
+    slow.delay_s = 3.0
+    with chat_server(lambda _: slow) as server:
+        async with fast(server.base_url, max_retries=1, timeout_s=0.3) as model:
+            started = time.monotonic()
+            with pytest.raises(TransientModelError, match="timed out"):
+                await model.generate(plan_request())
+            elapsed = time.monotonic() - started
+        assert len(server.chat_requests()) == 2
+    assert elapsed < 2.5
+
+
+async def test_an_authentication_error_is_raised_after_one_request() -> None:
+    with chat_server(lambda _: error(401, "Incorrect API key provided")) as server:
+        async with fast(server.base_url, api_key="sk-wrong") as model:
+            with pytest.raises(ModelAuthenticationError) as caught:
+                await model.generate(plan_request())
+        [sent] = server.chat_requests()
+    assert sent.headers["authorization"] == "Bearer sk-wrong"
+    assert "OPENAI_API_KEY" in str(caught.value)
+    assert "Incorrect API key provided" in str(caught.value)
+
+
+async def test_an_invalid_answer_is_asked_again_once_with_the_error_shown() -> None:
+    good = TaskOutcome(success=True, summary="three surveys found")
+    with chat_server() as server:
+        server.reply(
+            completion('{"success": "perhaps"}', usage=(100, 10, 0)),
+            completion(good, usage=(150, 20, 0)),
+        )
+        async with fast(server.base_url) as model:
+            response = await model.generate(execute_request())
+        first, second = server.chat_requests()
+    assert response.output == good
+    assert response.usage.input_tokens == 250
+    assert response.usage.calls == 2
+    assert second.messages[-2] == {
+        "role": "assistant",
+        "content": '{"success": "perhaps"}',
+    }
+    assert "success" in second.messages[-1]["content"]
+    assert "could not be used" in second.messages[-1]["content"]
+    assert first.messages == second.messages[:-2]
+
+
+async def test_an_answer_invalid_twice_is_an_error_that_keeps_the_raw_text() -> None:
+    with chat_server(
+        lambda _: completion("not json at all", usage=(80, 5, 0))
+    ) as server:
+        async with fast(server.base_url) as model:
+            with pytest.raises(ModelOutputError) as caught:
+                await model.generate(execute_request())
+        assert len(server.chat_requests()) == 2
+    assert caught.value.raw_output == "not json at all"
+    assert caught.value.usage is not None
+    assert caught.value.usage.input_tokens == 160
+    assert caught.value.usage.calls == 2
+
+
+async def test_an_answer_in_a_code_fence_is_accepted() -> None:
+    fenced = "```json\n" + Verdict(decision="complete").model_dump_json() + "\n```"
+    with chat_server() as server:
+        server.reply(completion(fenced))
+        async with fast(server.base_url) as model:
+            response = await model.generate(
+                ModelRequest(role="reviewer", purpose="milestone", output_type=Verdict)
+            )
+    assert response.output == Verdict(decision="complete")
+
+
+async def test_a_refusal_and_a_content_filter_stop_are_reported_as_such() -> None:
+    with chat_server() as server:
+        server.reply(
+            completion(None, refusal="I can't help with that."),
+            completion("partial", finish_reason="content_filter"),
+        )
+        async with fast(server.base_url) as model:
+            with pytest.raises(ModelRefusal, match="can't help") as refused:
+                await model.generate(plan_request())
+            with pytest.raises(ModelRefusal, match="content filter") as filtered:
+                await model.generate(plan_request())
+        assert len(server.chat_requests()) == 2
+    assert refused.value.reason == "refusal"
+    assert filtered.value.reason == "content_filter"
+
+
+async def test_a_server_without_schema_support_gets_json_mode_with_the_schema() -> None:
+    def script(logged):
+        if logged.body.get("response_format", {}).get("type") == "json_schema":
+            return error(400, "response_format json_schema is not supported")
+        return completion(PlanProposal(rationale="json mode"))
+
+    with chat_server(script) as server:
+        async with fast(server.base_url) as model:
+            first = await model.generate(plan_request())
+            second = await model.generate(plan_request())
+        requests = server.chat_requests()
+    assert first.output == second.output == PlanProposal(rationale="json mode")
+    assert [r.body.get("response_format", {}).get("type") for r in requests] == [
+        "json_schema",
+        "json_object",
+        "json_object",
+    ]
+    assert '"tasks"' in requests[1].messages[0]["content"]  # the schema is shown
+
+
+async def test_prompt_mode_sends_no_response_format_and_still_validates() -> None:
+    with chat_server() as server:
+        server.reply(completion("nope"), completion(PlanProposal(rationale="ok")))
+        async with fast(server.base_url, structured_output="prompt") as model:
+            response = await model.generate(plan_request())
+        requests = server.chat_requests()
+    assert response.output == PlanProposal(rationale="ok")
+    assert all("response_format" not in r.body for r in requests)
+
+
+async def test_a_tool_call_round_trip_carries_the_results_back() -> None:
+    def lookup(city: str) -> str:
+        """Look up a city's population."""
+        return f"{city}: 2.1 million"
+
+    spec = Tool(lookup).spec
+    with chat_server() as server:
+        server.reply(
+            completion(tool_calls=[("call_1", "lookup", {"city": "Paris"})]),
+            completion(TaskOutcome(success=True, summary="Paris has 2.1 million")),
+        )
+        async with fast(server.base_url) as model:
+            first = await model.generate(execute_request(tools=[spec]))
+            exchange = ToolExchange(
+                calls=first.tool_calls,
+                results=[
+                    ToolResult(call_id="call_1", name="lookup", content="2.1 million")
+                ],
+            )
+            second = await model.generate(
+                execute_request(tools=[spec], transcript=[exchange])
+            )
+        asked, answered = server.chat_requests()
+    assert first.output is None
+    assert first.tool_calls == [
+        ToolCall(id="call_1", name="lookup", arguments='{"city": "Paris"}')
+    ]
+    assert second.output == TaskOutcome(success=True, summary="Paris has 2.1 million")
+    [sent_tool] = asked.body["tools"]
+    assert sent_tool["function"]["name"] == "lookup"
+    assert sent_tool["function"]["description"] == "Look up a city's population."
+    assert sent_tool["function"]["parameters"]["required"] == ["city"]
+    assistant, result = answered.messages[-2:]
+    assert assistant["tool_calls"][0]["id"] == "call_1"
+    assert result == {
+        "role": "tool",
+        "tool_call_id": "call_1",
+        "content": "2.1 million",
+    }
+
+
+async def test_planning_reviewing_and_ranking_run_at_temperature_zero() -> None:
+    with chat_server(lambda _: completion(Verdict(decision="continue"))) as server:
+        async with fast(server.base_url, temperatures={"executor": 0.9}) as model:
+            await model.generate(
+                ModelRequest(
+                    role="reviewer",
+                    purpose="milestone",
+                    output_type=Verdict,
+                    temperature=0.8,
+                )
+            )
+            with pytest.raises(ModelOutputError):
+                await model.generate(execute_request())
+        reviewer, *executor = server.chat_requests()
+    assert reviewer.body["temperature"] == 0
+    assert {r.body["temperature"] for r in executor} == {0.9}
+
+
+def test_temperatures_of_the_planner_reviewer_and_ranker_cannot_be_set() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        OpenAIModel("m", base_url="http://127.0.0.1:9/v1", temperatures={"planner": 1})
+    assert caught.value.field == "temperatures.planner"
+
+
+async def test_models_per_role_and_prices_turn_tokens_into_cost() -> None:
+    prices = {
+        "big": ModelPrice(input=10.0, output=30.0, cached_input=1.0),
+        "small": ModelPrice(input=1.0, output=2.0),
+    }
+    with chat_server() as server:
+        server.reply(
+            completion(PlanProposal(), usage=(1_000, 100, 400)),
+            completion(TaskOutcome(success=True, summary="ok"), usage=(2_000, 500, 0)),
+        )
+        async with fast(
+            server.base_url,
+            models={"planner": "big", "executor": "small"},
+            prices=prices,
+        ) as model:
+            assert model.model_for("planner") == "big"
+            assert model.model_for("reviewer") == "gpt-test"
+            planned = await model.generate(plan_request())
+            executed = await model.generate(execute_request())
+        planner_sent, executor_sent = server.chat_requests()
+    assert (planner_sent.body["model"], executor_sent.body["model"]) == ("big", "small")
+    assert planned.usage.cost == pytest.approx((600 * 10 + 400 * 1 + 100 * 30) / 1e6)
+    assert executed.usage.cost == pytest.approx((2_000 * 1 + 500 * 2) / 1e6)
+
+
+async def test_a_users_own_messages_are_sent_as_they_are() -> None:
+    mine = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+    ]
+    with chat_server() as server:
+        server.reply(completion(Verdict(decision="continue")))
+        async with fast(server.base_url) as model:
+            response = await model.generate(
+                ModelRequest(
+                    role="reviewer",
+                    purpose="milestone",
+                    output_type=Verdict,
+                    messages=mine,
+                )
+            )
+        [sent] = server.chat_requests()
+    assert response.prompt_version is None
+    assert sent.messages[0]["content"].startswith("Be brief.")
+    assert sent.messages[1:] == mine[1:]
+
+
+async def test_a_missing_template_names_the_role_and_purpose() -> None:
+    with chat_server() as server:
+        async with fast(server.base_url) as model:
+            with pytest.raises(MissingPromptError) as caught:
+                await model.generate(
+                    ModelRequest(
+                        role="planner", purpose="brainstorm", output_type=PlanProposal
+                    )
+                )
+        assert server.chat_requests() == []
+    assert "'planner'" in str(caught.value)
+    assert "'brainstorm'" in str(caught.value)
+
+
+async def test_an_unknown_model_is_a_non_transient_error_naming_the_fix() -> None:
+    with chat_server(lambda _: error(404, "model 'gpt-nope' not found")) as server:
+        async with fast(server.base_url) as model:
+            with pytest.raises(ModelError, match="check the model name") as caught:
+                await model.generate(plan_request())
+        assert len(server.chat_requests()) == 1
+    assert not caught.value.transient
+
+
+async def test_an_unreachable_endpoint_is_transient_and_names_it() -> None:
+    with chat_server() as server:
+        url = server.base_url
+    async with fast(url, max_retries=1) as model:
+        with pytest.raises(TransientModelError, match="cannot connect") as caught:
+            await model.generate(plan_request())
+    assert url in str(caught.value)
+
+
+def test_openai_itself_needs_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with pytest.raises(ConfigurationError, match="set OPENAI_API_KEY") as caught:
+        OpenAIModel("gpt-4o-mini")
+    assert caught.value.field == "api_key"
+
+
+def test_the_model_name_comes_from_replan_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("REPLAN_MODEL", "qwen2.5:7b")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:11434/v1")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    model = OpenAIModel(provider_name="ollama")
+    assert model.model_for("executor") == "qwen2.5:7b"
+    assert model.base_url.startswith("http://127.0.0.1:11434/v1")
+    assert model.provider_name == "ollama"
+    monkeypatch.delenv("REPLAN_MODEL")
+    with pytest.raises(ConfigurationError) as caught:
+        OpenAIModel()
+    assert caught.value.field == "model"

@@ -1,0 +1,94 @@
+"""Function tools: schemas from signatures or pydantic models, validation, running."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import anyio
+import pytest
+from pydantic import BaseModel, Field
+
+from replan import ConfigurationError, ScriptedModel, Supervisor
+from replan.llm import Tool, ToolArgumentsError, tool
+
+
+class Order(BaseModel):
+    maker: str
+    cells: int = Field(ge=1, description="how many cells")
+
+
+def test_a_typed_signature_becomes_the_argument_schema() -> None:
+    def search(
+        query: Annotated[str, Field(description="what to look for")], limit: int = 5
+    ) -> str:
+        """Search the trade press.
+
+        Longer text the model does not need.
+        """
+        return query
+
+    spec = Tool(search).spec
+    assert spec.name == "search"
+    assert spec.description == "Search the trade press."
+    assert spec.parameters["required"] == ["query"]
+    assert spec.parameters["properties"]["limit"]["default"] == 5
+    assert spec.parameters["properties"]["query"]["description"] == "what to look for"
+    assert spec.side_effect is False
+
+
+def test_a_single_pydantic_parameter_is_the_argument_schema() -> None:
+    @tool(side_effect=True, name="place_order")
+    def order(request: Order, idempotency_key: str) -> str:
+        return f"{request.cells} from {request.maker} ({idempotency_key})"
+
+    assert order.spec.name == "place_order"
+    assert order.spec.side_effect is True
+    assert set(order.spec.parameters["properties"]) == {"maker", "cells"}
+    assert order.takes_key
+
+
+async def test_arguments_are_validated_then_the_tool_runs_with_its_key() -> None:
+    @tool
+    async def order(request: Order, idempotency_key: str) -> Order:
+        await anyio.lowlevel.checkpoint()
+        return request.model_copy(
+            update={"maker": f"{request.maker}#{idempotency_key}"}
+        )
+
+    args = order.parse('{"maker": "QS", "cells": 2}')
+    assert await order.run(args, idempotency_key="r:t1:s1c0") == (
+        '{"maker":"QS#r:t1:s1c0","cells":2}'
+    )
+    with pytest.raises(ToolArgumentsError, match="cells"):
+        order.parse('{"maker": "QS", "cells": 0}')
+    with pytest.raises(ToolArgumentsError):
+        order.parse("not json")
+
+
+async def test_a_sync_tool_runs_in_a_worker_thread_and_its_result_becomes_json() -> (
+    None
+):
+    def count(words: list[str]) -> dict[str, int]:
+        return {"words": len(words)}
+
+    t = Tool(count)
+    assert await t.run(t.parse('{"words": ["a", "b"]}'), idempotency_key="k") == (
+        '{"words": 2}'
+    )
+    with pytest.raises(ToolArgumentsError, match=r"other: Extra inputs"):
+        t.parse('{"words": [], "other": 1}')
+
+
+def test_untyped_parameters_and_duplicate_names_are_configuration_errors() -> None:
+    def untyped(x):  # type: ignore[no-untyped-def]
+        return x
+
+    with pytest.raises(TypeError, match="needs a type"):
+        Tool(untyped)
+
+    def a(x: int) -> int:
+        return x
+
+    with pytest.raises(ConfigurationError) as caught:
+        Supervisor(model=ScriptedModel(lambda r: None), tools=[a, Tool(a)])
+    assert caught.value.field == "tools"
