@@ -32,9 +32,11 @@ from ._events import MilestoneReviewed as MilestoneReviewed
 from ._events import PlanCreated as PlanCreated
 from ._events import ReplanApplied as ReplanApplied
 from ._events import ReplanRefused as ReplanRefused
+from ._events import RunCompacted as RunCompacted
 from ._events import RunFinished as RunFinished
 from ._events import RunSubmitted as RunSubmitted
 from ._events import TaskFinished as TaskFinished
+from ._events import TaskInterrupted as TaskInterrupted
 from ._events import TaskStarted as TaskStarted
 from ._events import UsageRecorded as UsageRecorded
 from ._gate import GateInfo as GateInfo
@@ -106,6 +108,7 @@ __all__ = (
     "Request",
     "ReviewReply",
     "ReviewRequest",
+    "RunCompacted",
     "RunFinished",
     "RunResult",
     "RunSpec",
@@ -117,6 +120,7 @@ __all__ = (
     "Task",
     "TaskDraft",
     "TaskFinished",
+    "TaskInterrupted",
     "TaskOutcome",
     "TaskStarted",
     "TaskStatus",

@@ -29,7 +29,9 @@ from replan.messages import (
     ReplanOutcome,
     ReplanRecord,
     ReplanRefused,
+    RunCompacted,
     RunFinished,
+    RunResult,
     RunSpec,
     RunStatus,
     RunSubmitted,
@@ -37,11 +39,13 @@ from replan.messages import (
     Task,
     TaskDraft,
     TaskFinished,
+    TaskInterrupted,
     TaskOutcome,
     TaskStarted,
     TaskStatus,
     TokenUsage,
     Trigger,
+    Usage,
     UsageRecorded,
     Verdict,
 )
@@ -233,6 +237,39 @@ def sample_events(run_id: str = "run-1") -> list[Event]:
     ]
 
 
+def detached_samples() -> list[Event]:
+    """The event types that do not fit in ``sample_events``' one journal: an
+    interrupted attempt (a resume after a crash) and a compacted run."""
+    submitted, created = sample_events()[:2]
+    assert isinstance(submitted, RunSubmitted)
+    assert isinstance(created, PlanCreated)
+    result = RunResult(
+        run_id="run-1",
+        goal=submitted.spec.goal,
+        pattern=submitted.spec.pattern,
+        status=RunStatus.CANCELLED,
+        tasks=created.version.tasks_after,
+        versions=[created.version],
+        replans=[],
+        usage=Usage(),
+        stop_reason="cancelled on request",
+    )
+    return [
+        TaskInterrupted(seq=4, at=at(3), task_id="t1"),
+        RunCompacted(
+            seq=3,
+            at=at(2),
+            run_id="run-1",
+            spec=submitted.spec,
+            created_at=at(0),
+            result=result,
+            task_count=3,
+            phase="collection",
+            events=3,
+        ),
+    ]
+
+
 @pytest.fixture(params=["memory", "sqlite"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
     journal: Store = (
@@ -247,12 +284,15 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
 def test_the_samples_hold_one_event_of_every_type() -> None:
     (union, _) = typing.get_args(Event)
-    assert sorted(type(e).__name__ for e in sample_events()) == sorted(
+    samples = sample_events() + detached_samples()
+    assert sorted(type(e).__name__ for e in samples) == sorted(
         t.__name__ for t in typing.get_args(union)
     )
 
 
-@pytest.mark.parametrize("event", sample_events(), ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize(
+    "event", sample_events() + detached_samples(), ids=lambda e: type(e).__name__
+)
 def test_every_event_type_round_trips_through_the_event_adapter(event: Event) -> None:
     assert EVENT_ADAPTER.validate_json(EVENT_ADAPTER.dump_json(event)) == event
 
@@ -455,7 +495,7 @@ async def test_the_database_is_in_wal_mode_with_a_schema_version(
         pass
     with closing(sqlite3.connect(tmp_path / "j.db")) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert conn.execute("PRAGMA user_version").fetchone() == (1,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (2,)
 
 
 async def test_a_database_from_a_newer_schema_is_refused(tmp_path: Path) -> None:
