@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
 import anyio
 
@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits on --help and on bad arguments
         return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
     try:
+        if args.command == "serve":
+            return serve(args)
         return anyio.run(_dispatch, args)
     except CommandError as exc:
         print(f"replan: error: {exc}", file=sys.stderr)
@@ -124,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("run_id", metavar="RUN_ID", help="a run id, or a unique prefix")
     show.add_argument("--db", metavar="PATH", required=True, help="the SQLite journal")
     show.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    _add_serve(commands)
 
     runs = commands.add_parser("runs", help="list the runs of a journal, newest first")
     runs.add_argument("--db", metavar="PATH", required=True, help="the SQLite journal")
@@ -254,6 +258,77 @@ async def _resolve(
             break
         await anyio.sleep(0.01)
     await sup.gates.resolve(request.gate_id, resolution)
+
+
+# serve -------------------------------------------------------------------------
+
+
+def _add_serve(commands: Any) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="run the HTTP API daemon (needs the daemon extra)",
+        description="Serve the HTTP API: durable runs, human gates, event streams. "
+        "Every option is also a REPLAN_* variable (REPLAN_PORT, REPLAN_API_TOKEN, "
+        "...) or a key of the --config TOML file; options win, then variables.",
+    )
+    serve.add_argument("--config", metavar="FILE", help="a TOML settings file")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8470)")
+    serve.add_argument("--data-dir", metavar="DIR", help="journal and token directory")
+    serve.add_argument(
+        "--model", help="scripted:demo (default), python:MODULE:NAME, openai:NAME"
+    )
+    serve.add_argument(
+        "--model-latency", type=_seconds, metavar="SECONDS", help="scripted models"
+    )
+    serve.add_argument(
+        "--workers",
+        action="append",
+        metavar="ROLE=N",
+        help="global concurrency of a role (repeat: --workers executor=64)",
+    )
+    serve.add_argument("--drain-grace", type=_seconds, metavar="SECONDS")
+    serve.add_argument("--retention", choices=["compact", "delete", "off"])
+    serve.add_argument("--retention-age", type=_seconds, metavar="SECONDS")
+    serve.add_argument("--retention-interval", type=_seconds, metavar="SECONDS")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the daemon until SIGTERM or SIGINT; 0 after a clean drain."""
+    try:
+        from .daemon import load_settings
+        from .daemon import serve as serve_daemon
+    except ImportError as exc:
+        raise CommandError(
+            f"the daemon needs its extra: pip install 'replan[daemon]' ({exc})", 2
+        ) from None
+    workers: dict[str, int] | None = None
+    for item in args.workers or []:
+        role, _, size = item.partition("=")
+        try:
+            workers = {**(workers or {}), role: int(size)}
+        except ValueError:
+            raise CommandError(f"--workers takes ROLE=N, not {item!r}", 2) from None
+    try:
+        settings = load_settings(
+            args.config,
+            host=args.host,
+            port=args.port,
+            data_dir=args.data_dir,
+            model=args.model,
+            model_latency_s=args.model_latency,
+            workers=workers,
+            drain_grace_s=args.drain_grace,
+            retention=args.retention,
+            retention_age_s=args.retention_age,
+            retention_interval_s=args.retention_interval,
+            log_level=args.log_level,
+        )
+        serve_daemon(settings)
+    except ConfigurationError as exc:
+        raise CommandError(str(exc), 2) from None
+    return 0
 
 
 # show and runs -----------------------------------------------------------------

@@ -15,7 +15,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from pydantic import ValidationError
 
 from .._errors import ConfigurationError, SupervisorError, UnknownRunError
-from ..actors import ActorPool
+from ..actors import ActorPool, PoolStatistics
 from ..actors._evolver import Evolver
 from ..actors._executor import Executor, TaskRunner
 from ..actors._human_gate import HumanGate
@@ -356,6 +356,11 @@ class Supervisor:
         if record is None:
             raise UnknownRunError(run_id)
         return self._handle(record)
+
+    def pool_statistics(self) -> list[PoolStatistics]:
+        """Each actor role's pool: workers, busy, mailbox depth, restarts."""
+        roles = self._roles
+        return [] if roles is None else [pool.statistics() for pool in roles.all()]
 
     def handles(self) -> list[RunHandle]:
         """Handles of every run started by this supervisor, oldest first."""
