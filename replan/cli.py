@@ -21,7 +21,7 @@ from typing import Any, NoReturn, TextIO
 
 import anyio
 
-from . import _render
+from . import _remote, _render
 from ._demo import demo_model, demo_spec
 from ._errors import ConfigurationError
 from ._version import __version__
@@ -59,12 +59,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if (
+            args.command in ("show", "runs")
+            and not args.db
+            and not (args.url or os.environ.get("REPLAN_URL"))
+        ):
+            parser.error(f"{args.command}: give --db PATH or --url URL")
     except SystemExit as exc:  # argparse exits on --help and on bad arguments
         return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
     try:
         if args.command == "serve":
             return serve(args)
+        if args.command in _remote.COMMANDS:
+            return _remote.run(args)
+        if args.command in ("show", "runs") and not args.db:
+            return (
+                _remote.show(args)
+                if args.command == "show"
+                else _remote.list_runs(args)
+            )
         return anyio.run(_dispatch, args)
+    except _remote.RemoteError as exc:
+        print(f"replan: error: {exc}", file=sys.stderr)
+        return 1
     except CommandError as exc:
         print(f"replan: error: {exc}", file=sys.stderr)
         return exc.code
@@ -124,13 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
         "show", help="print a journaled run: tasks, plan versions and diffs"
     )
     show.add_argument("run_id", metavar="RUN_ID", help="a run id, or a unique prefix")
-    show.add_argument("--db", metavar="PATH", required=True, help="the SQLite journal")
+    show.add_argument("--db", metavar="PATH", help="the SQLite journal")
     show.add_argument("--json", action="store_true", help="print the result as JSON")
+    _remote.add_url(show)
 
     _add_serve(commands)
+    _remote.add_commands(commands)
 
     runs = commands.add_parser("runs", help="list the runs of a journal, newest first")
-    runs.add_argument("--db", metavar="PATH", required=True, help="the SQLite journal")
+    runs.add_argument("--db", metavar="PATH", help="the SQLite journal")
+    _remote.add_url(runs)
     runs.add_argument(
         "--limit", type=_positive, default=100, help="at most this many (default 100)"
     )
