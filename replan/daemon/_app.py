@@ -336,6 +336,10 @@ def _handle_errors(app: FastAPI) -> None:
             response.headers[name] = value
         return response
 
+    @app.exception_handler(SupervisorError)
+    async def unavailable(request: Request, exc: SupervisorError) -> JSONResponse:
+        return _problem(503, f"not serving: {exc}")
+
     @app.exception_handler(Exception)
     async def crashed(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unexpected error answering %s", request.url.path)
