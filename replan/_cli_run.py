@@ -9,8 +9,6 @@ from . import _render
 from ._errors import ConfigurationError
 from .llm import OpenAIModel
 from .messages import GatePolicy, Limits, RunResult, RunSpec, RunStatus
-from .store import MemoryStore, Store
-from .supervisor import Supervisor
 
 LIMIT_FLAGS: dict[str, tuple[str, type, str]] = {
     "max_replans": ("--max-replans", int, "applied replans allowed (default 3)"),
@@ -80,7 +78,7 @@ def add_run_parser(commands: Any) -> None:
 
 async def run_goal(console: Any, args: argparse.Namespace) -> int:
     """Run ``args.goal`` and print its progress, summary, usage and cost."""
-    from .cli import CommandError, _follow, _open_store
+    from .cli import CommandError, supervise
 
     limits = {f: getattr(args, f) for f in LIMIT_FLAGS if getattr(args, f) is not None}
     try:
@@ -99,21 +97,18 @@ async def run_goal(console: Any, args: argparse.Namespace) -> int:
         )
     except ConfigurationError as exc:
         raise CommandError(_flag_message(exc), code=2) from None
-    store: Store = _open_store(args.db, create=True) if args.db else MemoryStore()
-    try:
-        async with model, Supervisor(model=model, store=store) as sup:
-            handle = await sup.submit(spec)
-            await _follow(sup, handle, console, yes=args.yes)
-            result = await handle.result()
-            state = handle.state
-    finally:
-        await store.aclose()
-    if args.json:
-        console.emit([result.model_dump_json(indent=2)])
-    else:
-        console.emit(["", *_render.outcome_lines(state), *cost_lines(result)])
-        if args.db:
-            console.emit(["", f"journal: replan show {result.run_id} --db {args.db}"])
+    result = await supervise(
+        console,
+        model,
+        spec,
+        yes=args.yes,
+        as_json=args.json,
+        db=args.db,
+        report=lambda state, result: [
+            *_render.outcome_lines(state),
+            *cost_lines(result),
+        ],
+    )
     if result.status is RunStatus.FAILED:
         raise CommandError(_failure_message(result, model.base_url))
     return 0 if result.status is RunStatus.COMPLETED else 1

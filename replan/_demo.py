@@ -154,10 +154,18 @@ def demo_usage(request: ModelRequest) -> TokenUsage:
 def answer(request: ModelRequest) -> BaseModel:
     """The demo's answer to any request (the ``ScriptedModel`` handler).
 
+    Explore runs' requests get the explore demo's answers, so one scripted
+    model serves both kinds of run (as the daemon's ``scripted:demo`` does).
+
     Raises:
         LookupError: the demo has no answer for this role and purpose.
     """
     context = request.context
+    if context.get("run_kind") == "explore":
+        from ._demo_explore import answer as explore_answer
+
+        output: BaseModel = explore_answer(request)
+        return output
     match request.role, request.purpose:
         case "planner", "plan":
             return FIRST_PLAN

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 from . import _render
 from ._demo_explore import explore_demo_model, explore_demo_spec
+from ._errors import ConfigurationError
 from ._render_explore import brief_lines
-from .llm import Model
+from .llm import Model, OpenAIModel
 from .messages import ExploreSettings, Limits, RunResult, RunSpec, RunStatus
-from .store import MemoryStore, Store
-from .supervisor import RunState, Supervisor
+from .supervisor import RunState
 
 if TYPE_CHECKING:
     from .cli import Console
@@ -38,10 +38,10 @@ def make_model(name: str | None, base_url: str | None) -> Model:
         )
     if name == DEMO_MODEL:
         return explore_demo_model()
-    raise CommandError(
-        f"--model {name}: this build has no adapter for it; use {DEMO_MODEL}",
-        code=2,
-    )
+    try:
+        return OpenAIModel(name.removeprefix("openai:"), base_url=base_url)
+    except ConfigurationError as exc:
+        raise CommandError(f"{exc.field}: {exc.problem}", code=2) from None
 
 
 def add_explore_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -135,23 +135,11 @@ async def _run(
     as_json: bool,
     db: str | None,
 ) -> int:
-    from .cli import CommandError, _follow, _open_store
+    from .cli import CommandError, supervise
 
-    store: Store = _open_store(db, create=True) if db else MemoryStore()
-    try:
-        async with Supervisor(model=model, store=store) as sup:
-            handle = await sup.submit(spec)
-            await _follow(sup, handle, console, yes=yes)
-            result = await handle.result()
-            state = handle.state
-    finally:
-        await store.aclose()
-    if as_json:
-        console.emit([result.model_dump_json(indent=2)])
-    else:
-        console.emit(["", *report(state, result)])
-        if db:
-            console.emit(["", f"journal: replan show {result.run_id} --db {db}"])
+    result = await supervise(
+        console, model, spec, yes=yes, as_json=as_json, db=db, report=report
+    )
     if result.status is not RunStatus.COMPLETED:
         reason = f": {result.stop_reason}" if result.stop_reason else ""
         raise CommandError(f"the explore run ended {result.status.value}{reason}")

@@ -23,10 +23,12 @@ from .messages import (
     ReplanApplied,
     ReplanRecord,
     ReplanRefused,
+    RunCompacted,
     RunFinished,
     RunSubmitted,
     Task,
     TaskFinished,
+    TaskInterrupted,
     TaskStarted,
     TaskStatus,
     TraceSuspended,
@@ -183,6 +185,8 @@ def event_lines(event: Event, state: RunState) -> list[str]:
             status = state.tasks[task_id].status
             then = "will retry" if status is TaskStatus.PENDING else status.value
             return [f"task {task_id} failed ({then}): {outcome.reason or 'no reason'}"]
+        case TaskInterrupted(task_id=task_id, reason=reason):
+            return [f"task {task_id} interrupted: {reason}; it will run again"]
         case MilestoneReviewed(index=index, verdict=verdict, by=by):
             head = f"milestone {index} reviewed by the {by}: {verdict.decision}"
             if verdict.decision == "replan":
@@ -232,6 +236,12 @@ def event_lines(event: Event, state: RunState) -> list[str]:
             ]
         case ExploreEvent():
             return explore_event_lines(event, state)
+        case RunCompacted(result=result, events=count):
+            reason = f" ({result.stop_reason})" if result.stop_reason else ""
+            return [
+                f"run finished: {result.status.value}{reason}",
+                f"    (its {count} events were compacted into this snapshot)",
+            ]
         case _:
             assert_never(event)
 

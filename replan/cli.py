@@ -14,25 +14,33 @@ import math
 import os
 import sqlite3
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
 import anyio
 
-from . import _render
+from . import _remote, _render
 from ._cli_run import add_run_parser as _add_run_parser
 from ._cli_run import run_goal
 from ._demo import demo_model, demo_spec
 from ._errors import ConfigurationError
 from ._explore_cli import add_explore_parser, explore, explore_demo
 from ._version import __version__
-from .messages import GateOpened, GateRequest, GateResolution, RunStatus
+from .llm import Model
+from .messages import (
+    GateOpened,
+    GateRequest,
+    GateResolution,
+    RunResult,
+    RunSpec,
+    RunStatus,
+)
 from .store import MemoryStore, SQLiteStore, Store
 from .supervisor import RunHandle, RunState, Supervisor, apply, replay
-from .telemetry import TelemetrySetup
-from .telemetry import setup as setup_telemetry
+from .telemetry import TelemetrySetup, setup_if_asked
 
 PROMPT = "Approve this change? [y/N/e(dit not supported here)] "
 
@@ -64,10 +72,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if (
+            args.command in ("show", "runs")
+            and not args.db
+            and not (args.url or os.environ.get("REPLAN_URL"))
+        ):
+            parser.error(f"{args.command}: give --db PATH or --url URL")
     except SystemExit as exc:  # argparse exits on --help and on bad arguments
         return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
     try:
+        if args.command == "serve":
+            return serve(args)
+        if args.command in _remote.COMMANDS:
+            return _remote.run(args)
+        if args.command in ("show", "runs") and not args.db:
+            return (
+                _remote.show(args)
+                if args.command == "show"
+                else _remote.list_runs(args)
+            )
         return anyio.run(_dispatch, args)
+    except _remote.RemoteError as exc:
+        print(f"replan: error: {exc}", file=sys.stderr)
+        return 1
     except CommandError as exc:
         print(f"replan: error: {exc}", file=sys.stderr)
         return exc.code
@@ -129,8 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
         "show", help="print a journaled run: tasks, plan versions and diffs"
     )
     show.add_argument("run_id", metavar="RUN_ID", help="a run id, or a unique prefix")
-    show.add_argument("--db", metavar="PATH", required=True, help="the SQLite journal")
+    show.add_argument("--db", metavar="PATH", help="the SQLite journal")
     show.add_argument("--json", action="store_true", help="print the result as JSON")
+    _remote.add_url(show)
+
+    _add_serve(commands)
+    _remote.add_commands(commands)
 
     demo.add_argument(
         "--explore",
@@ -140,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_explore_parser(commands)
 
     runs = commands.add_parser("runs", help="list the runs of a journal, newest first")
-    runs.add_argument("--db", metavar="PATH", required=True, help="the SQLite journal")
+    runs.add_argument("--db", metavar="PATH", help="the SQLite journal")
+    _remote.add_url(runs)
     runs.add_argument(
         "--limit", type=_positive, default=100, help="at most this many (default 100)"
     )
@@ -210,9 +242,8 @@ def _telemetry() -> TelemetrySetup:
     Unlike an application's default (OTLP), the CLI exports only when asked:
     ``OTEL_TRACES_EXPORTER`` or an ``OTEL_EXPORTER_OTLP_ENDPOINT``.
     """
-    default = "otlp" if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") else "none"
     try:
-        return setup_telemetry(default_exporter=default, console=sys.stderr)
+        return setup_if_asked(console=sys.stderr)
     except ConfigurationError as exc:
         raise CommandError(f"{exc.field}: {exc.problem}", code=2) from None
 
@@ -224,10 +255,45 @@ async def demo(
     console: Console, *, yes: bool, as_json: bool, db: str | None, latency: float
 ) -> int:
     """Run the demo scenario, following its events, and print how it went."""
+    result = await supervise(
+        console,
+        demo_model(latency),
+        demo_spec(),
+        yes=yes,
+        as_json=as_json,
+        db=db,
+        report=lambda state, _: _render.outcome_lines(state),
+    )
+    if result.status is not RunStatus.COMPLETED:
+        reason = f": {result.stop_reason}" if result.stop_reason else ""
+        raise CommandError(f"the demo run ended {result.status.value}{reason}")
+    return 0
+
+
+async def supervise(
+    console: Console,
+    model: Model,
+    spec: RunSpec,
+    *,
+    yes: bool,
+    as_json: bool,
+    db: str | None,
+    report: Callable[[RunState, RunResult], list[str]],
+) -> RunResult:
+    """Run ``spec`` on a supervisor of its own: follow it live, answer its
+    gates, then print the ``RunResult`` as JSON or the ``report`` lines.
+
+    The journal is ``db`` (a SQLite file) when given, else in memory; the
+    model is closed afterwards when it holds a connection.
+    """
     store: Store = _open_store(db, create=True) if db else MemoryStore()
     try:
-        async with Supervisor(model=demo_model(latency), store=store) as sup:
-            handle = await sup.submit(demo_spec())
+        async with AsyncExitStack() as stack:
+            aclose = getattr(model, "aclose", None)
+            if aclose is not None:
+                stack.push_async_callback(aclose)
+            sup = await stack.enter_async_context(Supervisor(model=model, store=store))
+            handle = await sup.submit(spec)
             await _follow(sup, handle, console, yes=yes)
             result = await handle.result()
             state = handle.state
@@ -236,13 +302,10 @@ async def demo(
     if as_json:
         console.emit([result.model_dump_json(indent=2)])
     else:
-        console.emit(["", *_render.outcome_lines(state)])
+        console.emit(["", *report(state, result)])
         if db:
             console.emit(["", f"journal: replan show {result.run_id} --db {db}"])
-    if result.status is not RunStatus.COMPLETED:
-        reason = f": {result.stop_reason}" if result.stop_reason else ""
-        raise CommandError(f"the demo run ended {result.status.value}{reason}")
-    return 0
+    return result
 
 
 async def _follow(
@@ -311,6 +374,77 @@ async def _resolve(
             break
         await anyio.sleep(0.01)
     await sup.gates.resolve(request.gate_id, resolution)
+
+
+# serve -------------------------------------------------------------------------
+
+
+def _add_serve(commands: Any) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="run the HTTP API daemon (needs the daemon extra)",
+        description="Serve the HTTP API: durable runs, human gates, event streams. "
+        "Every option is also a REPLAN_* variable (REPLAN_PORT, REPLAN_API_TOKEN, "
+        "...) or a key of the --config TOML file; options win, then variables.",
+    )
+    serve.add_argument("--config", metavar="FILE", help="a TOML settings file")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8470)")
+    serve.add_argument("--data-dir", metavar="DIR", help="journal and token directory")
+    serve.add_argument(
+        "--model", help="scripted:demo (default), python:MODULE:NAME, openai:NAME"
+    )
+    serve.add_argument(
+        "--model-latency", type=_seconds, metavar="SECONDS", help="scripted models"
+    )
+    serve.add_argument(
+        "--workers",
+        action="append",
+        metavar="ROLE=N",
+        help="global concurrency of a role (repeat: --workers executor=64)",
+    )
+    serve.add_argument("--drain-grace", type=_seconds, metavar="SECONDS")
+    serve.add_argument("--retention", choices=["compact", "delete", "off"])
+    serve.add_argument("--retention-age", type=_seconds, metavar="SECONDS")
+    serve.add_argument("--retention-interval", type=_seconds, metavar="SECONDS")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the daemon until SIGTERM or SIGINT; 0 after a clean drain."""
+    try:
+        from .daemon import load_settings
+        from .daemon import serve as serve_daemon
+    except ImportError as exc:
+        raise CommandError(
+            f"the daemon needs its extra: pip install 'replan[daemon]' ({exc})", 2
+        ) from None
+    workers: dict[str, int] | None = None
+    for item in args.workers or []:
+        role, _, size = item.partition("=")
+        try:
+            workers = {**(workers or {}), role: int(size)}
+        except ValueError:
+            raise CommandError(f"--workers takes ROLE=N, not {item!r}", 2) from None
+    try:
+        settings = load_settings(
+            args.config,
+            host=args.host,
+            port=args.port,
+            data_dir=args.data_dir,
+            model=args.model,
+            model_latency_s=args.model_latency,
+            workers=workers,
+            drain_grace_s=args.drain_grace,
+            retention=args.retention,
+            retention_age_s=args.retention_age,
+            retention_interval_s=args.retention_interval,
+            log_level=args.log_level,
+        )
+        serve_daemon(settings)
+    except ConfigurationError as exc:
+        raise CommandError(str(exc), 2) from None
+    return 0
 
 
 # show and runs -----------------------------------------------------------------

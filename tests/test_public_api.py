@@ -16,6 +16,7 @@ PACKAGES = [
     "replan.store",
     "replan.supervisor",
     "replan.telemetry",
+    "replan.daemon",
 ]
 
 
@@ -63,3 +64,18 @@ def test_the_design_documents_public_names_are_exported() -> None:
         "ConfigurationError",
     ):
         assert name in replan.__all__
+
+
+def test_importing_replan_does_not_import_the_daemons_dependencies() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, replan, replan.cli; "
+        "print(sorted(m for m in ('fastapi', 'uvicorn', 'pydantic_settings', "
+        "'starlette', 'httpx') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"

@@ -37,9 +37,11 @@ from ._events import ModelCallFailed as ModelCallFailed
 from ._events import PlanCreated as PlanCreated
 from ._events import ReplanApplied as ReplanApplied
 from ._events import ReplanRefused as ReplanRefused
+from ._events import RunCompacted as RunCompacted
 from ._events import RunFinished as RunFinished
 from ._events import RunSubmitted as RunSubmitted
 from ._events import TaskFinished as TaskFinished
+from ._events import TaskInterrupted as TaskInterrupted
 from ._events import TaskStarted as TaskStarted
 from ._events import TraceSuspended as TraceSuspended
 from ._events import UsageRecorded as UsageRecorded
@@ -175,6 +177,7 @@ __all__ = (
     "Request",
     "ReviewReply",
     "ReviewRequest",
+    "RunCompacted",
     "RunFinished",
     "RunResult",
     "RunSpec",
@@ -189,6 +192,7 @@ __all__ = (
     "Task",
     "TaskDraft",
     "TaskFinished",
+    "TaskInterrupted",
     "TaskOutcome",
     "TaskStarted",
     "TaskStatus",

@@ -7,9 +7,9 @@ from pydantic import Field, TypeAdapter
 
 from ._base import Frozen
 from ._explore_events import ExploreEvents
-from ._gate import GateRequest, GateResolution
+from ._gate import GateInfo, GateRequest, GateResolution
 from ._plan import PlanVersion, ReplanRecord, Synthesis, Verdict
-from ._result import ModelFailure, RunStatus, TokenUsage
+from ._result import ModelFailure, RunResult, RunStatus, TokenUsage
 from ._spec import RunSpec
 from ._task import TaskOutcome
 
@@ -51,6 +51,18 @@ class TaskFinished(_Event):
     kind: Literal["task_finished"] = "task_finished"
     task_id: str
     outcome: TaskOutcome
+
+
+class TaskInterrupted(_Event):
+    """A run resumed after a crash found this attempt unfinished and unrecorded.
+
+    The task goes back to pending, and the attempt does not count against
+    ``max_task_attempts`` (it never ended); ``task_executions`` still counts it.
+    """
+
+    kind: Literal["task_interrupted"] = "task_interrupted"
+    task_id: str
+    reason: str = "the supervisor stopped before the attempt finished"
 
 
 class MilestoneReviewed(_Event):
@@ -121,11 +133,35 @@ class RunFinished(_Event):
     synthesis: Synthesis | None = None
 
 
+class RunCompacted(_Event):
+    """A finished run's journal folded into one snapshot (retention).
+
+    It replaces every event of the run and keeps the seq of the last one, so
+    the journal still ends at the same ``seq``; replaying it alone rebuilds
+    the finished run's result.
+    """
+
+    kind: Literal["run_compacted"] = "run_compacted"
+    run_id: str
+    spec: RunSpec
+    created_at: datetime
+    deadline_at: datetime | None = None
+    result: RunResult
+    gates: list[GateInfo] = Field(default_factory=list)
+    completion_order: list[str] = Field(default_factory=list)
+    task_count: int = 0
+    phase: Literal["main", "collection", "synthesis"] = "main"
+    boundary_crossed: bool = False
+    events: int
+    """How many events were folded into this one."""
+
+
 Event = Annotated[
     RunSubmitted
     | PlanCreated
     | TaskStarted
     | TaskFinished
+    | TaskInterrupted
     | MilestoneReviewed
     | ReplanRefused
     | ReplanApplied
@@ -135,6 +171,7 @@ Event = Annotated[
     | TraceSuspended
     | ModelCallFailed
     | RunFinished
+    | RunCompacted
     | ExploreEvents,
     Field(discriminator="kind"),
 ]

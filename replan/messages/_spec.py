@@ -11,6 +11,11 @@ from ._plan import Trigger
 from ._task import TaskDraft
 
 
+MAX_SECONDS = 366 * 86_400.0
+"""The longest deadline or gate timeout: a year (longer ones would overflow
+a date, and a run that may wait longer than that should wait without one)."""
+
+
 class Limits(Settings):
     """The ceilings and budgets a run may not cross.
 
@@ -38,10 +43,11 @@ class Limits(Settings):
     """Confidence a new-critical-path replan needs."""
     min_corroboration: int = Field(default=2, ge=0, le=1_000)
     """Independent sources a new-critical-path replan needs."""
-    deadline_s: float | None = Field(default=None, gt=0)
-    """Wall-clock seconds the run may take from submission."""
-    gate_timeout_s: float | None = Field(default=None, gt=0)
-    """How long a gate waits for a person before the policy default applies."""
+    deadline_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    """Wall-clock seconds the run may take from submission (at most a year)."""
+    gate_timeout_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    """How long a gate waits for a person before the policy default applies
+    (at most a year; None waits without a limit)."""
     replan_candidates: int = Field(default=1, ge=1, le=16)
     """Revisions the planner proposes per replan; more than one are ranked."""
     max_tool_steps: int = Field(default=8, ge=1, le=100)

@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 from ._memory import MemoryStore as MemoryStore
+from ._port import EffectLedger as EffectLedger
+from ._port import EffectRecord as EffectRecord
 from ._port import JournalConflict as JournalConflict
+from ._port import JournalRetention as JournalRetention
 from ._port import RunSummary as RunSummary
 from ._port import Store as Store
 from ._sqlite import SQLiteStore as SQLiteStore
 
-__all__ = ("JournalConflict", "MemoryStore", "RunSummary", "SQLiteStore", "Store")
+__all__ = (
+    "EffectLedger",
+    "EffectRecord",
+    "JournalConflict",
+    "JournalRetention",
+    "MemoryStore",
+    "RunSummary",
+    "SQLiteStore",
+    "Store",
+)

@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
-from ..messages import EVENT_ADAPTER, Event, RunStatus
-from ._port import JournalConflict, RunSummary
+from ..messages import EVENT_ADAPTER, Event, RunCompacted, RunStatus
+from ._port import EffectRecord, JournalConflict, RunSummary
 
 
 class MemoryStore:
@@ -15,13 +16,17 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._events: dict[str, list[bytes]] = {}
+        self._base: dict[str, int] = {}
+        """Seq before a run's first kept event (non-zero once compacted)."""
         self._runs: dict[str, RunSummary] = {}
+        self._effects: dict[str, dict[tuple[str, int], EffectRecord]] = {}
+        self._compacted: set[str] = set()
 
     async def append(
         self, run_id: str, events: Sequence[Event], summary: RunSummary
     ) -> None:
         journal = self._events.setdefault(run_id, [])
-        expected = len(journal) + 1
+        expected = self._base.get(run_id, 0) + len(journal) + 1
         encoded: list[bytes] = []
         for event in events:
             if event.seq != expected:
@@ -35,7 +40,8 @@ class MemoryStore:
 
     async def read(self, run_id: str, after: int = 0) -> list[Event]:
         journal = self._events.get(run_id, [])
-        return [EVENT_ADAPTER.validate_json(raw) for raw in journal[max(after, 0) :]]
+        start = max(after - self._base.get(run_id, 0), 0)
+        return [EVENT_ADAPTER.validate_json(raw) for raw in journal[start:]]
 
     async def get_run(self, run_id: str) -> RunSummary | None:
         return self._runs.get(run_id)
@@ -55,3 +61,46 @@ class MemoryStore:
 
     async def aclose(self) -> None:
         return None
+
+    # Effect ledger --------------------------------------------------------------
+
+    async def record_effect(self, run_id: str, record: EffectRecord) -> None:
+        self._effects.setdefault(run_id, {})[record.task_id, record.attempt] = record
+
+    async def read_effects(self, run_id: str) -> list[EffectRecord]:
+        return list(self._effects.get(run_id, {}).values())
+
+    # Retention ------------------------------------------------------------------
+
+    async def finished_before(
+        self, before: datetime, *, include_compacted: bool, limit: int
+    ) -> list[str]:
+        rows = sorted(
+            (
+                r
+                for r in self._runs.values()
+                if r.status.final
+                and r.updated_at < before
+                and (include_compacted or r.run_id not in self._compacted)
+            ),
+            key=lambda r: (r.updated_at, r.run_id),
+        )
+        return [r.run_id for r in rows[:limit]]
+
+    async def compact_run(self, run_id: str, snapshot: RunCompacted) -> None:
+        journal = self._events.get(run_id, [])
+        last = self._base.get(run_id, 0) + len(journal)
+        if snapshot.seq != last:
+            raise JournalConflict(
+                f"run {run_id}: the snapshot ends at seq {snapshot.seq}, "
+                f"the journal at {last}"
+            )
+        self._events[run_id] = [EVENT_ADAPTER.dump_json(snapshot)]
+        self._base[run_id] = last - 1
+        self._effects.pop(run_id, None)
+        self._compacted.add(run_id)
+
+    async def delete_run(self, run_id: str) -> None:
+        for table in (self._events, self._base, self._runs, self._effects):
+            table.pop(run_id, None)
+        self._compacted.discard(run_id)

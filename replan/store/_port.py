@@ -4,10 +4,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from .._errors import JournalConflict as JournalConflict
-from ..messages import Event, RunStatus
+from ..messages import Event, ModelCall, RunCompacted, RunStatus, TaskOutcome
 
 
 class RunSummary(BaseModel):
@@ -66,4 +66,57 @@ class Store(Protocol):
 
     async def aclose(self) -> None:
         """Release the store's resources (idempotent)."""
+        ...
+
+
+class EffectRecord(BaseModel):
+    """What one finished task attempt returned, kept until the run is journaled.
+
+    The supervisor writes it the moment the executor returns, before the
+    outcome reaches the journal. A run resumed after a crash finds here the
+    attempts that finished but were never journaled, and journals them
+    instead of running them again.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    attempt: int
+    outcome: TaskOutcome
+    calls: list[ModelCall] = Field(default_factory=list)
+
+
+@runtime_checkable
+class EffectLedger(Protocol):
+    """A store that keeps finished task attempts apart from the journal."""
+
+    async def record_effect(self, run_id: str, record: EffectRecord) -> None:
+        """Keep ``record`` durably (replacing one for the same attempt)."""
+        ...
+
+    async def read_effects(self, run_id: str) -> list[EffectRecord]:
+        """Every attempt recorded for the run."""
+        ...
+
+
+@runtime_checkable
+class JournalRetention(Protocol):
+    """A store that can fold or drop old finished runs."""
+
+    async def finished_before(
+        self, before: datetime, *, include_compacted: bool, limit: int
+    ) -> list[str]:
+        """Ids of finished runs last updated before ``before``, oldest first."""
+        ...
+
+    async def compact_run(self, run_id: str, snapshot: RunCompacted) -> None:
+        """Replace the run's events by ``snapshot`` and drop its effect records.
+
+        Raises:
+            JournalConflict: the journal moved on since ``snapshot`` was made.
+        """
+        ...
+
+    async def delete_run(self, run_id: str) -> None:
+        """Forget the run: its events, summary and effect records."""
         ...

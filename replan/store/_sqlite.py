@@ -15,10 +15,10 @@ from typing import Any, Literal, Self
 import anyio
 
 from .._errors import ConfigurationError
-from ..messages import EVENT_ADAPTER, Event, RunStatus
-from ._port import JournalConflict, RunSummary
+from ..messages import EVENT_ADAPTER, Event, RunCompacted, RunStatus
+from ._port import EffectRecord, JournalConflict, RunSummary
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The layout this module writes, kept in ``PRAGMA user_version``."""
 
 _SCHEMA_V1 = (
@@ -48,6 +48,21 @@ _SCHEMA_V1 = (
     "CREATE INDEX runs_by_status ON runs (status, created_at)",
 )
 
+# Version 2: the effect ledger (finished task attempts not yet journaled are
+# found here after a crash) and an index for retention's age query.
+_SCHEMA_V2 = (
+    """
+    CREATE TABLE effects (
+        run_id  TEXT    NOT NULL,
+        task_id TEXT    NOT NULL,
+        attempt INTEGER NOT NULL,
+        payload TEXT    NOT NULL,
+        PRIMARY KEY (run_id, task_id, attempt)
+    )
+    """,
+    "CREATE INDEX runs_by_update ON runs (updated_at)",
+)
+
 _LAST_SEQ = "SELECT coalesce(max(seq), 0) FROM events WHERE run_id = ?"
 _INSERT_EVENT = (
     "INSERT INTO events (run_id, seq, type, payload, at) VALUES (?, ?, ?, ?, ?)"
@@ -69,6 +84,19 @@ _RUN_COLUMNS = (
 )
 _GET_RUN = f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?"
 _ORDER = "ORDER BY created_at DESC, run_id DESC LIMIT ? OFFSET ?"
+_RECORD_EFFECT = (
+    "INSERT OR REPLACE INTO effects (run_id, task_id, attempt, payload) "
+    "VALUES (?, ?, ?, ?)"
+)
+_READ_EFFECTS = "SELECT payload FROM effects WHERE run_id = ? ORDER BY rowid"
+_FINAL = tuple(str(s) for s in RunStatus if s.final)
+_FINISHED_BEFORE = f"""
+    SELECT run_id FROM runs
+    WHERE updated_at < ? AND status IN ({", ".join("?" * len(_FINAL))})
+      AND (? OR EXISTS (SELECT 1 FROM events e WHERE e.run_id = runs.run_id
+                        AND e.type != 'run_compacted'))
+    ORDER BY updated_at, run_id LIMIT ?
+"""
 
 
 class SQLiteStore:
@@ -210,6 +238,63 @@ class SQLiteStore:
         if conn is not None:
             conn.close()
 
+    # Effect ledger --------------------------------------------------------------
+
+    async def record_effect(self, run_id: str, record: EffectRecord) -> None:
+        # One statement is its own transaction: committed when it returns.
+        self._connection().execute(
+            _RECORD_EFFECT,
+            (run_id, record.task_id, record.attempt, record.model_dump_json()),
+        )
+
+    async def read_effects(self, run_id: str) -> list[EffectRecord]:
+        rows = self._connection().execute(_READ_EFFECTS, (run_id,)).fetchall()
+        return [EffectRecord.model_validate_json(payload) for (payload,) in rows]
+
+    # Retention ------------------------------------------------------------------
+
+    async def finished_before(
+        self, before: datetime, *, include_compacted: bool, limit: int
+    ) -> list[str]:
+        params = (_to_text(before), *_FINAL, include_compacted, limit)
+        rows = self._connection().execute(_FINISHED_BEFORE, params).fetchall()
+        return [run_id for (run_id,) in rows]
+
+    async def compact_run(self, run_id: str, snapshot: RunCompacted) -> None:
+        conn = self._connection()
+        payload = EVENT_ADAPTER.dump_json(snapshot).decode()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            (last,) = conn.execute(_LAST_SEQ, (run_id,)).fetchone()
+            if snapshot.seq != last:
+                raise JournalConflict(
+                    f"run {run_id}: the snapshot ends at seq {snapshot.seq}, "
+                    f"the journal at {last}"
+                )
+            conn.execute("DELETE FROM events WHERE run_id = ?", (run_id,))
+            conn.execute(
+                _INSERT_EVENT,
+                (run_id, snapshot.seq, snapshot.kind, payload, _to_text(snapshot.at)),
+            )
+            conn.execute("DELETE FROM effects WHERE run_id = ?", (run_id,))
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    async def delete_run(self, run_id: str) -> None:
+        conn = self._connection()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for table in ("events", "effects", "runs"):
+                conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             raise anyio.ClosedResourceError
@@ -249,6 +334,9 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
             )
         if version == 0:
             for statement in _SCHEMA_V1:
+                conn.execute(statement)
+        if version <= 1:
+            for statement in _SCHEMA_V2:
                 conn.execute(statement)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")

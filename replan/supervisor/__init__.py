@@ -28,6 +28,7 @@ from ._handle import RunHandle as RunHandle
 from ._state import RunState as RunState
 from ._state import apply as apply
 from ._state import replay as replay
+from ._state import snapshot as snapshot
 from ._supervisor import Supervisor as Supervisor
 from ._versions import build_version as build_version
 
@@ -46,4 +47,5 @@ __all__ = (
     "phase_gate",
     "ready_tasks",
     "replay",
+    "snapshot",
 )

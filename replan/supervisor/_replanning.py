@@ -15,6 +15,8 @@ from ..messages import (
     CritiqueRequest,
     EvolveReply,
     EvolveRequest,
+    GateInfo,
+    GateRequest,
     GateResolution,
     MilestoneReviewed,
     PlanProposal,
@@ -39,8 +41,9 @@ from ._decide import (
     heuristic_verdict,
     under_contract,
 )
+from ._gates import Validator
 from ._run import RunEnded
-from ._versions import build_version
+from ._versions import build_version, drafts_of
 
 if TYPE_CHECKING:
     from ._run import RunDriver
@@ -123,21 +126,31 @@ async def review(run: RunDriver) -> None:
             )
         case "replan":
             if contract_rules(state):
-                await _validation_gate(run, verdict)
+                await validation_gate(run, verdict)
             else:
                 await replan(run, verdict)
 
 
-async def _validation_gate(run: RunDriver, verdict: Verdict) -> None:
-    """A fixed plan cannot replan: a person decides to go on or to stop."""
-    request = run.gate_request(
-        "the plan's assumptions may no longer hold"
-        + (f" ({verdict.trigger.value})" if verdict.trigger else "")
-        + f": {verdict.rationale}. Approve to continue the fixed plan, "
-        "reject to stop with the results so far.",
-        trigger=verdict.trigger,
-    )
-    resolution = await run.await_gate(request, _no_edit)
+async def validation_gate(
+    run: RunDriver, verdict: Verdict, resumed: GateInfo | None = None
+) -> None:
+    """A fixed plan cannot replan: a person decides to go on or to stop.
+
+    ``resumed``: the gate as the journal left it when the run stopped.
+    """
+    if resumed is not None:
+        resolution = resumed.resolution or await run.await_gate(
+            resumed.request, _no_edit, reopen=True
+        )
+    else:
+        request = run.gate_request(
+            "the plan's assumptions may no longer hold"
+            + (f" ({verdict.trigger.value})" if verdict.trigger else "")
+            + f": {verdict.rationale}. Approve to continue the fixed plan, "
+            "reject to stop with the results so far.",
+            trigger=verdict.trigger,
+        )
+        resolution = await run.await_gate(request, _no_edit)
     if resolution.decision == "reject":
         raise RunEnded(
             RunStatus.ABORTED,
@@ -151,14 +164,25 @@ def _no_edit(resolution: GateResolution) -> None:
         raise ValueError("a fixed plan cannot be edited: approve or reject")
 
 
-async def replan(run: RunDriver, verdict: Verdict) -> None:
-    """One replan decision, applied or refused, in its own ``replan`` span."""
+async def replan(
+    run: RunDriver, verdict: Verdict, resumed: GateInfo | None = None
+) -> None:
+    """One replan decision, applied or refused, in its own ``replan`` span.
+
+    ``resumed``: the replan's gate as the journal left it when the run
+    stopped; the flow picks up there.
+    """
     with run.trace.replanning(verdict):
-        await _replan(run, verdict)
+        await _replan(run, verdict, resumed)
 
 
-async def _replan(run: RunDriver, verdict: Verdict) -> None:
+async def _replan(run: RunDriver, verdict: Verdict, resumed: GateInfo | None) -> None:
     """Guards, proposal (K candidates ranked and evolved), drift, gate, apply."""
+    if resumed is not None and resumed.request.proposal is not None:
+        gated = resumed.request.proposal
+        proposal = PlanProposal(tasks=drafts_of(gated), rationale=gated.reason)
+        await _after_proposal(run, verdict, proposal, gated, resumed)
+        return
     refusal = guard_replan(run.view, verdict)
     if refusal is not None:
         await _refuse(run, verdict, *refusal)
@@ -190,9 +214,20 @@ async def _replan(run: RunDriver, verdict: Verdict) -> None:
                 run, verdict, ReplanOutcome.REFUSED_DRIFT, drift, proposed=version
             )
             return
+    await _after_proposal(run, verdict, proposal, version, None)
+
+
+async def _after_proposal(
+    run: RunDriver,
+    verdict: Verdict,
+    proposal: PlanProposal,
+    version: PlanVersion,
+    resumed: GateInfo | None,
+) -> None:
+    """The gate (when the trigger needs one), then apply the plan."""
     approved_by: str | None = None
-    if verdict.trigger in run.state.spec.gate_policy.gate_on:
-        resolution = await _gate_replan(run, verdict, version)
+    if resumed is not None or verdict.trigger in run.state.spec.gate_policy.gate_on:
+        resolution = await _gate_replan(run, verdict, version, resumed)
         if resolution.decision == "reject":
             reason = f"rejected by {resolution.by}" + (
                 f": {resolution.note}" if resolution.note else ""
@@ -274,14 +309,28 @@ async def _propose(run: RunDriver, verdict: Verdict) -> PlanProposal:
 
 
 async def _gate_replan(
-    run: RunDriver, verdict: Verdict, version: PlanVersion
+    run: RunDriver,
+    verdict: Verdict,
+    version: PlanVersion,
+    resumed: GateInfo | None = None,
 ) -> GateResolution:
+    if resumed is not None and resumed.resolution is not None:
+        return resumed.resolution
     trigger = verdict.trigger.value if verdict.trigger else "replan"
-    request = run.gate_request(
-        f"{trigger}: {verdict.rationale}" if verdict.rationale else trigger,
-        trigger=verdict.trigger,
-        proposal=version,
+    request = (
+        resumed.request
+        if resumed is not None
+        else run.gate_request(
+            f"{trigger}: {verdict.rationale}" if verdict.rationale else trigger,
+            trigger=verdict.trigger,
+            proposal=version,
+        )
     )
+    return await run.await_gate(request, edit_check(run), reopen=resumed is not None)
+
+
+def edit_check(run: RunDriver) -> Validator:
+    """A replan gate's check of edited tasks: a valid plan on the run as it is."""
     known = frozenset(
         t.id
         for t in run.state.tasks.values()
@@ -294,7 +343,12 @@ async def _gate_replan(
         if resolution.tasks is not None:
             check_drafts(resolution.tasks, known=known)
 
-    return await run.await_gate(request, valid_edit)
+    return valid_edit
+
+
+def gate_check(run: RunDriver, request: GateRequest) -> Validator:
+    """The check a review gate applies to a person's answer."""
+    return _no_edit if request.proposal is None else edit_check(run)
 
 
 async def _refuse(

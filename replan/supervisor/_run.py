@@ -8,7 +8,7 @@ acts on are the pure functions of ``_decide``; the replan flow lives in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
@@ -46,7 +46,7 @@ from ..messages import (
     ToolCall,
     UsageRecorded,
 )
-from ..store import RunSummary, Store
+from ..store import EffectLedger, EffectRecord, RunSummary, Store
 from ..telemetry import RunTrace, Telemetry
 from ._budget import RunMeter
 from ._decide import (
@@ -103,6 +103,12 @@ class _RoleStopped:
 class _Answered:
     request: GateRequest
     resolution: GateResolution
+
+
+def approval_check(resolution: GateResolution) -> None:
+    """An approval gate takes approve or reject."""
+    if resolution.decision == "edit":
+        raise ValueError("an approval gate takes approve or reject, not edit")
 
 
 def summary_of(state: RunState) -> RunSummary:
@@ -165,11 +171,6 @@ def usage_events(
     ]
 
 
-def _no_edit(resolution: GateResolution) -> None:
-    if resolution.decision == "edit":
-        raise ValueError("an approval gate takes approve or reject, not edit")
-
-
 class RunDriver:
     """Runs one plan run to its end under the supervisor's task group."""
 
@@ -211,6 +212,13 @@ class RunDriver:
         self.trace = RunTrace(
             self.telemetry, record.state, self.record_events, (RunEnded,)
         )
+        self.effects = store if isinstance(store, EffectLedger) else None
+        """Where finished attempts are kept until journaled (see ``_resume``)."""
+        self.recovery: Callable[[RunDriver, TaskGroup], Awaitable[None]] | None = None
+        """Set on a resumed run: picks up what the journal left unfinished."""
+        self._draining = False
+        self._busy = 0
+        self._idle = anyio.Event()
 
     @property
     def state(self) -> RunState:
@@ -219,6 +227,31 @@ class RunDriver:
     def request_cancel(self) -> None:
         self._cancel_requested = True
         self._cancel_scope.cancel()
+
+    # Draining -----------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Start no model call or task from now on; let those in flight end."""
+        self._draining = True
+        if self._busy == 0:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Return once draining and nothing is in flight."""
+        await self._idle.wait()
+
+    async def _hold_if_draining(self) -> None:
+        # Held until the supervisor stops; the run resumes from the journal.
+        if self._draining:
+            await anyio.sleep_forever()
+
+    def _begin(self) -> None:
+        self._busy += 1
+
+    def _end(self) -> None:
+        self._busy -= 1
+        if self._draining and self._busy == 0:
+            self._idle.set()
 
     # Journal ----------------------------------------------------------------
 
@@ -278,11 +311,13 @@ class RunDriver:
         """
         attempts = self.limits.max_task_attempts
         for attempt in range(1, attempts + 1):
+            await self._hold_if_draining()
             self.check_budget()
             budget = self.limits.token_budget
             if budget is not None and hasattr(request, "token_allowance"):
                 left = budget - self.view.usage.total.total_tokens
                 request = request.model_copy(update={"token_allowance": left})  # type: ignore[attr-defined]
+            self._begin()
             try:
                 reply = expect(
                     await pool.ask(request, run_id=self.state.run_id), reply_type
@@ -312,6 +347,8 @@ class RunDriver:
                         RunStatus.FAILED,
                         f"{pool.role} failed {attempts} time(s); last: {exc}",
                     ) from None
+            finally:
+                self._end()
         raise AssertionError("unreachable")
 
     def check_budget(self) -> None:
@@ -358,10 +395,18 @@ class RunDriver:
         )
 
     async def await_gate(
-        self, request: GateRequest, validate: Validator | None
+        self, request: GateRequest, validate: Validator | None, *, reopen: bool = False
     ) -> GateResolution:
-        """Open a gate, wait for its answer, and journal it (the run waits)."""
-        await self.open_gate(request, validate)
+        """Open a gate, wait for its answer, and journal it (the run waits).
+
+        ``reopen``: the gate is already in the journal (a resumed run); it is
+        only listed again, unless the resume listed it already.
+        """
+        if reopen:
+            if self.gates.get(request.gate_id) is None:
+                self.gates.open(request, validate)
+        else:
+            await self.open_gate(request, validate)
         try:
             async with self.trace.waiting(request):
                 resolution = await self._ask_gate(request)
@@ -459,6 +504,9 @@ class RunDriver:
     async def _loop(self, tg: TaskGroup) -> Synthesis:
         from ._replanning import boundary, first_plan, review
 
+        recovery, self.recovery = self.recovery, None
+        if recovery is not None:
+            await recovery(self, tg)
         if not self.state.versions:
             await first_plan(self)
         while True:
@@ -531,7 +579,14 @@ class RunDriver:
         """Start ready tasks up to ``max_concurrency``; gate side effects first.
 
         Journals whatever is staged together with the starts, in one append.
+        While draining nothing starts: the run waits for what is in flight,
+        then holds until the supervisor stops.
         """
+        if self._draining:
+            await self.record_events()
+            if self._in_flight == 0:
+                await self._hold_if_draining()
+            return
         state = self.view
         room = self.limits.max_concurrency - self._in_flight
         budget = self.limits.max_task_executions - state.task_executions
@@ -573,13 +628,25 @@ class RunDriver:
                     gate.request.gate_id, f"task {task_id} is no longer pending"
                 )
 
+    def restart(self, tg: TaskGroup, task: Task) -> None:
+        """Run an attempt a resumed run has journaled as started again."""
+        self._in_flight += 1
+        tg.start_soon(self._execute, task)
+
+    def reopen_approval(self, tg: TaskGroup, request: GateRequest) -> None:
+        """Wait again for a journaled approval gate's answer (listed again)."""
+        if self.gates.get(request.gate_id) is None:
+            self.gates.open(request, approval_check)
+        self._awaiting_approval.add(request.gate_id)
+        tg.start_soon(self._await_approval, request)
+
     async def _request_approval(self, tg: TaskGroup, task: Task) -> None:
         request = self.gate_request(
             f"task {task.id} has side effects and needs approval: {task.description}",
             task_id=task.id,
         )
 
-        await self.open_gate(request, _no_edit)
+        await self.open_gate(request, approval_check)
         self._awaiting_approval.add(request.gate_id)
         tg.start_soon(self._await_approval, request)
 
@@ -611,7 +678,7 @@ class RunDriver:
             tool_call=call,
         )
         try:
-            return await self.await_gate(request, _no_edit)
+            return await self.await_gate(request, approval_check)
         except RunEnded as end:
             return GateResolution(decision="reject", by="supervisor", note=end.reason)
 
@@ -625,6 +692,7 @@ class RunDriver:
         )
         calls: list[ModelCall] = []
         failures: Sequence[ModelFailure] = ()
+        self._begin()
         try:
             reply = expect(
                 await self.roles.executor.ask(
@@ -639,6 +707,18 @@ class RunDriver:
             )
             outcome, calls = reply.outcome, reply.calls
             failures = reply.failures
+            if self.effects is not None:
+                # Durable before anything else: a crash from here on finds
+                # the attempt in the ledger instead of running it again.
+                await self.effects.record_effect(
+                    state.run_id,
+                    EffectRecord(
+                        task_id=task.id,
+                        attempt=task.attempts,
+                        outcome=outcome,
+                        calls=calls,
+                    ),
+                )
         except ActorCrashed as exc:
             failure = exc.failure.model_failure
             if failure is not None and failure.fatal:
@@ -653,7 +733,16 @@ class RunDriver:
         except ActorStopped as exc:
             await self._inbox_send.send(_RoleStopped(exc))
             return
+        finally:
+            self._end()
         await self._inbox_send.send(_Done(task.id, outcome, calls, failures))
+
+    def recovered(self, record: EffectRecord) -> None:
+        """An attempt that finished before a crash: handle it as if just done."""
+        self._in_flight += 1
+        self._inbox_send.send_nowait(
+            _Done(record.task_id, record.outcome, record.calls)
+        )
 
     async def _synthesize(self) -> Synthesis:
         context = self.base_context()

@@ -24,6 +24,7 @@ from ..messages import (
     ReplanOutcome,
     ReplanRecord,
     ReplanRefused,
+    RunCompacted,
     RunFinished,
     RunResult,
     RunSpec,
@@ -31,6 +32,7 @@ from ..messages import (
     RunSubmitted,
     Task,
     TaskFinished,
+    TaskInterrupted,
     TaskOutcome,
     TaskStarted,
     TaskStatus,
@@ -150,6 +152,8 @@ def apply(state: RunState | None, event: Event) -> RunState:
             first event that is not ``run_submitted``, an unknown task).
     """
     if state is None:
+        if isinstance(event, RunCompacted):
+            return _from_snapshot(event)
         if not isinstance(event, RunSubmitted) or event.seq != 1:
             raise ValueError("a run's journal must begin with run_submitted, seq 1")
         return RunState(
@@ -174,6 +178,8 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
     match event:
         case RunSubmitted():
             raise ValueError("run_submitted can only begin a journal")
+        case RunCompacted():
+            raise ValueError("run_compacted can only be a whole journal")
         case PlanCreated(version=version, boundary=boundary):
             changes = _install(state, version)
             if boundary:
@@ -188,6 +194,15 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
             return {"tasks": tasks, "task_executions": state.task_executions + 1}
         case TaskFinished(task_id=task_id, outcome=outcome):
             return _finish(state, task_id, outcome)
+        case TaskInterrupted(task_id=task_id):
+            task = _task(state, task_id)
+            if task.status is not TaskStatus.IN_PROGRESS:
+                raise ValueError(f"task {task_id} was interrupted without starting")
+            tasks = dict(state.tasks)
+            tasks[task_id] = task.model_copy(
+                update={"status": TaskStatus.PENDING, "attempts": task.attempts - 1}
+            )
+            return {"tasks": tasks}
         case MilestoneReviewed(verdict=verdict):
             changes = {
                 "iterations": state.iterations + 1,
@@ -240,6 +255,63 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
             return {"explore": explore, "iterations": len(explore.cycles)}
         case _:
             assert_never(event)
+
+
+def _from_snapshot(event: RunCompacted) -> RunState:
+    result = event.result
+    return RunState(
+        run_id=event.run_id,
+        spec=event.spec,
+        status=result.status,
+        seq=event.seq,
+        created_at=event.created_at,
+        updated_at=event.at,
+        deadline_at=event.deadline_at,
+        tasks={t.id: t for t in result.tasks},
+        task_count=event.task_count,
+        versions=result.versions,
+        replans=result.replans,
+        usage=result.usage,
+        phase=event.phase,
+        boundary_crossed=event.boundary_crossed,
+        iterations=result.iterations,
+        task_executions=result.task_executions,
+        completion_order=event.completion_order,
+        gates={g.request.gate_id: g for g in event.gates},
+        output=result.output,
+        sources=result.sources,
+        stop_reason=result.stop_reason,
+        model_failures=result.model_failures,
+        replanning_tokens=result.replanning_tokens,
+        # A compacted explore run keeps its brief; the working set of
+        # hypotheses, reviews and ratings behind it is folded away.
+        explore=None if result.brief is None else ExploreState(brief=result.brief),
+    )
+
+
+def snapshot(state: RunState, events: int) -> RunCompacted:
+    """The one event that stands for a finished run's whole journal.
+
+    Raises:
+        ValueError: the run has not finished.
+    """
+    if not state.status.final:
+        raise ValueError(f"run {state.run_id} has not finished: {state.status}")
+    return RunCompacted(
+        seq=state.seq,
+        at=state.updated_at,
+        run_id=state.run_id,
+        spec=state.spec,
+        created_at=state.created_at,
+        deadline_at=state.deadline_at,
+        result=state.result(),
+        gates=list(state.gates.values()),
+        completion_order=state.completion_order,
+        task_count=state.task_count,
+        phase=state.phase,
+        boundary_crossed=state.boundary_crossed,
+        events=events,
+    )
 
 
 def _resolve_gate(

@@ -18,7 +18,7 @@ from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
 from .._errors import ConfigurationError, SupervisorError, UnknownRunError
-from ..actors import ActorPool
+from ..actors import ActorPool, PoolStatistics
 from ..actors._evolver import Evolver
 from ..actors._executor import Executor, TaskRunner
 from ..actors._human_gate import HumanGate
@@ -27,12 +27,20 @@ from ..actors._ranker import Ranker
 from ..actors._reviewer import Reviewer
 from ..llm import Model, Tool
 from ..llm._tools import as_tools
-from ..messages import GateResolution, RunResult, RunSpec, RunSubmitted, ToolCall
-from ..store import MemoryStore, Store
+from ..messages import (
+    GateResolution,
+    RunResult,
+    RunSpec,
+    RunStatus,
+    RunSubmitted,
+    ToolCall,
+)
+from ..store import EffectLedger, MemoryStore, Store
 from ..telemetry import Telemetry
 from ._budget import MeteredModel, RunMeter
 from ._gates import GateRegistry
 from ._handle import RunHandle, RunRecord
+from ._resume import Recovery
 from ._roles import DEFAULT_WORKERS, ROLES, Roles
 from ._run import RunDriver, summary_of
 from ._state import apply, replay
@@ -69,6 +77,8 @@ class Supervisor:
         tools: functions (or :class:`~replan.llm.Tool` objects) the executor
             may call while running a task; a ``side_effect`` tool waits for a
             person's approval at a human gate before each call.
+        resume: on start, resume every run the store holds unfinished
+            (``running`` or ``waiting_for_human``); see :meth:`resume`.
 
     Raises:
         ConfigurationError: an argument is invalid.
@@ -90,6 +100,7 @@ class Supervisor:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         tools: Sequence[Tool | Callable[..., Any]] = (),
+        resume: bool = False,
     ) -> None:
         sizes = dict(DEFAULT_WORKERS)
         for role, size in (workers or {}).items():
@@ -137,6 +148,7 @@ class Supervisor:
         self._serve_scope: anyio.CancelScope | None = None
         self._exit_stack: AsyncExitStack | None = None
         self._stopping = False
+        self._resume_on_start = resume
 
     # Lifecycle ----------------------------------------------------------------
 
@@ -180,6 +192,8 @@ class Supervisor:
                         await tg.start(pool.run)
                     self._task_group = tg
                     self._telemetry.watch(roles.all())
+                    if self._resume_on_start:
+                        await self.resume_all()
                     task_status.started()
                     await anyio.sleep_forever()
         finally:
@@ -191,6 +205,24 @@ class Supervisor:
             self.gates.close_all("the supervisor stopped")
             for record in self._records.values():
                 record.detach("the supervisor stopped before the run finished")
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop gracefully: start nothing new, let calls in flight end, stop.
+
+        New submissions are refused at once; runs start no further model
+        call or task; what is in flight gets up to ``grace_s`` seconds to
+        finish and reach the journal (or the effect ledger). Then the
+        supervisor stops, and unfinished runs wait in the journal for
+        :meth:`resume`.
+        """
+        self._stopping = True
+        drivers = list(self._drivers.values())
+        for driver in drivers:
+            driver.drain()
+        with anyio.move_on_after(grace_s):
+            for driver in drivers:
+                await driver.wait_idle()
+        self.stop()
 
     def _build_roles(self) -> Roles:
         model, runner = self._metered, self._task_runner
@@ -299,6 +331,68 @@ class Supervisor:
             )
         return await driver.approve_tool_call(task_id, call)
 
+    async def resume(self, run_id: str) -> RunHandle:
+        """Drive an unfinished run on from its journal (after a restart).
+
+        Completed tasks are not run again and the plan is not made again;
+        attempts that finished without being journaled are taken from the
+        store's effect ledger; open gates are listed in :attr:`gates` again.
+        A finished run gets a handle on its journaled result.
+
+        Raises:
+            UnknownRunError: the store has no events for the run.
+            SupervisorError: the supervisor is not serving.
+        """
+        tg, roles = self._task_group, self._roles
+        if tg is None or roles is None or self._stopping:
+            raise SupervisorError(
+                "the supervisor is not serving: use `async with` or serve()"
+            )
+        known = self._records.get(run_id)
+        if known is not None and (run_id in self._drivers or known.done.is_set()):
+            return self._handle(known)
+        events = await self.store.read(run_id)
+        if not events:
+            raise UnknownRunError(run_id)
+        state = replay(events)
+        record = RunRecord(state)
+        self._records[run_id] = record
+        if state.status.final:
+            record.install(state, events)
+            return self._handle(record)
+        store = self.store
+        effects = (
+            await store.read_effects(run_id) if isinstance(store, EffectLedger) else []
+        )
+        driver = RunDriver(record, roles, store, self.gates)
+        recovery = Recovery(events, effects)
+        recovery.list_gates(driver)
+        driver.recovery = recovery
+        self._drivers[run_id] = driver
+        tg.start_soon(self._drive, driver)
+        logger.info("resumed run %s at seq %d", run_id, state.seq)
+        return self._handle(record)
+
+    async def resume_all(self) -> list[RunHandle]:
+        """Resume every run the store holds as running or waiting for a person."""
+        unfinished = [RunStatus.RUNNING, RunStatus.WAITING_FOR_HUMAN]
+        run_ids: list[str] = []
+        page = 500
+        while True:
+            rows = await self.store.list_runs(
+                statuses=unfinished, limit=page, offset=len(run_ids)
+            )
+            run_ids.extend(r.run_id for r in rows)
+            if len(rows) < page:
+                break
+        return [await self.resume(run_id) for run_id in reversed(run_ids)]
+
+    def forget(self, run_id: str) -> None:
+        """Drop a finished run from memory (its journal stays in the store)."""
+        record = self._records.get(run_id)
+        if record is not None and run_id not in self._drivers:
+            del self._records[run_id]
+
     def _handle(self, record: RunRecord) -> RunHandle:
         run_id = record.state.run_id
 
@@ -320,6 +414,11 @@ class Supervisor:
         if record is None:
             raise UnknownRunError(run_id)
         return self._handle(record)
+
+    def pool_statistics(self) -> list[PoolStatistics]:
+        """Each actor role's pool: workers, busy, mailbox depth, restarts."""
+        roles = self._roles
+        return [] if roles is None else [pool.statistics() for pool in roles.all()]
 
     def handles(self) -> list[RunHandle]:
         """Handles of every run started by this supervisor, oldest first."""

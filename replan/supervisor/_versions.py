@@ -76,3 +76,24 @@ def build_version(
         preserved=[t.id for t in live if t.id not in gone],
         findings_at_replan=state.findings()[-3:],
     )
+
+
+def drafts_of(version: PlanVersion) -> list[TaskDraft]:
+    """The drafts a version's added tasks were built from (its inverse).
+
+    Dependencies on other added tasks go back to their keys; dependencies on
+    older tasks stay ids, as a planner writes them.
+    """
+    after = {t.id: t for t in version.tasks_after}
+    added = [after[task_id] for task_id in version.added]
+    key_of = {t.id: t.key for t in added}
+    return [
+        TaskDraft(
+            key=t.key,
+            description=t.description,
+            depends_on=[key_of.get(dep, dep) for dep in t.depends_on],
+            milestone=t.milestone,
+            requires_approval=t.requires_approval,
+        )
+        for t in added
+    ]

@@ -19,6 +19,7 @@ from ._run import resumed_root as resumed_root
 from ._telemetry import Telemetry as Telemetry
 from .setup import TelemetrySetup as TelemetrySetup
 from .setup import setup as setup
+from .setup import setup_if_asked as setup_if_asked
 
 __all__ = (
     "ActorSpan",
@@ -34,4 +35,5 @@ __all__ = (
     "resumed_root",
     "serving",
     "setup",
+    "setup_if_asked",
 )

@@ -148,6 +148,21 @@ def setup(
     )
 
 
+def setup_if_asked(*, console: TextIO | None = None) -> TelemetrySetup:
+    """:func:`setup` for the CLI and the daemon: export only when asked.
+
+    An application's default is OTLP, as the standard says; a command run by
+    hand with no collector listening would only log export failures, so here
+    nothing is exported unless ``OTEL_TRACES_EXPORTER`` /
+    ``OTEL_METRICS_EXPORTER`` or ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set.
+
+    Raises:
+        ConfigurationError: as :func:`setup`.
+    """
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    return setup(default_exporter="otlp" if endpoint else "none", console=console)
+
+
 def _providers_already_set() -> bool:
     """Did the application install its own global providers?"""
     # Until one is set, the API hands out proxy providers.

@@ -32,7 +32,9 @@ from replan.messages import (
     ReplanOutcome,
     ReplanRecord,
     ReplanRefused,
+    RunCompacted,
     RunFinished,
+    RunResult,
     RunSpec,
     RunStatus,
     RunSubmitted,
@@ -40,12 +42,14 @@ from replan.messages import (
     Task,
     TaskDraft,
     TaskFinished,
+    TaskInterrupted,
     TaskOutcome,
     TaskStarted,
     TaskStatus,
     TokenUsage,
     TraceSuspended,
     Trigger,
+    Usage,
     UsageRecorded,
     Verdict,
 )
@@ -258,6 +262,39 @@ def sample_events(run_id: str = "run-1") -> list[Event]:
     ]
 
 
+def detached_samples() -> list[Event]:
+    """The event types that do not fit in ``sample_events``' one journal: an
+    interrupted attempt (a resume after a crash) and a compacted run."""
+    submitted, created = sample_events()[:2]
+    assert isinstance(submitted, RunSubmitted)
+    assert isinstance(created, PlanCreated)
+    result = RunResult(
+        run_id="run-1",
+        goal=submitted.spec.goal,
+        pattern=submitted.spec.pattern,
+        status=RunStatus.CANCELLED,
+        tasks=created.version.tasks_after,
+        versions=[created.version],
+        replans=[],
+        usage=Usage(),
+        stop_reason="cancelled on request",
+    )
+    return [
+        TaskInterrupted(seq=4, at=at(3), task_id="t1"),
+        RunCompacted(
+            seq=3,
+            at=at(2),
+            run_id="run-1",
+            spec=submitted.spec,
+            created_at=at(0),
+            result=result,
+            task_count=3,
+            phase="collection",
+            events=3,
+        ),
+    ]
+
+
 @pytest.fixture(params=["memory", "sqlite"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
     journal: Store = (
@@ -272,13 +309,15 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
 def test_the_samples_hold_one_event_of_every_type() -> None:
     (union, _) = typing.get_args(Event)
-    samples = [*sample_events(), *explore_events()]
+    samples = [*sample_events(), *explore_events(), *detached_samples()]
     assert sorted(type(e).__name__ for e in samples) == sorted(
         t.__name__ for t in typing.get_args(union)
     )
 
 
-@pytest.mark.parametrize("event", sample_events(), ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize(
+    "event", sample_events() + detached_samples(), ids=lambda e: type(e).__name__
+)
 def test_every_event_type_round_trips_through_the_event_adapter(event: Event) -> None:
     assert EVENT_ADAPTER.validate_json(EVENT_ADAPTER.dump_json(event)) == event
 
@@ -481,7 +520,7 @@ async def test_the_database_is_in_wal_mode_with_a_schema_version(
         pass
     with closing(sqlite3.connect(tmp_path / "j.db")) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert conn.execute("PRAGMA user_version").fetchone() == (1,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (2,)
 
 
 async def test_a_database_from_a_newer_schema_is_refused(tmp_path: Path) -> None:

@@ -372,6 +372,9 @@ async def test_submitting_a_bad_dict_spec_fails_before_anything_runs() -> None:
     ("spec", "field"),
     [
         ({"goal": "g", "limits": {"max_replans": -1}}, "limits.max_replans"),
+        # Past any date a clock can hold: refused, not an overflow mid-run.
+        ({"goal": "g", "limits": {"deadline_s": 3e307}}, "limits.deadline_s"),
+        ({"goal": "g", "limits": {"gate_timeout_s": 1e12}}, "limits.gate_timeout_s"),
         ({"goal": ""}, "goal"),
         ({"pattern": "contract"}, "goal"),
         (

@@ -1,0 +1,164 @@
+"""The command line against a daemon: submit, runs, show, watch, approve,
+reject, cancel (``--url`` or ``REPLAN_URL``; token from ``REPLAN_API_TOKEN``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import _render
+from ._client import Client, ClientError
+from .supervisor import RunState, apply, replay
+
+COMMANDS = ("submit", "watch", "approve", "reject", "cancel")
+"""Commands that only talk to a daemon (``runs`` and ``show`` also read a
+local journal with ``--db``)."""
+
+
+class RemoteError(Exception):
+    """One line for ``replan: error: ...``."""
+
+
+def add_url(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url", metavar="URL", help="the daemon (default: $REPLAN_URL)"
+    )
+
+
+def add_commands(commands: Any) -> None:
+    submit = commands.add_parser(
+        "submit", help="submit a run to a daemon; prints its id"
+    )
+    submit.add_argument(
+        "spec",
+        metavar="SPEC",
+        nargs="?",
+        help="a RunSpec JSON file ('-' for stdin); or give --goal",
+    )
+    submit.add_argument("--goal", help="the goal (a minimal spec)")
+    submit.add_argument("--pattern", choices=["contract", "discovery", "hybrid"])
+    submit.add_argument("--watch", action="store_true", help="follow its events")
+    add_url(submit)
+
+    watch = commands.add_parser(
+        "watch", help="follow a run's events until it ends (reconnects)"
+    )
+    watch.add_argument("run_id", metavar="RUN_ID")
+    add_url(watch)
+
+    for name, verb in (("approve", "approve"), ("reject", "reject")):
+        gate = commands.add_parser(name, help=f"{verb} a pending gate")
+        gate.add_argument("gate_id", metavar="GATE_ID")
+        gate.add_argument("--by", default="cli", help="who decides (default cli)")
+        gate.add_argument("--note", default="", help="why")
+        add_url(gate)
+
+    cancel = commands.add_parser("cancel", help="cancel a run")
+    cancel.add_argument("run_id", metavar="RUN_ID")
+    add_url(cancel)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one remote command; RemoteError carries a one-line failure."""
+    try:
+        with Client.from_env(getattr(args, "url", None)) as client:
+            return _COMMANDS[args.command](client, args)
+    except ClientError as exc:
+        raise RemoteError(str(exc)) from None
+
+
+def _submit(client: Client, args: argparse.Namespace) -> int:
+    spec: dict[str, Any] = {}
+    if args.spec:
+        try:
+            text = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
+            spec = json.loads(text)
+        except (OSError, ValueError) as exc:
+            raise RemoteError(f"cannot read the spec {args.spec}: {exc}") from None
+        if not isinstance(spec, dict):
+            raise RemoteError("the spec must be a JSON object")
+    if args.goal:
+        spec["goal"] = args.goal
+    if args.pattern:
+        spec["pattern"] = args.pattern
+    if "goal" not in spec:
+        raise RemoteError("give a SPEC file or --goal")
+    accepted = client.call("POST", "/v1/runs", json=spec)
+    print(accepted["run_id"])
+    if args.watch:
+        return _follow(client, accepted["run_id"])
+    return 0
+
+
+def _watch(client: Client, args: argparse.Namespace) -> int:
+    return _follow(client, args.run_id)
+
+
+def _follow(client: Client, run_id: str) -> int:
+    state: RunState | None = None
+    for event in client.events(run_id):
+        state = apply(state, event)
+        for line in _render.event_lines(event, state):
+            print(line, flush=True)
+    return 0
+
+
+def _answer(client: Client, args: argparse.Namespace) -> int:
+    body = {"decision": args.command, "by": args.by, "note": args.note}
+    answer = client.call("POST", f"/v1/gates/{args.gate_id}", json=body)
+    print(f"gate {answer['gate_id']}: {answer['decision']} (run {answer['run_id']})")
+    return 0
+
+
+def _cancel(client: Client, args: argparse.Namespace) -> int:
+    ended = client.call("POST", f"/v1/runs/{args.run_id}/cancel")
+    print(f"run {ended['run_id']}: {ended['status']}")
+    return 0
+
+
+def list_runs(args: argparse.Namespace) -> int:
+    """``replan runs --url``: one line per run, newest first."""
+    try:
+        with Client.from_env(args.url) as client:
+            page = client.call(
+                "GET", "/v1/runs", params={"limit": min(args.limit, 1000)}
+            )
+    except ClientError as exc:
+        raise RemoteError(str(exc)) from None
+    for s in page["runs"]:
+        goal = " ".join(s["goal"].split())
+        if len(goal) > 60:
+            goal = goal[:59] + "…"
+        print(f"{s['run_id']}  {s['status']:<17} {s['pattern']:<9}  {goal}")
+    if not page["runs"]:
+        print("no runs", file=sys.stderr)
+    return 0
+
+
+def show(args: argparse.Namespace) -> int:
+    """``replan show --url``: the run rebuilt from its events, as with --db."""
+    try:
+        with Client.from_env(args.url) as client:
+            view = client.call("GET", f"/v1/runs/{args.run_id}")
+            events = list(client.events(args.run_id, until=view["last_seq"]))
+    except ClientError as exc:
+        raise RemoteError(str(exc)) from None
+    state = replay(events)
+    if args.json:
+        print(state.result().model_dump_json(indent=2))
+    else:
+        for line in _render.run_report(state):
+            print(line)
+    return 0
+
+
+_COMMANDS = {
+    "submit": _submit,
+    "watch": _watch,
+    "approve": _answer,
+    "reject": _answer,
+    "cancel": _cancel,
+}

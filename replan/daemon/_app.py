@@ -1,0 +1,346 @@
+"""The HTTP API: an ASGI app over one :class:`Daemon`.
+
+Every ``/v1`` route needs ``Authorization: Bearer <token>`` (401 without,
+403 with a wrong one). Bad input is answered 4xx with a :class:`Problem`
+naming the field; nothing a client sends produces a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException
+
+from .._errors import ConfigurationError, GateError, SupervisorError, UnknownRunError
+from .._version import __version__
+from ..messages import GateResolution, Limits, RunSpec, RunStatus
+from ._limits import BodyLimit
+from ._metrics import CONTENT_TYPE, render_metrics
+from ._schemas import (
+    Accepted,
+    Cancelled,
+    GateAnswered,
+    GateList,
+    Problem,
+    RunPage,
+    RunView,
+    VersionList,
+)
+from ._service import Daemon
+from ._sse import event_source
+
+logger = logging.getLogger("replan.daemon")
+
+_bearer = HTTPBearer(auto_error=False, description="REPLAN_API_TOKEN")
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": Problem} for code in (400, 401, 403, 404, 409, 413, 422, 503)
+}
+
+
+RunId = Annotated[str, Path(min_length=1, max_length=200)]
+GateId = Annotated[str, Path(min_length=1, max_length=220)]
+
+
+class ApiError(HTTPException):
+    """An error answer with the field it is about."""
+
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(status, detail, headers)
+        self.field = field
+
+
+def create_app(daemon: Daemon) -> FastAPI:
+    """The ASGI app; its lifespan runs ``daemon.running()``."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with daemon.running():
+            yield
+
+    app = FastAPI(
+        title="replan",
+        version=__version__,
+        summary="Durable replanning runs with human gates.",
+        lifespan=lifespan,
+        responses=_ERRORS,
+    )
+    app.add_middleware(BodyLimit, max_bytes=daemon.settings.max_body_bytes)
+    _handle_errors(app)
+    app.include_router(_v1(daemon))
+
+    @app.get("/healthz", tags=["operations"])
+    async def healthz() -> dict[str, str]:
+        """The process is up."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["operations"], responses={503: {"model": Problem}})
+    async def readyz() -> dict[str, str]:
+        """The daemon accepts runs (not starting, not draining)."""
+        if not daemon.ready:
+            raise ApiError(503, "not ready")
+        return {"status": "ready"}
+
+    @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
+    async def metrics() -> PlainTextResponse:
+        """Prometheus text format."""
+        return PlainTextResponse(render_metrics(daemon), media_type=CONTENT_TYPE)
+
+    return app
+
+
+def _v1(daemon: Daemon) -> APIRouter:
+    async def authorized(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    ) -> None:
+        if credentials is None:
+            raise ApiError(
+                401,
+                "a bearer token is required",
+                "authorization",
+                {"WWW-Authenticate": "Bearer"},
+            )
+        if not daemon.token.matches(credentials.credentials):
+            raise ApiError(403, "the bearer token is not valid", "authorization")
+
+    router = APIRouter(prefix="/v1", dependencies=[Depends(authorized)], tags=["v1"])
+
+    @router.post("/runs", status_code=202, response_model=Accepted)
+    async def submit(spec: RunSpec, request: Request) -> JSONResponse:
+        """Start a run; follow the returned ``url``."""
+        spec = _with_default_limits(spec, daemon.settings.default_limits)
+        try:
+            handle = await daemon.supervisor.submit(spec)
+        except ConfigurationError as exc:
+            raise ApiError(422, str(exc), exc.field) from None
+        except SupervisorError as exc:
+            raise ApiError(503, f"not accepting runs: {exc}") from None
+        daemon.counters.submitted += 1
+        url = f"/v1/runs/{handle.run_id}"
+        body = Accepted(run_id=handle.run_id, url=url, status=handle.status)
+        return JSONResponse(
+            body.model_dump(mode="json"), status_code=202, headers={"Location": url}
+        )
+
+    @router.get("/runs", response_model=RunPage)
+    async def list_runs(
+        status: Annotated[list[RunStatus] | None, Query()] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+        offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
+    ) -> RunPage:
+        """Runs newest first, optionally only those with the given statuses."""
+        rows = await daemon.store.list_runs(
+            statuses=status or None, limit=limit + 1, offset=offset
+        )
+        more = len(rows) > limit
+        return RunPage(
+            runs=rows[:limit],
+            limit=limit,
+            offset=offset,
+            next_offset=offset + limit if more else None,
+        )
+
+    @router.get("/runs/{run_id}", response_model=RunView)
+    async def get_run(run_id: RunId) -> RunView:
+        """A run's status, tasks, usage, stop reason and gates."""
+        state = await _state(daemon, run_id)
+        return RunView(
+            run_id=state.run_id,
+            status=state.status,
+            created_at=state.created_at,
+            updated_at=state.updated_at,
+            last_seq=state.seq,
+            total_usage=state.usage.total,
+            result=state.result(),
+            gates=list(state.gates.values()),
+        )
+
+    @router.get("/runs/{run_id}/versions", response_model=VersionList)
+    async def versions(run_id: RunId) -> VersionList:
+        """Every applied plan version with its diff (removed, added, preserved)."""
+        state = await _state(daemon, run_id)
+        return VersionList(run_id=run_id, versions=state.versions)
+
+    @router.get(
+        "/runs/{run_id}/events",
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/event-stream": {}}}},
+    )
+    async def events(
+        run_id: RunId,
+        after: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
+        last_event_id: Annotated[
+            str | None, Header(max_length=20, include_in_schema=False)
+        ] = None,
+    ) -> StreamingResponse:
+        """The run's events as Server-Sent Events: history, then live.
+
+        Resume with ``Last-Event-ID`` (or ``?after=SEQ``).
+        """
+        if last_event_id is not None:
+            try:
+                after = int(last_event_id)
+            except ValueError:
+                raise ApiError(
+                    400, "Last-Event-ID must be an event id (seq)", "last-event-id"
+                ) from None
+            if after < 0:
+                raise ApiError(
+                    400, "Last-Event-ID must not be negative", "last-event-id"
+                )
+        await _state(daemon, run_id)  # 404 before the stream starts
+        return StreamingResponse(
+            event_source(daemon, run_id, after),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    @router.post("/runs/{run_id}/cancel", response_model=Cancelled)
+    async def cancel(run_id: RunId) -> Cancelled:
+        """Cancel a run; it ends ``cancelled`` (409 if it already ended)."""
+        state = await _state(daemon, run_id)
+        if state.status.final:
+            raise ApiError(409, f"run {run_id} already ended {state.status.value}")
+        try:
+            handle = daemon.supervisor.get(run_id)
+        except (UnknownRunError, SupervisorError):
+            raise ApiError(409, f"run {run_id} is not active here") from None
+        await handle.cancel()
+        final = handle.state
+        return Cancelled(
+            run_id=run_id, status=final.status, stop_reason=final.stop_reason
+        )
+
+    @router.get("/gates", response_model=GateList)
+    async def gates(
+        run_id: Annotated[str | None, Query(max_length=200)] = None,
+    ) -> GateList:
+        """Gates waiting for a person, oldest first."""
+        sup = daemon.supervisor
+        return GateList(gates=sup.gates.pending(run_id))
+
+    @router.post("/gates/{gate_id}", response_model=GateAnswered)
+    async def resolve(
+        gate_id: GateId,
+        resolution: GateResolution,
+    ) -> GateAnswered:
+        """Approve, reject, or edit (with tasks) a gate's proposed change."""
+        sup = daemon.supervisor
+        request = sup.gates.get(gate_id)
+        if request is None:
+            await _closed_gate(daemon, gate_id)
+            raise AssertionError("unreachable")
+        try:
+            await sup.gates.resolve(gate_id, resolution)
+        except GateError as exc:
+            if sup.gates.get(gate_id) is None:
+                raise ApiError(409, f"gate {gate_id} is already resolved") from None
+            field = "tasks" if resolution.tasks is not None else "decision"
+            raise ApiError(422, str(exc), field) from None
+        return GateAnswered(
+            gate_id=gate_id, run_id=request.run_id, decision=resolution.decision
+        )
+
+    return router
+
+
+async def _state(daemon: Daemon, run_id: str) -> Any:
+    try:
+        return await daemon.run_state(run_id)
+    except UnknownRunError:
+        raise ApiError(404, f"no run {run_id}", "run_id") from None
+
+
+async def _closed_gate(daemon: Daemon, gate_id: str) -> None:
+    """404 for a gate that never existed, 409 for one already resolved."""
+    run_id, sep, _ = gate_id.rpartition("-g")
+    if sep:
+        try:
+            state = await daemon.run_state(run_id)
+        except UnknownRunError:
+            pass
+        else:
+            info = state.gates.get(gate_id)
+            if info is not None:
+                raise ApiError(409, f"gate {gate_id} is already resolved")
+    raise ApiError(404, f"no gate {gate_id}", "gate_id")
+
+
+def _with_default_limits(spec: RunSpec, defaults: Limits) -> RunSpec:
+    """The daemon's default limits under the ones the spec sets itself."""
+    if "limits" not in spec.model_fields_set:
+        return spec.model_copy(update={"limits": defaults})
+    given = spec.limits.model_dump(include=spec.limits.model_fields_set)
+    merged = Limits.model_validate({**defaults.model_dump(), **given})
+    return spec.model_copy(update={"limits": merged})
+
+
+def _problem(status: int, detail: str, field: str | None = None) -> JSONResponse:
+    return JSONResponse(
+        Problem(detail=detail, field=field).model_dump(), status_code=status
+    )
+
+
+def _field_of(loc: Sequence[Any]) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+def _handle_errors(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        field = _field_of(first.get("loc", ()))
+        if first.get("type") == "json_invalid":
+            ctx = first.get("ctx")
+            reason = (
+                ctx.get("error", "malformed") if isinstance(ctx, dict) else "malformed"
+            )
+            return _problem(400, f"the body is not valid JSON: {reason}", "body")
+        message = str(first.get("msg", "invalid"))
+        ctx = first.get("ctx")
+        inner = ctx.get("error") if isinstance(ctx, dict) else None
+        if isinstance(inner, ConfigurationError):
+            # A message model's own check, raised with the field it is about.
+            field = ".".join(p for p in (field, inner.field) if p)
+            message = inner.problem
+        if first.get("type") == "missing" and not field:
+            return _problem(422, "a JSON body is required", "body")
+        if not field:
+            field = "body"
+            if first.get("type") in ("model_attributes_type", "dict_type"):
+                message = "expected a JSON object (Content-Type: application/json)"
+        return _problem(422, f"{field}: {message}", field)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        response = _problem(
+            exc.status_code, str(exc.detail), getattr(exc, "field", None)
+        )
+        for name, value in (exc.headers or {}).items():
+            response.headers[name] = value
+        return response
+
+    @app.exception_handler(SupervisorError)
+    async def unavailable(request: Request, exc: SupervisorError) -> JSONResponse:
+        return _problem(503, f"not serving: {exc}")
+
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unexpected error answering %s", request.url.path)
+        return _problem(500, "internal error (see the daemon's log)")

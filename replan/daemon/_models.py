@@ -1,0 +1,57 @@
+"""The model the daemon's runs use, built from the ``model`` setting."""
+
+from __future__ import annotations
+
+import importlib
+
+from .._demo import demo_model
+from .._errors import ConfigurationError
+from ..llm import Model, OpenAIModel
+from ._settings import DaemonSettings
+
+
+def build_model(settings: DaemonSettings) -> Model:
+    """The model named by ``settings.model``.
+
+    * ``scripted:demo``: the offline demo's scripted model (no key needed);
+    * ``python:package.module:name``: ``name`` is a Model, or a function
+      of the settings that returns one (custom or test models);
+    * ``openai:<model name>``: the OpenAI-compatible adapter.
+
+    Raises:
+        ConfigurationError: the setting names no model this build can make.
+    """
+    kind, _, rest = settings.model.partition(":")
+    match kind:
+        case "scripted":
+            if rest != "demo":
+                raise ConfigurationError(
+                    "model", f"unknown scripted model {rest!r}; use scripted:demo"
+                )
+            return demo_model(settings.model_latency_s)
+        case "python":
+            return _imported(rest, settings)
+        case "openai":
+            if not rest:
+                raise ConfigurationError("model", "use openai:<model name>")
+            # Key and endpoint from OPENAI_API_KEY / OPENAI_BASE_URL.
+            return OpenAIModel(rest, provider_name=settings.model_provider)
+    raise ConfigurationError(
+        "model",
+        f"unknown model {settings.model!r}; use scripted:demo, "
+        "python:<module>:<name> or openai:<name>",
+    )
+
+
+def _imported(path: str, settings: DaemonSettings) -> Model:
+    module_name, _, name = path.partition(":")
+    if not module_name or not name:
+        raise ConfigurationError("model", "use python:<module>:<name>")
+    try:
+        found = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError("model", f"cannot import {path}: {exc}") from None
+    model = found if isinstance(found, Model) else found(settings)
+    if not isinstance(model, Model):
+        raise ConfigurationError("model", f"{path} is not a model")
+    return model

@@ -1,0 +1,68 @@
+"""Retention: fold or delete finished runs older than the configured age."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.lowlevel
+
+from ..store import JournalConflict
+from ..supervisor import replay, snapshot
+
+if TYPE_CHECKING:
+    from ._service import Daemon
+
+logger = logging.getLogger("replan.daemon")
+
+BATCH = 100
+"""Runs handled per store query; a pass goes on until none is left."""
+
+
+async def retention_loop(daemon: Daemon) -> None:
+    """Apply retention every ``retention_interval_s`` until cancelled."""
+    settings = daemon.settings
+    if settings.retention == "off":
+        return
+    while True:
+        try:
+            await apply_retention(daemon)
+        except Exception:
+            # A bad pass must not stop the daemon; the next one tries again.
+            logger.exception("retention pass failed")
+        await anyio.sleep(settings.retention_interval_s)
+
+
+async def apply_retention(daemon: Daemon) -> int:
+    """One pass: compact or delete every expired run. Returns how many."""
+    settings = daemon.settings
+    store = daemon.store
+    cutoff = datetime.now(UTC) - timedelta(seconds=settings.retention_age_s)
+    deleting = settings.retention == "delete"
+    handled = 0
+    while True:
+        run_ids = await store.finished_before(
+            cutoff, include_compacted=deleting, limit=BATCH
+        )
+        before = handled
+        for run_id in run_ids:
+            if deleting:
+                await store.delete_run(run_id)
+                daemon.counters.deleted += 1
+            else:
+                events = await store.read(run_id)
+                try:
+                    await store.compact_run(
+                        run_id, snapshot(replay(events), len(events))
+                    )
+                except JournalConflict:
+                    continue
+                daemon.counters.compacted += 1
+            if daemon._supervisor is not None:
+                daemon._supervisor.forget(run_id)
+            handled += 1
+            await anyio.lowlevel.checkpoint()
+        if len(run_ids) < BATCH or handled == before:
+            return handled

@@ -1,0 +1,78 @@
+"""The API's own response bodies (requests are the library's messages)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..messages import GateInfo, GateRequest, PlanVersion, RunResult, RunStatus
+from ..messages import TokenUsage as TokenUsage
+from ..store import RunSummary
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Problem(_Body):
+    """An error: what went wrong and, for bad input, which field."""
+
+    detail: str
+    field: str | None = None
+    """Dotted path of the offending field (``limits.max_replans``), if any."""
+
+
+class Accepted(_Body):
+    """A run was accepted; follow ``url``."""
+
+    run_id: str
+    url: str
+    status: RunStatus
+
+
+class RunPage(_Body):
+    """One page of runs, newest first."""
+
+    runs: list[RunSummary]
+    limit: int
+    offset: int
+    next_offset: int | None = None
+    """Where the next page starts; None on the last page."""
+
+
+class RunView(_Body):
+    """One run: status, tasks, usage, how it ended, and its gates."""
+
+    run_id: str
+    status: RunStatus
+    created_at: datetime
+    updated_at: datetime
+    last_seq: int
+    """The journal seq of the run's latest event (for ``Last-Event-ID``)."""
+    total_usage: TokenUsage
+    result: RunResult
+    gates: list[GateInfo] = Field(default_factory=list)
+
+
+class VersionList(_Body):
+    """A run's applied plan versions, each with its diff."""
+
+    run_id: str
+    versions: list[PlanVersion]
+
+
+class GateList(_Body):
+    gates: list[GateRequest]
+
+
+class GateAnswered(_Body):
+    gate_id: str
+    run_id: str
+    decision: str
+
+
+class Cancelled(_Body):
+    run_id: str
+    status: RunStatus
+    stop_reason: str | None = None

@@ -1,0 +1,126 @@
+"""The daemon's long-lived parts: journal, supervisor, retention, shutdown."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+
+import anyio
+
+from .._errors import SupervisorError, UnknownRunError
+from ..llm import Model
+from ..store import SQLiteStore
+from ..supervisor import RunState, Supervisor, replay
+from ._retention import retention_loop
+from ._settings import DaemonSettings
+from ._token import Token
+
+logger = logging.getLogger("replan.daemon")
+
+
+@dataclass
+class Counters:
+    """Counts the daemon keeps for ``/metrics`` (the supervisor keeps the rest)."""
+
+    submitted: int = 0
+    compacted: int = 0
+    deleted: int = 0
+    streams_open: int = 0
+
+
+@dataclass
+class Daemon:
+    """Everything the HTTP API serves, started and stopped by :meth:`running`."""
+
+    settings: DaemonSettings
+    token: Token
+    model: Model
+    counters: Counters = field(default_factory=Counters)
+    _supervisor: Supervisor | None = None
+    _store: SQLiteStore | None = None
+    _draining: bool = False
+    _streams: set[anyio.CancelScope] = field(default_factory=set)
+
+    @property
+    def supervisor(self) -> Supervisor:
+        if self._supervisor is None or self._draining:
+            raise SupervisorError("the daemon is not serving")
+        return self._supervisor
+
+    @property
+    def store(self) -> SQLiteStore:
+        if self._store is None:
+            raise SupervisorError("the daemon is not serving")
+        return self._store
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def ready(self) -> bool:
+        return self._supervisor is not None and not self._draining
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Open the journal, resume unfinished runs, serve; drain on the way out.
+
+        Each long-lived part is one entry of the exit stack, undone in reverse
+        order (telemetry wraps the whole server: see ``serve``).
+        """
+        settings = self.settings
+        async with AsyncExitStack() as stack:
+            aclose = getattr(self.model, "aclose", None)
+            if aclose is not None:
+                stack.push_async_callback(aclose)
+            store = await stack.enter_async_context(SQLiteStore(settings.journal_path))
+            supervisor = Supervisor(
+                self.model, store, workers=settings.workers, resume=True
+            )
+            await stack.enter_async_context(supervisor)
+            tasks = await stack.enter_async_context(anyio.create_task_group())
+            self._store, self._supervisor = store, supervisor
+            tasks.start_soon(retention_loop, self)
+            logger.info(
+                "serving; %d unfinished run(s) resumed", len(supervisor.handles())
+            )
+            try:
+                yield
+            finally:
+                self.begin_shutdown()
+                with anyio.CancelScope(shield=True):
+                    await supervisor.drain(settings.drain_grace_s)
+                tasks.cancel_scope.cancel()
+                logger.info("drained; the journal holds every unfinished run")
+
+    def begin_shutdown(self) -> None:
+        """Refuse new runs and end the event streams (SIGTERM's first step)."""
+        self._draining = True
+        for scope in list(self._streams):
+            scope.cancel()
+
+    def track_stream(self, scope: anyio.CancelScope) -> None:
+        if self._draining:
+            scope.cancel()
+        self._streams.add(scope)
+
+    def untrack_stream(self, scope: anyio.CancelScope) -> None:
+        self._streams.discard(scope)
+
+    async def run_state(self, run_id: str) -> RunState:
+        """The run's state: live if this process drives it, else its journal.
+
+        Raises:
+            UnknownRunError: no such run.
+        """
+        if self._supervisor is not None:
+            try:
+                return self._supervisor.get(run_id).state
+            except UnknownRunError:
+                pass
+        events = await self.store.read(run_id)
+        if not events:
+            raise UnknownRunError(run_id)
+        return replay(events)

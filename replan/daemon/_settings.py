@@ -1,0 +1,132 @@
+"""The daemon's settings: flags, then ``REPLAN_*`` variables, then a TOML file."""
+
+from __future__ import annotations
+
+import ipaddress
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from .._errors import ConfigurationError
+from ..messages import Limits
+from ..supervisor._roles import ROLES
+
+_config_file: ContextVar[Path | None] = ContextVar("replan_config_file", default=None)
+
+
+class DaemonSettings(BaseSettings):
+    """How ``replan serve`` runs. Every field is also ``REPLAN_<NAME>``.
+
+    Nested fields use ``__`` in variables (``REPLAN_DEFAULT_LIMITS__MAX_REPLANS``)
+    and tables in the TOML file (``[default_limits]``).
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="REPLAN_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    host: str = "127.0.0.1"
+    """Address to listen on; anything but loopback needs ``api_token`` set."""
+    port: int = Field(default=8470, ge=1, le=65535)
+    data_dir: Path = Path("replan-data")
+    """Holds the SQLite journal (``journal.db``) and a generated token."""
+    api_token: SecretStr | None = None
+    """The bearer token of the API; generated into ``data_dir`` when unset."""
+    model: str = "scripted:demo"
+    """``scripted:demo``, ``python:package.module:factory``, or ``openai:<name>``."""
+    model_provider: str = "openai"
+    """For ``openai:<name>``: the server behind ``OPENAI_BASE_URL`` as telemetry
+    names it (``openai``, ``vllm``, ``ollama``, ``litellm``...)."""
+    model_latency_s: float = Field(default=0.0, ge=0.0, le=3600.0)
+    """Simulated seconds per call, for the scripted models."""
+    default_limits: Limits = Field(default_factory=Limits)
+    """Limits of runs submitted without their own (fields they set win)."""
+    workers: dict[str, int] = Field(default_factory=dict)
+    """Global concurrency per actor role, e.g. ``{"executor": 64}``."""
+    max_body_bytes: int = Field(default=1_048_576, ge=1_024, le=64 * 1_048_576)
+    """Largest request body accepted; larger ones get 413."""
+    drain_grace_s: float = Field(default=10.0, ge=0.0, le=3600.0)
+    """On SIGTERM: how long model calls in flight may take to finish."""
+    heartbeat_s: float = Field(default=15.0, gt=0.0, le=3600.0)
+    """Seconds between keep-alive comments on an idle event stream."""
+    retention: Literal["compact", "delete", "off"] = "compact"
+    """What happens to finished runs older than ``retention_age_s``."""
+    retention_age_s: float = Field(default=7 * 86_400.0, ge=0.0)
+    retention_interval_s: float = Field(default=3_600.0, gt=0.0)
+    """How often retention looks for old runs."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("workers")
+    @classmethod
+    def _known_roles(cls, workers: dict[str, int]) -> dict[str, int]:
+        for role, size in workers.items():
+            if role not in ROLES:
+                raise ValueError(
+                    f"unknown role {role!r}; use one of {', '.join(ROLES)}"
+                )
+            if size < 1:
+                raise ValueError(f"{role}: must be at least 1")
+        return workers
+
+    @property
+    def journal_path(self) -> Path:
+        return self.data_dir / "journal.db"
+
+    @property
+    def loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        path = _config_file.get()
+        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
+        if path is not None:
+            sources += (TomlConfigSettingsSource(settings_cls, toml_file=path),)
+        return sources
+
+
+def load_settings(
+    config_file: str | Path | None = None, **flags: Any
+) -> DaemonSettings:
+    """Settings from ``flags`` (None means unset), the environment, the file.
+
+    Raises:
+        ConfigurationError: a value is invalid (names the field), or the
+            file cannot be read.
+    """
+    given = {name: value for name, value in flags.items() if value is not None}
+    path = Path(config_file) if config_file is not None else None
+    if path is not None and not path.is_file():
+        raise ConfigurationError("config", f"no such file: {path}")
+    token = _config_file.set(path)
+    try:
+        return DaemonSettings(**given)
+    except ValidationError as exc:
+        raise ConfigurationError.from_validation(exc) from None
+    except ValueError as exc:  # a TOML syntax error
+        raise ConfigurationError("config", f"{path}: {exc}") from None
+    finally:
+        _config_file.reset(token)

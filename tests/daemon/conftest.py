@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from daemon_process import DaemonProcess
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
+    """A daemon serving the demo's scripted model, with a known token."""
+    process = DaemonProcess(tmp_path / "data").start()
+    try:
+        yield process
+    finally:
+        process.close()

@@ -1,0 +1,117 @@
+"""The real daemon in a subprocess on 127.0.0.1, and an httpx client to it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+TOKEN = "test-token-0123456789abcdef"
+HERE = Path(__file__).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class DaemonProcess:
+    """``replan serve`` as a child process; ``start()`` waits for /readyz."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        token: str | None = TOKEN,
+    ) -> None:
+        self.data_dir = data_dir
+        self.args = args
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.token = token
+        self.extra_env = env or {}
+        self.proc: subprocess.Popen[str] | None = None
+        self.log = data_dir / "daemon.log"
+
+    def start(self, timeout_s: float = 20) -> DaemonProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("REPLAN_")}
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(HERE), *filter(None, [env.get("PYTHONPATH")])]
+        )
+        if self.token is not None:
+            env["REPLAN_API_TOKEN"] = self.token
+        env.update(self.extra_env)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        command = [
+            sys.executable,
+            "-m",
+            "replan",
+            "serve",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+            "--log-level",
+            "warning",
+            *self.args,
+        ]
+        with self.log.open("a") as log:
+            self.proc = subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the daemon exited early:\n{self.output()}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"the daemon did not get ready:\n{self.output()}")
+
+    def output(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+    def client(self, token: str | None = None, **kwargs: Any) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token or self.token}"}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=10, **kwargs)
+
+    def terminate(self, timeout_s: float = 30) -> int:
+        """SIGTERM, then wait for the exit status."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
+    def kill(self) -> None:
+        """kill -9: no chance to drain or journal anything more."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def wait_for(predicate: Any, timeout_s: float = 20, every_s: float = 0.05) -> Any:
+    """Poll ``predicate()`` until it returns something truthy."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {predicate}")
+        time.sleep(every_s)

@@ -1,0 +1,85 @@
+"""The command line as a client of a real daemon subprocess."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from daemon_process import DaemonProcess, wait_for
+
+from replan._demo import GOAL
+from replan.cli import main
+
+
+@pytest.fixture
+def remote(daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> DaemonProcess:
+    monkeypatch.setenv("REPLAN_URL", daemon.url)
+    monkeypatch.setenv("REPLAN_API_TOKEN", daemon.token or "")
+    return daemon
+
+
+def test_submit_watch_runs_and_show_against_a_daemon(
+    remote: DaemonProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"goal": GOAL, "gate_policy": {"gate_on": []}}))
+    assert main(["submit", str(spec), "--watch"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    run_id = out[0]
+    assert out[-1] == "run finished: completed"
+    assert any(line.startswith("replan applied (scope_shift)") for line in out)
+
+    assert main(["runs"]) == 0
+    listed = capsys.readouterr().out
+    assert run_id in listed
+    assert "completed" in listed
+
+    assert main(["show", run_id]) == 0
+    remote_report = capsys.readouterr().out
+    assert main(["show", run_id, "--db", str(remote.data_dir / "journal.db")]) == 0
+    local_report = capsys.readouterr().out
+    assert remote_report == local_report
+    assert "plan versions" in remote_report
+
+
+@pytest.mark.parametrize("command", ["approve", "reject"])
+def test_gates_are_answered_and_runs_cancelled_from_the_command_line(
+    remote: DaemonProcess, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["submit", "--goal", GOAL]) == 0
+    run_id = capsys.readouterr().out.strip()
+    with remote.client() as client:
+        (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+        assert main([command, gate["gate_id"], "--by", "gina"]) == 0
+        assert capsys.readouterr().out.startswith(f"gate {gate['gate_id']}: {command}")
+        assert main(["watch", run_id]) == 0
+        assert capsys.readouterr().out.splitlines()[-1] == "run finished: completed"
+        outcome = client.get(f"/v1/runs/{run_id}").json()["result"]["replans"][0]
+    expected = "applied" if command == "approve" else "rejected_by_human"
+    assert outcome["outcome"] == expected
+
+    assert main(["submit", "--goal", GOAL]) == 0
+    waiting = capsys.readouterr().out.strip()
+    with remote.client() as client:
+        wait_for(lambda: client.get("/v1/gates").json()["gates"])
+    assert main(["cancel", waiting]) == 0
+    assert capsys.readouterr().out.strip() == f"run {waiting}: cancelled"
+
+
+def test_client_errors_are_one_line(
+    remote: DaemonProcess,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert main(["approve", "no-such-gate"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == "replan: error: 404: no gate no-such-gate"
+    monkeypatch.setenv("REPLAN_API_TOKEN", "wrong-token-0123456789")
+    assert main(["runs"]) == 1
+    assert capsys.readouterr().err.startswith("replan: error: 403")
+    monkeypatch.setenv("REPLAN_URL", "http://127.0.0.1:9")
+    assert main(["cancel", "x"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("replan: error: cannot reach http://127.0.0.1:9")
+    assert len(err.strip().splitlines()) == 1

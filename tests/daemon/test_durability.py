@@ -1,0 +1,305 @@
+"""Durability of the real daemon: kill -9, SIGTERM, SSE resume, retention."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from counting_model import read_counts
+from daemon_process import DaemonProcess, wait_for
+
+from replan._demo import GOAL
+
+COUNTING = ("--model", "python:counting_model:model")
+UNFINISHED = ("running", "waiting_for_human")
+
+
+def submit(client: httpx.Client, **spec: Any) -> str:
+    response = client.post("/v1/runs", json={"goal": GOAL, **spec})
+    assert response.status_code == 202, response.text
+    run_id: str = response.json()["run_id"]
+    return run_id
+
+
+def view(client: httpx.Client, run_id: str) -> dict[str, Any]:
+    body: dict[str, Any] = client.get(f"/v1/runs/{run_id}").json()
+    return body
+
+
+def all_finished(client: httpx.Client, run_ids: list[str]) -> list[dict[str, Any]]:
+    def check() -> list[dict[str, Any]] | None:
+        views = [view(client, r) for r in run_ids]
+        return None if any(v["status"] in UNFINISHED for v in views) else views
+
+    result: list[dict[str, Any]] = wait_for(check, timeout_s=30)
+    return result
+
+
+def sse_frames(response: httpx.Response, stop_after: int | None = None) -> Any:
+    """Parse an event stream: yields ("event", id, kind, data) and ("comment",)."""
+    seen = 0
+    fields: dict[str, str] = {}
+    for line in response.iter_lines():
+        if line.startswith(":"):
+            yield ("comment",)
+            continue
+        if line == "":
+            if fields:
+                yield ("event", int(fields["id"]), fields["event"], fields["data"])
+                fields = {}
+                seen += 1
+                if stop_after is not None and seen >= stop_after:
+                    return
+            continue
+        name, _, value = line.partition(": ")
+        fields[name] = value
+
+
+def journal_kinds(data_dir: Path, run_id: str) -> list[str]:
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(data_dir / "journal.db")) as conn:
+        rows = conn.execute(
+            "SELECT type FROM events WHERE run_id = ? ORDER BY seq", (run_id,)
+        ).fetchall()
+    return [kind for (kind,) in rows]
+
+
+def test_kill_9_mid_task_and_at_an_open_gate_loses_nothing_and_repeats_nothing(
+    tmp_path: Path,
+) -> None:
+    counts = str(tmp_path / "executions.txt")
+    env = {"REPLAN_TEST_COUNT_FILE": counts, "REPLAN_TEST_EXECUTE_S": "0.6"}
+    data = tmp_path / "data"
+    first = DaemonProcess(data, *COUNTING, env=env).start()
+    try:
+        with first.client() as client:
+            gated = [submit(client) for _ in range(2)]
+            free = [submit(client, gate_policy={"gate_on": []}) for _ in range(2)]
+
+            def mid_task_with_a_gate_open() -> bool:
+                # Every attempt in flight is well inside its 0.6 s of work, so
+                # none can be between returning and reaching the ledger.
+                _, open_starts = read_counts(counts)
+                now = time.monotonic()
+                ages = [now - started for started in open_starts.values()]
+                if not ages or not all(0.1 < age < 0.35 for age in ages):
+                    return False
+                return bool(client.get("/v1/gates").json()["gates"])
+
+            wait_for(mid_task_with_a_gate_open, every_s=0.01)
+            gates_before = {
+                g["gate_id"] for g in client.get("/v1/gates").json()["gates"]
+            }
+        first.kill()
+    finally:
+        first.close()
+    _, cut_short = read_counts(counts)
+    assert cut_short, "the kill should land while tasks run"
+    assert len(gates_before) >= 1
+
+    second = DaemonProcess(data, *COUNTING, env=env).start()
+    try:
+        with second.client() as client:
+            pending = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+            assert gates_before <= {g["gate_id"] for g in pending}
+            answered: set[str] = set()
+            while len(answered) < len(gated):
+                for gate in client.get("/v1/gates").json()["gates"]:
+                    response = client.post(
+                        f"/v1/gates/{gate['gate_id']}", json={"decision": "approve"}
+                    )
+                    assert response.status_code == 200, response.text
+                    answered.add(gate["gate_id"])
+                time.sleep(0.05)
+            views = all_finished(client, gated + free)
+    finally:
+        assert second.terminate() == 0
+    assert [v["status"] for v in views] == ["completed"] * 4
+    done, _ = read_counts(counts)
+    completed = {
+        f"{v['run_id']}:{t['id']}"
+        for v in views
+        for t in v["result"]["tasks"]
+        if t["status"] == "completed"
+    }
+    assert set(done) == completed
+    assert all(n == 1 for n in done.values()), {k: n for k, n in done.items() if n > 1}
+    assert len(completed) == 4 * 5
+    interrupted = [
+        r for r in gated + free if "task_interrupted" in journal_kinds(data, r)
+    ]
+    assert interrupted, "some attempt was cut short and run again"
+    for v in views:
+        if v["run_id"] in gated:
+            assert v["result"]["replans"][0]["outcome"] == "applied"
+
+
+def test_sigterm_drains_in_flight_work_and_exits_0(tmp_path: Path) -> None:
+    counts = str(tmp_path / "executions.txt")
+    env = {"REPLAN_TEST_COUNT_FILE": counts, "REPLAN_TEST_EXECUTE_S": "0.5"}
+    data = tmp_path / "data"
+    first = DaemonProcess(data, *COUNTING, env=env).start()
+    try:
+        with first.client() as client:
+            run_ids = [submit(client, gate_policy={"gate_on": []}) for _ in range(3)]
+            wait_for(lambda: read_counts(counts)[1], every_s=0.01)
+        started = time.monotonic()
+        assert first.terminate() == 0
+        took = time.monotonic() - started
+    finally:
+        first.close()
+    done, cut_short = read_counts(counts)
+    assert cut_short == {}, "the drain lets attempts in flight finish"
+    assert done
+    assert took < 8
+    assert "Traceback" not in first.output()
+
+    second = DaemonProcess(data, *COUNTING, env=env).start()
+    try:
+        with second.client() as client:
+            views = all_finished(client, run_ids)
+    finally:
+        assert second.terminate() == 0
+    assert [v["status"] for v in views] == ["completed"] * 3
+    done, _ = read_counts(counts)
+    assert all(n == 1 for n in done.values())
+    assert len(done) == 3 * 5
+    for run_id in run_ids:
+        assert "task_interrupted" not in journal_kinds(data, run_id)
+
+
+def test_an_event_stream_resumes_after_a_dropped_connection(tmp_path: Path) -> None:
+    daemon = DaemonProcess(tmp_path / "data", env={"REPLAN_HEARTBEAT_S": "0.2"})
+    daemon.start()
+    try:
+        with daemon.client() as client:
+            run_id = submit(client)
+            url = f"/v1/runs/{run_id}/events"
+            with client.stream("GET", url) as response:
+                assert response.headers["content-type"].startswith("text/event-stream")
+                head = [
+                    f for f in sse_frames(response, stop_after=3) if f[0] == "event"
+                ]
+            # Dropped after three events; the run goes on to its gate.
+            (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+            last_id = head[-1][1]
+            with client.stream(
+                "GET", url, headers={"Last-Event-ID": str(last_id)}
+            ) as response:
+                tail: list[Any] = []
+                comments = 0
+                for item in sse_frames(response):
+                    if item[0] == "comment":
+                        comments += 1
+                        if comments == 2:
+                            client.post(
+                                f"/v1/gates/{gate['gate_id']}",
+                                json={"decision": "approve"},
+                            )
+                        continue
+                    tail.append(item)
+            replayed = client.get(url, params={"after": 0}).text
+    finally:
+        daemon.close()
+    ids = [f[1] for f in head + tail]
+    assert ids == list(range(1, len(ids) + 1)), "no gap, no duplicate"
+    assert tail[-1][2] == "run_finished"
+    assert comments >= 2, "heartbeats keep the idle stream alive"
+    assert json.loads(tail[-1][3])["status"] == "completed"
+    assert replayed.count("event: ") == len(ids)
+
+
+def test_retention_compacts_finished_runs_that_stay_readable(tmp_path: Path) -> None:
+    daemon = DaemonProcess(
+        tmp_path / "data",
+        "--retention",
+        "compact",
+        "--retention-age",
+        "0",
+        "--retention-interval",
+        "0.2",
+    ).start()
+    try:
+        with daemon.client() as client:
+            run_id = submit(client, gate_policy={"gate_on": []})
+
+            def compacted() -> str | None:
+                text = client.get(f"/v1/runs/{run_id}/events").text
+                return text if "event: run_compacted" in text else None
+
+            stream = wait_for(compacted)
+            after = view(client, run_id)
+            versions = client.get(f"/v1/runs/{run_id}/versions").json()["versions"]
+            metrics = client.get("/metrics").text
+    finally:
+        daemon.close()
+    assert stream.count("event: ") == 1
+    assert after["status"] == "completed"
+    assert len([t for t in after["result"]["tasks"] if t["status"] == "completed"]) == 5
+    assert [v["version"] for v in versions] == [1, 2]
+    assert 'replan_retention_runs_total{action="compact"} 1' in metrics.splitlines()
+    assert journal_kinds(tmp_path / "data", run_id) == ["run_compacted"]
+
+
+def test_retention_can_delete_finished_runs_instead(tmp_path: Path) -> None:
+    daemon = DaemonProcess(
+        tmp_path / "data",
+        "--retention",
+        "delete",
+        "--retention-age",
+        "0",
+        "--retention-interval",
+        "0.2",
+    ).start()
+    try:
+        with daemon.client() as client:
+            run_id = submit(client, gate_policy={"gate_on": []})
+            wait_for(lambda: client.get(f"/v1/runs/{run_id}").status_code == 404)
+            waiting = submit(client)
+            wait_for(lambda: client.get("/v1/gates").json()["gates"])
+            time.sleep(0.5)
+            assert view(client, waiting)["status"] == "waiting_for_human"
+    finally:
+        daemon.close()
+    assert journal_kinds(tmp_path / "data", run_id) == []
+
+
+def test_a_non_loopback_address_is_refused_without_a_token(tmp_path: Path) -> None:
+    daemon = DaemonProcess(tmp_path / "data", "--host", "0.0.0.0", token=None)
+    try:
+        with pytest.raises(RuntimeError, match="exited early") as raised:
+            daemon.start(timeout_s=10)
+    finally:
+        daemon.close()
+    assert "replan: error: api_token" in str(raised.value)
+    assert "REPLAN_API_TOKEN" in str(raised.value)
+    assert not (tmp_path / "data" / "api-token").exists()
+
+
+def test_a_generated_token_is_kept_private_and_printed_once(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    first = DaemonProcess(data, token=None).start()
+    try:
+        token_file = data / "api-token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        token = token_file.read_text().strip()
+        with first.client(token=token) as client:
+            assert client.get("/v1/runs").status_code == 200
+        assert first.terminate() == 0
+    finally:
+        first.close()
+    assert first.output().count(token) == 1
+    second = DaemonProcess(data, token=None).start()
+    try:
+        with second.client(token=token) as client:
+            assert client.get("/v1/runs").status_code == 200
+        assert second.terminate() == 0
+    finally:
+        second.close()
+    assert second.output().count(token) == 1, "not printed again"

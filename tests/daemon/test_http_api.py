@@ -1,0 +1,309 @@
+"""The HTTP API of a real daemon subprocess, through httpx."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from daemon_process import DaemonProcess, wait_for
+
+from replan._demo import GOAL
+from replan._demo_explore import explore_demo_spec
+
+NO_GATE = {"gate_on": []}
+
+
+def submit(client: httpx.Client, **spec: Any) -> str:
+    body = {"goal": GOAL, **spec}
+    response = client.post("/v1/runs", json=body)
+    assert response.status_code == 202, response.text
+    run_id: str = response.json()["run_id"]
+    assert response.json()["url"] == f"/v1/runs/{run_id}"
+    assert response.headers["location"] == f"/v1/runs/{run_id}"
+    return run_id
+
+
+def finished(client: httpx.Client, run_id: str) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        view: dict[str, Any] = client.get(f"/v1/runs/{run_id}").json()
+        return view if view["status"] not in ("running", "waiting_for_human") else None
+
+    result: dict[str, Any] = wait_for(done)
+    return result
+
+
+def test_a_run_submitted_over_http_completes_and_can_be_inspected(
+    daemon: DaemonProcess,
+) -> None:
+    with daemon.client() as client:
+        run_id = submit(client, gate_policy=NO_GATE, metadata={"ticket": 7})
+        view = finished(client, run_id)
+        assert view["status"] == "completed"
+        result = view["result"]
+        assert result["output"]
+        assert [t["status"] for t in result["tasks"]].count("completed") == 5
+        assert view["total_usage"]["input_tokens"] > 0
+        assert result["replans"][0]["outcome"] == "applied"
+
+        versions = client.get(f"/v1/runs/{run_id}/versions").json()["versions"]
+        assert [v["version"] for v in versions] == [1, 2]
+        assert versions[1]["trigger"] == "scope_shift"
+        assert versions[1]["removed"] == ["t2", "t3", "t4"]
+        assert versions[1]["preserved"] == ["t1"]
+        assert len(versions[1]["added"]) == 4
+
+        page = client.get("/v1/runs", params={"status": "completed"}).json()
+        assert [r["run_id"] for r in page["runs"]] == [run_id]
+        assert client.get("/v1/runs", params={"status": "failed"}).json()["runs"] == []
+
+
+def test_runs_are_listed_newest_first_in_pages(daemon: DaemonProcess) -> None:
+    with daemon.client() as client:
+        ids = [submit(client, gate_policy=NO_GATE) for _ in range(5)]
+        first = client.get("/v1/runs", params={"limit": 2}).json()
+        second = client.get("/v1/runs", params={"limit": 2, "offset": 2}).json()
+        last = client.get("/v1/runs", params={"limit": 2, "offset": 4}).json()
+    listed = [r["run_id"] for page in (first, second, last) for r in page["runs"]]
+    assert sorted(listed) == sorted(ids)
+    assert len(set(listed)) == 5
+    assert (first["next_offset"], second["next_offset"], last["next_offset"]) == (
+        2,
+        4,
+        None,
+    )
+    created = [r["created_at"] for page in (first, second, last) for r in page["runs"]]
+    assert created == sorted(created, reverse=True)
+
+
+def test_a_scope_shift_gate_is_approved_over_http(daemon: DaemonProcess) -> None:
+    with daemon.client() as client:
+        run_id = submit(client)
+        gates = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+        (gate,) = gates
+        assert gate["run_id"] == run_id
+        assert gate["trigger"] == "scope_shift"
+        assert gate["proposal"]["removed"] == ["t2", "t3", "t4"]
+        assert client.get(f"/v1/runs/{run_id}").json()["status"] == "waiting_for_human"
+        assert client.get("/v1/gates", params={"run_id": "other"}).json()["gates"] == []
+
+        answer = client.post(
+            f"/v1/gates/{gate['gate_id']}", json={"decision": "approve", "by": "erin"}
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {
+            "gate_id": gate["gate_id"],
+            "run_id": run_id,
+            "decision": "approve",
+        }
+        view = finished(client, run_id)
+        again = client.post(f"/v1/gates/{gate['gate_id']}", json={"decision": "reject"})
+        unknown = client.post(f"/v1/gates/{run_id}-g9", json={"decision": "reject"})
+    assert view["status"] == "completed"
+    assert view["result"]["versions"][1]["approved_by"] == "erin"
+    assert again.status_code == 409
+    assert unknown.status_code == 404
+
+
+def test_an_explore_run_is_accepted_reviewed_and_briefed_over_http(
+    daemon: DaemonProcess,
+) -> None:
+    spec = explore_demo_spec().model_dump(mode="json", exclude_defaults=True)
+    with daemon.client() as client:
+        run_id = submit(client, **spec)
+        # The demo's reviewers disagree sharply: a person reviews the selection.
+        (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+        assert gate["run_id"] == run_id
+        assert gate["hypotheses"]
+        answer = client.post(
+            f"/v1/gates/{gate['gate_id']}", json={"decision": "approve", "by": "ana"}
+        )
+        assert answer.status_code == 200, answer.text
+        view = finished(client, run_id)
+    assert view["status"] == "completed"
+    brief = view["result"]["brief"]
+    assert brief["status"] == "completed"
+    assert brief["reviewed_by"] == "ana"
+    assert 1 <= len(brief["selected"]) <= 3
+
+
+def test_a_gate_can_be_answered_with_edited_tasks(daemon: DaemonProcess) -> None:
+    with daemon.client() as client:
+        run_id = submit(client)
+        (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+        bad = client.post(
+            f"/v1/gates/{gate['gate_id']}",
+            json={
+                "decision": "edit",
+                "tasks": [{"key": "a", "description": "x", "depends_on": ["nope"]}],
+            },
+        )
+        assert bad.status_code == 422
+        assert bad.json()["field"] == "tasks"
+        assert "nope" in bad.json()["detail"]
+        edited = client.post(
+            f"/v1/gates/{gate['gate_id']}",
+            json={
+                "decision": "edit",
+                "by": "frank",
+                "tasks": [
+                    {"key": "ssm", "description": "Survey SSMs", "depends_on": ["t1"]}
+                ],
+            },
+        )
+        assert edited.status_code == 200, edited.text
+        view = finished(client, run_id)
+    added = view["result"]["versions"][1]["added"]
+    assert len(added) == 1
+    task = next(t for t in view["result"]["tasks"] if t["id"] == added[0])
+    assert task["description"] == "Survey SSMs"
+    assert task["status"] == "completed"
+
+
+def test_a_run_waiting_at_a_gate_can_be_cancelled(daemon: DaemonProcess) -> None:
+    with daemon.client() as client:
+        run_id = submit(client)
+        wait_for(lambda: client.get("/v1/gates").json()["gates"])
+        cancelled = client.post(f"/v1/runs/{run_id}/cancel")
+        assert cancelled.status_code == 200, cancelled.text
+        assert cancelled.json()["status"] == "cancelled"
+        assert client.get("/v1/gates").json()["gates"] == []
+        assert client.post(f"/v1/runs/{run_id}/cancel").status_code == 409
+        assert client.post("/v1/runs/nope/cancel").status_code == 404
+
+
+def test_unknown_runs_are_404_naming_the_run(daemon: DaemonProcess) -> None:
+    with daemon.client() as client:
+        for path in ("/v1/runs/nope", "/v1/runs/nope/versions", "/v1/runs/nope/events"):
+            response = client.get(path)
+            assert response.status_code == 404, path
+            assert response.json()["field"] == "run_id"
+
+
+def test_every_v1_endpoint_needs_the_bearer_token(daemon: DaemonProcess) -> None:
+    endpoints = [
+        ("POST", "/v1/runs"),
+        ("GET", "/v1/runs"),
+        ("GET", "/v1/runs/x"),
+        ("GET", "/v1/runs/x/versions"),
+        ("GET", "/v1/runs/x/events"),
+        ("POST", "/v1/runs/x/cancel"),
+        ("GET", "/v1/gates"),
+        ("POST", "/v1/gates/x"),
+    ]
+    with (
+        httpx.Client(base_url=daemon.url) as anonymous,
+        daemon.client(token="wrong-token-0123456789") as stranger,
+    ):
+        for method, path in endpoints:
+            missing = anonymous.request(method, path, json={"goal": "g"})
+            assert missing.status_code == 401, (method, path)
+            assert missing.headers["www-authenticate"] == "Bearer"
+            wrong = stranger.request(method, path, json={"goal": "g"})
+            assert wrong.status_code == 403, (method, path)
+        assert anonymous.get("/healthz").status_code == 200
+        assert anonymous.get("/readyz").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        ({"goal": 42}, "goal", "string"),
+        ({"goal": "g", "pattern": "waterfall"}, "pattern", "contract"),
+        ({"goal": "g", "limits": {"max_replans": -1}}, "limits.max_replans", "0"),
+        ({"goal": "g", "limits": {"deadline_s": -5}}, "limits.deadline_s", "0"),
+        ({"goal": "g", "limits": {"max_concurrency": "many"}}, "limits", "integer"),
+        ({"goal": "   "}, "goal", "blank"),
+        ({"goal": "g", "colour": "red"}, "colour", "not permitted"),
+        ({"goal": "g", "kind": "survey"}, "kind", "explore"),
+        (
+            {
+                "goal": "g",
+                "kind": "explore",
+                "tasks": [{"key": "a", "description": "d"}],
+            },
+            "tasks",
+            "explore",
+        ),
+        (
+            {
+                "goal": "g",
+                "tasks": [{"key": "a", "description": "d", "depends_on": ["a"]}],
+            },
+            "tasks",
+            "cycle",
+        ),
+        ([1, 2], "body", "object"),
+    ],
+)
+def test_bad_run_specs_get_a_4xx_naming_the_field(
+    daemon: DaemonProcess, body: Any, field: str, words: str
+) -> None:
+    with daemon.client() as client:
+        response = client.post("/v1/runs", json=body)
+    assert response.status_code == 422, response.text
+    problem = response.json()
+    assert problem["field"].startswith(field), problem
+    assert words in problem["detail"], problem
+    assert "Traceback" not in response.text
+
+
+def test_malformed_json_and_oversized_bodies_are_refused(daemon: DaemonProcess) -> None:
+    headers = {"content-type": "application/json"}
+    with daemon.client() as client:
+        broken = client.post("/v1/runs", content=b'{"goal": "g"', headers=headers)
+        assert broken.status_code == 400
+        assert broken.json()["field"] == "body"
+        assert "JSON" in broken.json()["detail"]
+
+        huge = json.dumps({"goal": "g" * 2_000_000}).encode()
+        too_big = client.post("/v1/runs", content=huge, headers=headers)
+        assert too_big.status_code == 413
+        assert too_big.json()["field"] == "body"
+
+        def chunks() -> Any:
+            yield b'{"goal": "'
+            for _ in range(40):
+                yield b"g" * 65_536
+            yield b'"}'
+
+        streamed = client.post("/v1/runs", content=chunks(), headers=headers)
+        assert streamed.status_code == 413
+
+        empty = client.post("/v1/runs", headers=headers)
+        assert empty.status_code == 422
+        assert empty.json()["field"] == "body"
+
+        for params in ({"limit": 0}, {"limit": "ten"}, {"offset": -1}, {"status": "x"}):
+            response = client.get("/v1/runs", params=params)
+            assert response.status_code == 422, params
+            assert response.json()["field"].startswith(next(iter(params)))
+        bad_id = client.get("/v1/runs/x/events", headers={"Last-Event-ID": "abc"})
+        assert bad_id.status_code in (400, 404)
+
+
+def test_openapi_and_metrics_are_published(daemon: DaemonProcess) -> None:
+    with daemon.client() as client:
+        schema = client.get("/openapi.json").json()
+        submit(client, gate_policy=NO_GATE)
+        metrics = client.get("/metrics")
+    paths = set(schema["paths"])
+    assert {
+        "/v1/runs",
+        "/v1/runs/{run_id}",
+        "/v1/runs/{run_id}/versions",
+        "/v1/runs/{run_id}/events",
+        "/v1/runs/{run_id}/cancel",
+        "/v1/gates",
+        "/v1/gates/{gate_id}",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    } <= paths
+    assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
+    lines = metrics.text.splitlines()
+    assert "replan_runs_submitted_total 1" in lines
+    assert 'replan_actor_workers{role="executor"} 32' in lines
+    assert "# TYPE replan_actor_mailbox_depth gauge" in lines
+    assert "replan_ready 1" in lines

@@ -1,0 +1,69 @@
+"""Daemon settings: flags win over REPLAN_* variables, which win over the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from replan import ConfigurationError
+from replan.daemon import load_settings
+
+
+def test_flags_then_environment_then_the_toml_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "replan.toml"
+    config.write_text(
+        'port = 9001\nhost = "127.0.0.2"\nmodel_latency_s = 0.5\n'
+        "[default_limits]\nmax_replans = 1\n[workers]\nexecutor = 3\n"
+    )
+    monkeypatch.setenv("REPLAN_PORT", "9002")
+    monkeypatch.setenv("REPLAN_DEFAULT_LIMITS__MAX_CONCURRENCY", "7")
+    settings = load_settings(config, model_latency_s=0.25, retention=None)
+    assert settings.port == 9002
+    assert settings.host == "127.0.0.2"
+    assert settings.model_latency_s == 0.25
+    assert settings.default_limits.max_concurrency == 7
+    assert settings.workers == {"executor": 3}
+    assert settings.retention == "compact"
+    assert settings.loopback
+
+
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [
+        ({"port": 70_000}, "port"),
+        ({"workers": {"painter": 2}}, "workers"),
+        ({"retention": "shred"}, "retention"),
+        ({"drain_grace_s": -1}, "drain_grace_s"),
+    ],
+)
+def test_bad_settings_name_the_field(flags: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings(**flags)
+    assert raised.value.field.startswith(field)
+
+
+def test_a_missing_config_file_is_a_configuration_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="no such file"):
+        load_settings(tmp_path / "nope.toml")
+
+
+def test_serve_reports_bad_settings_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from replan.cli import main
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    assert main(["serve", "--port", "0", "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("replan: error: port:")
+    assert main(["serve", "--model", "openai:", "--data-dir", str(tmp_path)]) == 2
+    assert "replan: error: model: use openai:<model name>" in capsys.readouterr().err
+    assert main(["serve", "--model", "openai:gpt-x", "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("replan: error: api_key:")
+    assert "OPENAI_API_KEY" in err
+    assert len(err.splitlines()) == 1

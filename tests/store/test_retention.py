@@ -1,0 +1,179 @@
+"""The effect ledger and retention: compacting and deleting finished runs."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import closing
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import anyio
+import pytest
+
+from replan import GateResolution, RunSpec, RunStatus, Supervisor
+from replan._demo import demo_model, demo_spec
+from replan._demo_explore import explore_demo_spec
+from replan.messages import GateOpened, TaskOutcome
+from replan.store import (
+    EffectLedger,
+    EffectRecord,
+    JournalConflict,
+    JournalRetention,
+    MemoryStore,
+    SQLiteStore,
+    Store,
+)
+from replan.supervisor import replay, snapshot
+
+FAR_FUTURE = datetime.now(UTC) + timedelta(days=1)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    journal: Store = (
+        MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "j.db")
+    )
+    yield journal
+    await journal.aclose()
+
+
+async def finished_demo_run(store: Store, spec: RunSpec | None = None) -> str:
+    """One demo run to its end (the gate approved), journaled in ``store``."""
+    with anyio.fail_after(10):
+        async with Supervisor(demo_model(), store) as sup:
+            handle = await sup.submit(spec or demo_spec())
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    await sup.gates.resolve(
+                        event.request.gate_id, GateResolution(decision="approve")
+                    )
+            await handle.result()
+    return handle.run_id
+
+
+async def test_both_stores_are_effect_ledgers_and_support_retention(
+    store: Store,
+) -> None:
+    assert isinstance(store, EffectLedger)
+    assert isinstance(store, JournalRetention)
+
+
+async def test_the_ledger_keeps_one_record_per_attempt(store: Store) -> None:
+    assert isinstance(store, EffectLedger)
+    first = EffectRecord(task_id="t1", attempt=1, outcome=TaskOutcome(success=False))
+    again = EffectRecord(task_id="t1", attempt=1, outcome=TaskOutcome(success=True))
+    other = EffectRecord(task_id="t2", attempt=1, outcome=TaskOutcome(success=True))
+    await store.record_effect("run-1", first)
+    await store.record_effect("run-1", again)
+    await store.record_effect("run-1", other)
+    await store.record_effect("run-2", other)
+    assert sorted(await store.read_effects("run-1"), key=lambda r: r.task_id) == [
+        again,
+        other,
+    ]
+
+
+@pytest.mark.parametrize("kind", ["plan", "explore"])
+async def test_a_compacted_run_replays_to_the_same_result(
+    store: Store, kind: str
+) -> None:
+    assert isinstance(store, JournalRetention)
+    spec = explore_demo_spec() if kind == "explore" else demo_spec()
+    run_id = await finished_demo_run(store, spec)
+    events = await store.read(run_id)
+    before = replay(events)
+    assert await store.finished_before(
+        FAR_FUTURE, include_compacted=False, limit=10
+    ) == [run_id]
+
+    await store.compact_run(run_id, snapshot(before, len(events)))
+
+    (compacted,) = await store.read(run_id)
+    assert compacted.kind == "run_compacted"
+    assert compacted.seq == before.seq
+    after = replay([compacted])
+    assert after.result() == before.result()
+    assert after.gates == before.gates
+    assert after.spec == before.spec
+    assert await store.read(run_id, after=before.seq) == []
+    assert (
+        await store.finished_before(FAR_FUTURE, include_compacted=False, limit=10) == []
+    )
+    assert await store.finished_before(
+        FAR_FUTURE, include_compacted=True, limit=10
+    ) == [run_id]
+    summary = await store.get_run(run_id)
+    assert summary is not None
+    assert summary.status is RunStatus.COMPLETED
+
+
+async def test_a_stale_snapshot_is_refused(store: Store) -> None:
+    assert isinstance(store, JournalRetention)
+    run_id = await finished_demo_run(store)
+    events = await store.read(run_id)
+    stale = snapshot(
+        replay(events[:-1]).model_copy(update={"status": RunStatus.FAILED}), 1
+    )
+    with pytest.raises(JournalConflict):
+        await store.compact_run(run_id, stale)
+    assert await store.read(run_id) == events
+
+
+def test_only_a_finished_run_can_be_folded_into_a_snapshot() -> None:
+    from replan import RunSpec
+    from replan.messages import RunSubmitted
+
+    state = replay(
+        [RunSubmitted(seq=1, at=datetime.now(UTC), run_id="r", spec=RunSpec(goal="g"))]
+    )
+    with pytest.raises(ValueError, match="has not finished"):
+        snapshot(state, 1)
+
+
+async def test_a_deleted_run_is_gone_with_its_ledger(store: Store) -> None:
+    assert isinstance(store, JournalRetention)
+    assert isinstance(store, EffectLedger)
+    run_id = await finished_demo_run(store)
+    kept = await finished_demo_run(store)
+    assert await store.read_effects(run_id)
+    await store.delete_run(run_id)
+    assert await store.read(run_id) == []
+    assert await store.get_run(run_id) is None
+    assert await store.read_effects(run_id) == []
+    assert [s.run_id for s in await store.list_runs()] == [kept]
+
+
+async def test_runs_newer_than_the_cutoff_or_unfinished_are_not_expired(
+    store: Store,
+) -> None:
+    assert isinstance(store, JournalRetention)
+    run_id = await finished_demo_run(store)
+    summary = await store.get_run(run_id)
+    assert summary is not None
+    at_finish = summary.updated_at
+    assert await store.finished_before(at_finish, include_compacted=True, limit=5) == []
+    assert await store.finished_before(
+        at_finish + timedelta(microseconds=1), include_compacted=True, limit=5
+    ) == [run_id]
+
+
+async def test_a_version_1_journal_is_migrated_to_the_ledger_schema(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.db"
+    with closing(sqlite3.connect(path)) as conn:
+        from replan.store._sqlite import _SCHEMA_V1
+
+        for statement in _SCHEMA_V1:
+            conn.execute(statement)
+        conn.execute("PRAGMA user_version = 1")
+        conn.commit()
+    async with SQLiteStore(path) as store:
+        record = EffectRecord(
+            task_id="t1", attempt=1, outcome=TaskOutcome(success=True)
+        )
+        await store.record_effect("run-1", record)
+        assert await store.read_effects("run-1") == [record]
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (2,)

@@ -1,0 +1,403 @@
+"""Resuming runs from the journal: after a stop, a drain, or a crash."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import pytest
+from scripts import (
+    GOAL,
+    DelegatingStore,
+    chain,
+    clean,
+    executed_ids,
+    scripted,
+    spec,
+    task_of,
+    with_finding,
+)
+
+from replan import (
+    GateResolution,
+    MemoryStore,
+    ModelRequest,
+    PlanProposal,
+    ReplanOutcome,
+    RunSpec,
+    RunStatus,
+    Supervisor,
+    SupervisorError,
+    TaskDraft,
+    TaskOutcome,
+    TaskStatus,
+    Trigger,
+    UnknownRunError,
+    Verdict,
+)
+from replan._demo import demo_model, demo_spec
+from replan.messages import (
+    Event,
+    GateOpened,
+    GateResolved,
+    MilestoneReviewed,
+    PlanCreated,
+    RunSubmitted,
+    TaskFinished,
+    TaskInterrupted,
+    TaskStarted,
+)
+from replan.store import EffectRecord, SQLiteStore, Store
+from replan.supervisor import apply, build_version, replay
+from replan.supervisor._run import summary_of
+
+Answer = Callable[[ModelRequest], Any]
+
+
+class LedgerWatch(DelegatingStore):
+    """A store that signals each effect it records (and is an effect ledger)."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        super().__init__(inner)
+        self.ledger = inner
+        self.recorded: list[EffectRecord] = []
+        self.changed = anyio.Event()
+
+    async def record_effect(self, run_id: str, record: EffectRecord) -> None:
+        await self.ledger.record_effect(run_id, record)
+        self.recorded.append(record)
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    async def read_effects(self, run_id: str) -> list[EffectRecord]:
+        return await self.ledger.read_effects(run_id)
+
+
+def blocking_at(task_key: str, reached: anyio.Event, answer: Answer = clean) -> Answer:
+    """An executor answer that never returns for ``task_key``."""
+
+    async def execute(request: ModelRequest) -> Any:
+        if task_of(request).key == task_key:
+            reached.set()
+            await anyio.sleep_forever()
+        return answer(request)
+
+    return execute
+
+
+def kinds(events: list[Event]) -> list[str]:
+    return [e.kind for e in events]
+
+
+async def test_a_run_stopped_during_a_task_resumes_and_never_reruns_completed_tasks(
+    tmp_path: Any,
+) -> None:
+    reached = anyio.Event()
+    first = scripted(execute=blocking_at("s3", reached))
+    with anyio.fail_after(10):
+        async with SQLiteStore(tmp_path / "j.db") as store:
+            async with Supervisor(first, store) as sup:
+                handle = await sup.submit(spec(chain(4), milestone_every=100))
+                await reached.wait()
+            run_id = handle.run_id
+        assert executed_ids(first) == ["t1", "t2", "t3"]
+
+        second = scripted()
+        async with (
+            SQLiteStore(tmp_path / "j.db") as store,
+            Supervisor(second, store, resume=True) as sup,
+        ):
+            result = await sup.get(run_id).result()
+            events = await store.read(run_id)
+            assert await sup.replay(run_id) == result
+    assert result.status is RunStatus.COMPLETED
+    assert executed_ids(second) == ["t3", "t4"]
+    assert [t.status for t in result.tasks] == [TaskStatus.COMPLETED] * 4
+    assert [t.attempts for t in result.tasks] == [1, 1, 1, 1]
+    interrupted = [e for e in events if isinstance(e, TaskInterrupted)]
+    assert [e.task_id for e in interrupted] == ["t3"]
+    assert kinds(events).count("plan_created") == 1
+    assert result.task_executions == 5  # attempts started, the cut-short one too
+
+
+async def test_an_attempt_finished_but_not_journaled_is_taken_from_the_ledger() -> None:
+    # t1 is a milestone with a finding: the reviewer is asked while t2 runs.
+    # t2 returns during the review, so its outcome waits in the driver's inbox
+    # (not journaled) when the supervisor stops; only the ledger has it.
+    reviewing = anyio.Event()
+
+    async def slow_review(request: ModelRequest) -> Verdict:
+        reviewing.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def execute(request: ModelRequest) -> TaskOutcome:
+        task = task_of(request)
+        if task.key == "s2":
+            await reviewing.wait()
+            return TaskOutcome(success=True, summary="s2 done before the stop")
+        return with_finding(request)
+
+    plan = [
+        TaskDraft(key="s1", description="step 1", milestone=True),
+        TaskDraft(key="s2", description="step 2"),
+        TaskDraft(key="s3", description="step 3", depends_on=["s1", "s2"]),
+    ]
+    inner = MemoryStore()
+    store = LedgerWatch(inner)
+    first = scripted(execute=execute, milestone=slow_review)
+    with anyio.fail_after(10):
+        async with Supervisor(first, store) as sup:
+            handle = await sup.submit(spec(plan, milestone_every=100))
+            while not any(r.task_id == "t2" for r in store.recorded):
+                await store.changed.wait()
+        run_id = handle.run_id
+        before = await inner.read(run_id)
+        assert not any(
+            isinstance(e, TaskFinished) and e.task_id == "t2" for e in before
+        )
+
+        second = scripted()
+        async with Supervisor(second, store, resume=True) as sup:
+            result = await sup.get(run_id).result()
+            events = await inner.read(run_id)
+    assert result.status is RunStatus.COMPLETED
+    assert sorted(executed_ids(first)) == ["t1", "t2"]
+    assert executed_ids(second) == ["t3"]
+    t2 = next(t for t in result.tasks if t.id == "t2")
+    assert t2.result is not None
+    assert t2.result.summary == "s2 done before the stop"
+    assert not any(isinstance(e, TaskInterrupted) for e in events)
+    # The interrupted review is held again after the restart.
+    assert len(second.calls_for("reviewer", "milestone")) >= 1
+    assert next(e.index for e in events if isinstance(e, MilestoneReviewed)) == 1
+
+
+@pytest.mark.parametrize("decision", ["approve", "reject"])
+async def test_an_open_replan_gate_survives_a_restart_and_can_be_resolved(
+    decision: str, tmp_path: Any
+) -> None:
+    with anyio.fail_after(10):
+        async with SQLiteStore(tmp_path / "j.db") as store:
+            async with Supervisor(demo_model(), store) as sup:
+                handle = await sup.submit(demo_spec())
+                async for event in handle.events():
+                    if isinstance(event, GateOpened):
+                        gate = event.request
+                        break
+            run_id = handle.run_id
+
+        second = demo_model()
+        async with (
+            SQLiteStore(tmp_path / "j.db") as store,
+            Supervisor(second, store, resume=True) as sup,
+        ):
+            assert [g.gate_id for g in sup.gates.pending()] == [gate.gate_id]
+            await sup.gates.resolve(
+                gate.gate_id, GateResolution(decision=decision, by="carol")
+            )
+            result = await sup.get(run_id).result()
+            assert await sup.replay(run_id) == result
+    assert result.status is RunStatus.COMPLETED
+    # The proposal came from the journal: the planner was not asked again.
+    assert second.calls_for("planner", "replan") == []
+    assert second.calls_for("planner", "plan") == []
+    (record,) = result.replans
+    if decision == "approve":
+        assert record.outcome is ReplanOutcome.APPLIED
+        assert result.versions[-1].approved_by == "carol"
+        assert result.versions[-1].added == gate.proposal.added  # type: ignore[union-attr]
+    else:
+        assert record.outcome is ReplanOutcome.REJECTED_BY_HUMAN
+        assert len(result.versions) == 1
+
+
+async def test_a_gate_answered_just_before_the_stop_is_acted_on_after_it() -> None:
+    store = MemoryStore()
+    with anyio.fail_after(10):
+        async with Supervisor(demo_model(), store) as sup:
+            handle = await sup.submit(demo_spec())
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    gate_id = event.request.gate_id
+                    break
+        run_id = handle.run_id
+        # Journal the answer by hand, as if the stop came right after it.
+        events = await store.read(run_id)
+        state = replay(events)
+        answered = GateResolved(
+            seq=state.seq + 1,
+            at=state.updated_at,
+            gate_id=gate_id,
+            resolution=GateResolution(decision="approve", by="dave"),
+        )
+        await store.append(run_id, [answered], summary_of(replay([*events, answered])))
+
+        async with Supervisor(demo_model(), store, resume=True) as sup:
+            assert sup.gates.pending() == []
+            result = await sup.get(run_id).result()
+    assert result.status is RunStatus.COMPLETED
+    assert result.replans[0].outcome is ReplanOutcome.APPLIED
+    assert result.versions[-1].approved_by == "dave"
+
+
+async def test_a_replan_cut_short_after_the_verdict_is_carried_out_on_resume() -> None:
+    planning = anyio.Event()
+
+    async def stuck_planner(request: ModelRequest) -> PlanProposal:
+        planning.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    def contradiction(request: ModelRequest) -> Verdict:
+        if request.context["milestone_index"] == 1:
+            return Verdict(
+                decision="replan",
+                trigger=Trigger.CONTRADICTION,
+                rationale="t1 contradicts the rest",
+            )
+        return Verdict(decision="continue")
+
+    run_spec = spec(chain(3, milestone_at=[1]), milestone_every=100)
+    store = MemoryStore()
+    first = scripted(
+        execute=with_finding, milestone=contradiction, replan=stuck_planner
+    )
+    with anyio.fail_after(10):
+        async with Supervisor(first, store) as sup:
+            handle = await sup.submit(run_spec)
+            await planning.wait()
+        run_id = handle.run_id
+        second = scripted(execute=with_finding, milestone=contradiction)
+        async with Supervisor(second, store, resume=True) as sup:
+            result = await sup.get(run_id).result()
+    assert result.status is RunStatus.COMPLETED
+    assert [r.outcome for r in result.replans] == [ReplanOutcome.APPLIED]
+    assert len(second.calls_for("planner", "replan")) == 1
+    # The verdict was journaled before the stop: not asked for again.
+    assert [c.context["milestone_index"] for c in second.calls_for("reviewer")] != [1]
+    assert executed_ids(second)[0] != "t1"
+
+
+async def test_an_approval_gate_survives_a_restart() -> None:
+    run_spec = RunSpec(
+        goal=GOAL,
+        tasks=[
+            TaskDraft(
+                key="send", description="email the report", requires_approval=True
+            )
+        ],
+    )
+    store = MemoryStore()
+    with anyio.fail_after(10):
+        async with Supervisor(scripted(), store) as sup:
+            handle = await sup.submit(run_spec)
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    gate_id = event.request.gate_id
+                    break
+        second = scripted()
+        async with Supervisor(second, store, resume=True) as sup:
+            (pending,) = sup.gates.pending()
+            assert pending.gate_id == gate_id
+            assert pending.task_id == "t1"
+            await sup.gates.resolve(gate_id, GateResolution(decision="approve"))
+            result = await sup.get(handle.run_id).result()
+    assert result.status is RunStatus.COMPLETED
+    assert executed_ids(second) == ["t1"]
+
+
+async def test_drain_lets_the_task_in_flight_finish_and_starts_nothing_new() -> None:
+    running = anyio.Event()
+    release = anyio.Event()
+
+    async def execute(request: ModelRequest) -> TaskOutcome:
+        running.set()
+        await release.wait()
+        return clean(request)
+
+    store: Store = MemoryStore()
+    first = scripted(execute=execute)
+    with anyio.fail_after(10):
+        async with Supervisor(first, store) as sup:
+            handle = await sup.submit(spec(chain(3), milestone_every=100))
+            await running.wait()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(sup.drain, 30.0)
+                await anyio.sleep(0.05)
+                with pytest.raises(SupervisorError):
+                    await sup.submit(spec(chain(1)))
+                release.set()
+        assert executed_ids(first) == ["t1"]
+        second = scripted()
+        async with Supervisor(second, store, resume=True) as sup:
+            result = await sup.get(handle.run_id).result()
+    assert result.status is RunStatus.COMPLETED
+    assert executed_ids(second) == ["t2", "t3"]
+
+
+async def test_drain_gives_up_after_its_grace_period() -> None:
+    reached = anyio.Event()
+    store = MemoryStore()
+    first = scripted(execute=blocking_at("s1", reached))
+    with anyio.fail_after(10):
+        async with Supervisor(first, store) as sup:
+            handle = await sup.submit(spec(chain(2)))
+            await reached.wait()
+            started = anyio.current_time()
+            await sup.drain(0.2)
+            assert 0.15 < anyio.current_time() - started < 2
+        summary = await store.get_run(handle.run_id)
+    assert summary is not None
+    assert summary.status is RunStatus.RUNNING
+
+
+async def test_resuming_a_finished_run_gives_its_journaled_result() -> None:
+    store = MemoryStore()
+    with anyio.fail_after(10):
+        async with Supervisor(scripted(), store) as sup:
+            result = await (await sup.submit(spec(chain(2)))).result()
+        async with Supervisor(scripted(), store) as sup:
+            handle = await sup.resume(result.run_id)
+            assert await handle.result() == result
+            with pytest.raises(UnknownRunError):
+                await sup.resume("no-such-run")
+
+
+async def test_resume_all_picks_up_every_unfinished_run_and_leaves_finished_ones() -> (
+    None
+):
+    reached = anyio.Event()
+    store = MemoryStore()
+    first = scripted(execute=blocking_at("s2", reached))
+    with anyio.fail_after(10):
+        async with Supervisor(first, store) as sup:
+            done = await (
+                await sup.submit(spec([TaskDraft(key="s1", description="a")]))
+            ).result()
+            stuck = await sup.submit(spec(chain(2)))
+            await reached.wait()
+        async with Supervisor(scripted(), store) as sup:
+            handles = await sup.resume_all()
+            assert [h.run_id for h in handles] == [stuck.run_id]
+            assert (await handles[0].result()).status is RunStatus.COMPLETED
+    assert done.status is RunStatus.COMPLETED
+
+
+def test_an_interrupted_attempt_does_not_count_against_max_task_attempts() -> None:
+    now = datetime.now(UTC)
+    run_spec = spec(chain(1), max_task_attempts=1)
+    state = apply(None, RunSubmitted(seq=1, at=now, run_id="r", spec=run_spec))
+    version = build_version(
+        state, chain(1), trigger=None, reason="", phase="main", replace_pending=False
+    )
+    state = apply(state, PlanCreated(seq=2, at=now, version=version))
+    state = apply(state, TaskStarted(seq=3, at=now, task_id="t1", attempt=1))
+    state = apply(state, TaskInterrupted(seq=4, at=now, task_id="t1"))
+    assert state.tasks["t1"].status is TaskStatus.PENDING
+    assert state.tasks["t1"].attempts == 0
+    assert state.task_executions == 1
+    with pytest.raises(ValueError, match="interrupted without starting"):
+        apply(state, TaskInterrupted(seq=5, at=now, task_id="t1"))
