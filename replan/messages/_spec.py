@@ -10,7 +10,6 @@ from ._explore import ExploreSettings, SafetyPolicy
 from ._plan import Trigger
 from ._task import TaskDraft
 
-
 MAX_SECONDS = 366 * 86_400.0
 """The longest deadline or gate timeout: a year (longer ones would overflow
 a date, and a run that may wait longer than that should wait without one)."""
