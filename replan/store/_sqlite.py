@@ -285,6 +285,7 @@ class SQLiteStore:
 
     async def delete_run(self, run_id: str) -> None:
         conn = self._connection()
+        self._last_seq.pop(run_id, None)
         conn.execute("BEGIN IMMEDIATE")
         try:
             for table in ("events", "effects", "runs"):

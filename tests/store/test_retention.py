@@ -142,6 +142,10 @@ async def test_a_deleted_run_is_gone_with_its_ledger(store: Store) -> None:
     assert await store.get_run(run_id) is None
     assert await store.read_effects(run_id) == []
     assert [s.run_id for s in await store.list_runs()] == [kept]
+    # The id is free again: a journal under it starts over at seq 1.
+    (first, *_) = await store.read(kept)
+    await store.append(run_id, [first], await store.get_run(kept))  # type: ignore[arg-type]
+    assert await store.read(run_id) == [first]
 
 
 async def test_runs_newer_than_the_cutoff_or_unfinished_are_not_expired(
