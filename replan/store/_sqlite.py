@@ -349,6 +349,8 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
 
 def _to_text(moment: datetime) -> str:
     """ISO-8601 that sorts as text: aware moments in UTC, always microseconds."""
+    if moment.tzinfo is UTC:  # what replan itself writes: nothing to convert
+        return moment.isoformat(timespec="microseconds")
     if moment.utcoffset() is not None:
         # Within a day of year 1 or 9999 there is no UTC equivalent: keep the
         # offset and give up text sorting for such a moment.

@@ -85,6 +85,10 @@ class _Done:
     outcome: TaskOutcome
     calls: list[ModelCall]
     failures: Sequence[ModelFailure] = ()
+    attempt: int = 0
+    unsecured: bool = False
+    """Not in the effect ledger: the driver journals it before it waits on
+    anything else, or puts it in the ledger first (see ``_secure``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +107,10 @@ class _RoleStopped:
 class _Answered:
     request: GateRequest
     resolution: GateResolution
+
+
+_Report = _Done | _Answered | _RoleStopped | _Fatal
+"""What reaches the driver's inbox."""
 
 
 def approval_check(resolution: GateResolution) -> None:
@@ -200,8 +208,8 @@ class RunDriver:
         self._journal_lock = anyio.Lock()
         self._staged_state: RunState | None = None
         self._cancel_scope = anyio.CancelScope()
-        send: MemoryObjectSendStream[_Done | _Answered | _RoleStopped | _Fatal]
-        receive: MemoryObjectReceiveStream[_Done | _Answered | _RoleStopped | _Fatal]
+        send: MemoryObjectSendStream[_Report]
+        receive: MemoryObjectReceiveStream[_Report]
         # Room for every task in flight to report while the driver waits on
         # a review or a gate; approval answers beyond that simply wait.
         send, receive = anyio.create_memory_object_stream(
@@ -217,6 +225,10 @@ class RunDriver:
         self.recovery: Callable[[RunDriver, TaskGroup], Awaitable[None]] | None = None
         """Set on a resumed run: picks up what the journal left unfinished."""
         self._draining = False
+        self._collecting = False
+        """The driver waits for task reports (and journals them on arrival)."""
+        self._unjournaled: list[_Report] = []
+        """Taken reports outside the ledger whose finish is only staged."""
         self._busy = 0
         self._idle = anyio.Event()
 
@@ -291,6 +303,7 @@ class RunDriver:
             events, self._staged = self._staged, []
             if events:
                 await self.store.append(state.run_id, events, summary_of(state))
+                self._unjournaled.clear()
                 if before_install is not None:
                     before_install()
                 self.record.install(state, events)
@@ -471,6 +484,16 @@ class RunDriver:
                         )
                     )
         finally:
+            # Reports the driver never took (it was stopped): keep what
+            # finished in the ledger, so that a resumed run does not redo it.
+            left: list[_Report] = []
+            while True:
+                try:
+                    left.append(self._inbox.receive_nowait())
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+            with anyio.CancelScope(shield=True):
+                await self._secure([*self._unjournaled, *left])
             self._inbox_send.close()
             self._inbox.close()
             for gate in self.state.open_gates:
@@ -531,21 +554,55 @@ class RunDriver:
                 raise RunEnded(RunStatus.FAILED, "no pending task can ever run")
             # Take every report that is already in, so that tasks finishing
             # together share one append with the starts that follow them.
-            if self._in_flight or self.limits.gate_timeout_s is not None:
-                items = [await self._inbox.receive()]
-            else:
-                # Only approvals without a timeout can move the run on now.
-                async with self.trace.idle("waiting for approvals, no timeout"):
+            self._collecting = True
+            try:
+                if self._in_flight or self.limits.gate_timeout_s is not None:
                     items = [await self._inbox.receive()]
+                else:
+                    # Only approvals without a timeout can move the run on now.
+                    async with self.trace.idle("waiting for approvals, no timeout"):
+                        items = [await self._inbox.receive()]
+            finally:
+                self._collecting = False
             while True:
                 try:
                     items.append(self._inbox.receive_nowait())
                 except anyio.WouldBlock:
                     break
-            for item in items:
-                await self._take(item)
+            try:
+                for index, item in enumerate(items):
+                    await self._take(item, later=items[index + 1 :])
+            except BaseException:
+                # Stopped or ended mid-batch: what finished may not be
+                # journaled; keep it in the ledger for a resumed run.
+                with anyio.CancelScope(shield=True):
+                    await self._secure(items)
+                raise
 
-    async def _take(self, item: _Done | _Answered | _RoleStopped | _Fatal) -> None:
+    async def _secure(self, items: Sequence[_Report]) -> None:
+        """Put finished attempts that skipped the effect ledger into it.
+
+        A task that finishes while the driver waits for reports skips the
+        ledger: the driver journals it at once, a window no wider than the
+        ledger's own. Before the driver waits on anything else (a review), the
+        reports it still holds go to the ledger, so that a crash during the
+        wait does not run those tasks again.
+        """
+        if self.effects is None:
+            return
+        for item in items:
+            if isinstance(item, _Done) and item.unsecured:
+                await self.effects.record_effect(
+                    self.state.run_id,
+                    EffectRecord(
+                        task_id=item.task_id,
+                        attempt=item.attempt,
+                        outcome=item.outcome,
+                        calls=item.calls,
+                    ),
+                )
+
+    async def _take(self, item: _Report, later: Sequence[_Report] = ()) -> None:
         """Act on one report from a task or an approval."""
         from ._replanning import review
 
@@ -561,6 +618,8 @@ class RunDriver:
             self.stage(*failure_events(item.failure, with_usage=True))
             raise failure_ending(item.failure)
         self._in_flight -= 1
+        if item.unsecured:
+            self._unjournaled.append(item)
         staged = self.stage(
             (TaskFinished, {"task_id": item.task_id, "outcome": item.outcome}),
             *usage_events(item.calls),
@@ -573,6 +632,7 @@ class RunDriver:
         finished = staged.tasks[item.task_id].status is not TaskStatus.PENDING
         if finished and milestone_due(staged, item.task_id):
             await self.record_events()
+            await self._secure(later)
             await review(self)
 
     async def _dispatch(self, tg: TaskGroup) -> None:
@@ -683,6 +743,16 @@ class RunDriver:
             return GateResolution(decision="reject", by="supervisor", note=end.reason)
 
     async def _execute(self, task: Task) -> None:
+        # Busy until the report is with the driver: a drain that sees no
+        # task busy finds every report in the inbox or the ledger.
+        self._begin()
+        try:
+            await self._attempt(task)
+        finally:
+            self._end()
+
+    async def _attempt(self, task: Task) -> None:
+        """Run one attempt and hand its report to the driver."""
         state = self.state
         context = self.base_context()
         context.update(
@@ -692,7 +762,7 @@ class RunDriver:
         )
         calls: list[ModelCall] = []
         failures: Sequence[ModelFailure] = ()
-        self._begin()
+        unsecured = False
         try:
             reply = expect(
                 await self.roles.executor.ask(
@@ -707,7 +777,11 @@ class RunDriver:
             )
             outcome, calls = reply.outcome, reply.calls
             failures = reply.failures
-            if self.effects is not None:
+            if self.effects is not None and self._collecting:
+                # The driver is waiting for exactly this: it journals the
+                # outcome before it waits on anything else (see _secure).
+                unsecured = True
+            elif self.effects is not None:
                 # Durable before anything else: a crash from here on finds
                 # the attempt in the ledger instead of running it again.
                 await self.effects.record_effect(
@@ -733,15 +807,20 @@ class RunDriver:
         except ActorStopped as exc:
             await self._inbox_send.send(_RoleStopped(exc))
             return
-        finally:
-            self._end()
-        await self._inbox_send.send(_Done(task.id, outcome, calls, failures))
+        report = _Done(task.id, outcome, calls, failures, task.attempts, unsecured)
+        try:
+            # No checkpoint between reading _collecting and the hand-over:
+            # an unsecured report reaches the driver's current batch.
+            self._inbox_send.send_nowait(report)
+        except anyio.WouldBlock:
+            await self._secure([report])
+            await self._inbox_send.send(report)
 
     def recovered(self, record: EffectRecord) -> None:
         """An attempt that finished before a crash: handle it as if just done."""
         self._in_flight += 1
         self._inbox_send.send_nowait(
-            _Done(record.task_id, record.outcome, record.calls)
+            _Done(record.task_id, record.outcome, record.calls, (), record.attempt)
         )
 
     async def _synthesize(self) -> Synthesis:

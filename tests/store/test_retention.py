@@ -136,11 +136,14 @@ async def test_a_deleted_run_is_gone_with_its_ledger(store: Store) -> None:
     assert isinstance(store, EffectLedger)
     run_id = await finished_demo_run(store)
     kept = await finished_demo_run(store)
-    assert await store.read_effects(run_id)
+    done = EffectRecord(task_id="t1", attempt=1, outcome=TaskOutcome(success=True))
+    await store.record_effect(run_id, done)
+    await store.record_effect(kept, done)
     await store.delete_run(run_id)
     assert await store.read(run_id) == []
     assert await store.get_run(run_id) is None
     assert await store.read_effects(run_id) == []
+    assert await store.read_effects(kept) == [done]
     assert [s.run_id for s in await store.list_runs()] == [kept]
     # The id is free again: a journal under it starts over at seq 1.
     (first, *_) = await store.read(kept)

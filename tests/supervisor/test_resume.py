@@ -401,3 +401,66 @@ def test_an_interrupted_attempt_does_not_count_against_max_task_attempts() -> No
     assert state.task_executions == 1
     with pytest.raises(ValueError, match="interrupted without starting"):
         apply(state, TaskInterrupted(seq=5, at=now, task_id="t1"))
+
+
+async def test_tasks_finishing_while_the_driver_waits_skip_the_ledger() -> None:
+    # The driver journals such a report at once: a ledger write would only
+    # cost a commit per task on the hot path.
+    store = LedgerWatch(MemoryStore())
+    with anyio.fail_after(10):
+        async with Supervisor(scripted(), store) as sup:
+            handle = await sup.submit(spec(chain(4), milestone_every=100))
+            result = await handle.result()
+    assert result.status is RunStatus.COMPLETED
+    assert store.recorded == []
+
+
+async def test_tasks_finishing_together_before_a_review_are_kept_across_a_stop() -> (
+    None
+):
+    # Both tasks return at once; the first report makes a milestone and the
+    # review never ends. While it waits (a kill -9 could land then), each
+    # finished attempt is journaled or in the ledger; on resume neither runs
+    # again.
+    release = anyio.Event()
+    reviewing = anyio.Event()
+
+    async def execute(request: ModelRequest) -> TaskOutcome:
+        await release.wait()
+        return with_finding(request)
+
+    async def slow_review(request: ModelRequest) -> Verdict:
+        reviewing.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    plan = [
+        TaskDraft(key="s1", description="step 1"),
+        TaskDraft(key="s2", description="step 2"),
+        TaskDraft(key="s3", description="step 3", depends_on=["s1", "s2"]),
+    ]
+    inner = MemoryStore()
+    store = LedgerWatch(inner)
+    first = scripted(execute=execute, milestone=slow_review)
+    with anyio.fail_after(10):
+        async with Supervisor(first, store) as sup:
+            handle = await sup.submit(spec(plan, milestone_every=1))
+            while len(first.calls_for("executor", "execute")) < 2:
+                await anyio.sleep(0.001)
+            release.set()
+            await reviewing.wait()
+            await anyio.wait_all_tasks_blocked()
+            run_id = handle.run_id
+            journaled = {
+                e.task_id
+                for e in await inner.read(run_id)
+                if isinstance(e, TaskFinished)
+            }
+            ledger = {r.task_id for r in await inner.read_effects(run_id)}
+            assert journaled | ledger == {"t1", "t2"}
+
+        second = scripted()
+        async with Supervisor(second, store, resume=True) as sup:
+            result = await sup.get(run_id).result()
+    assert result.status is RunStatus.COMPLETED
+    assert executed_ids(second) == ["t3"]
