@@ -424,8 +424,13 @@ async def test_tasks_finishing_together_before_a_review_are_kept_across_a_stop()
     # again.
     release = anyio.Event()
     reviewing = anyio.Event()
+    both_running = anyio.Event()
+    running: list[str] = []
 
     async def execute(request: ModelRequest) -> TaskOutcome:
+        running.append(task_of(request).id)
+        if len(running) == 2:
+            both_running.set()
         await release.wait()
         return with_finding(request)
 
@@ -445,8 +450,7 @@ async def test_tasks_finishing_together_before_a_review_are_kept_across_a_stop()
     with anyio.fail_after(10):
         async with Supervisor(first, store) as sup:
             handle = await sup.submit(spec(plan, milestone_every=1))
-            while len(first.calls_for("executor", "execute")) < 2:
-                await anyio.sleep(0.001)
+            await both_running.wait()
             release.set()
             await reviewing.wait()
             await anyio.wait_all_tasks_blocked()
