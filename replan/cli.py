@@ -200,28 +200,15 @@ def _positive(text: str) -> int:
 
 
 async def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "run":
+    if args.command in ("run", "explore", "demo"):
+        # Progress on stdout, or on stderr when stdout carries the JSON.
         console = Console(sys.stdout, sys.stderr if args.json else sys.stdout)
         with _telemetry():
-            return await run_goal(console, args)
-    if args.command == "demo" and args.explore:
-        console = Console(sys.stdout, sys.stderr if args.json else sys.stdout)
-        with _telemetry():
-            return await explore_demo(
-                console,
-                yes=args.yes,
-                as_json=args.json,
-                db=args.db,
-                latency=args.latency,
-            )
-    if args.command == "explore":
-        console = Console(sys.stdout, sys.stderr if args.json else sys.stdout)
-        with _telemetry():
-            return await explore(console, args)
-    if args.command == "demo":
-        console = Console(sys.stdout, sys.stderr if args.json else sys.stdout)
-        with _telemetry():
-            return await demo(
+            if args.command == "run":
+                return await run_goal(console, args)
+            if args.command == "explore":
+                return await explore(console, args)
+            return await (explore_demo if args.explore else demo)(
                 console,
                 yes=args.yes,
                 as_json=args.json,

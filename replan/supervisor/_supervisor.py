@@ -364,11 +364,12 @@ class Supervisor:
         effects = (
             await store.read_effects(run_id) if isinstance(store, EffectLedger) else []
         )
-        driver = RunDriver(record, roles, store, self.gates)
+        driver = RunDriver(record, roles, store, self.gates, self._telemetry)
         recovery = Recovery(events, effects)
         recovery.list_gates(driver)
         driver.recovery = recovery
         self._drivers[run_id] = driver
+        self._meters[run_id] = driver.meter
         tg.start_soon(self._drive, driver)
         logger.info("resumed run %s at seq %d", run_id, state.seq)
         return self._handle(record)

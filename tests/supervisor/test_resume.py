@@ -33,6 +33,7 @@ from replan import (
     TaskDraft,
     TaskOutcome,
     TaskStatus,
+    TokenUsage,
     Trigger,
     UnknownRunError,
     Verdict,
@@ -468,3 +469,24 @@ async def test_tasks_finishing_together_before_a_review_are_kept_across_a_stop()
             result = await sup.get(run_id).result()
     assert result.status is RunStatus.COMPLETED
     assert executed_ids(second) == ["t3"]
+
+
+async def test_a_resumed_run_keeps_its_token_budget_and_its_spent_tokens() -> None:
+    reached = anyio.Event()
+    per_call = TokenUsage(input_tokens=60, output_tokens=40, calls=1)
+    first = scripted(execute=blocking_at("s3", reached), usage=per_call)
+    store = MemoryStore()
+    with anyio.fail_after(10):
+        async with Supervisor(first, store) as sup:
+            limits = {"milestone_every": 100, "token_budget": 1_000}
+            handle = await sup.submit(spec(chain(4), **limits))
+            await reached.wait()
+        second = scripted(usage=per_call)
+        async with Supervisor(second, store, resume=True) as sup:
+            result = await sup.get(handle.run_id).result()
+    assert result.status is RunStatus.COMPLETED
+    # Two executions were journaled before the stop (200 tokens): the model
+    # sees what is left of the budget on every call after the restart.
+    allowances = [r.token_allowance for r in second.calls]
+    assert allowances[0] == 800
+    assert allowances == [800 - 100 * n for n in range(len(allowances))]

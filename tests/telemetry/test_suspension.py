@@ -22,6 +22,7 @@ from replan import (
     GateRequest,
     GateResolution,
     MemoryStore,
+    RunStatus,
     ScriptedModel,
     Supervisor,
     Task,
@@ -250,3 +251,52 @@ async def test_a_run_left_waiting_only_for_an_untimed_approval_suspends_its_trac
     ]
     assert tree.parent(task) is second
     assert attr(second, n.RUN_OUTCOME) == "completed"
+
+
+async def test_a_run_resumed_by_a_new_supervisor_traces_on_in_a_linked_trace(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    started = anyio.Event()
+
+    async def forever(task: Task, ctx: TaskContext) -> TaskOutcome:
+        started.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def finish(task: Task, ctx: TaskContext) -> TaskOutcome:
+        return TaskOutcome(success=True, summary=f"{task.key} done")
+
+    store = MemoryStore()
+    with anyio.fail_after(5):
+        async with Supervisor(
+            scope_shift_model(), store, task_runner=forever, tracer_provider=provider
+        ) as sup:
+            handle = await sup.submit(spec(chain(2)))
+            await started.wait()
+        (old_root,) = Tree(exporter.get_finished_spans()).named(n.SPAN_RUN)
+        async with Supervisor(
+            scope_shift_model(),
+            store,
+            task_runner=finish,
+            tracer_provider=provider,
+            resume=True,
+        ) as sup:
+            result = await sup.get(handle.run_id).result()
+    assert result.status is RunStatus.COMPLETED
+    roots = Tree(exporter.get_finished_spans()).named(n.SPAN_RUN)
+    old_id = old_root.context.span_id  # type: ignore[union-attr]
+    (new_root,) = [s for s in roots if s.context.span_id != old_id]  # type: ignore[union-attr]
+    assert new_root.context.trace_id != old_root.context.trace_id  # type: ignore[union-attr]
+    assert [link.context.span_id for link in new_root.links] == [
+        old_root.context.span_id  # type: ignore[union-attr]
+    ]
+    assert attr(new_root, n.GEN_AI_CONVERSATION_ID) == handle.run_id
+    assert attr(new_root, n.RUN_OUTCOME) == "completed"
+    # The resumed trace carries the rest of the run: the remaining tasks.
+    tree = Tree(exporter.get_finished_spans())
+    resumed_tasks = [
+        s
+        for s in tree.named("invoke_agent executor")
+        if s.context.trace_id == new_root.context.trace_id  # type: ignore[union-attr]
+    ]
+    assert resumed_tasks
