@@ -9,7 +9,9 @@ The public API, re-exported from the subpackages::
 
 from __future__ import annotations
 
+import importlib
 import logging
+from typing import TYPE_CHECKING
 
 from ._errors import ActorCrashed as ActorCrashed
 from ._errors import ActorError as ActorError
@@ -34,7 +36,6 @@ from .llm import Model as Model
 from .llm import ModelPrice as ModelPrice
 from .llm import ModelRequest as ModelRequest
 from .llm import ModelResponse as ModelResponse
-from .llm import OpenAIModel as OpenAIModel
 from .llm import PromptRegistry as PromptRegistry
 from .llm import ScriptedModel as ScriptedModel
 from .llm import Tool as Tool
@@ -85,6 +86,23 @@ from .supervisor import apply as apply
 from .supervisor import replay as replay
 
 logging.getLogger("replan").addHandler(logging.NullHandler())
+
+if TYPE_CHECKING:
+    from .llm import OpenAIModel as OpenAIModel
+
+
+# The OpenAI adapter (and the openai package) load on first use.
+_LAZY = {"OpenAIModel": ".llm"}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = (
     "ActorCrashed",

@@ -28,8 +28,10 @@ def test_all_lists_every_public_name_and_nothing_else(name: str) -> None:
         for attr, value in vars(module).items()
         if (not attr.startswith("_") or attr == "__version__")
         and not isinstance(value, types.ModuleType)
-        and attr not in {"annotations", "logging"}
+        and attr not in {"annotations", "logging", "TYPE_CHECKING"}
     }
+    # Names a module loads on first use (its _LAZY table) are public too.
+    public |= set(getattr(module, "_LAZY", {}))
     assert isinstance(module.__all__, tuple)
     assert set(module.__all__) == public
 
@@ -79,3 +81,18 @@ def test_importing_replan_does_not_import_the_daemons_dependencies() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_the_openai_package_loads_only_when_the_adapter_is_used() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, replan; before = 'openai' in sys.modules; "
+        "from replan import OpenAIModel; from replan.llm import BackoffPolicy; "
+        "print(before, 'openai' in sys.modules, OpenAIModel.__name__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["False", "True", "OpenAIModel"]

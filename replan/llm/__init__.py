@@ -3,8 +3,9 @@ role prompts, function tools, prices, and a scripted model."""
 
 from __future__ import annotations
 
-from ._openai import OpenAIModel as OpenAIModel
-from ._openai import StructuredOutput as StructuredOutput
+import importlib
+from typing import TYPE_CHECKING
+
 from ._port import Model as Model
 from ._port import ModelRequest as ModelRequest
 from ._port import ModelResponse as ModelResponse
@@ -15,13 +16,35 @@ from ._prompts import MissingPromptError as MissingPromptError
 from ._prompts import PromptRegistry as PromptRegistry
 from ._prompts import PromptTemplate as PromptTemplate
 from ._prompts import render_value as render_value
-from ._retry import BackoffPolicy as BackoffPolicy
 from ._scripted import ScriptedModel as ScriptedModel
 from ._scripted import ScriptHandler as ScriptHandler
 from ._tools import Tool as Tool
 from ._tools import ToolArgumentsError as ToolArgumentsError
 from ._tools import ToolSpec as ToolSpec
 from ._tools import tool as tool
+
+if TYPE_CHECKING:
+    from ._openai import OpenAIModel as OpenAIModel
+    from ._openai import StructuredOutput as StructuredOutput
+    from ._retry import BackoffPolicy as BackoffPolicy
+
+# The OpenAI adapter loads the openai package (~0.4 s and ~35 MiB): only
+# when it is first used, not for every application that imports replan.
+_LAZY = {
+    "OpenAIModel": "._openai",
+    "StructuredOutput": "._openai",
+    "BackoffPolicy": "._retry",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = (
     "BackoffPolicy",
