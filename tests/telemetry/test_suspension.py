@@ -160,9 +160,8 @@ async def test_a_timed_gate_keeps_its_await_approval_span_open_under_the_replan(
     assert result.replans[0].outcome.value == "rejected_by_human"
 
 
-async def test_a_supervisor_stop_suspends_the_trace_and_a_resumed_root_links_to_it(
-    provider: TracerProvider, exporter: InMemorySpanExporter
-) -> None:
+async def stopped_mid_task(provider: TracerProvider, store: MemoryStore) -> str:
+    """Run a 2-task chain until its first task runs, then stop the supervisor."""
     started = anyio.Event()
 
     async def forever(task: Task, ctx: TaskContext) -> TaskOutcome:
@@ -170,14 +169,21 @@ async def test_a_supervisor_stop_suspends_the_trace_and_a_resumed_root_links_to_
         await anyio.sleep_forever()
         raise AssertionError("unreachable")
 
+    async with Supervisor(
+        scope_shift_model(), store, task_runner=forever, tracer_provider=provider
+    ) as sup:
+        handle = await sup.submit(spec(chain(2)))
+        await started.wait()
+    return handle.run_id
+
+
+async def test_a_supervisor_stop_suspends_the_trace_and_a_resumed_root_links_to_it(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
     store = MemoryStore()
     with anyio.fail_after(5):
-        async with Supervisor(
-            scope_shift_model(), store, task_runner=forever, tracer_provider=provider
-        ) as sup:
-            handle = await sup.submit(spec(chain(2)))
-            await started.wait()
-    events = await store.read(handle.run_id)
+        run_id = await stopped_mid_task(provider, store)
+    events = await store.read(run_id)
     (suspended,) = [e for e in events if isinstance(e, TraceSuspended)]
     tree = Tree(exporter.get_finished_spans())
     root = tree.one(n.SPAN_RUN)
@@ -201,7 +207,7 @@ async def test_a_supervisor_stop_suspends_the_trace_and_a_resumed_root_links_to_
     (new_root,) = resumed
     assert new_root.context.trace_id != root.context.trace_id  # type: ignore[union-attr]
     assert new_root.links[0].context.span_id == root.context.span_id  # type: ignore[union-attr]
-    assert attr(new_root, n.GEN_AI_CONVERSATION_ID) == handle.run_id
+    assert attr(new_root, n.GEN_AI_CONVERSATION_ID) == run_id
 
 
 async def test_without_a_tracer_provider_nothing_is_journaled_for_traces() -> None:
@@ -256,23 +262,12 @@ async def test_a_run_left_waiting_only_for_an_untimed_approval_suspends_its_trac
 async def test_a_run_resumed_by_a_new_supervisor_traces_on_in_a_linked_trace(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
-    started = anyio.Event()
-
-    async def forever(task: Task, ctx: TaskContext) -> TaskOutcome:
-        started.set()
-        await anyio.sleep_forever()
-        raise AssertionError("unreachable")
-
     async def finish(task: Task, ctx: TaskContext) -> TaskOutcome:
         return TaskOutcome(success=True, summary=f"{task.key} done")
 
     store = MemoryStore()
     with anyio.fail_after(5):
-        async with Supervisor(
-            scope_shift_model(), store, task_runner=forever, tracer_provider=provider
-        ) as sup:
-            handle = await sup.submit(spec(chain(2)))
-            await started.wait()
+        run_id = await stopped_mid_task(provider, store)
         (old_root,) = Tree(exporter.get_finished_spans()).named(n.SPAN_RUN)
         async with Supervisor(
             scope_shift_model(),
@@ -281,7 +276,7 @@ async def test_a_run_resumed_by_a_new_supervisor_traces_on_in_a_linked_trace(
             tracer_provider=provider,
             resume=True,
         ) as sup:
-            result = await sup.get(handle.run_id).result()
+            result = await sup.get(run_id).result()
     assert result.status is RunStatus.COMPLETED
     roots = Tree(exporter.get_finished_spans()).named(n.SPAN_RUN)
     old_id = old_root.context.span_id  # type: ignore[union-attr]
@@ -290,7 +285,7 @@ async def test_a_run_resumed_by_a_new_supervisor_traces_on_in_a_linked_trace(
     assert [link.context.span_id for link in new_root.links] == [
         old_root.context.span_id  # type: ignore[union-attr]
     ]
-    assert attr(new_root, n.GEN_AI_CONVERSATION_ID) == handle.run_id
+    assert attr(new_root, n.GEN_AI_CONVERSATION_ID) == run_id
     assert attr(new_root, n.RUN_OUTCOME) == "completed"
     # The resumed trace carries the rest of the run: the remaining tasks.
     tree = Tree(exporter.get_finished_spans())
