@@ -292,12 +292,20 @@ class Supervisor:
         state = apply(None, event)
         await self.store.append(run_id, [event], summary_of(state))
         record = RunRecord(state)
-        driver = RunDriver(record, roles, self.store, self.gates, self._telemetry)
         self._records[run_id] = record
+        self._start(tg, self._driver(record, roles))
+        return self._handle(record)
+
+    def _driver(self, record: RunRecord, roles: Roles) -> RunDriver:
+        """A driver for ``record`` with this supervisor's journal and telemetry."""
+        return RunDriver(record, roles, self.store, self.gates, self._telemetry)
+
+    def _start(self, tg: TaskGroup, driver: RunDriver) -> None:
+        """Drive a run: its model calls are metered from now on."""
+        run_id = driver.state.run_id
         self._drivers[run_id] = driver
         self._meters[run_id] = driver.meter
         tg.start_soon(self._drive, driver)
-        return self._handle(record)
 
     async def _drive(self, driver: RunDriver) -> None:
         try:
@@ -364,13 +372,11 @@ class Supervisor:
         effects = (
             await store.read_effects(run_id) if isinstance(store, EffectLedger) else []
         )
-        driver = RunDriver(record, roles, store, self.gates, self._telemetry)
+        driver = self._driver(record, roles)
         recovery = Recovery(events, effects)
         recovery.list_gates(driver)
         driver.recovery = recovery
-        self._drivers[run_id] = driver
-        self._meters[run_id] = driver.meter
-        tg.start_soon(self._drive, driver)
+        self._start(tg, driver)
         logger.info("resumed run %s at seq %d", run_id, state.seq)
         return self._handle(record)
 
