@@ -45,6 +45,7 @@ from ._events import TaskInterrupted as TaskInterrupted
 from ._events import TaskStarted as TaskStarted
 from ._events import TraceSuspended as TraceSuspended
 from ._events import UsageRecorded as UsageRecorded
+from ._events import event_json as event_json
 from ._explore import DEFAULT_THRESHOLDS as DEFAULT_THRESHOLDS
 from ._explore import LENSES as LENSES
 from ._explore import Cluster as Cluster
@@ -208,4 +209,5 @@ __all__ = (
     "ValidationPlan",
     "Verdict",
     "check_drafts",
+    "event_json",
 )

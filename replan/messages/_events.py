@@ -178,4 +178,15 @@ Event = Annotated[
 """Every state change of a run, as the journal stores it."""
 
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def event_json(event: Event) -> bytes:
+    """An event's JSON, as ``EVENT_ADAPTER.dump_json`` writes it.
+
+    Uses the event class's own serializer: the same bytes, without the
+    union's dispatch (half the cost on the journal's hot path).
+    """
+    return event.__pydantic_serializer__.to_json(event)
+
+
 """(De)serializes any :data:`Event` (``validate_json`` / ``dump_json``)."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from ..messages import EVENT_ADAPTER, Event, RunCompacted, RunStatus
+from ..messages import EVENT_ADAPTER, Event, RunCompacted, RunStatus, event_json
 from ._port import EffectRecord, JournalConflict, RunSummary
 
 
@@ -34,7 +34,7 @@ class MemoryStore:
                     f"run {run_id}: expected seq {expected}, got {event.seq}"
                 )
             expected += 1
-            encoded.append(EVENT_ADAPTER.dump_json(event))
+            encoded.append(event_json(event))
         journal.extend(encoded)
         self._runs[run_id] = summary
 
@@ -95,7 +95,7 @@ class MemoryStore:
                 f"run {run_id}: the snapshot ends at seq {snapshot.seq}, "
                 f"the journal at {last}"
             )
-        self._events[run_id] = [EVENT_ADAPTER.dump_json(snapshot)]
+        self._events[run_id] = [event_json(snapshot)]
         self._base[run_id] = last - 1
         self._effects.pop(run_id, None)
         self._compacted.add(run_id)

@@ -41,6 +41,10 @@ class Store(Protocol):
     ) -> None:
         """Append ``events`` to the run's journal and upsert its summary row.
 
+        The supervisor's summaries carry the ``last_seq`` and ``updated_at``
+        of the newest event; a store may take those two from the events
+        instead of rewriting the row on every append (``SQLiteStore`` does).
+
         Raises:
             JournalConflict: an event's ``seq`` is not the next in the run.
         """

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import threading
 import warnings
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -15,7 +16,7 @@ from typing import Any, Literal, Self
 import anyio
 
 from .._errors import ConfigurationError
-from ..messages import EVENT_ADAPTER, Event, RunCompacted, RunStatus
+from ..messages import EVENT_ADAPTER, Event, RunCompacted, RunStatus, event_json
 from ._port import EffectRecord, JournalConflict, RunSummary
 
 SCHEMA_VERSION = 2
@@ -67,8 +68,10 @@ _LAST_SEQ = "SELECT coalesce(max(seq), 0) FROM events WHERE run_id = ?"
 _INSERT_EVENT = (
     "INSERT INTO events (run_id, seq, type, payload, at) VALUES (?, ?, ?, ?, ?)"
 )
-# Most appends leave a run's status and created_at alone: updating only the
-# other columns leaves the status index untouched, one page less per commit.
+# The row is rewritten only when the status or stop reason changes (or the
+# run is new to this store object); between those, a read takes ``last_seq``
+# and ``updated_at`` from the run's newest event. Updating only the other
+# columns leaves the status index untouched.
 _UPDATE_RUN = """
     UPDATE runs SET goal = :goal, kind = :kind, pattern = :pattern,
         updated_at = :updated_at, last_seq = :last_seq, stop_reason = :stop_reason
@@ -79,11 +82,14 @@ _REPLACE_RUN = """
         :created_at, :updated_at, :last_seq, :stop_reason)
 """
 _READ = "SELECT payload FROM events WHERE run_id = ? AND seq > ? ORDER BY seq"
-_RUN_COLUMNS = (
-    "run_id, goal, kind, pattern, status, created_at, updated_at, last_seq, stop_reason"
-)
-_GET_RUN = f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?"
-_ORDER = "ORDER BY created_at DESC, run_id DESC LIMIT ? OFFSET ?"
+_SELECT_RUNS = """
+    SELECT r.run_id, r.goal, r.kind, r.pattern, r.status, r.created_at,
+        coalesce(e.at, r.updated_at), coalesce(e.seq, r.last_seq), r.stop_reason
+    FROM runs r LEFT JOIN events e ON e.run_id = r.run_id
+        AND e.seq = (SELECT max(seq) FROM events WHERE run_id = r.run_id)
+"""
+_GET_RUN = f"{_SELECT_RUNS} WHERE r.run_id = ?"
+_ORDER = "ORDER BY r.created_at DESC, r.run_id DESC LIMIT ? OFFSET ?"
 _RECORD_EFFECT = (
     "INSERT OR REPLACE INTO effects (run_id, task_id, attempt, payload) "
     "VALUES (?, ?, ?, ?)"
@@ -106,7 +112,10 @@ class SQLiteStore:
     a few tens of microseconds, far less than handing it to a worker thread
     would cost. The price is that a call never yields to the event loop, and
     blocks it while another process holds the write lock (up to the 5 s busy
-    timeout).
+    timeout). Checkpoints (copying the WAL into the database file, with its
+    fsyncs) are the one slow part of SQLite's commit path: they run on a
+    thread of the store's own, every :data:`CHECKPOINT_EVERY` commits, not
+    inside an append.
 
     Durability: with ``synchronous="NORMAL"`` (the default) a commit is written
     to the WAL but not fsynced, so a crash of the application loses nothing,
@@ -139,10 +148,14 @@ class SQLiteStore:
             )
         self.path = Path(path)
         self._conn = _connect(self.path, synchronous)
+        self._conn.execute("PRAGMA wal_autocheckpoint = 0")
+        self._checkpointer = _Checkpointer(self.path, synchronous)
         # The last seq this store committed per run: an append then needs no
         # query to check that its events follow on. Another writer's rows
         # still collide on the primary key, which reads as a conflict.
         self._last_seq: dict[str, int] = {}
+        # The status and stop reason this store last wrote to each run's row.
+        self._row: dict[str, tuple[RunStatus, str | None]] = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r})"
@@ -175,11 +188,12 @@ class SQLiteStore:
                 run_id,
                 event.seq,
                 event.kind,
-                EVENT_ADAPTER.dump_json(event).decode(),
+                event_json(event).decode(),
                 _to_text(event.at),
             )
             for event in events
         ]
+        row = (summary.status, summary.stop_reason)
         conn.execute("BEGIN IMMEDIATE")
         try:
             last = self._last_seq.get(run_id)
@@ -196,15 +210,19 @@ class SQLiteStore:
                 # Unreachable while every writer checks under the write lock;
                 # the primary key still refuses a duplicate seq.
                 raise JournalConflict(f"run {run_id}: {exc}") from exc
-            _write_summary(conn, run_id, summary)
+            if self._row.get(run_id) != row:
+                _write_summary(conn, run_id, summary)
             conn.execute("COMMIT")
         except BaseException:
             self._last_seq.pop(run_id, None)
+            self._row.pop(run_id, None)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        self._row[run_id] = row
         if events:
             self._last_seq[run_id] = events[-1].seq
+        self._checkpointer.committed()
 
     async def read(self, run_id: str, after: int = 0) -> list[Event]:
         rows = self._connection().execute(_READ, (run_id, after)).fetchall()
@@ -223,19 +241,19 @@ class SQLiteStore:
     ) -> list[RunSummary]:
         conn = self._connection()
         if statuses is None:
-            query = f"SELECT {_RUN_COLUMNS} FROM runs {_ORDER}"
+            query = f"{_SELECT_RUNS} {_ORDER}"
             params: tuple[object, ...] = (limit, offset)
         else:
             marks = ", ".join("?" * len(statuses))
-            query = (
-                f"SELECT {_RUN_COLUMNS} FROM runs WHERE status IN ({marks}) {_ORDER}"
-            )
+            query = f"{_SELECT_RUNS} WHERE r.status IN ({marks}) {_ORDER}"
             params = (*(str(s) for s in statuses), limit, offset)
         return [_summary_from_row(row) for row in conn.execute(query, params)]
 
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
+            self._checkpointer.stop()
+            # The last connection to close checkpoints the rest of the WAL.
             conn.close()
 
     # Effect ledger --------------------------------------------------------------
@@ -262,7 +280,7 @@ class SQLiteStore:
 
     async def compact_run(self, run_id: str, snapshot: RunCompacted) -> None:
         conn = self._connection()
-        payload = EVENT_ADAPTER.dump_json(snapshot).decode()
+        payload = event_json(snapshot).decode()
         conn.execute("BEGIN IMMEDIATE")
         try:
             (last,) = conn.execute(_LAST_SEQ, (run_id,)).fetchone()
@@ -286,6 +304,7 @@ class SQLiteStore:
     async def delete_run(self, run_id: str) -> None:
         conn = self._connection()
         self._last_seq.pop(run_id, None)
+        self._row.pop(run_id, None)
         conn.execute("BEGIN IMMEDIATE")
         try:
             for table in ("events", "effects", "runs"):
@@ -300,6 +319,71 @@ class SQLiteStore:
         if self._conn is None:
             raise anyio.ClosedResourceError
         return self._conn
+
+
+CHECKPOINT_EVERY = 256
+"""Commits between two checkpoints: the WAL stays within a few MiB."""
+
+
+class _Checkpointer:
+    """Checkpoints the WAL on a thread of its own, with its own connection.
+
+    SQLite's automatic checkpoint runs inside the commit that crosses its
+    threshold, on the committing thread: with ``synchronous=NORMAL`` it is the
+    only part of a commit that fsyncs, and it would stall the event loop. A
+    passive checkpoint from another connection never blocks the writer; the
+    thread starts on the first checkpoint a store needs, and sleeps between.
+    """
+
+    def __init__(self, path: Path, synchronous: str) -> None:
+        self._path = path
+        self._synchronous = synchronous
+        self._commits = 0
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.rounds = threading.Semaphore(0)
+        """Released once per finished checkpoint round (tests wait on it)."""
+
+    def committed(self) -> None:
+        self._commits += 1
+        if self._commits < CHECKPOINT_EVERY:
+            return
+        self._commits = 0
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name=f"replan-checkpoint {self._path.name}"
+            )
+            self._thread.start()
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Stop the thread (after the checkpoint it may be running)."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        try:
+            conn = sqlite3.connect(self._path, isolation_level=None)
+        except sqlite3.Error:
+            return  # the writer's own close still checkpoints
+        try:
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            while True:
+                self._wake.wait()
+                self._wake.clear()
+                if self._stopping:
+                    return
+                # Busy (another checkpoint, a reader) is fine: the next
+                # round copies what this one could not.
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                self.rounds.release()
+        finally:
+            conn.close()
 
 
 def _connect(path: Path, synchronous: str) -> sqlite3.Connection:

@@ -77,7 +77,7 @@ def summary(
         pattern="discovery",
         status=status,
         created_at=created_at,
-        updated_at=created_at + timedelta(seconds=last_seq),
+        updated_at=at(last_seq),
         last_seq=last_seq,
         stop_reason=stop_reason,
     )
@@ -502,7 +502,9 @@ async def test_events_and_runs_survive_closing_and_reopening_the_file(
     tmp_path: Path,
 ) -> None:
     events = sample_events()
-    row = summary("run-1", len(events), status=RunStatus.COMPLETED)
+    row = summary("run-1", len(events), status=RunStatus.COMPLETED).model_copy(
+        update={"updated_at": events[-1].at}
+    )
     async with SQLiteStore(tmp_path / "j.db") as store:
         await store.append("run-1", events, row)
     async with SQLiteStore(tmp_path / "j.db") as store:
@@ -640,7 +642,9 @@ def test_any_task_outcomes_round_trip_exactly_through_sqlite(
         TaskFinished(seq=seq, at=moment, task_id=task_id, outcome=outcome)
         for seq, (task_id, outcome, moment) in enumerate(finished, start=1)
     ]
-    row = summary(run_id, len(events), created_at=events[0].at)
+    row = summary(run_id, len(events), created_at=events[0].at).model_copy(
+        update={"updated_at": events[-1].at}
+    )
 
     async def round_trip() -> None:
         path = tmp_path_factory.mktemp("journal") / "j.db"

@@ -1,0 +1,116 @@
+"""The SQLite journal's commit path: checkpoints off the writer, lean rows."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from contextlib import closing
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import anyio
+
+from replan.messages import RunStatus, TaskStarted
+from replan.store import RunSummary, SQLiteStore
+from replan.store._sqlite import CHECKPOINT_EVERY
+
+T0 = datetime(2026, 1, 5, 8, 30, tzinfo=UTC)
+
+
+def started(seq: int) -> TaskStarted:
+    return TaskStarted(
+        seq=seq, at=T0 + timedelta(seconds=seq), task_id=f"t{seq}", attempt=1
+    )
+
+
+def summary(seq: int, status: RunStatus = RunStatus.RUNNING) -> RunSummary:
+    return RunSummary(
+        run_id="run-1",
+        goal="walk the chain",
+        kind="plan",
+        pattern="discovery",
+        status=status,
+        created_at=T0,
+        updated_at=T0 + timedelta(seconds=seq),
+        last_seq=seq,
+        stop_reason="done" if status.final else None,
+    )
+
+
+def events_in_main_file(db: Path, copy: Path) -> int:
+    """Events in the database file alone, without its WAL: what checkpoints
+    have copied there."""
+    shutil.copyfile(db, copy)
+    with closing(sqlite3.connect(copy)) as conn:
+        try:
+            (count,) = conn.execute("SELECT count(*) FROM events").fetchone()
+        except sqlite3.OperationalError:  # not even the schema copied yet
+            return 0
+    return int(count)
+
+
+async def test_appends_never_checkpoint_and_a_thread_of_the_store_does(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "j.db"
+    async with SQLiteStore(db) as store:
+        conn = store._connection()
+        assert conn.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
+        for seq in range(1, CHECKPOINT_EVERY):
+            await store.append("run-1", [started(seq)], summary(seq))
+        # Below the threshold nothing has reached the database file yet.
+        assert events_in_main_file(db, tmp_path / "copy.db") == 0
+        await store.append("run-1", [started(CHECKPOINT_EVERY)], summary(seq + 1))
+        rounds = store._checkpointer.rounds
+        assert await anyio.to_thread.run_sync(rounds.acquire, True, 10)
+        assert events_in_main_file(db, tmp_path / "copy.db") == CHECKPOINT_EVERY
+        assert await store.read("run-1", after=CHECKPOINT_EVERY - 1) == [
+            started(CHECKPOINT_EVERY)
+        ]
+    # Closing stops the thread and checkpoints the rest.
+    assert events_in_main_file(db, tmp_path / "copy.db") == CHECKPOINT_EVERY
+    assert not (tmp_path / "j.db-wal").exists()
+
+
+async def test_a_store_that_closes_before_any_checkpoint_starts_no_thread(
+    tmp_path: Path,
+) -> None:
+    async with SQLiteStore(tmp_path / "j.db") as store:
+        await store.append("run-1", [started(1)], summary(1))
+        assert store._checkpointer._thread is None
+
+
+async def test_the_summary_follows_the_newest_event_between_status_changes(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "j.db"
+    async with SQLiteStore(db) as store:
+        for seq in range(1, 6):
+            await store.append("run-1", [started(seq)], summary(seq))
+            assert await store.get_run("run-1") == summary(seq)
+            assert await store.list_runs() == [summary(seq)]
+        # The row itself was written once: the status never changed.
+        with closing(sqlite3.connect(db)) as raw:
+            assert raw.execute("SELECT last_seq FROM runs").fetchall() == [(1,)]
+        await store.append("run-1", [started(6)], summary(6, RunStatus.COMPLETED))
+        with closing(sqlite3.connect(db)) as raw:
+            assert raw.execute("SELECT last_seq, status FROM runs").fetchall() == [
+                (6, "completed")
+            ]
+    async with SQLiteStore(db) as store:
+        assert await store.get_run("run-1") == summary(6, RunStatus.COMPLETED)
+        assert await store.list_runs(statuses=[RunStatus.COMPLETED]) == [
+            summary(6, RunStatus.COMPLETED)
+        ]
+
+
+async def test_a_reopened_store_rewrites_the_row_on_its_first_append(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "j.db"
+    async with SQLiteStore(db) as store:
+        await store.append("run-1", [started(1)], summary(1))
+    async with SQLiteStore(db) as store:
+        await store.append("run-1", [started(2)], summary(2))
+    with closing(sqlite3.connect(db)) as raw:
+        assert raw.execute("SELECT last_seq FROM runs").fetchall() == [(2,)]
