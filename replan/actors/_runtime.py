@@ -56,12 +56,29 @@ class ReplySlot(Generic[RepT]):
     cancels the worker's handling of the request too. The worker's cancel
     scope outlives the request, so answering unbinds it: a late abandon must
     not cancel the next request.
+
+    A slot made with ``on_done`` has no waiter: the worker calls ``on_done``
+    with the slot as soon as it is answered (see :meth:`ActorPool.post`).
     """
 
-    __slots__ = ("_error", "_event", "_scope", "_value", "abandoned")
+    __slots__ = (
+        "_done",
+        "_error",
+        "_event",
+        "_on_done",
+        "_scope",
+        "_value",
+        "abandoned",
+    )
 
-    def __init__(self) -> None:
-        self._event = anyio.Event()
+    def __init__(
+        self,
+        new_event: Callable[[], anyio.Event] = anyio.Event,
+        on_done: Callable[[ReplySlot[RepT]], None] | None = None,
+    ) -> None:
+        self._event = new_event() if on_done is None else None
+        self._on_done = on_done
+        self._done = False
         self._value: RepT | None = None
         self._error: ActorError | None = None
         self._scope: anyio.CancelScope | None = None
@@ -69,19 +86,27 @@ class ReplySlot(Generic[RepT]):
 
     @property
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def set(self, value: RepT) -> None:
         self._scope = None
-        if not self._event.is_set():
+        if not self._done:
             self._value = value
-            self._event.set()
+            self._answered()
 
     def fail(self, error: ActorError) -> None:
         self._scope = None
-        if not self._event.is_set():
+        if not self._done:
             self._error = error
+            self._answered()
+
+    def _answered(self) -> None:
+        self._done = True
+        if self._event is not None:
             self._event.set()
+        elif self._on_done is not None:
+            on_done, self._on_done = self._on_done, None
+            on_done(self)
 
     def bind(self, scope: anyio.CancelScope) -> None:
         """Let :meth:`abandon` cancel the worker's handling of the request."""
@@ -92,14 +117,20 @@ class ReplySlot(Generic[RepT]):
     def abandon(self) -> None:
         """The caller stopped waiting: cancel the handling if it started."""
         self.abandoned = True
+        self._on_done = None
         if self._scope is not None:
             self._scope.cancel()
 
-    async def wait(self) -> RepT:
-        await self._event.wait()
+    def result(self) -> RepT:
+        """The reply of an answered slot, or its error raised."""
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]
+
+    async def wait(self) -> RepT:
+        assert self._event is not None, "a slot with on_done has no waiter"
+        await self._event.wait()
+        return self.result()
 
 
 @dataclass(slots=True)
@@ -186,6 +217,9 @@ class ActorPool(Generic[ReqT, RepT]):
         self._restarts = 0
         self._busy = 0
         self._live = 0
+        self._waiting = 0
+        """Workers blocked on the empty mailbox, ready to take a request."""
+        self._new_event: Callable[[], anyio.Event] = anyio.Event
         self._started = False
         self._task_group: TaskGroup | None = None
         self.stop_reason: str | None = None
@@ -216,6 +250,9 @@ class ActorPool(Generic[ReqT, RepT]):
         if self._started:
             raise RuntimeError(f"the {self.role} pool was already started")
         self._started = True
+        # The running backend's Event class, made directly: anyio.Event()
+        # looks the backend up on every call, once per request here.
+        self._new_event = type(anyio.Event())
         try:
             async with anyio.create_task_group() as tg:
                 self._task_group = tg
@@ -263,7 +300,7 @@ class ActorPool(Generic[ReqT, RepT]):
         """
         if self.stop_reason is not None:
             raise ActorStopped(self.role, self.stop_reason)
-        slot: ReplySlot[RepT] = ReplySlot()
+        slot: ReplySlot[RepT] = ReplySlot(self._new_event)
         envelope = Envelope(request, slot, run_id, deadline, current_carrier())
         if deadline is None:
             return await self._deliver(envelope)
@@ -273,20 +310,56 @@ class ActorPool(Generic[ReqT, RepT]):
             return await self._deliver(envelope)
         raise ActorTimeout(self.role, "the request's deadline passed")
 
+    async def post(
+        self,
+        request: ReqT,
+        on_done: Callable[[ReplySlot[RepT]], None],
+        *,
+        run_id: str | None = None,
+    ) -> ReplySlot[RepT]:
+        """Send ``request`` without waiting for the reply.
+
+        The worker that answers calls ``on_done`` with the answered slot
+        (``slot.result()`` returns the reply or raises the error), so the
+        reply reaches its destination without a task waiting for it.
+        ``on_done`` runs on the worker's task: it must not block or raise.
+        Abandoning the returned slot cancels the handling and drops the
+        callback. Waits only while the mailbox is full.
+
+        Raises:
+            ActorStopped: the role is stopped.
+        """
+        if self.stop_reason is not None:
+            raise ActorStopped(self.role, self.stop_reason)
+        slot: ReplySlot[RepT] = ReplySlot(on_done=on_done)
+        envelope = Envelope(request, slot, run_id, None, current_carrier())
+        try:
+            await self._enqueue(envelope)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            raise ActorStopped(self.role, self.stop_reason or "stopped") from None
+        return slot
+
+    async def _enqueue(self, envelope: Envelope[ReqT, RepT]) -> None:
+        if self._waiting:
+            # A worker waiting on the mailbox takes this one (anyio hands an
+            # item to a waiting receiver first): it is no longer free.
+            self._waiting -= 1
+        else:
+            # Nobody is free to take it: one more worker, if there is room.
+            self._grow()
+        try:
+            # The fast path skips send()'s extra trip through the event loop.
+            self._send.send_nowait(envelope)
+        except anyio.WouldBlock:
+            await self._send.send(envelope)
+
     async def _deliver(self, envelope: Envelope[ReqT, RepT]) -> RepT:
         slot = envelope.reply
         try:
             # A caller already cancelled, or past its deadline, sends nothing.
             await checkpoint_if_cancelled()
-            if self._receive.statistics().tasks_waiting_receive == 0:
-                # Nobody is free to take it: one more worker, if there is room.
-                self._grow()
-            try:
-                # The fast path skips send()'s extra trip through the event
-                # loop; waiting for the reply below is the checkpoint.
-                self._send.send_nowait(envelope)
-            except anyio.WouldBlock:
-                await self._send.send(envelope)
+            await self._enqueue(envelope)
+            # Waiting for the reply is the checkpoint.
             return await slot.wait()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             raise ActorStopped(self.role, self.stop_reason or "stopped") from None
@@ -356,10 +429,15 @@ class ActorPool(Generic[ReqT, RepT]):
                 # loop; wait (a checkpoint) only when the mailbox is empty.
                 envelope = receive.receive_nowait()
             except anyio.WouldBlock:
+                self._waiting += 1
                 try:
                     envelope = await receive.receive()
                 except (anyio.EndOfStream, anyio.ClosedResourceError):
+                    self._waiting -= 1
                     return False
+                except BaseException:
+                    self._waiting -= 1
+                    raise
             except (anyio.EndOfStream, anyio.ClosedResourceError):
                 return False
             slot = envelope.reply

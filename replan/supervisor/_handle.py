@@ -21,17 +21,28 @@ class RunRecord:
 
     def __init__(self, state: RunState) -> None:
         self.state = state
-        self.changed = anyio.Event()
+        self._changed: anyio.Event | None = None
         self.done = anyio.Event()
         self.detached: str | None = None
         """Why the supervisor let go of the run before it finished."""
         self.cancel: Callable[[], None] | None = None
 
+    @property
+    def changed(self) -> anyio.Event:
+        """Set at the next change of state (made only when someone waits)."""
+        if self._changed is None:
+            self._changed = anyio.Event()
+        return self._changed
+
+    def _signal(self) -> None:
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
+
     def install(self, state: RunState, events: Sequence[Event]) -> None:
         """Make ``state`` current (its ``events`` are already journaled)."""
         self.state = state
-        changed, self.changed = self.changed, anyio.Event()
-        changed.set()
+        self._signal()
         if state.status.final:
             self.done.set()
 
@@ -40,7 +51,7 @@ class RunRecord:
         if not self.done.is_set():
             self.detached = reason
             self.done.set()
-            self.changed.set()
+            self._signal()
 
 
 class RunHandle:

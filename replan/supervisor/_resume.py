@@ -99,7 +99,7 @@ async def _recover_attempts(
         *((TaskStarted, {"task_id": t.id, "attempt": t.attempts}) for t in again),
     )
     for task in again:
-        run.restart(tg, state.tasks[task.id])
+        await run.restart(state.tasks[task.id])
 
 
 def _reopen_approvals(run: RunDriver, tg: TaskGroup) -> None:

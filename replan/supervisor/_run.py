@@ -8,18 +8,20 @@ acts on are the pure functions of ``_decide``; the replan flow lives in
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any, Literal, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .._errors import ActorCrashed, ActorError, ActorStopped, ActorTimeout
-from ..actors import ActorPool
+from ..actors import ActorPool, ReplySlot
 from ..messages import (
+    ActorFailure,
     Event,
     ExecuteReply,
     ExecuteRequest,
@@ -111,6 +113,51 @@ class _Answered:
 
 _Report = _Done | _Answered | _RoleStopped | _Fatal
 """What reaches the driver's inbox."""
+
+
+class _Inbox:
+    """The driver's inbox: reports from executions and approvals.
+
+    One reader (the driver), any number of writers, none of which ever
+    waits: an execution's report is put here by the executor worker that
+    answers it. Bounded by construction: at most one report per execution
+    in flight (``max_concurrency``) and per approval awaited.
+    """
+
+    __slots__ = ("_closed", "_items", "_new_event", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[_Report] = deque()
+        self._waiter: anyio.Event | None = None
+        self._new_event: Callable[[], anyio.Event] = anyio.Event
+        self._closed = False
+
+    def put(self, item: _Report) -> None:
+        if self._closed:
+            return  # the run is over; its driver secured what it held
+        self._items.append(item)
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            waiter.set()
+
+    async def take(self) -> list[_Report]:
+        """Every report in, waiting for the first if there is none."""
+        while not self._items:
+            if self._new_event is anyio.Event:
+                # The running backend's Event class: anyio.Event() looks the
+                # backend up on every call.
+                self._new_event = type(anyio.Event())
+            self._waiter = self._new_event()
+            await self._waiter.wait()
+        return self.take_nowait()
+
+    def take_nowait(self) -> list[_Report]:
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+    def close(self) -> None:
+        self._closed = True
 
 
 def approval_check(resolution: GateResolution) -> None:
@@ -205,18 +252,14 @@ class RunDriver:
         self._awaiting_approval: set[str] = set()
         self._cancel_requested = False
         self._staged: list[Event] = []
-        self._journal_lock = anyio.Lock()
+        # Uncontended on the hot path: taking it costs no trip through the loop.
+        self._journal_lock = anyio.Lock(fast_acquire=True)
         self._staged_state: RunState | None = None
         self._cancel_scope = anyio.CancelScope()
-        send: MemoryObjectSendStream[_Report]
-        receive: MemoryObjectReceiveStream[_Report]
-        # Room for every task in flight to report while the driver waits on
-        # a review or a gate; approval answers beyond that simply wait.
-        send, receive = anyio.create_memory_object_stream(
-            self.limits.max_concurrency + 8
-        )
-        self._inbox_send = send
-        self._inbox = receive
+        self._inbox = _Inbox()
+        self._posted: set[ReplySlot[Any]] = set()
+        """Executions sent to the executor pool and not answered yet."""
+        self._tg: TaskGroup | None = None
         self.trace = RunTrace(
             self.telemetry, record.state, self.record_events, (RunEnded,)
         )
@@ -486,15 +529,9 @@ class RunDriver:
         finally:
             # Reports the driver never took (it was stopped): keep what
             # finished in the ledger, so that a resumed run does not redo it.
-            left: list[_Report] = []
-            while True:
-                try:
-                    left.append(self._inbox.receive_nowait())
-                except (anyio.WouldBlock, anyio.EndOfStream):
-                    break
+            left = self._inbox.take_nowait()
             with anyio.CancelScope(shield=True):
                 await self._secure([*self._unjournaled, *left])
-            self._inbox_send.close()
             self._inbox.close()
             for gate in self.state.open_gates:
                 self.gates.close(
@@ -509,19 +546,29 @@ class RunDriver:
         return anyio.current_time() + left
 
     async def _drive(self) -> tuple[RunStatus, str | None, Synthesis | None]:
-        async with anyio.create_task_group() as tg:
-            outcome: tuple[RunStatus, str | None, Synthesis | None]
-            try:
-                if self.state.spec.kind == "explore":
-                    from ._explore import explore
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                outcome: tuple[RunStatus, str | None, Synthesis | None]
+                try:
+                    if self.state.spec.kind == "explore":
+                        from ._explore import explore
 
-                    outcome = await explore(self)
-                else:
-                    synthesis = await self._loop(tg)
-                    outcome = (RunStatus.COMPLETED, None, synthesis)
-            except RunEnded as end:
-                outcome = (end.status, end.reason, None)
-            tg.cancel_scope.cancel()
+                        outcome = await explore(self)
+                    else:
+                        synthesis = await self._loop(tg)
+                        outcome = (RunStatus.COMPLETED, None, synthesis)
+                except RunEnded as end:
+                    outcome = (end.status, end.reason, None)
+                tg.cancel_scope.cancel()
+        finally:
+            self._tg = None
+            # Executions still running are nobody's business any more:
+            # cancel their handling (their reports would find the run over).
+            posted, self._posted = self._posted, set()
+            for slot in posted:
+                slot.abandon()
+                self._end()
         return outcome
 
     async def _loop(self, tg: TaskGroup) -> Synthesis:
@@ -557,18 +604,13 @@ class RunDriver:
             self._collecting = True
             try:
                 if self._in_flight or self.limits.gate_timeout_s is not None:
-                    items = [await self._inbox.receive()]
+                    items = await self._inbox.take()
                 else:
                     # Only approvals without a timeout can move the run on now.
                     async with self.trace.idle("waiting for approvals, no timeout"):
-                        items = [await self._inbox.receive()]
+                        items = await self._inbox.take()
             finally:
                 self._collecting = False
-            while True:
-                try:
-                    items.append(self._inbox.receive_nowait())
-                except anyio.WouldBlock:
-                    break
             try:
                 for index, item in enumerate(items):
                     await self._take(item, later=items[index + 1 :])
@@ -671,8 +713,7 @@ class RunDriver:
             )
         )
         for task in to_start:
-            self._in_flight += 1
-            tg.start_soon(self._execute, state.tasks[task.id])
+            await self._post(state.tasks[task.id])
 
     def _withdraw_stale_approvals(self) -> None:
         """A side effect that a replan or ``complete`` superseded needs no answer."""
@@ -688,10 +729,9 @@ class RunDriver:
                     gate.request.gate_id, f"task {task_id} is no longer pending"
                 )
 
-    def restart(self, tg: TaskGroup, task: Task) -> None:
+    async def restart(self, task: Task) -> None:
         """Run an attempt a resumed run has journaled as started again."""
-        self._in_flight += 1
-        tg.start_soon(self._execute, task)
+        await self._post(task)
 
     def reopen_approval(self, tg: TaskGroup, request: GateRequest) -> None:
         """Wait again for a journaled approval gate's answer (listed again)."""
@@ -721,14 +761,14 @@ class RunDriver:
                 request, run_id=self.state.run_id
             )
         except ActorStopped as exc:
-            await self._inbox_send.send(_RoleStopped(exc))
+            self._inbox.put(_RoleStopped(exc))
             return
         except ActorError as exc:
             resolution = GateResolution(
                 decision="reject", by="supervisor", note=str(exc)
             )
         await self.resolve_gate(request, resolution)
-        await self._inbox_send.send(_Answered(request, resolution))
+        self._inbox.put(_Answered(request, resolution))
 
     async def approve_tool_call(self, task_id: str, call: ToolCall) -> GateResolution:
         """A running task's side-effect tool call waits for a person's answer."""
@@ -742,17 +782,9 @@ class RunDriver:
         except RunEnded as end:
             return GateResolution(decision="reject", by="supervisor", note=end.reason)
 
-    async def _execute(self, task: Task) -> None:
-        # Busy until the report is with the driver: a drain that sees no
-        # task busy finds every report in the inbox or the ledger.
-        self._begin()
-        try:
-            await self._attempt(task)
-        finally:
-            self._end()
-
-    async def _attempt(self, task: Task) -> None:
-        """Run one attempt and hand its report to the driver."""
+    async def _post(self, task: Task) -> None:
+        """Send one attempt to the executor pool; its report comes back
+        through :meth:`_reported`, called by the worker that answers."""
         state = self.state
         context = self.base_context()
         context.update(
@@ -760,44 +792,50 @@ class RunDriver:
             dependency_results={d: state.tasks[d].result for d in task.depends_on},
             attempt=task.attempts,
         )
+        request = ExecuteRequest(
+            task=task, context=context, max_tool_steps=self.limits.max_tool_steps
+        )
+        self._in_flight += 1
+        # Busy until the report is with the driver: a drain that sees no
+        # execution busy finds every report in the inbox or the ledger.
+        self._begin()
+        try:
+            slot = await self.roles.executor.post(
+                request, partial(self._reported, task), run_id=state.run_id
+            )
+        except ActorStopped as exc:
+            self._inbox.put(_RoleStopped(exc))
+            self._end()
+            return
+        if not slot.done:
+            self._posted.add(slot)
+
+    def _reported(self, task: Task, slot: ReplySlot[Any]) -> None:
+        """Hand one attempt's report to the driver (on the worker's task)."""
+        self._posted.discard(slot)
+        try:
+            self._inbox.put(self._report(task, slot))
+        finally:
+            self._end()
+
+    def _report(self, task: Task, slot: ReplySlot[Any]) -> _Report:
         calls: list[ModelCall] = []
         failures: Sequence[ModelFailure] = ()
-        unsecured = False
         try:
-            reply = expect(
-                await self.roles.executor.ask(
-                    ExecuteRequest(
-                        task=task,
-                        context=context,
-                        max_tool_steps=self.limits.max_tool_steps,
-                    ),
-                    run_id=state.run_id,
-                ),
-                ExecuteReply,
-            )
-            outcome, calls = reply.outcome, reply.calls
-            failures = reply.failures
-            if self.effects is not None and self._collecting:
-                # The driver is waiting for exactly this: it journals the
-                # outcome before it waits on anything else (see _secure).
-                unsecured = True
-            elif self.effects is not None:
-                # Durable before anything else: a crash from here on finds
-                # the attempt in the ledger instead of running it again.
-                await self.effects.record_effect(
-                    state.run_id,
-                    EffectRecord(
-                        task_id=task.id,
-                        attempt=task.attempts,
-                        outcome=outcome,
-                        calls=calls,
-                    ),
+            reply = slot.result()
+            if not isinstance(reply, ExecuteReply):
+                raise ActorCrashed(
+                    ActorFailure(
+                        role="executor",
+                        error_type="TypeError",
+                        message=f"expected ExecuteReply, got {type(reply).__name__}",
+                    )
                 )
+            outcome, calls, failures = reply.outcome, reply.calls, reply.failures
         except ActorCrashed as exc:
             failure = exc.failure.model_failure
             if failure is not None and failure.fatal:
-                await self._inbox_send.send(_Fatal(failure))
-                return
+                return _Fatal(failure)
             # A crash may be the worker's, not the task's: retry on a fresh one.
             outcome = TaskOutcome(
                 success=False, transient=True, reason=f"executor crashed: {exc}"
@@ -805,21 +843,29 @@ class RunDriver:
         except ActorTimeout as exc:
             outcome = TaskOutcome(success=False, transient=True, reason=str(exc))
         except ActorStopped as exc:
-            await self._inbox_send.send(_RoleStopped(exc))
-            return
-        report = _Done(task.id, outcome, calls, failures, task.attempts, unsecured)
+            return _RoleStopped(exc)
+        report = _Done(
+            task.id, outcome, calls, failures, task.attempts, self.effects is not None
+        )
+        if report.unsecured and not self._collecting and self._tg is not None:
+            # The driver is busy elsewhere (a review, a gate): make the
+            # outcome durable now, so that a crash before the driver journals
+            # it does not run the task again (see _secure).
+            self._begin()
+            self._tg.start_soon(self._secure_soon, report)
+        return report
+
+    async def _secure_soon(self, report: _Done) -> None:
         try:
-            # No checkpoint between reading _collecting and the hand-over:
-            # an unsecured report reaches the driver's current batch.
-            self._inbox_send.send_nowait(report)
-        except anyio.WouldBlock:
-            await self._secure([report])
-            await self._inbox_send.send(report)
+            with anyio.CancelScope(shield=True):
+                await self._secure([report])
+        finally:
+            self._end()
 
     def recovered(self, record: EffectRecord) -> None:
         """An attempt that finished before a crash: handle it as if just done."""
         self._in_flight += 1
-        self._inbox_send.send_nowait(
+        self._inbox.put(
             _Done(record.task_id, record.outcome, record.calls, (), record.attempt)
         )
 

@@ -556,3 +556,118 @@ async def test_abandoning_an_answered_slot_does_not_cancel_the_worker() -> None:
     unanswered.bind(scope)
     unanswered.abandon()
     assert scope.cancel_called
+
+
+# post(): a reply delivered by the worker, with no task waiting for it.
+
+
+async def test_post_calls_back_with_the_reply_from_the_worker() -> None:
+    script = Script()
+    pool = pool_of(script, workers=2)
+    answered: list[tuple[str, str]] = []
+    done = anyio.Event()
+
+    def on_done(slot: ReplySlot[str]) -> None:
+        answered.append((slot.result(), script.contexts[-1].run_id or ""))
+        done.set()
+
+    async with running(pool):
+        slot = await pool.post("echo:hello", on_done, run_id="run-3")
+        await done.wait()
+    assert answered == [("hello", "run-3")]
+    assert slot.done
+
+
+async def test_post_reports_a_crash_as_an_error_from_the_slot() -> None:
+    script = Script()
+    pool = pool_of(script, workers=1)
+    errors: list[BaseException] = []
+    done = anyio.Event()
+
+    def on_done(slot: ReplySlot[str]) -> None:
+        try:
+            slot.result()
+        except ActorCrashed as exc:
+            errors.append(exc)
+        done.set()
+
+    async with running(pool):
+        await pool.post("crash:x", on_done)
+        await done.wait()
+    assert len(errors) == 1
+    assert isinstance(errors[0], ActorCrashed)
+    assert errors[0].failure.error_type == "ValueError"
+
+
+async def test_several_posts_at_once_grow_the_pool_and_run_side_by_side() -> None:
+    script = Script()
+    pool = pool_of(script, workers=4)
+    answered: list[str] = []
+    all_done = anyio.Event()
+
+    def on_done(slot: ReplySlot[str]) -> None:
+        answered.append(slot.result())
+        if len(answered) == 4:
+            all_done.set()
+
+    async with running(pool):
+        await wait_all_tasks_blocked()  # the first worker waits on the mailbox
+        for name in "abcd":
+            await pool.post(f"hold:{name}", on_done)
+        # Each post found no free worker (the first took "a"): four run at once.
+        for name in "abcd":
+            with anyio.fail_after(5):
+                await script.started_event(f"hold:{name}").wait()
+        assert pool.statistics().live == 4
+        assert pool.statistics().busy == 4
+        for name in "dcba":
+            script.release(name)
+        with anyio.fail_after(5):
+            await all_done.wait()
+    assert sorted(answered) == ["a", "b", "c", "d"]
+
+
+async def test_abandoning_a_posted_request_cancels_it_and_drops_the_callback() -> None:
+    script = Script()
+    pool = pool_of(script, workers=1)
+    called: list[ReplySlot[str]] = []
+
+    async with running(pool):
+        slot = await pool.post("forever", called.append)
+        await script.started_event("forever").wait()
+        slot.abandon()
+        with anyio.fail_after(5):
+            await script.cancelled_event("forever").wait()
+        # The worker is free again for the next request.
+        assert await pool.ask("echo:next") == "next"
+    assert called == []
+
+
+async def test_posting_to_a_stopped_pool_raises_actor_stopped() -> None:
+    script = Script()
+    pool = pool_of(script, workers=1)
+    async with running(pool):
+        pool.stop("closed for the test")
+        with pytest.raises(ActorStopped, match="closed for the test"):
+            await pool.post("echo:x", lambda slot: None)
+
+
+async def test_a_posted_request_queued_at_a_stop_calls_back_with_stopped() -> None:
+    script = Script()
+    pool = pool_of(script, workers=1)
+    errors: list[BaseException] = []
+
+    def on_done(slot: ReplySlot[str]) -> None:
+        try:
+            slot.result()
+        except ActorStopped as exc:
+            errors.append(exc)
+
+    async with running(pool):
+        await pool.post("hold:first", lambda slot: None)
+        await script.started_event("hold:first").wait()
+        assert pool.statistics().live == pool.statistics().workers
+        await pool.post("echo:queued", on_done)
+        pool.stop("stopping")
+        assert len(errors) == 1
+    assert "stopping" in str(errors[0])
