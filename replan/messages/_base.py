@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any, Self
+
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .._errors import ConfigurationError
@@ -9,6 +11,28 @@ class Frozen(BaseModel):
     """Base of every message: immutable, strict about unknown fields."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def evolve(self, **changes: Any) -> Self:
+        """A copy with ``changes``, like ``model_copy(update=changes)``.
+
+        Nothing is validated (as with ``model_copy``): the values must be of
+        the fields' types. A frozen message has no extra fields and no private
+        attributes, so the copy is one dict; run-state folding makes one per
+        event, where ``model_copy``'s general machinery costs several times
+        more.
+        """
+        copy = object.__new__(type(self))
+        fields = self.__dict__.copy()
+        fields.update(changes)
+        object.__setattr__(copy, "__dict__", fields)
+        object.__setattr__(
+            copy,
+            "__pydantic_fields_set__",
+            self.__pydantic_fields_set__ | changes.keys(),
+        )
+        object.__setattr__(copy, "__pydantic_extra__", None)
+        object.__setattr__(copy, "__pydantic_private__", None)
+        return copy
 
 
 class Settings(Frozen):

@@ -47,7 +47,8 @@ class TokenUsage(Frozen):
         return self.input_tokens + self.output_tokens
 
     def __add__(self, other: TokenUsage) -> TokenUsage:
-        return TokenUsage(
+        # Sums of valid counts are valid: no need to validate them again.
+        return self.evolve(
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
             cached_tokens=self.cached_tokens + other.cached_tokens,
@@ -72,8 +73,9 @@ class Usage(Frozen):
     def add(self, role: str, usage: TokenUsage) -> Usage:
         """Return a new ``Usage`` with ``usage`` added to ``role``."""
         by_role = dict(self.by_role)
-        by_role[role] = by_role.get(role, TokenUsage()) + usage
-        return Usage(by_role=by_role)
+        had = by_role.get(role)
+        by_role[role] = usage if had is None else had + usage
+        return self.evolve(by_role=by_role)
 
 
 class ModelFailure(Frozen):

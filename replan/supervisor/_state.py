@@ -170,7 +170,7 @@ def apply(state: RunState | None, event: Event) -> RunState:
     changes = _changes(state, event)
     changes["seq"] = event.seq
     changes["updated_at"] = event.at
-    return state.model_copy(update=changes)
+    return state.evolve(**changes)
 
 
 def _changes(state: RunState, event: Event) -> dict[str, object]:
@@ -188,8 +188,8 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
         case TaskStarted(task_id=task_id, attempt=attempt):
             task = _task(state, task_id)
             tasks = dict(state.tasks)
-            tasks[task_id] = task.model_copy(
-                update={"status": TaskStatus.IN_PROGRESS, "attempts": attempt}
+            tasks[task_id] = task.evolve(
+                status=TaskStatus.IN_PROGRESS, attempts=attempt
             )
             return {"tasks": tasks, "task_executions": state.task_executions + 1}
         case TaskFinished(task_id=task_id, outcome=outcome):
@@ -199,8 +199,8 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
             if task.status is not TaskStatus.IN_PROGRESS:
                 raise ValueError(f"task {task_id} was interrupted without starting")
             tasks = dict(state.tasks)
-            tasks[task_id] = task.model_copy(
-                update={"status": TaskStatus.PENDING, "attempts": task.attempts - 1}
+            tasks[task_id] = task.evolve(
+                status=TaskStatus.PENDING, attempts=task.attempts - 1
             )
             return {"tasks": tasks}
         case MilestoneReviewed(verdict=verdict):
@@ -238,7 +238,7 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
         case RunFinished(status=status, stop_reason=reason, synthesis=synthesis):
             # Attempts cut short by the end of the run never finished.
             tasks = {
-                tid: t.model_copy(update={"status": TaskStatus.PENDING})
+                tid: t.evolve(status=TaskStatus.PENDING)
                 if t.status is TaskStatus.IN_PROGRESS
                 else t
                 for tid, t in state.tasks.items()
@@ -321,9 +321,7 @@ def _resolve_gate(
     if info is None or info.resolution is not None:
         raise ValueError(f"gate {gate_id} is not open")
     gates = dict(state.gates)
-    gates[gate_id] = info.model_copy(
-        update={"resolution": resolution, "resolved_at": at}
-    )
+    gates[gate_id] = info.evolve(resolution=resolution, resolved_at=at)
     still_open = any(g.resolution is None for g in gates.values())
     changes: dict[str, object] = {
         "gates": gates,
@@ -340,7 +338,7 @@ def _resolve_gate(
         changes.update(_fail(state, task_id, outcome))
     else:
         tasks = dict(state.tasks)
-        tasks[task_id] = _task(state, task_id).model_copy(update={"approved": True})
+        tasks[task_id] = _task(state, task_id).evolve(approved=True)
         changes["tasks"] = tasks
     return changes
 
@@ -359,7 +357,7 @@ def _pending_ids(state: RunState) -> list[str]:
 def _supersede(tasks: dict[str, Task], ids: Iterable[str]) -> dict[str, Task]:
     out = dict(tasks)
     for task_id in ids:
-        out[task_id] = out[task_id].model_copy(update={"status": TaskStatus.SUPERSEDED})
+        out[task_id] = out[task_id].evolve(status=TaskStatus.SUPERSEDED)
     return out
 
 
@@ -387,9 +385,7 @@ def _finish(state: RunState, task_id: str, outcome: TaskOutcome) -> dict[str, ob
         raise ValueError(f"task {task_id} finished without starting")
     if outcome.success:
         tasks = dict(state.tasks)
-        tasks[task_id] = task.model_copy(
-            update={"status": TaskStatus.COMPLETED, "result": outcome}
-        )
+        tasks[task_id] = task.evolve(status=TaskStatus.COMPLETED, result=outcome)
         return {
             "tasks": tasks,
             "window": [*state.window, task_id],
@@ -397,9 +393,7 @@ def _finish(state: RunState, task_id: str, outcome: TaskOutcome) -> dict[str, ob
         }
     if outcome.transient and task.attempts < state.spec.limits.max_task_attempts:
         tasks = dict(state.tasks)
-        tasks[task_id] = task.model_copy(
-            update={"status": TaskStatus.PENDING, "result": outcome}
-        )
+        tasks[task_id] = task.evolve(status=TaskStatus.PENDING, result=outcome)
         return {"tasks": tasks}
     changes = _fail(state, task_id, outcome)
     changes["window"] = [*state.window, task_id]
@@ -409,9 +403,7 @@ def _finish(state: RunState, task_id: str, outcome: TaskOutcome) -> dict[str, ob
 def _fail(state: RunState, task_id: str, outcome: TaskOutcome) -> dict[str, object]:
     """Fail the task and skip every pending task that depends on it."""
     tasks = dict(state.tasks)
-    tasks[task_id] = tasks[task_id].model_copy(
-        update={"status": TaskStatus.FAILED, "result": outcome}
-    )
+    tasks[task_id] = tasks[task_id].evolve(status=TaskStatus.FAILED, result=outcome)
     doomed = {task_id}
     changed = True
     while changed:
@@ -420,7 +412,7 @@ def _fail(state: RunState, task_id: str, outcome: TaskOutcome) -> dict[str, obje
             if task.status is TaskStatus.PENDING and doomed.intersection(
                 task.depends_on
             ):
-                tasks[task.id] = task.model_copy(update={"status": TaskStatus.SKIPPED})
+                tasks[task.id] = task.evolve(status=TaskStatus.SKIPPED)
                 doomed.add(task.id)
                 changed = True
     return {"tasks": tasks}

@@ -13,6 +13,7 @@ from replan.messages import (
     PlanProposal,
     Task,
     TaskOutcome,
+    TaskStatus,
     Verdict,
 )
 
@@ -114,3 +115,23 @@ def test_datetimes_in_events_keep_their_timezone() -> None:
         seq=2, at=datetime(2026, 1, 1, tzinfo=UTC), task_id="t1", attempt=1
     )
     assert EVENT_ADAPTER.validate_json(EVENT_ADAPTER.dump_json(event)) == event
+
+
+def test_evolve_is_model_copy_with_an_update_and_leaves_the_original_alone() -> None:
+    task = Task(id="t1", key="metrics", description="Pull latency per service")
+    outcome = TaskOutcome(success=True, summary="p99 doubled")
+    done = task.evolve(status=TaskStatus.COMPLETED, result=outcome)
+    assert done == task.model_copy(
+        update={"status": TaskStatus.COMPLETED, "result": outcome}
+    )
+    assert (
+        done.model_dump_json()
+        == task.model_copy(
+            update={"status": TaskStatus.COMPLETED, "result": outcome}
+        ).model_dump_json()
+    )
+    assert task.status is TaskStatus.PENDING
+    assert task.result is None
+    assert {"status", "result"} <= done.model_fields_set
+    with pytest.raises(ValidationError):
+        done.status = TaskStatus.FAILED  # type: ignore[misc]
