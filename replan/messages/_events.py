@@ -51,6 +51,10 @@ class TaskFinished(_Event):
     kind: Literal["task_finished"] = "task_finished"
     task_id: str
     outcome: TaskOutcome
+    usage: TokenUsage | None = None
+    """The attempt's model tokens (role ``executor``, purpose ``execute``),
+    counted in the run's usage as a ``usage_recorded`` would be: one event
+    per attempt instead of two."""
 
 
 class TaskInterrupted(_Event):

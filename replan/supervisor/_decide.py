@@ -21,13 +21,18 @@ from ._state import RunState
 
 def ready_tasks(state: RunState) -> list[Task]:
     """Pending tasks whose dependencies have all completed, in plan order."""
+    # Plain loops: the run loop asks after every report, over every task.
     tasks = state.tasks
-    return [
-        t
-        for t in tasks.values()
-        if t.status is TaskStatus.PENDING
-        and all(tasks[d].status is TaskStatus.COMPLETED for d in t.depends_on)
-    ]
+    pending, completed = TaskStatus.PENDING, TaskStatus.COMPLETED
+    ready = []
+    for task in tasks.values():
+        if task.status is pending:
+            for dep in task.depends_on:
+                if tasks[dep].status is not completed:
+                    break
+            else:
+                ready.append(task)
+    return ready
 
 
 def contract_rules(state: RunState) -> bool:
@@ -37,10 +42,12 @@ def contract_rules(state: RunState) -> bool:
 
 def phase_done(state: RunState) -> bool:
     """Nothing of the current phase is pending or running."""
-    return not any(
-        t.status in (TaskStatus.PENDING, TaskStatus.IN_PROGRESS)
-        for t in state.tasks.values()
-    )
+    pending, running = TaskStatus.PENDING, TaskStatus.IN_PROGRESS
+    for task in state.tasks.values():
+        status = task.status
+        if status is pending or status is running:
+            return False
+    return True
 
 
 def milestone_due(state: RunState, task_id: str) -> bool:

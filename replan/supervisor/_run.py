@@ -45,6 +45,7 @@ from ..messages import (
     TaskOutcome,
     TaskStarted,
     TaskStatus,
+    TokenUsage,
     ToolCall,
     UsageRecorded,
 )
@@ -210,6 +211,17 @@ def failure_ending(failure: ModelFailure) -> RunEnded:
         f"the {failure.role} could not answer ({failure.error_type}): "
         f"{failure.message}",
     )
+
+
+def execution_usage(calls: Sequence[ModelCall]) -> TokenUsage | None:
+    """The tokens of an attempt's calls, when all are the executor's own
+    (journaled in its ``task_finished``); None otherwise or without calls."""
+    usage: TokenUsage | None = None
+    for call in calls:
+        if call.role != "executor" or call.purpose != "execute":
+            return None
+        usage = call.usage if usage is None else usage + call.usage
+    return usage
 
 
 def usage_events(
@@ -662,9 +674,13 @@ class RunDriver:
         self._in_flight -= 1
         if item.unsecured:
             self._unjournaled.append(item)
+        fields: dict[str, Any] = {"task_id": item.task_id, "outcome": item.outcome}
+        usage = execution_usage(item.calls)
+        if usage is not None:
+            fields["usage"] = usage
         staged = self.stage(
-            (TaskFinished, {"task_id": item.task_id, "outcome": item.outcome}),
-            *usage_events(item.calls),
+            (TaskFinished, fields),
+            *(usage_events(item.calls) if usage is None else ()),
             *(
                 event
                 for failure in item.failures

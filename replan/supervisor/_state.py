@@ -192,8 +192,11 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
                 status=TaskStatus.IN_PROGRESS, attempts=attempt
             )
             return {"tasks": tasks, "task_executions": state.task_executions + 1}
-        case TaskFinished(task_id=task_id, outcome=outcome):
-            return _finish(state, task_id, outcome)
+        case TaskFinished(task_id=task_id, outcome=outcome, usage=usage):
+            changes = _finish(state, task_id, outcome)
+            if usage is not None:
+                changes["usage"] = state.usage.add("executor", usage)
+            return changes
         case TaskInterrupted(task_id=task_id):
             task = _task(state, task_id)
             if task.status is not TaskStatus.IN_PROGRESS:

@@ -379,7 +379,9 @@ class RunTrace:
             match event:
                 case TaskStarted(task_id=task_id):
                     self._started[task_id] = event.at
-                case TaskFinished(task_id=task_id, outcome=outcome):
+                case TaskFinished(task_id=task_id, outcome=outcome, usage=usage):
+                    if usage is not None:
+                        self._tokens("executor", usage)
                     started = self._started.pop(task_id, None)
                     if started is not None:
                         label = (

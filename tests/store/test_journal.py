@@ -171,7 +171,13 @@ def sample_events(run_id: str = "run-1") -> list[Event]:
         ),
         PlanCreated(seq=2, at=at(1), version=version_1),
         TaskStarted(seq=3, at=at(2), task_id="t1", attempt=1),
-        TaskFinished(seq=4, at=at(3), task_id="t1", outcome=done),
+        TaskFinished(
+            seq=4,
+            at=at(3),
+            task_id="t1",
+            outcome=done,
+            usage=TokenUsage(input_tokens=40, output_tokens=12, calls=1),
+        ),
         MilestoneReviewed(seq=5, at=at(4), index=1, verdict=verdict, by="model"),
         ReplanRefused(
             seq=6,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,20 @@ from replan import (
     Verdict,
     replay,
 )
-from replan.messages import EVENT_ADAPTER, Event, GateOpened, GateResolved, TaskFinished
+from replan.messages import (
+    EVENT_ADAPTER,
+    Event,
+    GateOpened,
+    GateResolved,
+    PlanCreated,
+    RunSubmitted,
+    TaskFinished,
+    TaskStarted,
+    UsageRecorded,
+)
 from replan.store import RunSummary, SQLiteStore
+from replan.supervisor import apply
+from replan.supervisor._versions import build_version
 
 PLAN = [
     TaskDraft(key="a", description="measure", milestone=True),
@@ -254,3 +267,45 @@ async def test_replaying_an_unknown_run_raises_unknown_run_error() -> None:
     async with Supervisor(scripted()) as sup:
         with pytest.raises(replan.UnknownRunError):
             await sup.replay("no-such-run")
+
+
+async def test_an_attempts_tokens_ride_on_its_task_finished_event() -> None:
+    store = MemoryStore()
+    _, handle, result = await run_eventful(store)
+    events = await store.read(handle.run_id)
+    finished = [e for e in events if isinstance(e, TaskFinished)]
+    assert finished
+    assert all(e.usage is not None and e.usage.calls == 1 for e in finished)
+    executor = [
+        e for e in events if isinstance(e, UsageRecorded) and e.role == "executor"
+    ]
+    # Only the synthesis is journaled on its own; executions are not.
+    assert [e.purpose for e in executor] == ["synthesize"]
+    counted = sum((e.usage for e in finished), TokenUsage())
+    synthesis = executor[0].usage
+    assert result.usage.by_role["executor"] == counted + synthesis
+
+
+def test_a_journal_with_usage_in_separate_events_replays_to_the_same_usage() -> None:
+    # Journals written before task_finished carried usage keep working.
+    now = datetime.now(UTC)
+    spec = RunSpec(goal="one step", tasks=[TaskDraft(key="a", description="do a")])
+    state = apply(None, RunSubmitted(seq=1, at=now, run_id="r", spec=spec))
+    version = build_version(
+        state, spec.tasks, trigger=None, reason="", phase="main", replace_pending=False
+    )
+    state = apply(state, PlanCreated(seq=2, at=now, version=version))
+    state = apply(state, TaskStarted(seq=3, at=now, task_id="t1", attempt=1))
+    tokens = TokenUsage(input_tokens=30, output_tokens=9, calls=1)
+    done = TaskOutcome(success=True, summary="done")
+    folded = apply(
+        state,
+        TaskFinished(seq=4, at=now, task_id="t1", outcome=done, usage=tokens),
+    )
+    separate = apply(
+        apply(state, TaskFinished(seq=4, at=now, task_id="t1", outcome=done)),
+        UsageRecorded(seq=5, at=now, role="executor", purpose="execute", usage=tokens),
+    )
+    assert folded.usage == separate.usage
+    assert folded.usage.by_role["executor"] == tokens
+    assert folded.tasks == separate.tasks
