@@ -220,6 +220,7 @@ class ActorPool(Generic[ReqT, RepT]):
         self._waiting = 0
         """Workers blocked on the empty mailbox, ready to take a request."""
         self._new_event: Callable[[], anyio.Event] = anyio.Event
+        self._new_scope: Callable[..., anyio.CancelScope] = anyio.CancelScope
         self._started = False
         self._task_group: TaskGroup | None = None
         self.stop_reason: str | None = None
@@ -253,6 +254,7 @@ class ActorPool(Generic[ReqT, RepT]):
         # The running backend's Event class, made directly: anyio.Event()
         # looks the backend up on every call, once per request here.
         self._new_event = type(anyio.Event())
+        self._new_scope = type(anyio.CancelScope())
         try:
             async with anyio.create_task_group() as tg:
                 self._task_group = tg
@@ -306,7 +308,7 @@ class ActorPool(Generic[ReqT, RepT]):
             return await self._deliver(envelope)
         # The caller's scope is the request's only timer: when it fires, the
         # abandoned slot cancels the handler too (one timer per round trip).
-        with anyio.CancelScope(deadline=deadline):
+        with self._new_scope(deadline=deadline):
             return await self._deliver(envelope)
         raise ActorTimeout(self.role, "the request's deadline passed")
 

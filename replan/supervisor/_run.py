@@ -116,6 +116,45 @@ _Report = _Done | _Answered | _RoleStopped | _Fatal
 """What reaches the driver's inbox."""
 
 
+class _JournalLock:
+    """A mutex for a driver's journal appends.
+
+    Nearly always free: taking a free one is a flag, with no trip through
+    the event loop and no task lookup. When it is held, waiters queue and
+    the holder hands it to the first of them on release.
+    """
+
+    __slots__ = ("_held", "_waiters")
+
+    def __init__(self) -> None:
+        self._held = False
+        self._waiters: deque[anyio.Event] = deque()
+
+    async def __aenter__(self) -> None:
+        if not self._held:
+            self._held = True
+            return
+        handed = anyio.Event()
+        self._waiters.append(handed)
+        try:
+            await handed.wait()
+        except BaseException:
+            if handed.is_set():
+                self._release()  # handed over while cancelled: pass it on
+            else:
+                self._waiters.remove(handed)
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self._waiters:
+            self._waiters.popleft().set()  # still held: now by that waiter
+        else:
+            self._held = False
+
+
 class _Inbox:
     """The driver's inbox: reports from executions and approvals.
 
@@ -264,8 +303,7 @@ class RunDriver:
         self._awaiting_approval: set[str] = set()
         self._cancel_requested = False
         self._staged: list[Event] = []
-        # Uncontended on the hot path: taking it costs no trip through the loop.
-        self._journal_lock = anyio.Lock(fast_acquire=True)
+        self._journal_lock = _JournalLock()
         self._staged_state: RunState | None = None
         self._cancel_scope = anyio.CancelScope()
         self._inbox = _Inbox()
