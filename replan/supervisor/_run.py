@@ -941,7 +941,7 @@ class RunDriver:
         return await self.ask(self.roles.planner, request, PlanReply)
 
     async def create_plan(self, drafts: Any, reason: str, *, boundary: bool) -> None:
-        state = self.state
+        state = self.view
         phase = "synthesis" if boundary else state.phase
         try:
             version = build_version(
@@ -957,6 +957,6 @@ class RunDriver:
             raise RunEnded(
                 RunStatus.FAILED, f"the {which} plan is invalid: {exc}"
             ) from None
-        await self.record_events(
-            (PlanCreated, {"version": version, "boundary": boundary})
-        )
+        # Staged: the plan takes effect when its first tasks start, and the
+        # dispatch that starts them journals both in one append.
+        self.stage((PlanCreated, {"version": version, "boundary": boundary}))
