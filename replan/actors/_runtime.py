@@ -426,11 +426,18 @@ class ActorPool(Generic[ReqT, RepT]):
         receive = self._receive
         role = self.role
         while not scope.cancel_called:
+            envelope: Envelope[ReqT, RepT] | None = None
             try:
                 # Take queued work without an extra trip through the event
                 # loop; wait (a checkpoint) only when the mailbox is empty.
                 envelope = receive.receive_nowait()
             except anyio.WouldBlock:
+                pass
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                return False
+            if envelope is None:
+                # Waited for outside the except clause: an idle worker keeps
+                # no WouldBlock, traceback and frame alive while it waits.
                 self._waiting += 1
                 try:
                     envelope = await receive.receive()
@@ -440,8 +447,6 @@ class ActorPool(Generic[ReqT, RepT]):
                 except BaseException:
                     self._waiting -= 1
                     raise
-            except (anyio.EndOfStream, anyio.ClosedResourceError):
-                return False
             slot = envelope.reply
             if slot.abandoned:
                 continue

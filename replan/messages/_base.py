@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -28,11 +29,37 @@ class Frozen(BaseModel):
         object.__setattr__(
             copy,
             "__pydantic_fields_set__",
-            self.__pydantic_fields_set__ | changes.keys(),
+            _shared_fields_set(self.__pydantic_fields_set__, changes.keys()),
         )
         object.__setattr__(copy, "__pydantic_extra__", None)
         object.__setattr__(copy, "__pydantic_private__", None)
         return copy
+
+
+_FIELDS_SETS: dict[frozenset[str], set[str]] = {}
+
+
+def _shared_fields_set(given: set[str], changed: Iterable[str]) -> set[str]:
+    """One set object per distinct combination of set fields.
+
+    A frozen model's fields set is never changed in place (``model_copy``
+    copies it before adding to it), so copies can share one: a run's state
+    keeps every task of every plan version alive, each with its own set
+    otherwise.
+    """
+    names = given.union(changed)
+    key = frozenset(names)
+    shared = _FIELDS_SETS.get(key)
+    if shared is None:
+        shared = _FIELDS_SETS[key] = names
+    return shared
+
+
+def share_fields_sets(models: Iterable[BaseModel]) -> None:
+    """Let frozen models built alike share one fields-set object (memory)."""
+    for model in models:
+        fields_set = _shared_fields_set(model.__pydantic_fields_set__, ())
+        object.__setattr__(model, "__pydantic_fields_set__", fields_set)
 
 
 class Settings(Frozen):

@@ -10,6 +10,7 @@ from ..messages import (
     Trigger,
     check_drafts,
 )
+from ..messages._base import share_fields_sets
 from ._state import Phase, RunState
 
 
@@ -64,6 +65,7 @@ def build_version(
         )
         for d in drafts
     ]
+    share_fields_sets(new_tasks)  # kept for the run's life, in every version
     gone = set(removed)
     return PlanVersion(
         version=version_no,

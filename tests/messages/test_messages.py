@@ -135,3 +135,15 @@ def test_evolve_is_model_copy_with_an_update_and_leaves_the_original_alone() -> 
     assert {"status", "result"} <= done.model_fields_set
     with pytest.raises(ValidationError):
         done.status = TaskStatus.FAILED  # type: ignore[misc]
+
+
+def test_evolved_copies_share_their_fields_set_and_model_copy_leaves_it_alone() -> None:
+    first = Task(id="t1", key="a", description="d").evolve(status=TaskStatus.FAILED)
+    second = Task(id="t2", key="b", description="e").evolve(status=TaskStatus.FAILED)
+    shared = first.__pydantic_fields_set__
+    assert second.__pydantic_fields_set__ is shared
+    before = set(shared)
+    changed = first.model_copy(update={"attempts": 2})
+    assert "attempts" in changed.model_fields_set
+    assert shared == before  # model_copy copied it before adding to it
+    assert second.model_fields_set == before
