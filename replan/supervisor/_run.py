@@ -8,6 +8,7 @@ acts on are the pure functions of ``_decide``; the replan flow lives in
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -64,6 +65,8 @@ from ._handle import RunRecord
 from ._roles import Roles, expect
 from ._state import RunState, apply
 from ._versions import build_version
+
+logger = logging.getLogger("replan.supervisor")
 
 Req = TypeVar("Req")
 Rep = TypeVar("Rep")
@@ -861,6 +864,11 @@ class RunDriver:
             self._inbox.put(_RoleStopped(exc))
             self._end()
             return
+        except BaseException:
+            # Cancelled while the mailbox was full: nothing was sent.
+            self._in_flight -= 1
+            self._end()
+            raise
         if not slot.done:
             self._posted.add(slot)
 
@@ -868,7 +876,23 @@ class RunDriver:
         """Hand one attempt's report to the driver (on the worker's task)."""
         self._posted.discard(slot)
         try:
-            self._inbox.put(self._report(task, slot))
+            report = self._report(task, slot)
+        except Exception as exc:
+            # A fault here must neither take the executor pool down (this
+            # runs on its worker) nor leave the run waiting for the report.
+            logger.exception("the report of task %s could not be read", task.id)
+            report = _Done(
+                task.id,
+                TaskOutcome(
+                    success=False,
+                    reason=f"the executor's reply could not be read: {exc}",
+                ),
+                [],
+                (),
+                task.attempts,
+            )
+        try:
+            self._inbox.put(report)
         finally:
             self._end()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from scripts import (
     SYNTHESIS,
@@ -185,3 +187,35 @@ async def test_an_executor_that_always_crashes_fails_the_task_not_the_run() -> N
     assert "the executor blew up" in crashed.result.reason
     assert done.task("t2").status is TaskStatus.COMPLETED
     assert done.result.status is RunStatus.COMPLETED
+
+
+async def test_a_report_that_cannot_be_read_fails_the_task_not_the_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Reading a report runs on the executor worker that answered: a fault
+    # there must fail that attempt, keep the pool serving, and end the run.
+    from replan.supervisor._run import RunDriver
+
+    real = RunDriver._report
+    faults: list[str] = []
+
+    def faulty(self: RunDriver, task: Any, slot: Any) -> Any:
+        if task.id == "t1" and not faults:
+            faults.append(task.id)
+            raise RuntimeError("unreadable")
+        return real(self, task, slot)
+
+    monkeypatch.setattr(RunDriver, "_report", faulty)
+    model = scripted()
+    finished = await run_to_end(model, spec(independent(3)))
+    result = finished.result
+    assert result.status is RunStatus.COMPLETED
+    statuses = {t.id: t.status for t in result.tasks}
+    assert statuses == {
+        "t1": TaskStatus.FAILED,
+        "t2": TaskStatus.COMPLETED,
+        "t3": TaskStatus.COMPLETED,
+    }
+    failed = next(t for t in result.tasks if t.id == "t1")
+    assert failed.result is not None
+    assert "could not be read: unreadable" in (failed.result.reason or "")
