@@ -17,7 +17,7 @@ from ..messages import (
     ModelCall,
     ValidationBatch,
 )
-from ..telemetry import model_call
+from ..telemetry import model_call, model_call_traced
 from ._runtime import ActorContext
 
 T = TypeVar("T", bound=BaseModel)
@@ -64,18 +64,25 @@ async def call_model(
 async def generate(model: Model, request: ModelRequest) -> ModelResponse:
     """``model.generate`` in its model-call span, with any model error marked
     with where it happened."""
+    if not model_call_traced(model):
+        # No span to make: spare the context manager on every call.
+        return await _generate(model, request)
     with model_call(model, request) as answered:
-        try:
-            response = await model.generate(request)
-        except ModelError as exc:
-            exc.role, exc.purpose, exc.task_id = (
-                request.role,
-                request.purpose,
-                request.task_id,
-            )
-            raise
+        response = await _generate(model, request)
         answered(response)
     return response
+
+
+async def _generate(model: Model, request: ModelRequest) -> ModelResponse:
+    try:
+        return await model.generate(request)
+    except ModelError as exc:
+        exc.role, exc.purpose, exc.task_id = (
+            request.role,
+            request.purpose,
+            request.task_id,
+        )
+        raise
 
 
 class Allowance:

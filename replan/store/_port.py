@@ -8,12 +8,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .._errors import JournalConflict as JournalConflict
 from ..messages import Event, ModelCall, RunCompacted, RunStatus, TaskOutcome
+from ..messages._base import Frozen
 
 
-class RunSummary(BaseModel):
+class RunSummary(Frozen):
     """One row of the ``runs`` table: what a listing needs without replay."""
-
-    model_config = ConfigDict(frozen=True)
 
     run_id: str
     goal: str

@@ -209,7 +209,16 @@ def approval_check(resolution: GateResolution) -> None:
         raise ValueError("an approval gate takes approve or reject, not edit")
 
 
-def summary_of(state: RunState) -> RunSummary:
+def summary_of(state: RunState, last: RunSummary | None = None) -> RunSummary:
+    """The run's row; from ``last`` (the previous one) when only its seq and
+    time moved, as on nearly every append."""
+    if (
+        last is not None
+        and last.status is state.status
+        and last.stop_reason == state.stop_reason
+        and last.run_id == state.run_id
+    ):
+        return last.evolve(updated_at=state.updated_at, last_seq=state.seq)
     return RunSummary(
         run_id=state.run_id,
         goal=state.spec.goal,
@@ -307,6 +316,7 @@ class RunDriver:
         self._cancel_requested = False
         self._staged: list[Event] = []
         self._journal_lock = _JournalLock()
+        self._summary: RunSummary | None = None
         self._staged_state: RunState | None = None
         self._cancel_scope = anyio.CancelScope()
         self._inbox = _Inbox()
@@ -398,7 +408,8 @@ class RunDriver:
             state = self.stage(*specs)
             events, self._staged = self._staged, []
             if events:
-                await self.store.append(state.run_id, events, summary_of(state))
+                self._summary = summary_of(state, self._summary)
+                await self.store.append(state.run_id, events, self._summary)
                 self._unjournaled.clear()
                 if before_install is not None:
                     before_install()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ._actors import ActorSpan as ActorSpan
 from ._actors import model_call as model_call
+from ._actors import model_call_traced as model_call_traced
 from ._actors import serving as serving
 from ._openai import instrument_openai as instrument_openai
 from ._openai import openai_instrumented as openai_instrumented
@@ -31,6 +32,7 @@ __all__ = (
     "instrument_openai",
     "journaled_context",
     "model_call",
+    "model_call_traced",
     "openai_instrumented",
     "resumed_root",
     "serving",

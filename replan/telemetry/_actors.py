@@ -258,6 +258,15 @@ def _content(value: Any) -> str:
     )
 
 
+def model_call_traced(model: object) -> bool:
+    """Would :func:`model_call` make a span here? (False: skip it entirely.)"""
+    return (
+        _ACTIVE.get() is not None
+        and trace.get_current_span().is_recording()
+        and not getattr(model, "otel_instrumented", False)
+    )
+
+
 @contextmanager
 def model_call(model: object, request: Any) -> Iterator[Callable[[Any], None]]:
     """A ``chat <model>`` CLIENT span around one model call.
