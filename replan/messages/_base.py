@@ -47,7 +47,12 @@ def _shared_fields_set(given: set[str], changed: Iterable[str]) -> set[str]:
     keeps every task of every plan version alive, each with its own set
     otherwise.
     """
-    names = given.union(changed)
+    if given.issuperset(changed):
+        return given  # nearly always, once a model has been evolved before
+    return _interned(given.union(changed))
+
+
+def _interned(names: set[str]) -> set[str]:
     key = frozenset(names)
     shared = _FIELDS_SETS.get(key)
     if shared is None:
@@ -58,7 +63,7 @@ def _shared_fields_set(given: set[str], changed: Iterable[str]) -> set[str]:
 def share_fields_sets(models: Iterable[BaseModel]) -> None:
     """Let frozen models built alike share one fields-set object (memory)."""
     for model in models:
-        fields_set = _shared_fields_set(model.__pydantic_fields_set__, ())
+        fields_set = _interned(model.__pydantic_fields_set__)
         object.__setattr__(model, "__pydantic_fields_set__", fields_set)
 
 
