@@ -30,6 +30,7 @@ from ..messages import (
     ReviewReply,
     ReviewRequest,
     RunStatus,
+    Task,
     TaskStatus,
     Verdict,
     check_drafts,
@@ -196,6 +197,7 @@ async def _replan(run: RunDriver, verdict: Verdict, resumed: GateInfo | None) ->
             RunStatus.ABORTED,
             f"the planner found the goal unachievable: {proposal.rationale}",
         )
+    built_on = run.state.tasks
     try:
         version = _version(run, proposal, verdict)
     except ValueError as exc:
@@ -214,7 +216,7 @@ async def _replan(run: RunDriver, verdict: Verdict, resumed: GateInfo | None) ->
                 run, verdict, ReplanOutcome.REFUSED_DRIFT, drift, proposed=version
             )
             return
-    await _after_proposal(run, verdict, proposal, version, None)
+    await _after_proposal(run, verdict, proposal, version, None, built_on)
 
 
 async def _after_proposal(
@@ -223,8 +225,13 @@ async def _after_proposal(
     proposal: PlanProposal,
     version: PlanVersion,
     resumed: GateInfo | None,
+    built_on: dict[str, Task] | None = None,
 ) -> None:
-    """The gate (when the trigger needs one), then apply the plan."""
+    """The gate (when the trigger needs one), then apply the plan.
+
+    ``built_on``: the tasks ``version`` was built against, if known; when
+    they are still the run's tasks, the version stands as built.
+    """
     approved_by: str | None = None
     if resumed is not None or verdict.trigger in run.state.spec.gate_policy.gate_on:
         resolution = await _gate_replan(run, verdict, version, resumed)
@@ -241,15 +248,18 @@ async def _after_proposal(
             proposal = PlanProposal(
                 tasks=resolution.tasks, rationale=proposal.rationale
             )
+            built_on = None
         approved_by = resolution.by
     # Approval answers may have changed pending tasks during the model calls
-    # and the gate: the diff applied is the one against the plan as it is now.
-    try:
-        version = _version(run, proposal, verdict)
-    except ValueError as exc:
-        reason = f"the plan no longer fits the run: {exc}"
-        await _refuse(run, verdict, ReplanOutcome.REFUSED_INVALID, reason)
-        return
+    # and the gate: the diff applied is the one against the plan as it is now
+    # (the same one when no task changed: a task change makes a new dict).
+    if built_on is None or run.state.tasks is not built_on:
+        try:
+            version = _version(run, proposal, verdict)
+        except ValueError as exc:
+            reason = f"the plan no longer fits the run: {exc}"
+            await _refuse(run, verdict, ReplanOutcome.REFUSED_INVALID, reason)
+            return
     version = version.model_copy(update={"approved_by": approved_by})
     record = ReplanRecord(
         trigger=verdict.trigger,
