@@ -77,10 +77,14 @@ class ScriptedModel:
 
     def _usage_for(self, request: ModelRequest) -> TokenUsage:
         if self._usage is None:
-            return TokenUsage(calls=1)
+            return _ONE_CALL
         if isinstance(self._usage, TokenUsage):
             return self._usage
         return self._usage(request)
+
+
+_ONE_CALL = TokenUsage(calls=1)
+"""A call's usage when none is scripted (immutable, so shared)."""
 
 
 async def _await(answer: Awaitable[Any]) -> Any:
