@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
 import threading
@@ -68,6 +69,17 @@ _LAST_SEQ = "SELECT coalesce(max(seq), 0) FROM events WHERE run_id = ?"
 _INSERT_EVENT = (
     "INSERT INTO events (run_id, seq, type, payload, at) VALUES (?, ?, ?, ?, ?)"
 )
+_ONE_STATEMENT_ROWS = 64
+"""The most events an append writes with one multi-row INSERT."""
+
+
+@functools.cache
+def _insert_rows(count: int) -> str:
+    """An INSERT of ``count`` events in one statement."""
+    rows = ", ".join(["(?, ?, ?, ?, ?)"] * count)
+    return f"INSERT INTO events (run_id, seq, type, payload, at) VALUES {rows}"
+
+
 # The row is rewritten only when the status or stop reason changes (or the
 # run is new to this store object); between those, a read takes ``last_seq``
 # and ``updated_at`` from the run's newest event. Updating only the other
@@ -183,6 +195,40 @@ class SQLiteStore:
         self, run_id: str, events: Sequence[Event], summary: RunSummary
     ) -> None:
         conn = self._connection()
+        row = (summary.status, summary.stop_reason)
+        last = self._last_seq.get(run_id)
+        if (
+            last is not None
+            and 0 < len(events) <= _ONE_STATEMENT_ROWS
+            and self._row.get(run_id) == row
+        ):
+            # Nearly every append: this store wrote the run's last event and
+            # its row is current. One multi-row INSERT is its own transaction
+            # (atomic, committed when it returns): no BEGIN and COMMIT.
+            values: list[object] = []
+            for expected, event in enumerate(events, start=last + 1):
+                if event.seq != expected:
+                    raise JournalConflict(
+                        f"run {run_id}: expected seq {expected}, got {event.seq}"
+                    )
+                values += (
+                    run_id,
+                    event.seq,
+                    event.kind,
+                    event_json(event).decode(),
+                    _to_text(event.at),
+                )
+            try:
+                conn.execute(_insert_rows(len(events)), values)
+            except BaseException as exc:
+                self._last_seq.pop(run_id, None)
+                if isinstance(exc, sqlite3.IntegrityError):
+                    # Another writer's rows: the primary key refuses the seq.
+                    raise JournalConflict(f"run {run_id}: {exc}") from exc
+                raise
+            self._last_seq[run_id] = events[-1].seq
+            self._checkpointer.committed()
+            return
         rows = [
             (
                 run_id,
@@ -193,10 +239,8 @@ class SQLiteStore:
             )
             for event in events
         ]
-        row = (summary.status, summary.stop_reason)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            last = self._last_seq.get(run_id)
             if last is None:
                 (last,) = conn.execute(_LAST_SEQ, (run_id,)).fetchone()
             for expected, event in enumerate(events, start=last + 1):

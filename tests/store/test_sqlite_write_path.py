@@ -9,9 +9,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import anyio
+import pytest
 
 from replan.messages import RunStatus, TaskStarted
-from replan.store import RunSummary, SQLiteStore
+from replan.store import JournalConflict, RunSummary, SQLiteStore
 from replan.store._sqlite import CHECKPOINT_EVERY
 
 T0 = datetime(2026, 1, 5, 8, 30, tzinfo=UTC)
@@ -114,3 +115,20 @@ async def test_a_reopened_store_rewrites_the_row_on_its_first_append(
         await store.append("run-1", [started(2)], summary(2))
     with closing(sqlite3.connect(db)) as raw:
         assert raw.execute("SELECT last_seq FROM runs").fetchall() == [(2,)]
+
+
+async def test_a_batch_colliding_with_another_writer_is_refused_whole(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "j.db"
+    async with SQLiteStore(db) as first, SQLiteStore(db) as second:
+        await first.append("run-1", [started(1)], summary(1))
+        # Another writer appends seq 2 behind the first store's back.
+        await second.append("run-1", [started(2)], summary(2))
+        with pytest.raises(JournalConflict):
+            await first.append("run-1", [started(2), started(3)], summary(3))
+        # Nothing of the refused batch was stored, seq 3 included.
+        assert await first.read("run-1") == [started(1), started(2)]
+        # The first store re-reads where the journal stands and goes on.
+        await first.append("run-1", [started(3)], summary(3))
+        assert [e.seq for e in await second.read("run-1")] == [1, 2, 3]
