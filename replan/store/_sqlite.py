@@ -161,6 +161,8 @@ class SQLiteStore:
         self.path = Path(path)
         self._conn = _connect(self.path, synchronous)
         self._conn.execute("PRAGMA wal_autocheckpoint = 0")
+        # A burst may still grow the WAL; once rewound, it shrinks back.
+        self._conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
         self._checkpointer = _Checkpointer(self.path, synchronous)
         # The last seq this store committed per run: an append then needs no
         # query to check that its events follow on. Another writer's rows
@@ -227,7 +229,7 @@ class SQLiteStore:
                     raise JournalConflict(f"run {run_id}: {exc}") from exc
                 raise
             self._last_seq[run_id] = events[-1].seq
-            self._checkpointer.committed()
+            self._after_commit(conn)
             return
         rows = [
             (
@@ -266,7 +268,14 @@ class SQLiteStore:
         self._row[run_id] = row
         if events:
             self._last_seq[run_id] = events[-1].seq
-        self._checkpointer.committed()
+        self._after_commit(conn)
+
+    def _after_commit(self, conn: sqlite3.Connection) -> None:
+        if self._checkpointer.committed():
+            # The thread copied the bulk; copy what came meanwhile, so that
+            # the next commit rewinds the WAL (a few pages and two fsyncs).
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     async def read(self, run_id: str, after: int = 0) -> list[Event]:
         rows = self._connection().execute(_READ, (run_id, after)).fetchall()
@@ -367,16 +376,26 @@ class SQLiteStore:
 
 CHECKPOINT_EVERY = 256
 """Commits between two checkpoints: the WAL stays within a few MiB."""
+WAL_SIZE_LIMIT = 16 * 2**20
+"""Bytes of WAL file kept when the WAL is rewound (``journal_size_limit``)."""
 
 
 class _Checkpointer:
     """Checkpoints the WAL on a thread of its own, with its own connection.
 
     SQLite's automatic checkpoint runs inside the commit that crosses its
-    threshold, on the committing thread: with ``synchronous=NORMAL`` it is the
-    only part of a commit that fsyncs, and it would stall the event loop. A
-    passive checkpoint from another connection never blocks the writer; the
-    thread starts on the first checkpoint a store needs, and sleeps between.
+    threshold, on the committing thread: it copies every page the WAL holds
+    into the database file and fsyncs both, which would stall the event loop
+    for milliseconds. Here a thread does that copying with a passive
+    checkpoint, which never blocks the writer. The thread starts on the
+    first checkpoint a store needs, and sleeps between rounds.
+
+    A passive checkpoint copies the frames that were in the WAL when it
+    began; under a steady stream of commits it never catches up, and SQLite
+    only rewinds the WAL once everything in it is copied. So after each of
+    the thread's rounds, the writer checkpoints once more itself (see
+    :meth:`committed`): only the frames written during the round are left,
+    and the next commit starts the WAL from its beginning again.
     """
 
     def __init__(self, path: Path, synchronous: str) -> None:
@@ -386,13 +405,18 @@ class _Checkpointer:
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._round_done = False
         self.rounds = threading.Semaphore(0)
         """Released once per finished checkpoint round (tests wait on it)."""
 
-    def committed(self) -> None:
+    def committed(self) -> bool:
+        """Count a commit; True when the writer should finish a round now."""
+        if self._round_done:
+            self._round_done = False
+            return True
         self._commits += 1
         if self._commits < CHECKPOINT_EVERY:
-            return
+            return False
         self._commits = 0
         if self._thread is None:
             self._thread = threading.Thread(
@@ -400,6 +424,7 @@ class _Checkpointer:
             )
             self._thread.start()
         self._wake.set()
+        return False
 
     def stop(self) -> None:
         """Stop the thread (after the checkpoint it may be running)."""
@@ -425,6 +450,7 @@ class _Checkpointer:
                 # round copies what this one could not.
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                self._round_done = True
                 self.rounds.release()
         finally:
             conn.close()

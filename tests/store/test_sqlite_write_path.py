@@ -50,7 +50,7 @@ def events_in_main_file(db: Path, copy: Path) -> int:
     return int(count)
 
 
-async def test_appends_never_checkpoint_and_a_thread_of_the_store_does(
+async def test_a_thread_of_the_store_checkpoints_not_the_commit_that_crosses(
     tmp_path: Path,
 ) -> None:
     db = tmp_path / "j.db"
@@ -132,3 +132,27 @@ async def test_a_batch_colliding_with_another_writer_is_refused_whole(
         # The first store re-reads where the journal stands and goes on.
         await first.append("run-1", [started(3)], summary(3))
         assert [e.seq for e in await second.read("run-1")] == [1, 2, 3]
+
+
+async def test_the_wal_is_rewound_under_a_steady_stream_of_commits(
+    tmp_path: Path,
+) -> None:
+    # A passive checkpoint alone never catches up with a writer that keeps
+    # committing; the writer finishes each of the thread's rounds, so the WAL
+    # starts over instead of growing with every commit.
+    db = tmp_path / "j.db"
+    wal = tmp_path / "j.db-wal"
+    payload = "x" * 2000  # about a page of WAL per commit
+    sizes = []
+    async with SQLiteStore(db) as store:
+        for seq in range(1, 12 * CHECKPOINT_EVERY + 1):
+            event = TaskStarted(
+                seq=seq, at=T0 + timedelta(seconds=seq), task_id=payload, attempt=1
+            )
+            await store.append("run-1", [event], summary(seq))
+            if seq % CHECKPOINT_EVERY == 0:
+                await anyio.sleep(0.01)  # the thread gets its round in
+                sizes.append(wal.stat().st_size)
+        assert len(await store.read("run-1")) == 12 * CHECKPOINT_EVERY
+    # Without rewinding, the last size would be ~12 times the first.
+    assert max(sizes) < 4 * sizes[0]
