@@ -125,9 +125,10 @@ class SQLiteStore:
     would cost. The price is that a call never yields to the event loop, and
     blocks it while another process holds the write lock (up to the 5 s busy
     timeout). Checkpoints (copying the WAL into the database file, with its
-    fsyncs) are the one slow part of SQLite's commit path: they run on a
-    thread of the store's own, every :data:`CHECKPOINT_EVERY` commits, not
-    inside an append.
+    fsyncs) are the one slow part of SQLite's commit path: every
+    :data:`CHECKPOINT_EVERY` commits a thread of the store's own does the
+    copying, and the next append finishes the round with the few pages
+    written meanwhile (see ``_Checkpointer``).
 
     Durability: with ``synchronous="NORMAL"`` (the default) a commit is written
     to the WAL but not fsynced, so a crash of the application loses nothing,
