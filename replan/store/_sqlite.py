@@ -192,6 +192,7 @@ class SQLiteStore:
             warnings.warn(
                 f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self
             )
+            self._checkpointer.stop(wait=False)
             conn.close()
 
     async def append(
@@ -420,18 +421,22 @@ class _Checkpointer:
             return False
         self._commits = 0
         if self._thread is None:
+            # A daemon thread: a store nobody closed must not keep the
+            # interpreter from exiting (an interrupted checkpoint is safe).
             self._thread = threading.Thread(
-                target=self._run, name=f"replan-checkpoint {self._path.name}"
+                target=self._run,
+                name=f"replan-checkpoint {self._path.name}",
+                daemon=True,
             )
             self._thread.start()
         self._wake.set()
         return False
 
-    def stop(self) -> None:
+    def stop(self, *, wait: bool = True) -> None:
         """Stop the thread (after the checkpoint it may be running)."""
         self._stopping = True
         self._wake.set()
-        if self._thread is not None:
+        if self._thread is not None and wait:
             self._thread.join()
             self._thread = None
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+import subprocess
+import sys
 from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -156,3 +158,44 @@ async def test_the_wal_is_rewound_under_a_steady_stream_of_commits(
         assert len(await store.read("run-1")) == 12 * CHECKPOINT_EVERY
     # Without rewinding, the last size would be ~12 times the first.
     assert max(sizes) < 4 * sizes[0]
+
+
+def test_a_store_left_open_does_not_keep_the_interpreter_alive(
+    tmp_path: Path,
+) -> None:
+    # Past CHECKPOINT_EVERY commits the checkpoint thread is running; the
+    # program then ends without closing the store.
+    script = f"""
+import anyio
+from datetime import UTC, datetime
+from replan.messages import RunStatus, TaskStarted
+from replan.store import RunSummary, SQLiteStore
+from replan.store._sqlite import CHECKPOINT_EVERY
+
+KEPT = []  # referenced until the interpreter exits: no __del__ before
+
+async def main():
+    store = SQLiteStore({str(tmp_path / "j.db")!r})
+    KEPT.append(store)
+    now = datetime.now(UTC)
+    for seq in range(1, CHECKPOINT_EVERY + 2):
+        summary = RunSummary(
+            run_id="r", goal="g", kind="plan", pattern="discovery",
+            status=RunStatus.RUNNING, created_at=now, updated_at=now, last_seq=seq,
+        )
+        event = TaskStarted(seq=seq, at=now, task_id="t", attempt=1)
+        await store.append("r", [event], summary)
+    assert store._checkpointer._thread is not None
+    print("done", flush=True)
+
+anyio.run(main)
+"""
+    finished = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stdout.strip() == "done"
