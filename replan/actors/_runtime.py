@@ -217,8 +217,12 @@ class ActorPool(Generic[ReqT, RepT]):
         self._restarts = 0
         self._busy = 0
         self._live = 0
-        self._waiting = 0
-        """Workers blocked on the empty mailbox, ready to take a request."""
+        self._idle: deque[anyio.Event] = deque()
+        """One event per worker waiting for work: a sender sets the first.
+
+        Workers take requests with ``receive_nowait`` and wait on these
+        instead of the stream's ``receive``, which passes through the event
+        loop once before it even looks at the mailbox."""
         self._new_event: Callable[[], anyio.Event] = anyio.Event
         self._new_scope: Callable[..., anyio.CancelScope] = anyio.CancelScope
         self._started = False
@@ -283,8 +287,11 @@ class ActorPool(Generic[ReqT, RepT]):
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 break
             envelope.reply.fail(ActorStopped(self.role, self.stop_reason))
-        # Closing the receive side wakes senders blocked on a full mailbox.
+        # Closing the receive side wakes senders blocked on a full mailbox;
+        # idle workers wake to find it closed.
         self._receive.close()
+        while self._idle:
+            self._idle.popleft().set()
 
     async def ask(
         self,
@@ -342,18 +349,25 @@ class ActorPool(Generic[ReqT, RepT]):
         return slot
 
     async def _enqueue(self, envelope: Envelope[ReqT, RepT]) -> None:
-        if self._waiting:
-            # A worker waiting on the mailbox takes this one (anyio hands an
-            # item to a waiting receiver first): it is no longer free.
-            self._waiting -= 1
-        else:
-            # Nobody is free to take it: one more worker, if there is room.
-            self._grow()
         try:
             # The fast path skips send()'s extra trip through the event loop.
             self._send.send_nowait(envelope)
         except anyio.WouldBlock:
+            # Full (or a mailbox of size 0): a worker that takes a request
+            # takes this one from the blocked sender too.
+            self._wake_worker()
             await self._send.send(envelope)
+        # Wake one now: the request may have gone into the buffer after every
+        # worker looked (send() passes through the loop before it tries).
+        self._wake_worker()
+
+    def _wake_worker(self) -> None:
+        if self._idle:
+            self._idle.popleft().set()
+        else:
+            # Nobody is free: one more worker, if there is room (otherwise
+            # the next worker to finish takes the request).
+            self._grow()
 
     async def _deliver(self, envelope: Envelope[ReqT, RepT]) -> RepT:
         slot = envelope.reply
@@ -438,15 +452,18 @@ class ActorPool(Generic[ReqT, RepT]):
             if envelope is None:
                 # Waited for outside the except clause: an idle worker keeps
                 # no WouldBlock, traceback and frame alive while it waits.
-                self._waiting += 1
+                work = self._new_event()
+                self._idle.append(work)
                 try:
-                    envelope = await receive.receive()
-                except (anyio.EndOfStream, anyio.ClosedResourceError):
-                    self._waiting -= 1
-                    return False
+                    await work.wait()
                 except BaseException:
-                    self._waiting -= 1
+                    if work.is_set():
+                        # Woken for a request, then cancelled: wake another.
+                        self._wake_worker()
+                    else:
+                        self._idle.remove(work)
                     raise
+                continue
             slot = envelope.reply
             if slot.abandoned:
                 continue
