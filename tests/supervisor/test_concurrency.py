@@ -85,3 +85,40 @@ async def test_one_slow_task_does_not_hold_back_independent_ready_tasks() -> Non
     assert result.status is RunStatus.COMPLETED
     assert [t.status for t in result.tasks] == [TaskStatus.COMPLETED] * 7
     assert result.tasks[0].attempts == 1
+
+
+async def test_a_run_cancelled_while_an_execution_waits_for_mailbox_room_ends() -> None:
+    # One executor worker holds the first task, the second waits in the
+    # one-slot mailbox, the third is sent while the mailbox is full.
+    holding = anyio.Event()
+    cancelled: list[str] = []
+
+    async def execute(request: ModelRequest) -> TaskOutcome:
+        holding.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            cancelled.append(task_of(request).id)
+        raise AssertionError("unreachable")
+
+    with anyio.fail_after(10):
+        async with Supervisor(
+            scripted(execute=execute),
+            MemoryStore(),
+            workers={"executor": 1},
+            mailbox_size=1,
+        ) as sup:
+            handle = await sup.submit(spec(independent(3), max_concurrency=3))
+            await holding.wait()
+            await anyio.wait_all_tasks_blocked()
+            executor = next(s for s in sup.pool_statistics() if s.role == "executor")
+            assert (executor.busy, executor.mailbox_depth) == (1, 1)
+            assert executor.senders_waiting == 1
+            await handle.cancel()
+            result = await handle.result()
+            await anyio.wait_all_tasks_blocked()
+            executor = next(s for s in sup.pool_statistics() if s.role == "executor")
+            assert executor.senders_waiting == 0
+            assert executor.busy == 0
+    assert result.status is RunStatus.CANCELLED
+    assert cancelled == ["t1"]  # the running one stopped; the others never ran
