@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+import math
 from collections import deque
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -163,6 +166,84 @@ class PoolStatistics:
     """Workers started so far: a pool grows to ``workers`` on demand."""
 
 
+def _waiting(slot: ReplySlot[Any]) -> bool:
+    return not slot.done and not slot.abandoned
+
+
+class _Deadlines:
+    """The deadlines of one pool's requests, timed by one task.
+
+    A cancel scope per request would arm a timer per round trip (a timer
+    handle on asyncio, a deadline entry on trio); that cost more than the
+    rest of a round trip. Here each request with a deadline goes into a heap,
+    and one task sleeps until the earliest: a request still unanswered then
+    is abandoned (its handling is cancelled) and answered with
+    :class:`ActorTimeout`. Answered requests leave the heap lazily; the heap
+    is rebuilt when they outnumber the waiting ones.
+    """
+
+    def __init__(self, pool: ActorPool[Any, Any]) -> None:
+        self._pool = pool
+        self._heap: list[tuple[float, int, ReplySlot[Any]]] = []
+        self._order = itertools.count()
+        self._pending = 0
+        """Requests with a deadline whose callers still wait."""
+        self._timer: anyio.Event | None = None
+        """Set to wake the timer task (None: no timer task running)."""
+        self._next = math.inf
+
+    def add(self, deadline: float, slot: ReplySlot[Any]) -> bool:
+        """Time ``slot`` out at ``deadline``; False if no timer can run."""
+        task_group = self._pool._task_group
+        if task_group is None:
+            return False
+        heap = self._heap
+        heapq.heappush(heap, (deadline, next(self._order), slot))
+        self._pending += 1
+        if len(heap) > 2 * self._pending + 32:
+            self._heap = heap = [e for e in heap if _waiting(e[2])]
+            heapq.heapify(heap)
+        if self._timer is None:
+            self._timer = self._pool._new_event()
+            task_group.start_soon(self._run)
+        elif deadline < self._next:
+            self._timer.set()  # sooner than the timer sleeps: wake it
+        return True
+
+    def wake(self) -> None:
+        """Let the timer task look again (it ends once nothing waits)."""
+        if self._timer is not None:
+            self._timer.set()
+
+    def finished(self) -> None:
+        """A caller added with :meth:`add` stopped waiting."""
+        self._pending -= 1
+
+    async def _run(self) -> None:
+        pool = self._pool
+        try:
+            while True:
+                now = anyio.current_time()
+                heap = self._heap
+                while heap and (heap[0][0] <= now or not _waiting(heap[0][2])):
+                    deadline, _, slot = heapq.heappop(heap)
+                    if deadline <= now and _waiting(slot):
+                        # Abandon first: answering unbinds the handler.
+                        slot.abandon()
+                        slot.fail(
+                            ActorTimeout(pool.role, "the request's deadline passed")
+                        )
+                if not heap or (pool.stop_reason is not None and self._pending == 0):
+                    return
+                self._next = heap[0][0]
+                self._timer = wake = pool._new_event()
+                with pool._new_scope(deadline=self._next):
+                    await wake.wait()
+        finally:
+            self._timer = None
+            self._next = math.inf
+
+
 class ActorPool(Generic[ReqT, RepT]):
     """N workers of one role sharing a bounded mailbox, restarted one for one.
 
@@ -225,6 +306,7 @@ class ActorPool(Generic[ReqT, RepT]):
         loop once before it even looks at the mailbox."""
         self._new_event: Callable[[], anyio.Event] = anyio.Event
         self._new_scope: Callable[..., anyio.CancelScope] = anyio.CancelScope
+        self._deadlines = _Deadlines(self)
         self._started = False
         self._task_group: TaskGroup | None = None
         self.stop_reason: str | None = None
@@ -292,6 +374,7 @@ class ActorPool(Generic[ReqT, RepT]):
         self._receive.close()
         while self._idle:
             self._idle.popleft().set()
+        self._deadlines.wake()
 
     async def ask(
         self,
@@ -313,8 +396,15 @@ class ActorPool(Generic[ReqT, RepT]):
         envelope = Envelope(request, slot, run_id, deadline, current_carrier())
         if deadline is None:
             return await self._deliver(envelope)
-        # The caller's scope is the request's only timer: when it fires, the
-        # abandoned slot cancels the handler too (one timer per round trip).
+        if deadline <= anyio.current_time():
+            raise ActorTimeout(self.role, "the request's deadline passed")
+        if self._deadlines.add(deadline, slot):
+            # The pool's timer answers the slot with ActorTimeout in time.
+            try:
+                return await self._deliver(envelope)
+            finally:
+                self._deadlines.finished()
+        # Not running (no timer task): a scope of the caller's own.
         with self._new_scope(deadline=deadline):
             return await self._deliver(envelope)
         raise ActorTimeout(self.role, "the request's deadline passed")
@@ -356,7 +446,16 @@ class ActorPool(Generic[ReqT, RepT]):
             # Full (or a mailbox of size 0): a worker that takes a request
             # takes this one from the blocked sender too.
             self._wake_worker()
-            await self._send.send(envelope)
+            if envelope.deadline is None:
+                await self._send.send(envelope)
+            else:
+                # The pool's timer cannot reach a sender blocked here.
+                with self._new_scope(deadline=envelope.deadline) as waited:
+                    await self._send.send(envelope)
+                if waited.cancelled_caught:
+                    raise ActorTimeout(
+                        self.role, "the request's deadline passed"
+                    ) from None
         # Wake one now: the request may have gone into the buffer after every
         # worker looked (send() passes through the loop before it tries).
         self._wake_worker()

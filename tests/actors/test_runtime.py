@@ -671,3 +671,69 @@ async def test_a_posted_request_queued_at_a_stop_calls_back_with_stopped() -> No
         pool.stop("stopping")
         assert len(errors) == 1
     assert "stopping" in str(errors[0])
+
+
+# Deadlines: one timer per pool, not one per request.
+
+
+async def test_a_sooner_deadline_wakes_the_pools_timer() -> None:
+    script = Script()
+    pool = pool_of(script, workers=2)
+    outcomes: dict[str, Outcome] = {}
+
+    async def ask(request: str, seconds: float) -> None:
+        try:
+            outcomes[request] = await pool.ask(
+                request, deadline=anyio.current_time() + seconds
+            )
+        except Exception as exc:
+            outcomes[request] = exc
+
+    async with running(pool) as tg:
+        tg.start_soon(ask, "hold:late", 30)  # the timer sleeps for 30 s
+        await script.started_event("hold:late").wait()
+        started = anyio.current_time()
+        with anyio.fail_after(5):
+            await ask("hold:soon", 0.05)
+        waited = anyio.current_time() - started
+        script.release("late")
+        await wait_all_tasks_blocked()
+    assert isinstance(outcomes["hold:soon"], ActorTimeout)
+    assert waited < 2
+    assert outcomes["hold:late"] == "late"
+    assert script.cancelled_event("hold:soon").is_set()
+
+
+async def test_requests_time_out_each_at_its_own_deadline() -> None:
+    script = Script()
+    pool = pool_of(script, workers=4)
+    order: list[str] = []
+    all_timed_out = anyio.Event()
+
+    async def ask(request: str, seconds: float) -> None:
+        try:
+            await pool.ask(request, deadline=anyio.current_time() + seconds)
+        except ActorTimeout:
+            order.append(request)
+            if len(order) == 3:
+                all_timed_out.set()
+
+    async with running(pool) as tg:
+        for name, seconds in (("c", 0.15), ("a", 0.05), ("b", 0.10)):
+            tg.start_soon(ask, f"forever:{name}", seconds)
+        tg.start_soon(ask, "echo:fast", 5)
+        with anyio.fail_after(5):
+            await all_timed_out.wait()
+    assert order == ["forever:a", "forever:b", "forever:c"]
+    assert "echo:fast" in script.handled
+
+
+async def test_answered_requests_do_not_pile_up_in_the_timer() -> None:
+    script = Script()
+    pool = pool_of(script, workers=2)
+    async with running(pool):
+        for number in range(500):
+            deadline = anyio.current_time() + 60
+            assert await pool.ask(f"echo:{number}", deadline=deadline) == str(number)
+        # Requests answered long before their deadline leave the heap.
+        assert len(pool._deadlines._heap) <= 40
