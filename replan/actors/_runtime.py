@@ -255,9 +255,9 @@ class ActorPool(Generic[ReqT, RepT]):
     is free, up to ``workers``, so an idle role costs one task. More than
     ``max_restarts`` crashes within ``restart_period_s`` stop the role: every
     queued and later request gets :class:`ActorStopped` with the reason, as
-    does a factory that raises. A request's deadline is timed by its caller;
-    when the caller gives up (deadline or cancellation) the handler is
-    cancelled too.
+    does a factory that raises. One timer task per pool times the requests'
+    deadlines (see ``_Deadlines``); when a deadline passes, or the caller is
+    cancelled, the handler is cancelled too.
 
     Args:
         role: the role name (``planner``, ``executor``, ...).
@@ -569,8 +569,8 @@ class ActorPool(Generic[ReqT, RepT]):
             ctx = ActorContext(role, envelope.run_id, envelope.deadline)
             carrier = envelope.carrier
             self._busy += 1
-            # No deadline here: the caller's scope times the request and
-            # cancels this scope through the slot when it gives up.
+            # No deadline here: the pool's timer (or the caller, when it is
+            # cancelled) cancels this scope through the slot.
             slot.bind(scope)
             try:
                 with (
