@@ -5,11 +5,12 @@ What is measured: a driver runs ``CALLERS`` concurrent caller tasks that share
 ``WORKERS`` workers in a loop (``await pool.ask(i, run_id=..., deadline=...)``)
 and waits for the reply before asking again. One request plus its reply is one
 round trip. Every ask goes through the whole runtime path: envelope, bounded
-mailbox, reply slot, a per-request deadline (timed by the pool's one
-deadline timer, which would cancel the handler), the cancellation link between caller and handler, the trace carrier (empty: no
-tracer provider is installed, as in the other benchmarks) and the worker's
-crash handling. The figure is round trips per second of wall time, the median
-of ``REPETITIONS`` (5) runs, each in a fresh event loop.
+mailbox, reply slot, a per-request deadline (timed by the pool's one deadline
+timer, which would cancel the handler), the cancellation link between caller
+and handler, the trace carrier (empty: no tracer provider is installed, as in
+the other benchmarks) and the worker's crash handling. The figure is round
+trips per second of wall time, the median of ``REPETITIONS`` (5) runs, each in
+a fresh event loop.
 
 Run: ``python benchmarks/w4_actor_roundtrip.py`` (asyncio is the headline
 figure; trio is printed too).
