@@ -112,12 +112,17 @@ async def review(run: RunDriver) -> None:
         ruled = under_contract(verdict)
         if ruled != verdict:
             verdict, by = ruled, "policy"
-    await run.record_events(
-        (
-            MilestoneReviewed,
-            {"index": state.iterations + 1, "verdict": verdict, "by": by},
-        ),
+    reviewed = (
+        MilestoneReviewed,
+        {"index": state.iterations + 1, "verdict": verdict, "by": by},
     )
+    if verdict.decision == "replan":
+        # The replan flow waits on models and people: journal it first.
+        await run.record_events(reviewed)
+    else:
+        # Acted on at once, with no wait in between: journaled in the same
+        # append as what follows (the next starts, or the run's end).
+        run.stage(reviewed)
     match verdict.decision:
         case "continue" | "complete":
             return

@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import anyio
 import pytest
 from scripts import (
+    DelegatingStore,
     chain,
     clean,
     executed_ids,
+    keep_going,
+    replan_verdict,
     run_to_end,
+    same_size_chain,
     scripted,
     spec,
     task_of,
     with_finding,
 )
 
-from replan import ModelRequest, RunStatus, TaskOutcome, TaskStatus
-from replan.messages import MilestoneReviewed, TaskFinished
+from replan import (
+    MemoryStore,
+    ModelRequest,
+    RunStatus,
+    Supervisor,
+    TaskOutcome,
+    TaskStatus,
+)
+from replan.messages import Event, MilestoneReviewed, TaskFinished
+from replan.store import RunSummary
 
 
 async def test_the_reviewer_is_asked_every_milestone_every_completed_tasks() -> None:
@@ -159,3 +173,51 @@ async def test_when_no_task_completed_and_nothing_is_left_the_heuristic_aborts()
         TaskStatus.SKIPPED,
         TaskStatus.SKIPPED,
     ]
+
+
+class BatchLog(DelegatingStore):
+    """Keeps the kinds of each append's events, in order."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryStore())
+        self.batches: list[list[str]] = []
+
+    async def append(
+        self, run_id: str, events: Sequence[Event], summary: RunSummary
+    ) -> None:
+        await super().append(run_id, events, summary)
+        self.batches.append([e.kind for e in events])
+
+
+async def test_a_replan_verdict_is_journaled_before_the_planner_is_asked() -> None:
+    # A continue verdict is acted on at once and rides with the next starts;
+    # a replan verdict is followed by model calls, so it is journaled first.
+    store = BatchLog()
+    planner_saw: list[list[list[str]]] = []
+
+    def replan_after_seeing_the_journal(request: ModelRequest) -> Any:
+        planner_saw.append([list(b) for b in store.batches])
+        return same_size_chain(request)
+
+    def continue_then_replan(request: ModelRequest) -> Any:
+        if request.context["milestone_index"] == 2:
+            return replan_verdict()
+        return keep_going(request)
+
+    model = scripted(
+        execute=with_finding,
+        milestone=continue_then_replan,
+        replan=replan_after_seeing_the_journal,
+    )
+    plan = chain(6, milestone_at=[2, 4])
+    with anyio.fail_after(10):
+        async with Supervisor(model, store) as sup:
+            result = await (await sup.submit(spec(plan, milestone_every=100))).result()
+    assert result.status is RunStatus.COMPLETED
+    assert [r.outcome.value for r in result.replans] == ["applied"]
+    (seen,) = planner_saw
+    assert seen[-1][-1] == "milestone_reviewed"  # journaled, on its own
+    reviews = [b for b in store.batches if "milestone_reviewed" in b]
+    assert len(reviews) == 3  # continue, replan, and the end of the plan
+    assert reviews[0][-2:] == ["milestone_reviewed", "task_started"]
+    assert reviews[1][-1] == "milestone_reviewed"
