@@ -209,19 +209,10 @@ class SQLiteStore:
             # Nearly every append: this store wrote the run's last event and
             # its row is current. One multi-row INSERT is its own transaction
             # (atomic, committed when it returns): no BEGIN and COMMIT.
+            _check_follows(run_id, events, last)
             values: list[object] = []
-            for expected, event in enumerate(events, start=last + 1):
-                if event.seq != expected:
-                    raise JournalConflict(
-                        f"run {run_id}: expected seq {expected}, got {event.seq}"
-                    )
-                values += (
-                    run_id,
-                    event.seq,
-                    event.kind,
-                    event_json(event).decode(),
-                    _to_text(event.at),
-                )
+            for event in events:
+                values += _event_row(run_id, event)
             try:
                 conn.execute(_insert_rows(len(events)), values)
             except BaseException as exc:
@@ -233,25 +224,12 @@ class SQLiteStore:
             self._last_seq[run_id] = events[-1].seq
             self._after_commit(conn)
             return
-        rows = [
-            (
-                run_id,
-                event.seq,
-                event.kind,
-                event_json(event).decode(),
-                _to_text(event.at),
-            )
-            for event in events
-        ]
+        rows = [_event_row(run_id, event) for event in events]
         conn.execute("BEGIN IMMEDIATE")
         try:
             if last is None:
                 (last,) = conn.execute(_LAST_SEQ, (run_id,)).fetchone()
-            for expected, event in enumerate(events, start=last + 1):
-                if event.seq != expected:
-                    raise JournalConflict(
-                        f"run {run_id}: expected seq {expected}, got {event.seq}"
-                    )
+            _check_follows(run_id, events, last)
             try:
                 conn.executemany(_INSERT_EVENT, rows)
             except sqlite3.IntegrityError as exc:
@@ -505,6 +483,26 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+def _event_row(run_id: str, event: Event) -> tuple[object, ...]:
+    """An event's row of the ``events`` table, in column order."""
+    return (
+        run_id,
+        event.seq,
+        event.kind,
+        event_json(event).decode(),
+        _to_text(event.at),
+    )
+
+
+def _check_follows(run_id: str, events: Sequence[Event], last: int) -> None:
+    """Raise JournalConflict unless ``events`` are numbered on from ``last``."""
+    for expected, event in enumerate(events, start=last + 1):
+        if event.seq != expected:
+            raise JournalConflict(
+                f"run {run_id}: expected seq {expected}, got {event.seq}"
+            )
 
 
 def _to_text(moment: datetime) -> str:
