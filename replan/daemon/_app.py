@@ -120,8 +120,8 @@ def _v1(daemon: Daemon) -> APIRouter:
     @router.post("/runs", status_code=202, response_model=Accepted)
     async def submit(spec: RunSpec, request: Request) -> JSONResponse:
         """Start a run; follow the returned ``url``."""
-        spec = _with_default_limits(spec, daemon.settings.default_limits)
         try:
+            spec = _with_default_limits(spec, daemon.settings.default_limits)
             handle = await daemon.supervisor.submit(spec)
         except ConfigurationError as exc:
             raise ApiError(422, str(exc), exc.field) from None

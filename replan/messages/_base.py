@@ -79,3 +79,21 @@ class Settings(Frozen):
             super().__init__(**data)
         except ValidationError as exc:
             raise ConfigurationError.from_validation(exc) from None
+
+    # Reading a spec from a dict or a JSON file is construction too.
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
+        try:
+            return super().model_validate(obj, *args, **kwargs)
+        except ValidationError as exc:
+            raise ConfigurationError.from_validation(exc) from None
+
+    @classmethod
+    def model_validate_json(
+        cls, json_data: str | bytes | bytearray, *args: Any, **kwargs: Any
+    ) -> Self:
+        try:
+            return super().model_validate_json(json_data, *args, **kwargs)
+        except ValidationError as exc:
+            raise ConfigurationError.from_validation(exc) from None

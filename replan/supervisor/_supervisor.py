@@ -15,7 +15,6 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
-from pydantic import ValidationError
 
 from .._errors import ConfigurationError, SupervisorError, UnknownRunError
 from ..actors import ActorPool, PoolStatistics
@@ -148,11 +147,14 @@ class Supervisor:
         self._serve_scope: anyio.CancelScope | None = None
         self._exit_stack: AsyncExitStack | None = None
         self._stopping = False
+        self._served = False
+        """serve() has ended: a supervisor serves once."""
         self._resume_on_start = resume
 
     # Lifecycle ----------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
+        self._check_can_serve()  # here, where the error is not in a group
         async with AsyncExitStack() as stack:
             tg = await stack.enter_async_context(anyio.create_task_group())
             await tg.start(self.serve)
@@ -168,7 +170,10 @@ class Supervisor:
         self.stop()
         stack, self._exit_stack = self._exit_stack, None
         if stack is not None:
-            return await stack.__aexit__(exc_type, exc, tb)
+            # The body's exception is the caller's to catch as it is: handed
+            # to the task group, it would come out wrapped in an
+            # ExceptionGroup. The group only waits for serve() to end.
+            await stack.aclose()
         return None
 
     def stop(self) -> None:
@@ -180,8 +185,7 @@ class Supervisor:
         self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Run the actor pools and the runs until cancelled (``tg.start``)."""
-        if self._roles is not None:
-            raise SupervisorError("this supervisor is already serving")
+        self._check_can_serve()
         roles = self._build_roles()
         self._roles = roles
         try:
@@ -197,7 +201,7 @@ class Supervisor:
                     task_status.started()
                     await anyio.sleep_forever()
         finally:
-            self._stopping = True
+            self._stopping = self._served = True
             self._task_group = None
             self._telemetry.unwatch()
             for pool in roles.all():
@@ -205,6 +209,15 @@ class Supervisor:
             self.gates.close_all("the supervisor stopped")
             for record in self._records.values():
                 record.detach("the supervisor stopped before the run finished")
+
+    def _check_can_serve(self) -> None:
+        if self._served:
+            raise SupervisorError(
+                "this supervisor has stopped and does not serve again: "
+                "make a new one (resume=True picks up its unfinished runs)"
+            )
+        if self._roles is not None:
+            raise SupervisorError("this supervisor is already serving")
 
     async def drain(self, grace_s: float) -> None:
         """Stop gracefully: start nothing new, let calls in flight end, stop.
@@ -270,10 +283,7 @@ class Supervisor:
             SupervisorError: the supervisor is not serving.
         """
         if not isinstance(spec, RunSpec):
-            try:
-                spec = RunSpec.model_validate(spec)
-            except ValidationError as exc:
-                raise ConfigurationError.from_validation(exc) from None
+            spec = RunSpec.model_validate(spec)  # ConfigurationError if bad
         tg, roles = self._task_group, self._roles
         if tg is None or roles is None or self._stopping:
             raise SupervisorError(

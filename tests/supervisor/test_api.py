@@ -294,6 +294,39 @@ async def test_submitting_after_the_supervisor_exited_raises_supervisor_error() 
     assert model.calls == []
 
 
+async def test_an_error_in_the_async_with_body_comes_out_as_it_was_raised() -> None:
+    """Not wrapped in an ExceptionGroup by the supervisor's own task group."""
+    model = ScriptedModel(answers())
+    with pytest.raises(ConfigurationError) as caught:
+        async with Supervisor(model) as sup:
+            await sup.submit({"goal": "g", "limits": {"max_replans": -1}})
+    assert caught.value.field == "limits.max_replans"
+
+    class Mine(Exception):
+        pass
+
+    async def body() -> RunHandle:
+        async with Supervisor(model) as sup:
+            handle = await sup.submit(RunSpec(goal="three steps"))
+            raise Mine(handle)
+
+    with pytest.raises(Mine) as raised:
+        await body()
+    (handle,) = raised.value.args
+    # The run in flight was stopped with the supervisor, not left running.
+    with anyio.fail_after(2), pytest.raises(SupervisorError):
+        await handle.result()
+
+
+async def test_a_stopped_supervisor_says_it_does_not_serve_again() -> None:
+    sup = Supervisor(ScriptedModel(answers()))
+    async with sup:
+        pass
+    with pytest.raises(SupervisorError, match="has stopped"):
+        async with sup:
+            pass
+
+
 async def test_a_role_crashing_past_its_restart_intensity_fails_the_run() -> None:
     def crash(request: ModelRequest) -> Any:
         raise RuntimeError("the planner fell over")
@@ -319,6 +352,16 @@ def test_a_negative_max_replans_names_the_field() -> None:
         Limits(max_replans=-1)
     assert caught.value.field == "max_replans"
     assert isinstance(caught.value, ValueError)
+
+
+def test_reading_a_spec_from_a_dict_or_json_names_the_field() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        RunSpec.model_validate_json('{"goal": "g", "limits": {"max_replans": -1}}')
+    assert caught.value.field == "limits.max_replans"
+    with pytest.raises(ConfigurationError) as caught:
+        Limits.model_validate({"max_concurrency": 0})
+    assert caught.value.field == "max_concurrency"
+    assert RunSpec.model_validate_json('{"goal": "g"}').goal == "g"
 
 
 def test_an_empty_goal_names_the_field() -> None:
