@@ -339,6 +339,9 @@ def _resolve_gate(
             success=False, reason=f"side effect rejected by {resolution.by}"
         )
         changes.update(_fail(state, task_id, outcome))
+        # Reviewed like any failed task (a run of nothing but rejected side
+        # effects has no results to synthesize from).
+        changes["window"] = [*state.window, task_id]
     else:
         tasks = dict(state.tasks)
         tasks[task_id] = _task(state, task_id).evolve(approved=True)
@@ -395,8 +398,11 @@ def _finish(state: RunState, task_id: str, outcome: TaskOutcome) -> dict[str, ob
             "completion_order": [*state.completion_order, task_id],
         }
     if outcome.transient and task.attempts < state.spec.limits.max_task_attempts:
+        # A retry, unless a ``complete`` verdict came meanwhile: it superseded
+        # every pending task, and this one would be pending again.
+        status = TaskStatus.SUPERSEDED if state.completing else TaskStatus.PENDING
         tasks = dict(state.tasks)
-        tasks[task_id] = task.evolve(status=TaskStatus.PENDING, result=outcome)
+        tasks[task_id] = task.evolve(status=status, result=outcome)
         return {"tasks": tasks}
     changes = _fail(state, task_id, outcome)
     changes["window"] = [*state.window, task_id]

@@ -450,6 +450,26 @@ async def test_rejecting_a_side_effect_fails_the_task_and_skips_its_dependents()
     assert "erin" in (failed.reason or "")
 
 
+async def test_a_run_whose_only_task_is_rejected_aborts_like_a_failed_one() -> None:
+    # Regression: a rejected side effect skipped the review, and the run
+    # "completed" with a synthesis built from no results at all.
+    model = ScriptedModel(Script(trigger=None))
+    only = [TaskDraft(key="send", description="email it", requires_approval=True)]
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(
+            RunSpec(goal="send the report", pattern="contract", tasks=only)
+        )
+        gate = await next_gate(sup)
+        await sup.gates.resolve(gate.gate_id, GateResolution(decision="reject"))
+        result = await finish(handle)
+
+    assert result.status is RunStatus.ABORTED
+    assert "no task completed" in (result.stop_reason or "")
+    assert result.output is None
+    assert model.calls_for("executor", "synthesize") == []
+    assert [t.status for t in result.tasks] == [TaskStatus.FAILED]
+
+
 async def test_an_approval_gate_cannot_be_answered_with_an_edit() -> None:
     model = ScriptedModel(Script(trigger=None))
     async with Supervisor(model) as sup:

@@ -116,6 +116,39 @@ async def test_complete_ends_the_run_even_while_another_task_is_in_flight() -> N
     assert done.result.output == SYNTHESIS
 
 
+async def test_after_complete_a_transient_failure_in_flight_is_not_retried() -> None:
+    # Regression: the failed attempt went back to pending and started again,
+    # although `complete` had superseded every pending task.
+    release = anyio.Event()
+
+    async def execute(request: ModelRequest) -> TaskOutcome:
+        if task_of(request).key == "slow":
+            await release.wait()
+            return TaskOutcome(success=False, transient=True, reason="rate limited")
+        return with_finding(request)
+
+    def milestone(request: ModelRequest) -> Verdict:
+        release.set()
+        return Verdict(decision="complete", rationale="the question is answered")
+
+    model = scripted(execute=execute, milestone=milestone)
+    drafts = [
+        TaskDraft(key="fast", description="the quick answer", milestone=True),
+        TaskDraft(key="slow", description="a long survey"),
+    ]
+
+    done = await run_to_end(model, spec(drafts, max_task_attempts=3))
+
+    assert executed_ids(model) == ["t1", "t2"]
+    slow = done.task("t2")
+    assert slow.status is TaskStatus.SUPERSEDED
+    assert slow.attempts == 1
+    assert slow.result is not None
+    assert slow.result.reason == "rate limited"
+    assert done.result.status is RunStatus.COMPLETED
+    assert done.replayed == done.result
+
+
 # abort -------------------------------------------------------------------------
 
 
