@@ -477,7 +477,9 @@ def _open_store(db: str, *, create: bool) -> SQLiteStore:
         raise CommandError(f"no journal at {db}")
     try:
         return SQLiteStore(db)
-    except (OSError, sqlite3.Error, ConfigurationError) as exc:
+    except ConfigurationError as exc:  # names the file already
+        raise CommandError(exc.problem) from None
+    except (OSError, sqlite3.Error) as exc:
         raise CommandError(f"cannot open the journal at {db}: {exc}") from None
 
 

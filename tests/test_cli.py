@@ -174,8 +174,10 @@ def test_a_file_that_is_not_a_journal_is_reported_without_a_traceback(
     assert main(["show", "abc", "--db", str(db)]) == 1
 
     err = capsys.readouterr().err
-    assert err.startswith(f"replan: error: cannot open the journal at {db}")
-    assert err.count("\n") == 1
+    assert err == (
+        f"replan: error: {db} cannot be used as a replan journal: "
+        "file is not a database\n"
+    )
 
 
 def test_answering_no_at_the_prompt_rejects_the_gate_and_keeps_the_plan(

@@ -144,8 +144,10 @@ class SQLiteStore:
         synchronous: SQLite's ``PRAGMA synchronous`` for this connection.
 
     Raises:
-        ConfigurationError: ``synchronous`` is not a supported level, or the
-            file was written by a newer version of replan.
+        ConfigurationError: ``synchronous`` is not a supported level; or
+            (field ``path``, naming the file) the file cannot be opened or
+            created, is no SQLite database, holds another application's
+            tables, or was written by a newer version of replan.
     """
 
     def __init__(
@@ -441,15 +443,29 @@ class _Checkpointer:
 
 
 def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
-    """Open the file, set the pragmas and bring the schema up to date."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # isolation_level=None: no implicit transactions, we BEGIN/COMMIT ourselves.
-    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    """Open the file, set the pragmas and bring the schema up to date.
+
+    Raises:
+        ConfigurationError: the file cannot be opened or created, is not an
+            SQLite database, holds another application's tables, or was
+            written by a newer replan (field ``path``, naming the file).
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: no implicit transactions; we BEGIN/COMMIT.
+        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    except (OSError, sqlite3.Error) as exc:
+        raise ConfigurationError("path", f"cannot open {path}: {exc}") from None
     try:
         conn.execute("PRAGMA busy_timeout = 5000")
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         _migrate(conn, path)
+    except sqlite3.Error as exc:
+        conn.close()
+        raise ConfigurationError(
+            "path", f"{path} cannot be used as a replan journal: {exc}"
+        ) from None
     except BaseException:
         conn.close()
         raise

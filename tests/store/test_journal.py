@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import sqlite3
 import typing
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import closing
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -538,6 +538,43 @@ async def test_a_database_from_a_newer_schema_is_refused(tmp_path: Path) -> None
         conn.execute("PRAGMA user_version = 99")
     with pytest.raises(ConfigurationError, match="journal schema 99"):
         SQLiteStore(tmp_path / "j.db")
+
+
+def _another_apps_database(path: Path) -> None:
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE events (what TEXT)")
+        conn.commit()
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (lambda p: p.mkdir(), "unable to open database file"),
+        (lambda p: p.write_text("no database here " * 20), "file is not a database"),
+        (_another_apps_database, "table events already exists"),
+    ],
+    ids=["a directory", "not sqlite", "another app's tables"],
+)
+def test_a_path_that_cannot_hold_a_journal_is_a_configuration_error_naming_it(
+    tmp_path: Path, make: Callable[[Path], object], problem: str
+) -> None:
+    path = tmp_path / "j.db"
+    make(path)
+    with pytest.raises(ConfigurationError) as caught:
+        SQLiteStore(path)
+    assert caught.value.field == "path"
+    assert str(path) in caught.value.problem
+    assert problem in caught.value.problem
+
+
+def test_a_journal_under_a_regular_file_is_a_configuration_error(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "afile").touch()
+    with pytest.raises(ConfigurationError) as caught:
+        SQLiteStore(tmp_path / "afile" / "j.db")
+    assert caught.value.field == "path"
+    assert "afile" in caught.value.problem
 
 
 async def test_two_stores_on_one_file_see_each_others_appends(tmp_path: Path) -> None:
