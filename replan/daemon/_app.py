@@ -1,8 +1,9 @@
 """The HTTP API: an ASGI app over one :class:`Daemon`.
 
 Every ``/v1`` route needs ``Authorization: Bearer <token>`` (401 without,
-403 with a wrong one). Bad input is answered 4xx with a :class:`Problem`
-naming the field; nothing a client sends produces a 500.
+403 with a wrong one), checked before the request is routed or its body
+read. Bad input is answered 4xx with a :class:`Problem` naming the field;
+nothing a client sends produces a 500.
 """
 
 from __future__ import annotations
@@ -10,17 +11,18 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException
 
 from .._errors import ConfigurationError, GateError, SupervisorError, UnknownRunError
 from .._version import __version__
 from ..messages import GateResolution, Limits, RunSpec, RunStatus
+from ._auth import BearerAuth
 from ._limits import BodyLimit
 from ._metrics import CONTENT_TYPE, render_metrics
 from ._schemas import (
@@ -38,11 +40,15 @@ from ._sse import event_source
 
 logger = logging.getLogger("replan.daemon")
 
+# Declares the scheme in the OpenAPI document only: BearerAuth checks it.
 _bearer = HTTPBearer(auto_error=False, description="REPLAN_API_TOKEN")
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": Problem} for code in (400, 401, 403, 404, 409, 413, 422, 503)
 }
 
+
+MAX_SEQ = 1_000_000_000
+"""The largest event seq a client may resume after (SQLite needs < 2**63)."""
 
 RunId = Annotated[str, Path(min_length=1, max_length=200)]
 GateId = Annotated[str, Path(min_length=1, max_length=220)]
@@ -78,6 +84,8 @@ def create_app(daemon: Daemon) -> FastAPI:
         responses=_ERRORS,
     )
     app.add_middleware(BodyLimit, max_bytes=daemon.settings.max_body_bytes)
+    # Added last, so it runs first: no body is read for a caller without a token.
+    app.add_middleware(BearerAuth, token=daemon.token)
     _handle_errors(app)
     app.include_router(_v1(daemon))
 
@@ -102,20 +110,7 @@ def create_app(daemon: Daemon) -> FastAPI:
 
 
 def _v1(daemon: Daemon) -> APIRouter:
-    async def authorized(
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    ) -> None:
-        if credentials is None:
-            raise ApiError(
-                401,
-                "a bearer token is required",
-                "authorization",
-                {"WWW-Authenticate": "Bearer"},
-            )
-        if not daemon.token.matches(credentials.credentials):
-            raise ApiError(403, "the bearer token is not valid", "authorization")
-
-    router = APIRouter(prefix="/v1", dependencies=[Depends(authorized)], tags=["v1"])
+    router = APIRouter(prefix="/v1", dependencies=[Depends(_bearer)], tags=["v1"])
 
     @router.post("/runs", status_code=202, response_model=Accepted)
     async def submit(spec: RunSpec, request: Request) -> JSONResponse:
@@ -180,7 +175,7 @@ def _v1(daemon: Daemon) -> APIRouter:
     )
     async def events(
         run_id: RunId,
-        after: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
+        after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
         last_event_id: Annotated[
             str | None, Header(max_length=20, include_in_schema=False)
         ] = None,
@@ -190,16 +185,7 @@ def _v1(daemon: Daemon) -> APIRouter:
         Resume with ``Last-Event-ID`` (or ``?after=SEQ``).
         """
         if last_event_id is not None:
-            try:
-                after = int(last_event_id)
-            except ValueError:
-                raise ApiError(
-                    400, "Last-Event-ID must be an event id (seq)", "last-event-id"
-                ) from None
-            if after < 0:
-                raise ApiError(
-                    400, "Last-Event-ID must not be negative", "last-event-id"
-                )
+            after = _last_event_id(last_event_id)
         await _state(daemon, run_id)  # 404 before the stream starts
         return StreamingResponse(
             event_source(daemon, run_id, after),
@@ -241,12 +227,12 @@ def _v1(daemon: Daemon) -> APIRouter:
         request = sup.gates.get(gate_id)
         if request is None:
             await _closed_gate(daemon, gate_id)
-            raise AssertionError("unreachable")
         try:
             await sup.gates.resolve(gate_id, resolution)
         except GateError as exc:
             if sup.gates.get(gate_id) is None:
-                raise ApiError(409, f"gate {gate_id} is already resolved") from None
+                # Resolved, or its run ended, while this answer was on its way.
+                await _closed_gate(daemon, gate_id)
             field = "tasks" if resolution.tasks is not None else "decision"
             raise ApiError(422, str(exc), field) from None
         return GateAnswered(
@@ -263,8 +249,12 @@ async def _state(daemon: Daemon, run_id: str) -> Any:
         raise ApiError(404, f"no run {run_id}", "run_id") from None
 
 
-async def _closed_gate(daemon: Daemon, gate_id: str) -> None:
-    """404 for a gate that never existed, 409 for one already resolved."""
+async def _closed_gate(daemon: Daemon, gate_id: str) -> NoReturn:
+    """404 for a gate that never existed, 409 for one no longer open.
+
+    A gate closes when someone resolves it, or unresolved when its run ends
+    (cancelled, failed, out of limits); the answer says which.
+    """
     run_id, sep, _ = gate_id.rpartition("-g")
     if sep:
         try:
@@ -273,9 +263,29 @@ async def _closed_gate(daemon: Daemon, gate_id: str) -> None:
             pass
         else:
             info = state.gates.get(gate_id)
-            if info is not None:
+            if info is not None and info.resolution is not None:
                 raise ApiError(409, f"gate {gate_id} is already resolved")
+            if info is not None and state.status.final:
+                raise ApiError(
+                    409,
+                    f"gate {gate_id} is closed: its run ended {state.status.value}",
+                )
+            if info is not None:
+                raise ApiError(409, f"gate {gate_id} is not open in this daemon")
     raise ApiError(404, f"no gate {gate_id}", "gate_id")
+
+
+def _last_event_id(value: str) -> int:
+    """The seq a ``Last-Event-ID`` header names, bounded like ``?after=``."""
+    text = value.strip()
+    seq = int(text) if text.isascii() and text.isdigit() else -1
+    if not 0 <= seq <= MAX_SEQ:
+        raise ApiError(
+            400,
+            f"Last-Event-ID must be an event id (a seq from 0 to {MAX_SEQ})",
+            "last-event-id",
+        )
+    return seq
 
 
 def _with_default_limits(spec: RunSpec, defaults: Limits) -> RunSpec:
@@ -300,6 +310,35 @@ def _field_of(loc: Sequence[Any]) -> str:
     return ".".join(parts)
 
 
+def _resolution_field(body: Any) -> str:
+    """The field a :class:`GateResolution`'s whole-body check is about.
+
+    Its checks of ``decision`` against ``tasks`` and ``hypotheses`` span
+    several fields, so pydantic reports them on the body itself.
+    """
+    if not isinstance(body, dict) or body.get("decision") == "edit":
+        return "tasks"
+    only_hypotheses = body.get("tasks") is None and body.get("hypotheses") is not None
+    return "hypotheses" if only_hypotheses else "tasks"
+
+
+def _unparsable_body(exc: HTTPException) -> str | None:
+    """What made the body unreadable, when FastAPI could not decode it at all.
+
+    FastAPI turns a JSON syntax error into a validation error, but answers
+    a body that is not UTF-8, or is nested too deeply to decode, with a
+    bare 400 whose cause is the decoding error.
+    """
+    cause = exc.__cause__
+    if isinstance(exc, ApiError) or exc.status_code != 400 or cause is None:
+        return None
+    if isinstance(cause, UnicodeDecodeError):
+        return f"it is not UTF-8 ({cause.reason} at byte {cause.start})"
+    if isinstance(cause, RecursionError):
+        return "it is nested too deeply"
+    return str(cause) or type(cause).__name__
+
+
 def _handle_errors(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -321,6 +360,13 @@ def _handle_errors(app: FastAPI) -> None:
             message = inner.problem
         if first.get("type") == "missing" and not field:
             return _problem(422, "a JSON body is required", "body")
+        message = message.removeprefix("Value error, ")
+        if (
+            not field
+            and first.get("type") == "value_error"
+            and request.url.path.startswith("/v1/gates/")
+        ):
+            field = _resolution_field(first.get("input"))
         if not field:
             field = "body"
             if first.get("type") in ("model_attributes_type", "dict_type"):
@@ -329,6 +375,9 @@ def _handle_errors(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        reason = _unparsable_body(exc)
+        if reason is not None:
+            return _problem(400, f"the body is not valid JSON: {reason}", "body")
         response = _problem(
             exc.status_code, str(exc.detail), getattr(exc, "field", None)
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 
 from .._demo import demo_model
 from .._errors import ConfigurationError
@@ -51,7 +52,23 @@ def _imported(path: str, settings: DaemonSettings) -> Model:
         found = getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError) as exc:
         raise ConfigurationError("model", f"cannot import {path}: {exc}") from None
-    model = found if isinstance(found, Model) else found(settings)
+    if isinstance(found, Model):
+        return found
+    not_a_model = f"{path} is not a model, nor a function of the settings returning one"
+    if not callable(found):
+        raise ConfigurationError("model", not_a_model)
+    try:
+        inspect.signature(found).bind(settings)
+    except TypeError:
+        raise ConfigurationError("model", not_a_model) from None
+    except ValueError:
+        pass  # no signature to check (some builtins): the call will tell
+    try:
+        model = found(settings)
+    except TypeError as exc:
+        raise ConfigurationError("model", f"{path}(settings) failed: {exc}") from None
     if not isinstance(model, Model):
-        raise ConfigurationError("model", f"{path} is not a model")
+        raise ConfigurationError(
+            "model", f"{path} returned {type(model).__name__}, not a model"
+        )
     return model

@@ -1,29 +1,39 @@
 """``replan serve``: the API under uvicorn, with a graceful SIGTERM.
 
+Before anything opens the journal, ``serve`` takes the data directory's
+lock (one daemon per journal) and binds the port, so a second daemon or a
+busy port is a one-line error while no run has been resumed.
+
 uvicorn's own signal handling re-raises the signal after shutting down (so
-the process would end by SIGTERM, not exit 0) and knows nothing of the
-supervisor; here the daemon handles SIGTERM and SIGINT itself: refuse new
-runs and end the event streams, let uvicorn finish the requests in flight,
-then drain the supervisor (the lifespan's exit) and return normally.
+the process would end by SIGTERM, not exit 0), stops listening at once and
+knows nothing of the supervisor; here the daemon handles SIGTERM and SIGINT
+itself (see :class:`Shutdown`): it drains the runs while uvicorn still
+answers, then lets uvicorn finish the requests in flight and return.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Generator
 from contextlib import contextmanager
 
 import anyio
 import uvicorn
+from anyio.abc import TaskStatus
 
 from ..telemetry import setup_if_asked
 from ._app import create_app
+from ._listen import listen
+from ._lock import data_dir_lock
 from ._models import build_model
 from ._service import Daemon
 from ._settings import DaemonSettings
 from ._token import resolve_token
+
+logger = logging.getLogger("replan.daemon")
 
 
 class _Server(uvicorn.Server):
@@ -51,17 +61,42 @@ def build_daemon(settings: DaemonSettings) -> Daemon:
     return Daemon(settings=settings, token=token, model=model)
 
 
-def serve(settings: DaemonSettings) -> None:
-    """Serve until SIGTERM or SIGINT, then drain and return.
+class Shutdown:
+    """The course of SIGTERM and SIGINT: drain while serving, then stop uvicorn.
 
-    Raises:
-        ConfigurationError: a setting cannot be used (names the field).
+    The first :meth:`request` refuses new runs (503) and ends the event
+    streams at once; :meth:`run` then drains the supervisor while uvicorn
+    keeps answering (``/readyz`` says 503, runs can still be read), and
+    only then tells uvicorn to exit. A second request stops at once: the
+    drain is cut short and uvicorn does not wait for open connections.
     """
-    daemon = build_daemon(settings)
-    level = settings.log_level.upper()
-    logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
-    )
+
+    def __init__(self, daemon: Daemon, server: uvicorn.Server) -> None:
+        self._daemon = daemon
+        self._server = server
+        self._requested = anyio.Event()
+
+    def request(self) -> None:
+        """Begin the shutdown, or force it if it has begun (a signal handler)."""
+        if not self._requested.is_set():
+            self._daemon.begin_shutdown()
+            self._requested.set()
+            return
+        self._daemon.hurry()
+        self._server.force_exit = True
+        self._server.should_exit = True
+
+    async def run(self) -> None:
+        """Wait for the first request, drain, then tell uvicorn to exit."""
+        await self._requested.wait()
+        logger.info("shutting down: draining the runs in flight")
+        await self._daemon.drain()
+        self._server.should_exit = True
+
+
+def uvicorn_server(daemon: Daemon) -> uvicorn.Server:
+    """uvicorn serving the daemon's app, with the daemon's signal handling."""
+    settings = daemon.settings
     config = uvicorn.Config(
         create_app(daemon),
         host=settings.host,
@@ -70,26 +105,77 @@ def serve(settings: DaemonSettings) -> None:
         lifespan="on",
         timeout_graceful_shutdown=max(1, int(settings.drain_grace_s)),
     )
-    server = _Server(config)
+    return _Server(config)
 
-    async def main() -> None:
-        async with anyio.create_task_group() as tg:
 
-            async def on_signals() -> None:
-                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
-                    async for _ in sigs:
-                        daemon.begin_shutdown()
-                        if server.should_exit:
-                            server.force_exit = True
-                        server.should_exit = True
+async def run_server(
+    daemon: Daemon,
+    server: uvicorn.Server,
+    sockets: list[socket.socket],
+    *,
+    task_status: TaskStatus[Shutdown] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve on ``sockets`` until a :class:`Shutdown` has run, and return.
 
-            tg.start_soon(on_signals)
-            await server.serve()
-            tg.cancel_scope.cancel()
-        if server.started is False and not server.should_exit:
-            raise SystemExit(3)
+    SIGTERM and SIGINT request the shutdown; so can whoever starts this
+    with ``tg.start``, which hands them the :class:`Shutdown`.
 
-    # Spans and metrics are flushed once the drain has journaled the runs.
-    with setup_if_asked():
-        # uvicorn runs on asyncio only.
-        anyio.run(main, backend="asyncio")
+    Raises:
+        SystemExit: the app's startup failed (uvicorn logged why).
+    """
+    shutdown = Shutdown(daemon, server)
+    failed = False
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_on_signals, shutdown)
+        tg.start_soon(shutdown.run)
+        task_status.started(shutdown)
+        try:
+            await server.serve(sockets=sockets)
+            if server.force_exit and server.started:
+                # A forced exit skips the app's shutdown; run it, so the
+                # journal closes cleanly (quick: the drain was cut short).
+                await server.lifespan.shutdown()
+        except SystemExit:
+            # Raised inside this task group it would come out wrapped.
+            failed = True
+        tg.cancel_scope.cancel()
+    if failed:
+        raise SystemExit(3)
+
+
+async def _on_signals(shutdown: Shutdown) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            shutdown.request()
+
+
+def serve(settings: DaemonSettings) -> None:
+    """Serve until SIGTERM or SIGINT, then drain and return.
+
+    Raises:
+        ConfigurationError: a setting cannot be used (names the field),
+            another daemon uses the data directory (``data_dir``), or the
+            port is in use (``port``).
+    """
+    with data_dir_lock(settings):
+        daemon = build_daemon(settings)
+        sockets = listen(settings.host, settings.port)
+        try:
+            level = settings.log_level.upper()
+            logging.basicConfig(
+                level=level,
+                stream=sys.stderr,
+                format="%(levelname)s %(name)s: %(message)s",
+            )
+            for sock in sockets:
+                host, port = sock.getsockname()[:2]
+                where = f"[{host}]" if sock.family == socket.AF_INET6 else host
+                logger.info("listening on http://%s:%d", where, port)
+            server = uvicorn_server(daemon)
+            # Spans and metrics are flushed once the drain has journaled the runs.
+            with setup_if_asked():
+                # uvicorn runs on asyncio only.
+                anyio.run(run_server, daemon, server, sockets, backend="asyncio")
+        finally:
+            for sock in sockets:
+                sock.close()

@@ -41,7 +41,10 @@ class Daemon:
     _supervisor: Supervisor | None = None
     _store: SQLiteStore | None = None
     _draining: bool = False
+    _drained: bool = False
+    _hurried: bool = False
     _streams: set[anyio.CancelScope] = field(default_factory=set)
+    _drains: set[anyio.CancelScope] = field(default_factory=set)
 
     @property
     def supervisor(self) -> Supervisor:
@@ -89,9 +92,9 @@ class Daemon:
             try:
                 yield
             finally:
-                self.begin_shutdown()
+                # Quick when serve() has drained already, as it does on SIGTERM.
                 with anyio.CancelScope(shield=True):
-                    await supervisor.drain(settings.drain_grace_s)
+                    await self.drain()
                 tasks.cancel_scope.cancel()
                 logger.info("drained; the journal holds every unfinished run")
 
@@ -99,6 +102,40 @@ class Daemon:
         """Refuse new runs and end the event streams (SIGTERM's first step)."""
         self._draining = True
         for scope in list(self._streams):
+            scope.cancel()
+
+    async def drain(self) -> None:
+        """Shut down: refuse new runs, let work in flight finish, stop the runs.
+
+        Model calls and tasks in flight get ``drain_grace_s`` seconds to
+        finish and reach the journal; then the supervisor stops and the
+        unfinished runs wait in the journal for the next start. Only the
+        first call waits (and none after :meth:`hurry`); later ones return
+        at once.
+        """
+        self.begin_shutdown()
+        supervisor = self._supervisor
+        if supervisor is None:
+            return
+        if not (self._drained or self._hurried):
+            with anyio.CancelScope() as scope:
+                self._drains.add(scope)
+                try:
+                    await supervisor.drain(self.settings.drain_grace_s)
+                finally:
+                    self._drains.discard(scope)
+            self._drained = True
+        supervisor.stop()
+
+    def hurry(self) -> None:
+        """Cut a drain short (a second signal): stop without waiting.
+
+        What was in flight is abandoned; its runs resume from the journal
+        on the next start, as after a crash.
+        """
+        self._hurried = True
+        self.begin_shutdown()
+        for scope in list(self._drains):
             scope.cancel()
 
     def track_stream(self, scope: anyio.CancelScope) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -164,13 +165,39 @@ def test_a_gate_can_be_answered_with_edited_tasks(daemon: DaemonProcess) -> None
 def test_a_run_waiting_at_a_gate_can_be_cancelled(daemon: DaemonProcess) -> None:
     with daemon.client() as client:
         run_id = submit(client)
-        wait_for(lambda: client.get("/v1/gates").json()["gates"])
+        (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
         cancelled = client.post(f"/v1/runs/{run_id}/cancel")
         assert cancelled.status_code == 200, cancelled.text
         assert cancelled.json()["status"] == "cancelled"
         assert client.get("/v1/gates").json()["gates"] == []
         assert client.post(f"/v1/runs/{run_id}/cancel").status_code == 409
         assert client.post("/v1/runs/nope/cancel").status_code == 404
+        late = client.post(f"/v1/gates/{gate['gate_id']}", json={"decision": "approve"})
+    assert late.status_code == 409
+    assert late.json()["detail"] == (
+        f"gate {gate['gate_id']} is closed: its run ended cancelled"
+    )
+
+
+def test_an_edit_without_tasks_is_refused_naming_the_tasks(
+    daemon: DaemonProcess,
+) -> None:
+    with daemon.client() as client:
+        submit(client)
+        (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+        url = f"/v1/gates/{gate['gate_id']}"
+        no_tasks = client.post(url, json={"decision": "edit"})
+        stray_tasks = client.post(url, json={"decision": "approve", "tasks": []})
+        still_open = client.get("/v1/gates").json()["gates"]
+    assert no_tasks.status_code == 422
+    assert no_tasks.json() == {
+        "detail": "tasks: an edit resolution needs the edited tasks",
+        "field": "tasks",
+    }
+    assert stray_tasks.status_code == 422
+    assert stray_tasks.json()["field"] == "tasks"
+    assert "Value error" not in stray_tasks.json()["detail"]
+    assert [g["gate_id"] for g in still_open] == [gate["gate_id"]]
 
 
 def test_unknown_runs_are_404_naming_the_run(daemon: DaemonProcess) -> None:
@@ -204,6 +231,51 @@ def test_every_v1_endpoint_needs_the_bearer_token(daemon: DaemonProcess) -> None
             assert wrong.status_code == 403, (method, path)
         assert anonymous.get("/healthz").status_code == 200
         assert anonymous.get("/readyz").status_code == 200
+
+
+def test_the_token_is_checked_before_the_body_is_read(daemon: DaemonProcess) -> None:
+    headers = {"content-type": "application/json"}
+    with (
+        httpx.Client(base_url=daemon.url) as anonymous,
+        daemon.client(token="wrong-token-0123456789") as stranger,
+    ):
+        missing = anonymous.post("/v1/runs", content=b"{bad", headers=headers)
+        wrong = stranger.post("/v1/runs", content=b"{bad", headers=headers)
+        unrouted = anonymous.get("/v1/no-such-thing")
+        schema = anonymous.get("/openapi.json").json()
+    assert missing.status_code == 401
+    assert missing.headers["www-authenticate"] == "Bearer"
+    assert missing.json() == {
+        "detail": "a bearer token is required",
+        "field": "authorization",
+    }
+    assert wrong.status_code == 403
+    assert wrong.json()["field"] == "authorization"
+    assert unrouted.status_code == 401
+    assert "HTTPBearer" in schema["components"]["securitySchemes"]
+    assert schema["paths"]["/v1/runs"]["post"]["security"] == [{"HTTPBearer": []}]
+    assert "security" not in schema["paths"]["/healthz"]["get"]
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b'{"goal":"caf\xe9"}', "UTF-8"),
+        (b'{"goal":' + b"[" * 1000 + b"]" * 1000 + b"}", "nested too deeply"),
+    ],
+    ids=["latin-1", "deeply-nested"],
+)
+def test_bodies_that_cannot_be_decoded_get_a_400_naming_the_body(
+    daemon: DaemonProcess, content: bytes, reason: str
+) -> None:
+    headers = {"content-type": "application/json"}
+    with daemon.client() as client:
+        response = client.post("/v1/runs", content=content, headers=headers)
+    assert response.status_code == 400
+    problem = response.json()
+    assert problem["field"] == "body"
+    assert problem["detail"].startswith("the body is not valid JSON: ")
+    assert reason in problem["detail"]
 
 
 @pytest.mark.parametrize(
@@ -307,3 +379,38 @@ def test_openapi_and_metrics_are_published(daemon: DaemonProcess) -> None:
     assert 'replan_actor_workers{role="executor"} 32' in lines
     assert "# TYPE replan_actor_mailbox_depth gauge" in lines
     assert "replan_ready 1" in lines
+
+
+def test_last_event_id_is_bounded_like_after_before_the_stream_starts(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    first = DaemonProcess(data).start()
+    try:
+        with first.client() as client:
+            run_id = submit(client, gate_policy=NO_GATE)
+            finished(client, run_id)
+        assert first.terminate() == 0
+    finally:
+        first.close()
+    # A new process reads the finished run from the journal.
+    second = DaemonProcess(data).start()
+    try:
+        url = f"/v1/runs/{run_id}/events"
+        with second.client() as client:
+            refused = {
+                value: client.get(url, headers={"Last-Event-ID": value})
+                for value in ("9223372036854775808", "1000000001", "-1", "abc")
+            }
+            last = client.get(url, headers={"Last-Event-ID": "1000000000"})
+            replayed = client.get(url, headers={"Last-Event-ID": "0"})
+    finally:
+        second.close()
+    for value, response in refused.items():
+        assert response.status_code == 400, (value, response.text)
+        assert response.json()["field"] == "last-event-id"
+        assert "1000000000" in response.json()["detail"]
+    assert last.status_code == 200
+    assert last.text == ""
+    assert replayed.text.count("event: ") > 5
+    assert "OverflowError" not in second.output()

@@ -1,0 +1,89 @@
+"""The daemon's listening sockets, bound before anything else starts.
+
+uvicorn would bind only after the app's startup has opened the journal and
+resumed its runs; a busy port would then leave runs resumed by a process
+that is about to exit. Binding first turns a busy port into a
+configuration error while nothing has happened yet.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from typing import Any
+
+from .._errors import ConfigurationError
+
+BACKLOG = 2048
+"""uvicorn's default backlog."""
+
+
+def listen(host: str, port: int) -> list[socket.socket]:
+    """Listening TCP sockets for every address of ``host`` (port 0: any port).
+
+    A name like ``localhost`` may resolve to an IPv4 and an IPv6 address; like
+    uvicorn, the daemon listens on each, on the same port. The sockets listen
+    already, so connections made while the app starts wait in the backlog
+    instead of being refused.
+
+    Raises:
+        ConfigurationError: the host does not resolve (``host``), or an
+            address cannot be bound (``port``: in use, or not allowed).
+    """
+    try:
+        found = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        raise ConfigurationError(
+            "host", f"cannot resolve {host}: {exc.strerror or exc}"
+        ) from None
+    sockets: list[socket.socket] = []
+    unavailable: OSError | None = None
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(found):
+            if port == 0 and sockets:
+                # The port the first socket got, for the other addresses too.
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            try:
+                sock = socket.socket(family, kind, proto)
+            except OSError:
+                continue  # this family is not supported here (no IPv6)
+            try:
+                _bind(sock, address)
+            except OSError as exc:
+                sock.close()
+                if exc.errno != errno.EADDRNOTAVAIL:
+                    raise _refused(exc, host, port) from None
+                unavailable = exc  # e.g. ::1 on a host without IPv6
+                continue
+            sockets.append(sock)
+        if not sockets:
+            reason = unavailable.strerror if unavailable else "no usable address"
+            raise ConfigurationError("host", f"cannot listen on {host}: {reason}")
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def _bind(sock: socket.socket, address: tuple[Any, ...]) -> None:
+    if os.name == "posix":
+        # Restart at once, as uvicorn does, despite connections in TIME_WAIT.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if sock.family == socket.AF_INET6:
+        # "::" must not also claim the IPv4 port that "0.0.0.0" binds next.
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    sock.bind(address)
+    sock.listen(BACKLOG)
+
+
+def _refused(exc: OSError, host: str, port: int) -> ConfigurationError:
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return ConfigurationError("port", f"{where} is in use")
+    return ConfigurationError(
+        "port", f"cannot listen on {where}: {exc.strerror or exc}"
+    )

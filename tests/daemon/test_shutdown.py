@@ -1,0 +1,130 @@
+"""SIGTERM's drain, in process: the server keeps answering until it is over."""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from daemon_process import TOKEN
+
+from replan import ModelRequest, ScriptedModel
+from replan._demo import GOAL, answer, demo_usage
+from replan.daemon import DaemonSettings, Token
+from replan.daemon._listen import listen
+from replan.daemon._server import Shutdown, run_server, uvicorn_server
+from replan.daemon._service import Daemon
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # uvicorn runs on asyncio only
+
+
+class HeldModel:
+    """The demo's scripted model, whose task executions wait for ``release``."""
+
+    def __init__(self) -> None:
+        self.executing = anyio.Event()
+        self.release = anyio.Event()
+        self.model = ScriptedModel(self._answer, usage=demo_usage, name="held")
+
+    async def _answer(self, request: ModelRequest) -> Any:
+        if (request.role, request.purpose) == ("executor", "execute"):
+            self.executing.set()
+            await self.release.wait()
+        return answer(request)
+
+
+def journal_kinds(journal: Path, run_id: str) -> list[str]:
+    with closing(sqlite3.connect(journal)) as conn:
+        rows = conn.execute(
+            "SELECT type FROM events WHERE run_id = ? ORDER BY seq", (run_id,)
+        ).fetchall()
+    return [kind for (kind,) in rows]
+
+
+def held_daemon(tmp_path: Path, held: HeldModel) -> Daemon:
+    settings = DaemonSettings(
+        data_dir=tmp_path, api_token=TOKEN, drain_grace_s=600, log_level="warning"
+    )
+    return Daemon(settings=settings, token=Token(TOKEN), model=held.model)
+
+
+async def test_the_drain_answers_503_to_new_runs_while_work_in_flight_finishes(
+    tmp_path: Path,
+) -> None:
+    held = HeldModel()
+    daemon = held_daemon(tmp_path, held)
+    settings = daemon.settings
+    server = uvicorn_server(daemon)
+    sockets = listen("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    body = {"goal": GOAL, "gate_policy": {"gate_on": []}}
+    try:
+        async with (
+            anyio.create_task_group() as tg,
+            httpx.AsyncClient(base_url=url, headers=headers) as client,
+        ):
+            shutdown: Shutdown = await tg.start(run_server, daemon, server, sockets)
+            accepted = await client.post("/v1/runs", json=body)
+            assert accepted.status_code == 202, accepted.text
+            run_id = accepted.json()["run_id"]
+            await held.executing.wait()
+
+            shutdown.request()  # what SIGTERM does
+
+            # The drain waits for the held execution: the server still answers.
+            refused = await client.post("/v1/runs", json=body)
+            ready = await client.get("/readyz")
+            async with httpx.AsyncClient(base_url=url, headers=headers) as fresh:
+                still_read = await fresh.get(f"/v1/runs/{run_id}")
+            held.release.set()
+        # run_server has returned: the drain ended and uvicorn stopped.
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["detail"].startswith("not accepting runs")
+    assert ready.status_code == 503
+    assert still_read.status_code == 200
+    assert still_read.json()["status"] == "running"
+    kinds = journal_kinds(settings.journal_path, run_id)
+    assert "task_finished" in kinds, "the execution in flight reached the journal"
+    assert "task_interrupted" not in kinds
+    assert "run_finished" not in kinds, "the run waits in the journal for a restart"
+    assert not daemon.ready
+
+
+async def test_a_second_signal_stops_without_waiting_for_the_drain(
+    tmp_path: Path,
+) -> None:
+    held = HeldModel()  # never released: only a forced stop ends the drain
+    daemon = held_daemon(tmp_path, held)
+    server = uvicorn_server(daemon)
+    sockets = listen("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        async with anyio.create_task_group() as tg:
+            shutdown: Shutdown = await tg.start(run_server, daemon, server, sockets)
+            async with httpx.AsyncClient(base_url=url, headers=headers) as client:
+                accepted = await client.post(
+                    "/v1/runs", json={"goal": GOAL, "gate_policy": {"gate_on": []}}
+                )
+            await held.executing.wait()
+            shutdown.request()
+            shutdown.request()
+    finally:
+        for sock in sockets:
+            sock.close()
+    kinds = journal_kinds(daemon.settings.journal_path, accepted.json()["run_id"])
+    assert "task_started" in kinds
+    assert "task_finished" not in kinds, "the execution was cut short"
+    assert "run_finished" not in kinds
+    assert not held.release.is_set()

@@ -1,0 +1,187 @@
+"""What ``replan serve`` refuses before it opens the journal or resumes a run."""
+
+from __future__ import annotations
+
+import socket
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+from counting_model import read_counts
+from daemon_process import TOKEN, DaemonProcess, free_port, wait_for
+
+from replan import ConfigurationError
+from replan._demo import GOAL
+from replan.cli import main
+from replan.daemon import DaemonSettings
+from replan.daemon._listen import listen
+from replan.daemon._lock import data_dir_lock
+
+COUNTING = ("--model", "python:counting_model:model")
+
+
+def journal_rows(data_dir: Path) -> list[tuple[str, int, str]]:
+    with closing(sqlite3.connect(data_dir / "journal.db")) as conn:
+        rows: list[tuple[str, int, str]] = conn.execute(
+            "SELECT run_id, seq, type FROM events ORDER BY run_id, seq"
+        ).fetchall()
+    return rows
+
+
+@pytest.fixture
+def counting_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The counting model's settings, here and in daemon subprocesses."""
+    env = {
+        "REPLAN_TEST_COUNT_FILE": str(tmp_path / "executions.txt"),
+        "REPLAN_TEST_EXECUTE_S": "30",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("REPLAN_API_TOKEN", TOKEN)
+    return env
+
+
+@pytest.fixture
+def interrupted_run(tmp_path: Path, counting_env: dict[str, str]) -> Path:
+    """A data directory whose journal holds a run killed mid-task."""
+    data = tmp_path / "data"
+    daemon = DaemonProcess(data, *COUNTING, env=counting_env).start()
+    try:
+        with daemon.client() as client:
+            response = client.post(
+                "/v1/runs", json={"goal": GOAL, "gate_policy": {"gate_on": []}}
+            )
+            assert response.status_code == 202, response.text
+            wait_for(lambda: read_counts(counting_env["REPLAN_TEST_COUNT_FILE"])[1])
+        daemon.kill()
+    finally:
+        daemon.close()
+    return data
+
+
+def serve_args(data: Path, port: int) -> list[str]:
+    return ["serve", "--data-dir", str(data), "--port", str(port), *COUNTING]
+
+
+def test_a_second_daemon_on_the_same_data_dir_is_refused(
+    tmp_path: Path,
+    counting_env: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    data = tmp_path / "data"
+    first = DaemonProcess(data, *COUNTING, env=counting_env).start()
+    try:
+        with first.client() as client:
+            response = client.post("/v1/runs", json={"goal": GOAL})
+            assert response.status_code == 202, response.text
+            wait_for(lambda: read_counts(counting_env["REPLAN_TEST_COUNT_FILE"])[1])
+        before = journal_rows(data)
+        counts_before = read_counts(counting_env["REPLAN_TEST_COUNT_FILE"])
+
+        assert main(serve_args(data, free_port())) == 2
+
+        err = capsys.readouterr().err
+        assert first.proc is not None
+        assert err == (
+            f"replan: error: data_dir: another replan daemon is using {data} "
+            f"(pid {first.proc.pid})\n"
+        )
+        assert journal_rows(data) == before
+        assert read_counts(counting_env["REPLAN_TEST_COUNT_FILE"]) == counts_before
+        with first.client() as client:
+            assert client.get("/readyz").status_code == 200
+    finally:
+        first.close()
+
+
+def test_the_lock_is_released_when_the_daemon_exits(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    first = DaemonProcess(data).start()
+    try:
+        assert first.terminate() == 0
+    finally:
+        first.close()
+    second = DaemonProcess(data).start()
+    try:
+        assert second.terminate() == 0
+    finally:
+        second.close()
+
+
+def test_a_busy_port_is_refused_before_any_run_resumes(
+    interrupted_run: Path,
+    counting_env: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    before = journal_rows(interrupted_run)
+    counts_before = read_counts(counting_env["REPLAN_TEST_COUNT_FILE"])
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+
+        assert main(serve_args(interrupted_run, port)) == 2
+
+    assert capsys.readouterr().err == (
+        f"replan: error: port: 127.0.0.1:{port} is in use\n"
+    )
+    assert journal_rows(interrupted_run) == before
+    assert read_counts(counting_env["REPLAN_TEST_COUNT_FILE"]) == counts_before
+    # The failed start left the lock free for the next daemon.
+    with data_dir_lock(DaemonSettings(data_dir=interrupted_run)):
+        pass
+
+
+def test_a_held_lock_names_the_data_dir_and_the_holder(tmp_path: Path) -> None:
+    settings = DaemonSettings(data_dir=tmp_path / "data")
+    with data_dir_lock(settings) as path:
+        with pytest.raises(ConfigurationError) as raised, data_dir_lock(settings):
+            pass
+        assert path.read_text().strip().isdigit()
+    assert raised.value.field == "data_dir"
+    assert "another replan daemon is using" in raised.value.problem
+    assert not settings.journal_path.exists()
+
+
+def test_listening_works_on_any_port_and_on_ipv6() -> None:
+    (ipv4,) = listen("127.0.0.1", 0)
+    with ipv4:
+        port = ipv4.getsockname()[1]
+        assert port != 0
+        with pytest.raises(ConfigurationError) as raised:
+            listen("127.0.0.1", port)
+        assert raised.value.field == "port"
+        assert raised.value.problem == f"127.0.0.1:{port} is in use"
+        with socket.create_connection(("127.0.0.1", port)):
+            pass  # it listens already
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    try:
+        (ipv6,) = listen("::1", 0)
+    except ConfigurationError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    with ipv6:
+        port = ipv6.getsockname()[1]
+        with pytest.raises(ConfigurationError, match=rf"\[::1\]:{port} is in use"):
+            listen("::1", port)
+
+
+def test_a_host_that_does_not_resolve_names_the_host() -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        listen("no-such-host.invalid", 0)
+    assert raised.value.field == "host"
+
+
+@pytest.mark.parametrize("name", ["python:os:sep", "python:os:getcwd"])
+def test_a_python_model_that_is_no_model_is_a_one_line_error(
+    tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["serve", "--model", name, "--data-dir", str(tmp_path), "--port", "1"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"replan: error: model: {name.removeprefix('python:')} is not a model, "
+        "nor a function of the settings returning one\n"
+    )
+    assert not (tmp_path / "journal.db").exists()
