@@ -12,9 +12,11 @@ import argparse
 import contextlib
 import math
 import os
+import queue
 import sqlite3
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,24 +94,56 @@ def main(argv: list[str] | None = None) -> int:
                 else _remote.list_runs(args)
             )
         return anyio.run(_dispatch, args)
-    except _remote.RemoteError as exc:
-        print(f"replan: error: {exc}", file=sys.stderr)
-        return 1
-    except CommandError as exc:
-        print(f"replan: error: {exc}", file=sys.stderr)
-        return exc.code
-    except sqlite3.Error as exc:
-        print(f"replan: error: the journal cannot be read: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        return _failed(exc)
+
+
+def _failed(exc: BaseException) -> int:
+    """Report what ended the command as one line; return the exit status.
+
+    A failure inside a run arrives wrapped in exception groups (the task
+    groups it crossed): the innermost exceptions decide. Anything
+    unexpected is still one line, never a traceback; ``REPLAN_DEBUG=1``
+    re-raises it.
+    """
+    leaves = list(_leaves(exc))
+    if any(isinstance(e, KeyboardInterrupt) for e in leaves):
         print("replan: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
+    if any(isinstance(e, SystemExit) for e in leaves):
+        raise exc
+    if all(isinstance(e, BrokenPipeError) for e in leaves):
         # The reader went away (``replan show ... | head``): stop quietly, and
         # keep Python from complaining again when it flushes stdout at exit.
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    first = next(e for e in leaves if not isinstance(e, BrokenPipeError))
+    code = 1
+    match first:
+        case CommandError():
+            message, code = str(first), first.code
+        case _remote.RemoteError():
+            message = str(first)
+        case sqlite3.Error():
+            message = f"the journal cannot be used: {first}"
+        case OSError():
+            message = str(first)  # e.g. the output cannot be written (disk full)
+        case _:
+            if os.environ.get("REPLAN_DEBUG"):
+                raise exc
+            message = f"unexpected {type(first).__name__}: {first}"
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        print(f"replan: error: {message}", file=sys.stderr)
+    return code
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
 
 
 class _Parser(argparse.ArgumentParser):
@@ -326,7 +360,7 @@ async def _decide(
     while True:
         print(question, end="", file=console.progress, flush=True)
         try:
-            reply = await anyio.to_thread.run_sync(input, abandon_on_cancel=True)
+            reply = await _read_line()
         except EOFError:
             print(file=console.progress)
             return GateResolution(decision="reject", by="cli", note="no answer")
@@ -342,6 +376,38 @@ async def _decide(
             case _:
                 note = "please answer y or n"
         console.emit([note], to_progress=True)
+
+
+_GIVEN_UP = object()
+
+
+async def _read_line() -> str:
+    """``input()`` without holding up the exit.
+
+    The line is read on a daemon thread: Ctrl-C at the prompt ends the
+    command at once, where an interpreter waiting for a worker thread
+    blocked in ``input()`` would hang until Enter. A missing or closed stdin
+    reads as end of input.
+    """
+    lines: queue.SimpleQueue[object] = queue.SimpleQueue()
+
+    def read() -> None:
+        try:
+            lines.put(input())
+        except (RuntimeError, OSError, ValueError):  # no stdin at all
+            lines.put(EOFError())
+        except BaseException as exc:
+            lines.put(exc)
+
+    threading.Thread(target=read, name="replan prompt", daemon=True).start()
+    try:
+        line = await anyio.to_thread.run_sync(lines.get, abandon_on_cancel=True)
+    finally:
+        lines.put(_GIVEN_UP)  # frees the worker thread if this was cancelled
+    if isinstance(line, BaseException):
+        raise line
+    assert isinstance(line, str)
+    return line
 
 
 def _interactive() -> bool:

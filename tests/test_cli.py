@@ -5,14 +5,21 @@ These tests are synchronous: ``main`` runs its own event loop with anyio.run.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import pty
+import select
+import signal
+import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+import anyio
 import pytest
 
 from replan.cli import main
@@ -216,6 +223,120 @@ def test_the_end_of_input_at_the_prompt_rejects_the_gate(
 
     assert result["replans"][0]["outcome"] == "rejected_by_human"
     assert result["replans"][0]["reason"] == "rejected by cli: no answer"
+
+
+def test_no_stdin_at_all_at_the_prompt_rejects_the_gate(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # ``replan demo <&-``: Python has no sys.stdin, and input() says so.
+    monkeypatch.setattr(sys, "stdin", None)
+
+    result, _ = run_json(["demo", "--json"], capsys)
+
+    assert result["replans"][0]["reason"] == "rejected by cli: no answer"
+
+
+def test_ctrl_c_at_the_prompt_ends_the_command_at_once() -> None:
+    """In a real terminal: nothing waits for the line input() still reads."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the demo on the pseudo-terminal
+        os.execv(sys.executable, [sys.executable, "-m", "replan", "demo"])
+    try:
+        seen = _read_until(fd, b"Approve this change?")
+        assert b"Approve this change?" in seen
+        _wait_reading_the_terminal(pid)
+        os.write(fd, b"\x03")  # Ctrl-C, as the terminal sends it
+        seen += _read_until(fd, b"interrupted")
+        assert b"replan: interrupted" in seen
+        deadline = time.monotonic() + 10  # it hung until Enter before
+        while not os.waitpid(pid, os.WNOHANG)[0]:
+            assert time.monotonic() < deadline, "still running after Ctrl-C"
+            time.sleep(0.05)
+        pid = 0
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+
+
+def _wait_reading_the_terminal(pid: int, seconds: float = 30) -> None:
+    """Until one of the child's threads blocks in ``read(0, ...)`` (input())."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for call in Path(f"/proc/{pid}/task").glob("*/syscall"):
+            with contextlib.suppress(OSError):
+                if call.read_text().startswith("0 0x0 "):  # read, fd 0
+                    return
+        time.sleep(0.02)
+    raise AssertionError("the prompt never read the terminal")
+
+
+def _read_until(fd: int, marker: bytes, seconds: float = 30) -> bytes:
+    seen = b""
+    deadline = time.monotonic() + seconds
+    while marker not in seen and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                seen += os.read(fd, 4096)
+            except OSError:  # the child closed the terminal
+                break
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("failure", "code", "line"),
+    [
+        pytest.param(
+            ExceptionGroup("x", [sqlite3.OperationalError("database is locked")]),
+            1,
+            "replan: error: the journal cannot be used: database is locked\n",
+            id="journal-in-a-group",
+        ),
+        pytest.param(
+            BaseExceptionGroup("x", [ExceptionGroup("y", [BrokenPipeError()])]),
+            1,
+            "",
+            id="broken-pipe-in-nested-groups",
+        ),
+        pytest.param(
+            BaseExceptionGroup("x", [KeyboardInterrupt(), ValueError("v")]),
+            130,
+            "replan: interrupted\n",
+            id="interrupt-in-a-group",
+        ),
+        pytest.param(
+            OSError(28, "No space left on device"),
+            1,
+            "replan: error: [Errno 28] No space left on device\n",
+            id="output-full",
+        ),
+        pytest.param(
+            ExceptionGroup("x", [LookupError("gone")]),
+            1,
+            "replan: error: unexpected LookupError: gone\n",
+            id="anything-else",
+        ),
+    ],
+)
+def test_a_failure_inside_a_run_is_one_line_however_it_is_wrapped(
+    failure: BaseException,
+    code: int,
+    line: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.delenv("REPLAN_DEBUG", raising=False)
+    monkeypatch.setattr(os, "dup2", lambda *args: None)  # keep pytest's stdout
+
+    def fail(*args: object, **kwargs: object) -> NoReturn:
+        raise failure
+
+    monkeypatch.setattr(anyio, "run", fail)
+
+    assert main(["demo", "--yes"]) == code
+    assert capsys.readouterr().err == line
 
 
 @pytest.mark.parametrize(
