@@ -310,18 +310,6 @@ def _field_of(loc: Sequence[Any]) -> str:
     return ".".join(parts)
 
 
-def _resolution_field(body: Any) -> str:
-    """The field a :class:`GateResolution`'s whole-body check is about.
-
-    Its checks of ``decision`` against ``tasks`` and ``hypotheses`` span
-    several fields, so pydantic reports them on the body itself.
-    """
-    if not isinstance(body, dict) or body.get("decision") == "edit":
-        return "tasks"
-    only_hypotheses = body.get("tasks") is None and body.get("hypotheses") is not None
-    return "hypotheses" if only_hypotheses else "tasks"
-
-
 def _unparsable_body(exc: HTTPException) -> str | None:
     """What made the body unreadable, when FastAPI could not decode it at all.
 
@@ -361,12 +349,6 @@ def _handle_errors(app: FastAPI) -> None:
         if first.get("type") == "missing" and not field:
             return _problem(422, "a JSON body is required", "body")
         message = message.removeprefix("Value error, ")
-        if (
-            not field
-            and first.get("type") == "value_error"
-            and request.url.path.startswith("/v1/gates/")
-        ):
-            field = _resolution_field(first.get("input"))
         if not field:
             field = "body"
             if first.get("type") in ("model_attributes_type", "dict_type"):

@@ -5,6 +5,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from .._errors import ConfigurationError
 from ._base import Frozen
 from ._explore import Hypothesis
 from ._plan import PlanVersion, Trigger
@@ -50,12 +51,19 @@ class GateResolution(Frozen):
 
     @model_validator(mode="after")
     def _edit_has_tasks(self) -> GateResolution:
+        # ConfigurationError names the field the check is about, which
+        # pydantic cannot tell for a check over the whole model.
         if self.decision == "edit" and not (self.tasks or self.hypotheses):
-            raise ValueError("an edit resolution needs the edited tasks")
+            raise ConfigurationError(
+                "tasks", "an edit resolution needs the edited tasks"
+            )
         if self.decision != "edit" and (
             self.tasks is not None or self.hypotheses is not None
         ):
-            raise ValueError("only an edit resolution carries tasks or hypotheses")
+            field = "tasks" if self.tasks is not None else "hypotheses"
+            raise ConfigurationError(
+                field, "only an edit resolution carries tasks or hypotheses"
+            )
         return self
 
 
