@@ -65,7 +65,7 @@ def add_run_parser(commands: Any) -> None:
     )
     run.add_argument(
         "--retries",
-        type=int,
+        type=_retries,
         default=3,
         help="retries per model call on 429/5xx/timeouts (default 3)",
     )
@@ -74,6 +74,16 @@ def add_run_parser(commands: Any) -> None:
     run.add_argument("--yes", action="store_true", help="approve every gate")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--db", metavar="PATH", help="journal the run in this SQLite file")
+
+
+def _retries(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
+    return value
 
 
 async def run_goal(console: Any, args: argparse.Namespace) -> int:
@@ -91,7 +101,7 @@ async def run_goal(console: Any, args: argparse.Namespace) -> int:
         model = OpenAIModel(
             args.model,
             base_url=args.base_url,
-            max_retries=max(0, args.retries),
+            max_retries=args.retries,
             structured_output=args.structured_output,
             provider_name=args.provider or _provider(args.base_url),
         )

@@ -34,6 +34,7 @@ class DaemonSettings(BaseSettings):
         env_nested_delimiter="__",
         extra="forbid",
         frozen=True,
+        allow_inf_nan=False,
     )
 
     host: str = "127.0.0.1"

@@ -72,7 +72,10 @@ class Settings(Frozen):
 
     Building one with a bad field raises :class:`ConfigurationError` naming the
     field (``limits.max_replans``), not a bare pydantic ``ValidationError``.
+    Numbers must be finite: a NaN deadline would pass no bound check.
     """
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     def __init__(self, **data: object) -> None:
         try:

@@ -118,3 +118,21 @@ def test_a_bad_limit_names_its_flag(capsys: pytest.CaptureFixture[str]) -> None:
     )  # fmt: skip
     assert code == 2
     assert capsys.readouterr().err.startswith("replan: error: --max-replans: ")
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--deadline", "nan"], "replan: error: --deadline: Input should be a finite"),
+        (["--gate-timeout", "inf"], "replan: error: --gate-timeout: Input should be a"),
+        (["--retries", "-3"], "replan: error: argument --retries: must be 0 or more"),
+    ],
+)
+def test_a_limit_that_is_no_usable_number_is_refused(
+    capsys: pytest.CaptureFixture[str], flags: list[str], expected: str
+) -> None:
+    code = main(
+        ["run", "x", "--model", "m", "--base-url", "http://127.0.0.1:9/v1", *flags]
+    )
+    assert code == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(expected)

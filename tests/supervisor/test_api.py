@@ -354,6 +354,16 @@ def test_a_negative_max_replans_names_the_field() -> None:
     assert isinstance(caught.value, ValueError)
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_deadline_that_is_not_finite_names_the_field(value: float) -> None:
+    # NaN passes no bound check: without the finiteness rule it would slip
+    # through as "no deadline" or overflow a date later.
+    with pytest.raises(ConfigurationError) as caught:
+        Limits(deadline_s=value)
+    assert caught.value.field == "deadline_s"
+    assert "finite" in caught.value.problem
+
+
 def test_reading_a_spec_from_a_dict_or_json_names_the_field() -> None:
     with pytest.raises(ConfigurationError) as caught:
         RunSpec.model_validate_json('{"goal": "g", "limits": {"max_replans": -1}}')
