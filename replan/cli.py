@@ -19,7 +19,6 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 import anyio
@@ -539,10 +538,10 @@ async def list_runs(console: Console, *, db: str, limit: int) -> int:
 
 
 def _open_store(db: str, *, create: bool) -> SQLiteStore:
-    if not create and not Path(db).is_file():
-        raise CommandError(f"no journal at {db}")
+    """The journal at ``db``: to write runs into (``create``), or to read
+    (``show``, ``runs``), which opens it read-only and so never changes it."""
     try:
-        return SQLiteStore(db)
+        return SQLiteStore(db, read_only=not create)
     except ConfigurationError as exc:  # names the file already
         raise CommandError(exc.problem) from None
     except (OSError, sqlite3.Error) as exc:

@@ -187,6 +187,29 @@ def test_a_file_that_is_not_a_journal_is_reported_without_a_traceback(
     )
 
 
+@pytest.mark.parametrize("command", [["runs"], ["show", "abc"]])
+def test_reading_a_file_that_holds_no_journal_leaves_it_as_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    # An empty file and another application's database: looking must not
+    # turn either into a journal (no WAL header, no replan tables).
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    foreign = tmp_path / "foreign.db"
+    with contextlib.closing(sqlite3.connect(foreign)) as conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.commit()
+    before = foreign.read_bytes()
+
+    for db in (empty, foreign):
+        assert main([*command, "--db", str(db)]) == 1
+        err = capsys.readouterr().err
+        assert err == f"replan: error: {db} holds no replan journal\n"
+
+    assert empty.stat().st_size == 0
+    assert foreign.read_bytes() == before
+
+
 def test_answering_no_at_the_prompt_rejects_the_gate_and_keeps_the_plan(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -142,12 +142,17 @@ class SQLiteStore:
     Args:
         path: the database file; missing parent directories are created.
         synchronous: SQLite's ``PRAGMA synchronous`` for this connection.
+        read_only: open an existing journal for reading only: nothing is
+            created or migrated, and every write raises ``PermissionError``.
+            Inspecting a journal (``replan show``, ``replan runs``) this way
+            cannot change the file, even one that is no journal at all.
 
     Raises:
         ConfigurationError: ``synchronous`` is not a supported level; or
             (field ``path``, naming the file) the file cannot be opened or
             created, is no SQLite database, holds another application's
-            tables, or was written by a newer version of replan.
+            tables, or was written by a newer version of replan; read-only,
+            also when the file does not exist or holds no journal yet.
     """
 
     def __init__(
@@ -155,6 +160,7 @@ class SQLiteStore:
         path: str | os.PathLike[str],
         *,
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+        read_only: bool = False,
     ) -> None:
         self._conn: sqlite3.Connection | None = None
         if synchronous not in ("NORMAL", "FULL"):
@@ -162,17 +168,21 @@ class SQLiteStore:
                 "synchronous", f"expected 'NORMAL' or 'FULL', got {synchronous!r}"
             )
         self.path = Path(path)
+        self.read_only = read_only
+        self._checkpointer = _Checkpointer(self.path, synchronous)
+        self._last_seq: dict[str, int] = {}
+        self._row: dict[str, tuple[RunStatus, str | None]] = {}
+        if read_only:
+            self._conn = _connect_read_only(self.path)
+            return
         self._conn = _connect(self.path, synchronous)
         self._conn.execute("PRAGMA wal_autocheckpoint = 0")
         # A burst may still grow the WAL; once rewound, it shrinks back.
         self._conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
-        self._checkpointer = _Checkpointer(self.path, synchronous)
-        # The last seq this store committed per run: an append then needs no
-        # query to check that its events follow on. Another writer's rows
-        # still collide on the primary key, which reads as a conflict.
-        self._last_seq: dict[str, int] = {}
-        # The status and stop reason this store last wrote to each run's row.
-        self._row: dict[str, tuple[RunStatus, str | None]] = {}
+        # _last_seq: the last seq this store committed per run, so that an
+        # append needs no query to check that its events follow on (another
+        # writer's rows still collide on the primary key: a conflict).
+        # _row: the status and stop reason this store last wrote per run.
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r})"
@@ -200,7 +210,7 @@ class SQLiteStore:
     async def append(
         self, run_id: str, events: Sequence[Event], summary: RunSummary
     ) -> None:
-        conn = self._connection()
+        conn = self._writable()
         row = (summary.status, summary.stop_reason)
         last = self._last_seq.get(run_id)
         if (
@@ -295,7 +305,7 @@ class SQLiteStore:
 
     async def record_effect(self, run_id: str, record: EffectRecord) -> None:
         # One statement is its own transaction: committed when it returns.
-        self._connection().execute(
+        self._writable().execute(
             _RECORD_EFFECT,
             (run_id, record.task_id, record.attempt, record.model_dump_json()),
         )
@@ -314,7 +324,7 @@ class SQLiteStore:
         return [run_id for (run_id,) in rows]
 
     async def compact_run(self, run_id: str, snapshot: RunCompacted) -> None:
-        conn = self._connection()
+        conn = self._writable()
         payload = event_json(snapshot).decode()
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -337,7 +347,7 @@ class SQLiteStore:
             raise
 
     async def delete_run(self, run_id: str) -> None:
-        conn = self._connection()
+        conn = self._writable()
         self._last_seq.pop(run_id, None)
         self._row.pop(run_id, None)
         conn.execute("BEGIN IMMEDIATE")
@@ -354,6 +364,12 @@ class SQLiteStore:
         if self._conn is None:
             raise anyio.ClosedResourceError
         return self._conn
+
+    def _writable(self) -> sqlite3.Connection:
+        conn = self._connection()
+        if self.read_only:
+            raise PermissionError(f"{self!r} is open read-only")
+        return conn
 
 
 CHECKPOINT_EVERY = 256
@@ -461,6 +477,53 @@ def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         _migrate(conn, path)
+    except sqlite3.Error as exc:
+        conn.close()
+        raise ConfigurationError(
+            "path", f"{path} cannot be used as a replan journal: {exc}"
+        ) from None
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """Open an existing journal without writing to it.
+
+    Raises:
+        ConfigurationError: (field ``path``, naming the file) there is no
+            file, it is no SQLite database, holds no replan journal (yet), or
+            was written by a newer replan.
+    """
+    if not path.is_file():
+        raise ConfigurationError("path", f"no journal at {path}")
+    try:
+        conn = sqlite3.connect(
+            f"{path.resolve().as_uri()}?mode=ro",
+            uri=True,
+            check_same_thread=False,
+            isolation_level=None,
+        )
+    except sqlite3.Error as exc:
+        raise ConfigurationError("path", f"cannot open {path}: {exc}") from None
+    try:
+        conn.execute("PRAGMA busy_timeout = 5000")
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        if version > SCHEMA_VERSION:
+            raise ConfigurationError(
+                "path",
+                f"{path} has journal schema {version}; this replan reads up to "
+                f"{SCHEMA_VERSION}",
+            )
+        tables = {
+            name
+            for (name,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'"
+            )
+        }
+        if version == 0 or not {"events", "runs"} <= tables:
+            raise ConfigurationError("path", f"{path} holds no replan journal")
     except sqlite3.Error as exc:
         conn.close()
         raise ConfigurationError(

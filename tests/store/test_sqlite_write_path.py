@@ -13,6 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from replan import ConfigurationError
 from replan.messages import RunStatus, TaskStarted
 from replan.store import JournalConflict, RunSummary, SQLiteStore
 from replan.store._sqlite import CHECKPOINT_EVERY
@@ -168,6 +169,7 @@ def test_a_store_left_open_does_not_keep_the_interpreter_alive(
     script = f"""
 import anyio
 from datetime import UTC, datetime
+from replan import ConfigurationError
 from replan.messages import RunStatus, TaskStarted
 from replan.store import RunSummary, SQLiteStore
 from replan.store._sqlite import CHECKPOINT_EVERY
@@ -199,3 +201,46 @@ anyio.run(main)
     )
     assert finished.returncode == 0, finished.stderr
     assert finished.stdout.strip() == "done"
+
+
+async def test_a_read_only_store_sees_a_live_writer_and_refuses_to_write(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "j.db"
+    async with SQLiteStore(db) as writer:
+        await writer.append("run-1", [started(1), started(2)], summary(2))
+        async with SQLiteStore(db, read_only=True) as reader:
+            assert [e.seq for e in await reader.read("run-1")] == [1, 2]
+            # Committed after the reader opened: seen on its next read.
+            await writer.append("run-1", [started(3)], summary(3))
+            assert [e.seq for e in await reader.read("run-1", after=2)] == [3]
+            listed = await reader.list_runs()
+            assert [(s.run_id, s.last_seq) for s in listed] == [("run-1", 3)]
+            with pytest.raises(PermissionError, match="read-only"):
+                await reader.append("run-1", [started(4)], summary(4))
+            with pytest.raises(PermissionError, match="read-only"):
+                await reader.delete_run("run-1")
+        assert [e.seq for e in await writer.read("run-1")] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("content", ["missing", "empty", "foreign", "newer"])
+def test_a_read_only_store_opens_only_a_journal_and_changes_nothing(
+    tmp_path: Path, content: str
+) -> None:
+    db = tmp_path / "j.db"
+    if content == "empty":
+        db.touch()
+    elif content in ("foreign", "newer"):
+        with closing(sqlite3.connect(db)) as conn:
+            conn.execute("CREATE TABLE notes (body TEXT)")
+            if content == "newer":
+                conn.execute("PRAGMA user_version = 99")
+            conn.commit()
+    before = db.read_bytes() if db.exists() else None
+
+    with pytest.raises(ConfigurationError) as caught:
+        SQLiteStore(db, read_only=True)
+
+    assert caught.value.field == "path"
+    assert str(db) in caught.value.problem
+    assert (db.read_bytes() if db.exists() else None) == before
