@@ -19,6 +19,11 @@ if TYPE_CHECKING:
 class ClientError(Exception):
     """A failed API call, as one line."""
 
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        """The HTTP status of the API's answer; None when there was none."""
+
 
 class Client:
     """The daemon at ``url``, with the bearer token ``token``."""
@@ -99,7 +104,7 @@ def _checked(response: httpx.Response) -> httpx.Response:
         detail = response.json().get("detail", response.text)
     except ValueError:
         detail = response.text
-    raise ClientError(f"{response.status_code}: {detail}")
+    raise ClientError(f"{response.status_code}: {detail}", response.status_code)
 
 
 def _parse(lines: Iterator[str]) -> Iterator[Event]:

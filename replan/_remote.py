@@ -142,8 +142,8 @@ def show(args: argparse.Namespace) -> int:
     """``replan show --url``: the run rebuilt from its events, as with --db."""
     try:
         with Client.from_env(args.url) as client:
-            view = client.call("GET", f"/v1/runs/{args.run_id}")
-            events = list(client.events(args.run_id, until=view["last_seq"]))
+            run_id, view = _find_run(client, args.run_id)
+            events = list(client.events(run_id, until=view["last_seq"]))
     except ClientError as exc:
         raise RemoteError(str(exc)) from None
     state = replay(events)
@@ -153,6 +153,27 @@ def show(args: argparse.Namespace) -> int:
         for line in _render.run_report(state):
             print(line)
     return 0
+
+
+def _find_run(client: Client, run_id: str) -> tuple[str, Any]:
+    """The run ``run_id``, or the one run of the daemon whose id starts with
+    it (``show --db`` takes a prefix too); its id and its view."""
+    try:
+        return run_id, client.call("GET", f"/v1/runs/{run_id}")
+    except ClientError as exc:
+        if exc.status != 404 or not run_id:
+            raise
+    matches: list[str] = []
+    offset: int | None = 0
+    while offset is not None:
+        page = client.call("GET", "/v1/runs", params={"limit": 1000, "offset": offset})
+        matches += [r["run_id"] for r in page["runs"] if r["run_id"].startswith(run_id)]
+        offset = page["next_offset"]
+    if len(matches) == 1:
+        return matches[0], client.call("GET", f"/v1/runs/{matches[0]}")
+    if matches:
+        raise ClientError(f"run id prefix {run_id} matches {len(matches)} runs")
+    raise ClientError(f"404: no run {run_id}", 404)
 
 
 _COMMANDS = {

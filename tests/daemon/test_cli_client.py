@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from daemon_process import DaemonProcess, wait_for
 
+from replan import _remote
+from replan._client import ClientError
 from replan._demo import GOAL
 from replan.cli import main
 
@@ -41,6 +44,12 @@ def test_submit_watch_runs_and_show_against_a_daemon(
     local_report = capsys.readouterr().out
     assert remote_report == local_report
     assert "plan versions" in remote_report
+
+    # A unique prefix names the run, as it does with --db.
+    assert main(["show", run_id[:6]]) == 0
+    assert capsys.readouterr().out == remote_report
+    assert main(["show", "zz"]) == 1
+    assert capsys.readouterr().err == "replan: error: 404: no run zz\n"
 
 
 @pytest.mark.parametrize("command", ["approve", "reject"])
@@ -83,3 +92,35 @@ def test_client_errors_are_one_line(
     err = capsys.readouterr().err
     assert err.startswith("replan: error: cannot reach http://127.0.0.1:9")
     assert len(err.strip().splitlines()) == 1
+
+
+class _Pages:
+    """A daemon's run listing, three runs to a page (what the API answers)."""
+
+    def __init__(self, run_ids: list[str]) -> None:
+        self.run_ids = run_ids
+        self.pages = 0
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        if path != "/v1/runs":
+            run_id = path.rsplit("/", 1)[-1]
+            if run_id in self.run_ids:
+                return {"run_id": run_id}
+            raise ClientError(f"404: no run {run_id}", 404)
+        self.pages += 1
+        offset = kwargs["params"]["offset"]
+        more = offset + 3 < len(self.run_ids)
+        return {
+            "runs": [{"run_id": r} for r in self.run_ids[offset : offset + 3]],
+            "next_offset": offset + 3 if more else None,
+        }
+
+
+def test_a_prefix_is_looked_up_over_every_page_of_runs() -> None:
+    pages = _Pages(["a1", "b2", "c3", "d4", "e5", "ab6", "f7"])
+
+    assert _remote._find_run(pages, "e")[0] == "e5"  # type: ignore[arg-type]
+    assert pages.pages == 3
+    with pytest.raises(ClientError, match="run id prefix a matches 2 runs"):
+        _remote._find_run(pages, "a")  # type: ignore[arg-type]
+    assert _remote._find_run(pages, "a1") == ("a1", {"run_id": "a1"})  # type: ignore[arg-type]
