@@ -130,18 +130,25 @@ def check_drafts(drafts: list[TaskDraft], known: frozenset[str]) -> None:
         for dep in draft.depends_on:
             if dep not in keys and dep not in known:
                 raise ValueError(f"task {draft.key!r} depends on unknown {dep!r}")
-    # Kahn's algorithm over the drafts only: existing tasks cannot depend on them.
-    indegree = {key: sum(d in keys for d in keys[key].depends_on) for key in keys}
+    # Kahn's algorithm over the drafts only: existing tasks cannot depend on
+    # them. Linear in drafts and edges (a repeated dependency counts twice
+    # in both the in-degree and the dependents).
+    dependents: dict[str, list[str]] = {key: [] for key in keys}
+    indegree = dict.fromkeys(keys, 0)
+    for draft in drafts:
+        for dep in draft.depends_on:
+            if dep in keys:
+                dependents[dep].append(draft.key)
+                indegree[draft.key] += 1
     ready = [key for key, n in indegree.items() if n == 0]
     seen = 0
     while ready:
         key = ready.pop()
         seen += 1
-        for other in keys.values():
-            if key in other.depends_on:
-                indegree[other.key] -= 1
-                if indegree[other.key] == 0:
-                    ready.append(other.key)
+        for other in dependents[key]:
+            indegree[other] -= 1
+            if indegree[other] == 0:
+                ready.append(other)
     if seen != len(keys):
         cyclic = sorted(key for key, n in indegree.items() if n > 0)
         raise ValueError(f"tasks {', '.join(cyclic)} depend on each other in a cycle")

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import graphlib
 import typing
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 from replan import ConfigurationError, GateResolution, Limits, RunSpec, TaskDraft
@@ -16,6 +19,7 @@ from replan.messages import (
     TaskStatus,
     Verdict,
 )
+from replan.messages._spec import check_drafts
 
 
 def _message_types() -> list[type[BaseModel]]:
@@ -147,3 +151,34 @@ def test_evolved_copies_share_their_fields_set_and_model_copy_leaves_it_alone() 
     assert "attempts" in changed.model_fields_set
     assert shared == before  # model_copy copied it before adding to it
     assert second.model_fields_set == before
+
+
+@settings(max_examples=200, deadline=None)
+@given(edges=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 7)), max_size=20))
+def test_drafts_are_refused_exactly_when_their_dependencies_have_a_cycle(
+    edges: list[tuple[int, int]],
+) -> None:
+    # graphlib is the reference: it finds a cycle (self-loops included)
+    # exactly where check_drafts must refuse, naming the tasks in one.
+    graph: dict[str, list[str]] = {f"k{i}": [] for i in range(8)}
+    for task, dep in edges:
+        graph[f"k{task}"].append(f"k{dep}")
+    drafts = [
+        TaskDraft(key=key, description="d", depends_on=deps)
+        for key, deps in graph.items()
+    ]
+    in_cycle = _a_task_in_a_cycle(graph)
+    if in_cycle is None:
+        check_drafts(drafts, known=frozenset())
+    else:
+        with pytest.raises(ValueError, match="in a cycle") as caught:
+            check_drafts(drafts, known=frozenset())
+        assert in_cycle in str(caught.value)
+
+
+def _a_task_in_a_cycle(graph: dict[str, list[str]]) -> str | None:
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as cycle:
+        return str(cycle.args[1][0])
+    return None
