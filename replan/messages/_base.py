@@ -1,9 +1,16 @@
 from __future__ import annotations
 
+import types
 from collections.abc import Iterable
-from typing import Any, Self
+from typing import Any, ClassVar, Self, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from .._errors import ConfigurationError
 
@@ -72,10 +79,32 @@ class Settings(Frozen):
 
     Building one with a bad field raises :class:`ConfigurationError` naming the
     field (``limits.max_replans``), not a bare pydantic ``ValidationError``.
-    Numbers must be finite: a NaN deadline would pass no bound check.
+    Numbers must be finite: a NaN deadline would pass no bound check. A
+    number field refuses ``true`` and ``false`` (pydantic would read them as
+    1 and 0), while still reading ``"3"``, as environment variables give it.
     """
 
     model_config = ConfigDict(allow_inf_nan=False)
+    _numbers: ClassVar[frozenset[str] | None] = None
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and info.field_name in cls._number_fields():
+            raise ValueError("expected a number, not true or false")
+        return value
+
+    @classmethod
+    def _number_fields(cls) -> frozenset[str]:
+        numbers = cls.__dict__.get("_numbers")
+        if numbers is None:
+            numbers = frozenset(
+                name
+                for name, field in cls.model_fields.items()
+                if _is_number(field.annotation)
+            )
+            cls._numbers = numbers
+        return numbers
 
     def __init__(self, **data: object) -> None:
         try:
@@ -100,3 +129,13 @@ class Settings(Frozen):
             return super().model_validate_json(json_data, *args, **kwargs)
         except ValidationError as exc:
             raise ConfigurationError.from_validation(exc) from None
+
+
+def _is_number(annotation: Any) -> bool:
+    """``int``, ``float``, or either of them optional."""
+    if annotation in (int, float):
+        return True
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return len(args) == 1 and args[0] in (int, float)
+    return False

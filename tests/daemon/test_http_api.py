@@ -286,6 +286,16 @@ def test_bodies_that_cannot_be_decoded_get_a_400_naming_the_body(
         ({"goal": "g", "limits": {"max_replans": -1}}, "limits.max_replans", "0"),
         ({"goal": "g", "limits": {"deadline_s": -5}}, "limits.deadline_s", "0"),
         ({"goal": "g", "limits": {"max_concurrency": "many"}}, "limits", "integer"),
+        (
+            {"goal": "g", "limits": {"max_replans": True}},
+            "limits.max_replans",
+            "true or false",
+        ),
+        (
+            {"goal": "g", "limits": {"deadline_s": False}},
+            "limits.deadline_s",
+            "true or false",
+        ),
         ({"goal": "   "}, "goal", "blank"),
         ({"goal": "g", "colour": "red"}, "colour", "not permitted"),
         ({"goal": "g", "kind": "survey"}, "kind", "explore"),

@@ -478,3 +478,19 @@ def test_a_negative_keep_finished_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError) as caught:
         Supervisor(ScriptedModel(answers()), keep_finished=-1)
     assert caught.value.field == "keep_finished"
+
+
+@pytest.mark.parametrize(
+    ("limits", "field"),
+    [({"max_replans": True}, "max_replans"), ({"deadline_s": False}, "deadline_s")],
+)
+def test_a_boolean_is_no_number_for_a_limit(
+    limits: dict[str, bool], field: str
+) -> None:
+    # Lax validation would read true as 1 and false as 0.
+    with pytest.raises(ConfigurationError) as caught:
+        Limits.model_validate(limits)
+    assert caught.value.field == field
+    assert "not true or false" in caught.value.problem
+    # Text that spells a number still reads (environment variables are text).
+    assert Limits.model_validate({"max_replans": "3"}).max_replans == 3
