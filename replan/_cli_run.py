@@ -65,7 +65,7 @@ def add_run_parser(commands: Any) -> None:
     )
     run.add_argument(
         "--retries",
-        type=_retries,
+        type=retries_flag,
         default=3,
         help="retries per model call on 429/5xx/timeouts (default 3)",
     )
@@ -76,7 +76,8 @@ def add_run_parser(commands: Any) -> None:
     run.add_argument("--db", metavar="PATH", help="journal the run in this SQLite file")
 
 
-def _retries(text: str) -> int:
+def retries_flag(text: str) -> int:
+    """``--retries``: a whole number, 0 or more."""
     try:
         value = int(text)
     except ValueError:
@@ -154,11 +155,22 @@ def _flag_message(exc: ConfigurationError) -> str:
 
 
 def _failure_message(result: RunResult, base_url: str) -> str:
+    unreachable = unreachable_message(result, base_url)
+    if unreachable is not None:
+        return unreachable
+    reason = " ".join((result.stop_reason or "no reason given").split())
+    return f"the run failed: {reason}"
+
+
+def unreachable_message(result: RunResult, base_url: str) -> str | None:
+    """What to say when the run failed because nothing answered at
+    ``base_url``; None when it failed otherwise."""
     messages = [f.message for f in result.model_failures]
+    if result.brief is not None:
+        messages += result.brief.errors  # an explore run records them here
     if any("cannot connect" in m for m in messages):
         return (
             f"cannot reach the model endpoint at {base_url}: check --base-url "
             "(or OPENAI_BASE_URL) and that the server is running"
         )
-    reason = " ".join((result.stop_reason or "no reason given").split())
-    return f"the run failed: {reason}"
+    return None

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import _render
+from ._cli_run import retries_flag, unreachable_message
 from ._demo_explore import explore_demo_model, explore_demo_spec
 from ._errors import ConfigurationError
 from ._render_explore import brief_lines
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 DEMO_MODEL = "scripted:demo"
 
 
-def make_model(name: str | None, base_url: str | None) -> Model:
+def make_model(name: str | None, base_url: str | None, retries: int = 3) -> Model:
     """The model ``--model NAME`` (and ``--base-url``) names.
 
     ``scripted:demo`` answers offline with the explore demo's script.
@@ -39,7 +40,9 @@ def make_model(name: str | None, base_url: str | None) -> Model:
     if name == DEMO_MODEL:
         return explore_demo_model()
     try:
-        return OpenAIModel(name.removeprefix("openai:"), base_url=base_url)
+        return OpenAIModel(
+            name.removeprefix("openai:"), base_url=base_url, max_retries=retries
+        )
     except ConfigurationError as exc:
         raise CommandError(f"{exc.field}: {exc.problem}", code=2) from None
 
@@ -66,6 +69,12 @@ def add_explore_parser(commands: argparse._SubParsersAction) -> None:  # type: i
         help=f"the model to ask ({DEMO_MODEL} runs offline)",
     )
     explore.add_argument("--base-url", help="an OpenAI-compatible endpoint")
+    explore.add_argument(
+        "--retries",
+        type=retries_flag,
+        default=3,
+        help="retries per model call on 429/5xx/timeouts (default 3)",
+    )
     explore.add_argument(
         "--domain", default="", help="the domain, for the safety screen"
     )
@@ -112,7 +121,7 @@ def explore_spec_from(args: argparse.Namespace) -> RunSpec:
 async def explore(console: Console, args: argparse.Namespace) -> int:
     """``replan explore``: run one explore run and print its brief."""
     spec = explore_spec_from(args)
-    model = make_model(args.model, args.base_url)
+    model = make_model(args.model, args.base_url, args.retries)
     return await _run(console, model, spec, yes=args.yes, as_json=args.json, db=args.db)
 
 
@@ -141,6 +150,12 @@ async def _run(
         console, model, spec, yes=yes, as_json=as_json, db=db, report=report
     )
     if result.status is not RunStatus.COMPLETED:
+        base_url = getattr(model, "base_url", None)
+        unreachable = (
+            unreachable_message(result, base_url) if isinstance(base_url, str) else None
+        )
+        if unreachable is not None:
+            raise CommandError(unreachable)
         reason = f": {result.stop_reason}" if result.stop_reason else ""
         raise CommandError(f"the explore run ended {result.status.value}{reason}")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,22 @@ def test_bad_explore_arguments_exit_2_with_one_line(
     assert len(err) == 1
     assert err[0].startswith("replan: error: ")
     assert message in err[0]
+
+
+def test_an_endpoint_nobody_answers_is_named_in_the_last_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    with socket.socket() as probe:  # a port that was free a moment ago
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+
+    code = main(
+        ["explore", "why?", "--model", "m", "--base-url", url, "--retries", "0"]
+    )
+
+    assert code == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"replan: error: cannot reach the model endpoint at {url}")
+    assert "check --base-url" in last
