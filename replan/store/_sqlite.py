@@ -170,7 +170,11 @@ class SQLiteStore:
         self.path = Path(path)
         self.read_only = read_only
         self._checkpointer = _Checkpointer(self.path, synchronous)
+        # The last seq this store committed per run: an append then needs no
+        # query to check that its events follow on. Another writer's rows
+        # still collide on the primary key, which reads as a conflict.
         self._last_seq: dict[str, int] = {}
+        # The status and stop reason this store last wrote to each run's row.
         self._row: dict[str, tuple[RunStatus, str | None]] = {}
         if read_only:
             self._conn = _connect_read_only(self.path)
@@ -179,10 +183,6 @@ class SQLiteStore:
         self._conn.execute("PRAGMA wal_autocheckpoint = 0")
         # A burst may still grow the WAL; once rewound, it shrinks back.
         self._conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
-        # _last_seq: the last seq this store committed per run, so that an
-        # append needs no query to check that its events follow on (another
-        # writer's rows still collide on the primary key: a conflict).
-        # _row: the status and stop reason this store last wrote per run.
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r})"
