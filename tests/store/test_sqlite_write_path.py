@@ -169,7 +169,6 @@ def test_a_store_left_open_does_not_keep_the_interpreter_alive(
     script = f"""
 import anyio
 from datetime import UTC, datetime
-from replan import ConfigurationError
 from replan.messages import RunStatus, TaskStarted
 from replan.store import RunSummary, SQLiteStore
 from replan.store._sqlite import CHECKPOINT_EVERY
