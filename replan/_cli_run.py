@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from . import _render
@@ -65,7 +66,7 @@ def add_run_parser(commands: Any) -> None:
     )
     run.add_argument(
         "--retries",
-        type=retries_flag,
+        type=whole_number(0),
         default=3,
         help="retries per model call on 429/5xx/timeouts (default 3)",
     )
@@ -76,15 +77,20 @@ def add_run_parser(commands: Any) -> None:
     run.add_argument("--db", metavar="PATH", help="journal the run in this SQLite file")
 
 
-def retries_flag(text: str) -> int:
-    """``--retries``: a whole number, 0 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
-    return value
+def whole_number(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number, ``minimum`` or more."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < minimum:
+            bound = "0 or more" if minimum == 0 else f"at least {minimum}"
+            raise argparse.ArgumentTypeError(f"must be {bound}: {text!r}")
+        return value
+
+    return parse
 
 
 async def run_goal(console: Any, args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import _render
-from ._cli_run import retries_flag, unreachable_message
+from ._cli_run import unreachable_message, whole_number
 from ._demo_explore import explore_demo_model, explore_demo_spec
 from ._errors import ConfigurationError
 from ._render_explore import brief_lines
@@ -71,7 +71,7 @@ def add_explore_parser(commands: argparse._SubParsersAction) -> None:  # type: i
     explore.add_argument("--base-url", help="an OpenAI-compatible endpoint")
     explore.add_argument(
         "--retries",
-        type=retries_flag,
+        type=whole_number(0),
         default=3,
         help="retries per model call on 429/5xx/timeouts (default 3)",
     )

@@ -25,7 +25,7 @@ import anyio
 
 from . import _remote, _render
 from ._cli_run import add_run_parser as _add_run_parser
-from ._cli_run import run_goal
+from ._cli_run import run_goal, whole_number
 from ._demo import demo_model, demo_spec
 from ._errors import ConfigurationError
 from ._explore_cli import add_explore_parser, explore, explore_demo
@@ -207,7 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--db", metavar="PATH", help="the SQLite journal")
     _remote.add_url(runs)
     runs.add_argument(
-        "--limit", type=_positive, default=100, help="at most this many (default 100)"
+        "--limit",
+        type=whole_number(1),
+        default=100,
+        help="at most this many (default 100)",
     )
     return parser
 
@@ -219,16 +222,6 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be zero or more seconds: {text!r}")
-    return value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
     return value
 
 

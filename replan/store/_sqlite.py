@@ -177,7 +177,7 @@ class SQLiteStore:
         # The status and stop reason this store last wrote to each run's row.
         self._row: dict[str, tuple[RunStatus, str | None]] = {}
         if read_only:
-            self._conn = _connect_read_only(self.path)
+            self._conn = _connect(self.path, synchronous, read_only=True)
             return
         self._conn = _connect(self.path, synchronous)
         self._conn.execute("PRAGMA wal_autocheckpoint = 0")
@@ -458,25 +458,40 @@ class _Checkpointer:
             conn.close()
 
 
-def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
-    """Open the file, set the pragmas and bring the schema up to date.
+def _connect(
+    path: Path, synchronous: str, *, read_only: bool = False
+) -> sqlite3.Connection:
+    """Open the file, set the pragmas and bring the schema up to date; or,
+    ``read_only``, open an existing journal without writing to it.
 
     Raises:
         ConfigurationError: the file cannot be opened or created, is not an
             SQLite database, holds another application's tables, or was
-            written by a newer replan (field ``path``, naming the file).
+            written by a newer replan (field ``path``, naming the file);
+            read-only, also when there is no file or no journal in it yet.
     """
+    if read_only and not path.is_file():
+        raise ConfigurationError("path", f"no journal at {path}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if read_only:
+            target: str | Path = f"{path.resolve().as_uri()}?mode=ro"
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            target = path
         # isolation_level=None: no implicit transactions; we BEGIN/COMMIT.
-        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        conn = sqlite3.connect(
+            target, uri=read_only, check_same_thread=False, isolation_level=None
+        )
     except (OSError, sqlite3.Error) as exc:
         raise ConfigurationError("path", f"cannot open {path}: {exc}") from None
     try:
         conn.execute("PRAGMA busy_timeout = 5000")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute(f"PRAGMA synchronous = {synchronous}")
-        _migrate(conn, path)
+        if read_only:
+            _check_journal(conn, path)
+        else:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {synchronous}")
+            _migrate(conn, path)
     except sqlite3.Error as exc:
         conn.close()
         raise ConfigurationError(
@@ -488,51 +503,27 @@ def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
     return conn
 
 
-def _connect_read_only(path: Path) -> sqlite3.Connection:
-    """Open an existing journal without writing to it.
-
-    Raises:
-        ConfigurationError: (field ``path``, naming the file) there is no
-            file, it is no SQLite database, holds no replan journal (yet), or
-            was written by a newer replan.
-    """
-    if not path.is_file():
-        raise ConfigurationError("path", f"no journal at {path}")
-    try:
-        conn = sqlite3.connect(
-            f"{path.resolve().as_uri()}?mode=ro",
-            uri=True,
-            check_same_thread=False,
-            isolation_level=None,
+def _check_journal(conn: sqlite3.Connection, path: Path) -> None:
+    """Refuse a file with no journal in it, or a newer replan's journal."""
+    (version,) = conn.execute("PRAGMA user_version").fetchone()
+    _refuse_newer(version, path)
+    tables = {
+        name
+        for (name,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'"
         )
-    except sqlite3.Error as exc:
-        raise ConfigurationError("path", f"cannot open {path}: {exc}") from None
-    try:
-        conn.execute("PRAGMA busy_timeout = 5000")
-        (version,) = conn.execute("PRAGMA user_version").fetchone()
-        if version > SCHEMA_VERSION:
-            raise ConfigurationError(
-                "path",
-                f"{path} has journal schema {version}; this replan reads up to "
-                f"{SCHEMA_VERSION}",
-            )
-        tables = {
-            name
-            for (name,) in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table'"
-            )
-        }
-        if version == 0 or not {"events", "runs"} <= tables:
-            raise ConfigurationError("path", f"{path} holds no replan journal")
-    except sqlite3.Error as exc:
-        conn.close()
+    }
+    if version == 0 or not {"events", "runs"} <= tables:
+        raise ConfigurationError("path", f"{path} holds no replan journal")
+
+
+def _refuse_newer(version: int, path: Path) -> None:
+    if version > SCHEMA_VERSION:
         raise ConfigurationError(
-            "path", f"{path} cannot be used as a replan journal: {exc}"
-        ) from None
-    except BaseException:
-        conn.close()
-        raise
-    return conn
+            "path",
+            f"{path} has journal schema {version}; this replan reads up to "
+            f"{SCHEMA_VERSION}",
+        )
 
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:
@@ -544,12 +535,7 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
     try:
         # Another process may have migrated between the check and the lock.
         (version,) = conn.execute("PRAGMA user_version").fetchone()
-        if version > SCHEMA_VERSION:
-            raise ConfigurationError(
-                "path",
-                f"{path} has journal schema {version}; this replan reads up to "
-                f"{SCHEMA_VERSION}",
-            )
+        _refuse_newer(version, path)
         if version == 0:
             for statement in _SCHEMA_V1:
                 conn.execute(statement)
