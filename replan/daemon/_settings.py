@@ -7,7 +7,13 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -17,6 +23,7 @@ from pydantic_settings import (
 
 from .._errors import ConfigurationError
 from ..messages import Limits
+from ..messages._base import refuse_boolean_number
 from ..supervisor._roles import ROLES
 
 _config_file: ContextVar[Path | None] = ContextVar("replan_config_file", default=None)
@@ -67,6 +74,20 @@ class DaemonSettings(BaseSettings):
     retention_interval_s: float = Field(default=3_600.0, gt=0.0)
     """How often retention looks for old runs."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        return refuse_boolean_number(cls, value, info)
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _no_boolean_sizes(cls, workers: Any) -> Any:
+        if isinstance(workers, dict):
+            for role, size in workers.items():
+                if isinstance(size, bool):
+                    raise ValueError(f"{role}: expected a number, not true or false")
+        return workers
 
     @field_validator("workers")
     @classmethod

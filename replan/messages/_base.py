@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Iterable
-from typing import Any, ClassVar, Self, Union, get_args, get_origin
+from typing import Any, Self, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -85,26 +85,11 @@ class Settings(Frozen):
     """
 
     model_config = ConfigDict(allow_inf_nan=False)
-    _numbers: ClassVar[frozenset[str] | None] = None
 
     @field_validator("*", mode="before")
     @classmethod
     def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        if isinstance(value, bool) and info.field_name in cls._number_fields():
-            raise ValueError("expected a number, not true or false")
-        return value
-
-    @classmethod
-    def _number_fields(cls) -> frozenset[str]:
-        numbers = cls.__dict__.get("_numbers")
-        if numbers is None:
-            numbers = frozenset(
-                name
-                for name, field in cls.model_fields.items()
-                if _is_number(field.annotation)
-            )
-            cls._numbers = numbers
-        return numbers
+        return refuse_boolean_number(cls, value, info)
 
     def __init__(self, **data: object) -> None:
         try:
@@ -129,6 +114,30 @@ class Settings(Frozen):
             return super().model_validate_json(json_data, *args, **kwargs)
         except ValidationError as exc:
             raise ConfigurationError.from_validation(exc) from None
+
+
+def refuse_boolean_number(
+    cls: type[BaseModel], value: Any, info: ValidationInfo
+) -> Any:
+    """A ``mode="before"`` check for every field: ``true`` or ``false`` given
+    to a number field (``int``, ``float``, optional or not) is an error."""
+    if isinstance(value, bool) and info.field_name in _number_fields(cls):
+        raise ValueError("expected a number, not true or false")
+    return value
+
+
+_NUMBER_FIELDS: dict[type[BaseModel], frozenset[str]] = {}
+
+
+def _number_fields(cls: type[BaseModel]) -> frozenset[str]:
+    numbers = _NUMBER_FIELDS.get(cls)
+    if numbers is None:
+        numbers = _NUMBER_FIELDS[cls] = frozenset(
+            name
+            for name, field in cls.model_fields.items()
+            if _is_number(field.annotation)
+        )
+    return numbers
 
 
 def _is_number(annotation: Any) -> bool:

@@ -45,6 +45,34 @@ def test_bad_settings_name_the_field(flags: dict[str, object], field: str) -> No
     assert raised.value.field.startswith(field)
 
 
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("port = true\n", "port"),
+        ("drain_grace_s = false\n", "drain_grace_s"),
+        ("[workers]\nexecutor = true\n", "workers"),
+        ("[default_limits]\nmax_replans = true\n", "default_limits.max_replans"),
+    ],
+)
+def test_a_toml_boolean_is_no_number(tmp_path: Path, text: str, field: str) -> None:
+    # TOML has booleans; pydantic alone would read ``port = true`` as port 1.
+    config = tmp_path / "replan.toml"
+    config.write_text(text)
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings(config)
+    assert raised.value.field == field
+    assert "not true or false" in raised.value.problem
+
+
+def test_numbers_from_the_environment_are_still_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("REPLAN_PORT", "9001")
+    monkeypatch.setenv("REPLAN_DRAIN_GRACE_S", "2.5")
+    settings = load_settings()
+    assert (settings.port, settings.drain_grace_s) == (9001, 2.5)
+
+
 def test_a_missing_config_file_is_a_configuration_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="no such file"):
         load_settings(tmp_path / "nope.toml")
