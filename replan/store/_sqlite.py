@@ -237,19 +237,27 @@ class SQLiteStore:
             self._after_commit(conn)
             return
         rows = [_event_row(run_id, event) for event in events]
+        # A run's first append (its events start at 1) needs no query: had
+        # another writer journaled the run, the primary key refuses seq 1.
+        new_run = last is None and bool(events) and events[0].seq == 1
+        known = self._row.get(run_id)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if last is None:
+            if new_run:
+                last = 0
+            elif last is None:
                 (last,) = conn.execute(_LAST_SEQ, (run_id,)).fetchone()
             _check_follows(run_id, events, last)
             try:
                 conn.executemany(_INSERT_EVENT, rows)
             except sqlite3.IntegrityError as exc:
-                # Unreachable while every writer checks under the write lock;
-                # the primary key still refuses a duplicate seq.
+                # Another writer's rows: a seq this store did not expect.
                 raise JournalConflict(f"run {run_id}: {exc}") from exc
-            if self._row.get(run_id) != row:
-                _write_summary(conn, run_id, summary)
+            if known != row:
+                # A new run has no row yet, and a changed status has none the
+                # status-keyed update could match: write the row whole.
+                whole = new_run or (known is not None and known[0] != row[0])
+                _write_summary(conn, run_id, summary, whole=whole)
             conn.execute("COMMIT")
         except BaseException:
             self._last_seq.pop(run_id, None)
@@ -582,7 +590,11 @@ def _to_text(moment: datetime) -> str:
     return moment.isoformat(timespec="microseconds")
 
 
-def _write_summary(conn: sqlite3.Connection, run_id: str, summary: RunSummary) -> None:
+def _write_summary(
+    conn: sqlite3.Connection, run_id: str, summary: RunSummary, *, whole: bool = False
+) -> None:
+    """Update the run's row in place, or (``whole``, or no row matched)
+    write all of it."""
     values = {
         "run_id": run_id,
         "goal": summary.goal,
@@ -594,7 +606,7 @@ def _write_summary(conn: sqlite3.Connection, run_id: str, summary: RunSummary) -
         "last_seq": summary.last_seq,
         "stop_reason": summary.stop_reason,
     }
-    if conn.execute(_UPDATE_RUN, values).rowcount == 0:
+    if whole or conn.execute(_UPDATE_RUN, values).rowcount == 0:
         conn.execute(_REPLACE_RUN, values)
 
 

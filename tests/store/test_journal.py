@@ -603,6 +603,24 @@ async def test_a_second_writer_that_lost_the_race_gets_a_conflict(
         assert await second.read("run-1") == [started(1), started(2)]
 
 
+async def test_a_second_writer_starting_a_journaled_run_gets_a_conflict(
+    tmp_path: Path,
+) -> None:
+    # A run's first append skips the last-seq query: the primary key alone
+    # must refuse another writer's seq 1, and leave the run as it was.
+    async with (
+        SQLiteStore(tmp_path / "j.db") as first,
+        SQLiteStore(tmp_path / "j.db") as second,
+    ):
+        await first.append("run-1", [started(1)], summary("run-1", 1))
+        with pytest.raises(JournalConflict):
+            await second.append("run-1", [started(1, "t9")], summary("run-1", 1))
+        assert await second.read("run-1") == [started(1)]
+        listed = await second.get_run("run-1")
+        assert listed is not None
+        assert listed.last_seq == 1
+
+
 async def test_a_writer_behind_another_gets_a_conflict_then_catches_up(
     tmp_path: Path,
 ) -> None:
