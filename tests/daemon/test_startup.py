@@ -6,6 +6,7 @@ import socket
 import sqlite3
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 from counting_model import read_counts
@@ -17,6 +18,7 @@ from replan.cli import main
 from replan.daemon import DaemonSettings
 from replan.daemon._listen import listen
 from replan.daemon._lock import data_dir_lock
+from replan.daemon._server import GC_YOUNG_THRESHOLD
 
 COUNTING = ("--model", "python:counting_model:model")
 
@@ -185,3 +187,30 @@ def test_a_python_model_that_is_no_model_is_a_one_line_error(
         "nor a function of the settings returning one\n"
     )
     assert not (tmp_path / "journal.db").exists()
+
+
+def test_the_daemon_freezes_its_startup_heap_and_collects_less_often(
+    tmp_path: Path,
+) -> None:
+    # Read inside the serving process, by the model a run calls.
+    daemon = DaemonProcess(
+        tmp_path / "data", "--model", "python:gc_probe_model:model"
+    ).start()
+    try:
+        with daemon.client() as client:
+            response = client.post(
+                "/v1/runs", json={"goal": GOAL, "gate_policy": {"gate_on": []}}
+            )
+            assert response.status_code == 202, response.text
+            run_id = response.json()["run_id"]
+
+            def finished() -> dict[str, Any] | None:
+                body: dict[str, Any] = client.get(f"/v1/runs/{run_id}").json()
+                return body if body["status"] == "completed" else None
+
+            output = wait_for(finished)["result"]["output"]
+    finally:
+        daemon.close()
+    young, frozen = (int(part.split("=")[1]) for part in output.split())
+    assert young == GC_YOUNG_THRESHOLD
+    assert frozen > 10_000  # the modules, the settings and the app
