@@ -80,15 +80,6 @@ class DaemonSettings(BaseSettings):
     def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         return refuse_boolean_number(cls, value, info)
 
-    @field_validator("workers", mode="before")
-    @classmethod
-    def _no_boolean_sizes(cls, workers: Any) -> Any:
-        if isinstance(workers, dict):
-            for role, size in workers.items():
-                if isinstance(size, bool):
-                    raise ValueError(f"{role}: expected a number, not true or false")
-        return workers
-
     @field_validator("workers")
     @classmethod
     def _known_roles(cls, workers: dict[str, int]) -> dict[str, int]:

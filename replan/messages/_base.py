@@ -120,24 +120,33 @@ def refuse_boolean_number(
     cls: type[BaseModel], value: Any, info: ValidationInfo
 ) -> Any:
     """A ``mode="before"`` check for every field: ``true`` or ``false`` given
-    to a number field (``int``, ``float``, optional or not) is an error."""
-    if isinstance(value, bool) and info.field_name in _number_fields(cls):
+    to a number field (``int``, ``float``, optional or not), or as a value of
+    a ``dict`` of numbers, is an error."""
+    shape = _number_fields(cls).get(info.field_name or "")
+    if shape == "number" and isinstance(value, bool):
         raise ValueError("expected a number, not true or false")
+    if shape == "map" and isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, bool):
+                raise ValueError(f"{key}: expected a number, not true or false")
     return value
 
 
-_NUMBER_FIELDS: dict[type[BaseModel], frozenset[str]] = {}
+_NUMBER_FIELDS: dict[type[BaseModel], dict[str, str]] = {}
 
 
-def _number_fields(cls: type[BaseModel]) -> frozenset[str]:
-    numbers = _NUMBER_FIELDS.get(cls)
-    if numbers is None:
-        numbers = _NUMBER_FIELDS[cls] = frozenset(
-            name
-            for name, field in cls.model_fields.items()
-            if _is_number(field.annotation)
-        )
-    return numbers
+def _number_fields(cls: type[BaseModel]) -> dict[str, str]:
+    """``cls``'s number fields (``"number"``) and dicts of numbers (``"map"``)."""
+    shapes = _NUMBER_FIELDS.get(cls)
+    if shapes is None:
+        shapes = _NUMBER_FIELDS[cls] = {}
+        for name, field in cls.model_fields.items():
+            annotation = field.annotation
+            if _is_number(annotation):
+                shapes[name] = "number"
+            elif get_origin(annotation) is dict and _is_number(get_args(annotation)[1]):
+                shapes[name] = "map"
+    return shapes
 
 
 def _is_number(annotation: Any) -> bool:

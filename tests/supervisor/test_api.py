@@ -11,6 +11,7 @@ import pytest
 import replan
 from replan import (
     ConfigurationError,
+    ExploreSettings,
     Limits,
     MemoryStore,
     ModelRequest,
@@ -494,3 +495,10 @@ def test_a_boolean_is_no_number_for_a_limit(
     assert "not true or false" in caught.value.problem
     # Text that spells a number still reads (environment variables are text).
     assert Limits.model_validate({"max_replans": "3"}).max_replans == 3
+
+
+def test_a_boolean_is_no_number_in_a_map_of_numbers() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        ExploreSettings(thresholds={"novelty": True})
+    assert caught.value.field == "thresholds"
+    assert "novelty: expected a number, not true or false" in caught.value.problem
