@@ -145,7 +145,9 @@ class SQLiteStore:
         read_only: open an existing journal for reading only: nothing is
             created or migrated, and every write raises ``PermissionError``.
             Inspecting a journal (``replan show``, ``replan runs``) this way
-            cannot change the file, even one that is no journal at all.
+            cannot change what the file holds, even one that is no journal
+            at all, and leaves no ``-wal``/``-shm`` files behind when no
+            writer has the journal open.
 
     Raises:
         ConfigurationError: ``synchronous`` is not a supported level; or
@@ -482,7 +484,7 @@ def _connect(
         raise ConfigurationError("path", f"no journal at {path}")
     try:
         if read_only:
-            target: str | Path = f"{path.resolve().as_uri()}?mode=ro"
+            target: str | Path = f"{path.resolve().as_uri()}?mode={_read_mode(path)}"
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             target = path
@@ -495,6 +497,7 @@ def _connect(
     try:
         conn.execute("PRAGMA busy_timeout = 5000")
         if read_only:
+            conn.execute("PRAGMA query_only = ON")
             _check_journal(conn, path)
         else:
             conn.execute("PRAGMA journal_mode = WAL")
@@ -509,6 +512,19 @@ def _connect(
         conn.close()
         raise
     return conn
+
+
+def _read_mode(path: Path) -> str:
+    """How a read-only store opens ``path``: ``rw`` when it may, else ``ro``.
+
+    A WAL journal's readers need its ``-wal`` and ``-shm`` files, and create
+    them when no writer has the journal open. Only a connection able to write
+    removes them again when it is the last to close, so a reader that may
+    write opens the file read-write and forbids itself every change with
+    ``PRAGMA query_only``: inspecting an idle journal leaves no files behind.
+    """
+    writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+    return "rw" if writable else "ro"
 
 
 def _check_journal(conn: sqlite3.Connection, path: Path) -> None:

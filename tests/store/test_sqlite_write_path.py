@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -9,6 +10,7 @@ import sys
 from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -220,6 +222,46 @@ async def test_a_read_only_store_sees_a_live_writer_and_refuses_to_write(
             with pytest.raises(PermissionError, match="read-only"):
                 await reader.delete_run("run-1")
         assert [e.seq for e in await writer.read("run-1")] == [1, 2, 3]
+
+
+async def test_reading_an_idle_journal_leaves_no_wal_files_behind(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "j.db"
+    async with SQLiteStore(db) as writer:
+        await writer.append("run-1", [started(1), started(2)], summary(2))
+    assert sorted(os.listdir(tmp_path)) == ["j.db"]
+
+    async with SQLiteStore(db, read_only=True) as reader:
+        assert [e.seq for e in await reader.read("run-1")] == [1, 2]
+        assert [s.run_id for s in await reader.list_runs()] == ["run-1"]
+        with pytest.raises(PermissionError, match="read-only"):
+            await reader.append("run-1", [started(3)], summary(3))
+
+    assert sorted(os.listdir(tmp_path)) == ["j.db"]
+    async with SQLiteStore(db) as writer:  # nothing was written
+        assert [e.seq for e in await writer.read("run-1")] == [1, 2]
+
+
+async def test_a_read_only_store_reads_a_journal_it_may_not_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "j.db"
+    async with SQLiteStore(db) as writer:
+        await writer.append("run-1", [started(1)], summary(1))
+    # As a user without write permission sees it (root may write anything).
+    opened: list[str] = []
+    connect = sqlite3.connect
+
+    def recording_connect(target: str, *args: Any, **kwargs: Any) -> Any:
+        opened.append(str(target))
+        return connect(target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "access", lambda path, mode: mode != os.W_OK)
+    monkeypatch.setattr(sqlite3, "connect", recording_connect)
+    async with SQLiteStore(db, read_only=True) as reader:
+        assert [e.seq for e in await reader.read("run-1")] == [1]
+    assert opened == [f"{db.resolve().as_uri()}?mode=ro"]
 
 
 @pytest.mark.parametrize("content", ["missing", "empty", "foreign", "newer"])
