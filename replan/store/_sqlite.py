@@ -8,17 +8,18 @@ import os
 import sqlite3
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
 import anyio
+from pydantic import ValidationError
 
 from .._errors import ConfigurationError
 from ..messages import EVENT_ADAPTER, Event, RunCompacted, RunStatus, event_json
-from ._port import EffectRecord, JournalConflict, RunSummary
+from ._port import EffectRecord, JournalConflict, JournalCorrupt, RunSummary
 
 SCHEMA_VERSION = 2
 """The layout this module writes, kept in ``PRAGMA user_version``."""
@@ -93,7 +94,7 @@ _REPLACE_RUN = """
     INSERT OR REPLACE INTO runs VALUES (:run_id, :goal, :kind, :pattern, :status,
         :created_at, :updated_at, :last_seq, :stop_reason)
 """
-_READ = "SELECT payload FROM events WHERE run_id = ? AND seq > ? ORDER BY seq"
+_READ = "SELECT seq, payload FROM events WHERE run_id = ? AND seq > ? ORDER BY seq"
 _SELECT_RUNS = """
     SELECT r.run_id, r.goal, r.kind, r.pattern, r.status, r.created_at,
         coalesce(e.at, r.updated_at), coalesce(e.seq, r.last_seq), r.stop_reason
@@ -281,11 +282,17 @@ class SQLiteStore:
 
     async def read(self, run_id: str, after: int = 0) -> list[Event]:
         rows = self._connection().execute(_READ, (run_id, after)).fetchall()
-        return [EVENT_ADAPTER.validate_json(payload) for (payload,) in rows]
+        events: list[Event] = []
+        for seq, payload in rows:
+            try:
+                events.append(EVENT_ADAPTER.validate_json(payload))
+            except (ValueError, TypeError) as exc:
+                raise self._corrupt(run_id, f"event {seq}", exc, seq=seq) from None
+        return events
 
     async def get_run(self, run_id: str) -> RunSummary | None:
         row = self._connection().execute(_GET_RUN, (run_id,)).fetchone()
-        return None if row is None else _summary_from_row(row)
+        return None if row is None else self._summary(row)
 
     async def list_runs(
         self,
@@ -302,7 +309,7 @@ class SQLiteStore:
             marks = ", ".join("?" * len(statuses))
             query = f"{_SELECT_RUNS} WHERE r.status IN ({marks}) {_ORDER}"
             params = (*(str(s) for s in statuses), limit, offset)
-        return [_summary_from_row(row) for row in conn.execute(query, params)]
+        return [self._summary(row) for row in conn.execute(query, params)]
 
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None
@@ -322,7 +329,13 @@ class SQLiteStore:
 
     async def read_effects(self, run_id: str) -> list[EffectRecord]:
         rows = self._connection().execute(_READ_EFFECTS, (run_id,)).fetchall()
-        return [EffectRecord.model_validate_json(payload) for (payload,) in rows]
+        records: list[EffectRecord] = []
+        for payload in rows:
+            try:
+                records.append(EffectRecord.model_validate_json(payload[0]))
+            except (ValueError, TypeError) as exc:
+                raise self._corrupt(run_id, "effect record", exc) from None
+        return records
 
     # Retention ------------------------------------------------------------------
 
@@ -374,6 +387,29 @@ class SQLiteStore:
         if self._conn is None:
             raise anyio.ClosedResourceError
         return self._conn
+
+    def _summary(self, row: Any) -> RunSummary:
+        try:
+            return _summary_from_row(row)
+        except (ValueError, TypeError) as exc:
+            raise self._corrupt(row[0], "summary row", exc) from None
+
+    def _corrupt(
+        self, run_id: str, what: str, exc: Exception, *, seq: int | None = None
+    ) -> JournalCorrupt:
+        """The error for a row that does not read back, in one line."""
+        if isinstance(exc, ValidationError):
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            problem = f"{where}: {first['msg']}" if where else first["msg"]
+        else:
+            problem = str(exc)
+        problem = " ".join(problem.split())
+        return JournalCorrupt(
+            f"{self.path}: run {run_id}: {what} cannot be read ({problem})",
+            run_id=run_id,
+            seq=seq,
+        )
 
     def _writable(self) -> sqlite3.Connection:
         conn = self._connection()
@@ -480,29 +516,67 @@ def _connect(
             written by a newer replan (field ``path``, naming the file);
             read-only, also when there is no file or no journal in it yet.
     """
-    if read_only and not path.is_file():
-        raise ConfigurationError("path", f"no journal at {path}")
+    if read_only:
+        return _open_read_only(path)
     try:
-        if read_only:
-            target: str | Path = f"{path.resolve().as_uri()}?mode={_read_mode(path)}"
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            target = path
+        path.parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: no implicit transactions; we BEGIN/COMMIT.
-        conn = sqlite3.connect(
-            target, uri=read_only, check_same_thread=False, isolation_level=None
-        )
+        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
     except (OSError, sqlite3.Error) as exc:
         raise ConfigurationError("path", f"cannot open {path}: {exc}") from None
+
+    def set_up() -> None:
+        # Nothing changes in a file that is not ours before it is checked.
+        _refuse_foreign(conn, path)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
+        _migrate(conn, path)
+
+    return _prepared(conn, path, set_up)
+
+
+def _open_read_only(path: Path) -> sqlite3.Connection:
+    """Open an existing journal for reading; see :func:`_read_mode`.
+
+    A WAL journal in a directory this process may not write cannot get the
+    ``-shm`` file its readers share. When no writer has left a ``-wal`` file
+    there (none can be writing: it could not create one either), the file
+    is opened as immutable, which needs no ``-shm``.
+    """
+    if not path.is_file():
+        raise ConfigurationError("path", f"no journal at {path}")
+    uri = path.resolve().as_uri()
+    try:
+        return _open_uri(f"{uri}?mode={_read_mode(path)}", path)
+    except ConfigurationError:
+        wal = path.with_name(path.name + "-wal")
+        if os.access(path.parent, os.W_OK) or wal.exists():
+            raise
+    return _open_uri(f"{uri}?mode=ro&immutable=1", path)
+
+
+def _open_uri(uri: str, path: Path) -> sqlite3.Connection:
+    try:
+        conn = sqlite3.connect(
+            uri, uri=True, check_same_thread=False, isolation_level=None
+        )
+    except sqlite3.Error as exc:
+        raise ConfigurationError("path", f"cannot open {path}: {exc}") from None
+
+    def check() -> None:
+        conn.execute("PRAGMA query_only = ON")
+        _check_journal(conn, path)
+
+    return _prepared(conn, path, check)
+
+
+def _prepared(
+    conn: sqlite3.Connection, path: Path, prepare: Callable[[], None]
+) -> sqlite3.Connection:
+    """``conn`` once ``prepare`` has run; closed and refused if it fails."""
     try:
         conn.execute("PRAGMA busy_timeout = 5000")
-        if read_only:
-            conn.execute("PRAGMA query_only = ON")
-            _check_journal(conn, path)
-        else:
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute(f"PRAGMA synchronous = {synchronous}")
-            _migrate(conn, path)
+        prepare()
     except sqlite3.Error as exc:
         conn.close()
         raise ConfigurationError(
@@ -525,6 +599,18 @@ def _read_mode(path: Path) -> str:
     """
     writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
     return "rw" if writable else "ro"
+
+
+def _refuse_foreign(conn: sqlite3.Connection, path: Path) -> None:
+    """Refuse a file another application (or a newer replan) wrote.
+
+    A journal gets its tables and its ``user_version`` in one transaction, so
+    a file with tables and no version is not a journal of any replan.
+    """
+    (version,) = conn.execute("PRAGMA user_version").fetchone()
+    _refuse_newer(version, path)
+    if version == 0 and conn.execute("SELECT 1 FROM sqlite_master").fetchone():
+        raise ConfigurationError("path", f"{path} holds another application's tables")
 
 
 def _check_journal(conn: sqlite3.Connection, path: Path) -> None:

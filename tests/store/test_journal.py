@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import sqlite3
 import typing
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -551,7 +552,7 @@ def _another_apps_database(path: Path) -> None:
     [
         (lambda p: p.mkdir(), "unable to open database file"),
         (lambda p: p.write_text("no database here " * 20), "file is not a database"),
-        (_another_apps_database, "table events already exists"),
+        (_another_apps_database, "holds another application's tables"),
     ],
     ids=["a directory", "not sqlite", "another app's tables"],
 )
@@ -565,6 +566,21 @@ def test_a_path_that_cannot_hold_a_journal_is_a_configuration_error_naming_it(
     assert caught.value.field == "path"
     assert str(path) in caught.value.problem
     assert problem in caught.value.problem
+
+
+def test_another_applications_database_is_left_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('keep me')")
+        conn.commit()
+    before = path.read_bytes()
+
+    with pytest.raises(ConfigurationError, match="another application's tables"):
+        SQLiteStore(path)
+
+    assert path.read_bytes() == before  # still its own journal mode, no tables added
+    assert sorted(os.listdir(tmp_path)) == ["app.db"]
 
 
 def test_a_journal_under_a_regular_file_is_a_configuration_error(
