@@ -21,6 +21,7 @@ from ._errors import BudgetExhausted as BudgetExhausted
 from ._errors import ConfigurationError as ConfigurationError
 from ._errors import GateError as GateError
 from ._errors import JournalConflict as JournalConflict
+from ._errors import JournalCorrupt as JournalCorrupt
 from ._errors import ModelAuthenticationError as ModelAuthenticationError
 from ._errors import ModelError as ModelError
 from ._errors import ModelOutputError as ModelOutputError
@@ -127,6 +128,7 @@ __all__ = (
     "HypothesisBatch",
     "HypothesisReview",
     "JournalConflict",
+    "JournalCorrupt",
     "Limits",
     "MemoryStore",
     "Model",

@@ -9,6 +9,7 @@
     ├── UnknownRunError              no run with that id (also a KeyError)
     ├── GateError                    no pending gate with that id, or a bad resolution
     ├── JournalConflict              an append did not continue a run's journal
+    ├── JournalCorrupt               a stored event or run row cannot be read back
     ├── ActorError                   a request to an actor did not produce a reply
     │   ├── ActorCrashed             the handler raised; carries the typed failure
     │   ├── ActorStopped             stopped (shutdown, or too many restarts)
@@ -89,6 +90,24 @@ class JournalConflict(ReplanError):
 
     Two writers tried to extend the same run: the later one must stop.
     """
+
+
+class JournalCorrupt(ReplanError):
+    """The journal holds a row this replan cannot read back.
+
+    The file was damaged or edited by hand (a row that is no event, a run
+    status that does not exist). The message names the file, the run and,
+    for an event, its ``seq``.
+
+    Attributes:
+        run_id: the run whose row is unreadable.
+        seq: the unreadable event's ``seq``; None for the run's summary row.
+    """
+
+    def __init__(self, message: str, *, run_id: str, seq: int | None = None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.seq = seq
 
 
 class ActorError(ReplanError):

@@ -27,7 +27,7 @@ from . import _remote, _render
 from ._cli_run import add_run_parser as _add_run_parser
 from ._cli_run import run_goal, whole_number
 from ._demo import demo_model, demo_spec
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, JournalCorrupt
 from ._explore_cli import add_explore_parser, explore, explore_demo
 from ._version import __version__
 from .llm import Model
@@ -122,7 +122,7 @@ def _failed(exc: BaseException) -> int:
     match first:
         case CommandError():
             message, code = str(first), first.code
-        case _remote.RemoteError():
+        case _remote.RemoteError() | JournalCorrupt():
             message = str(first)
         case sqlite3.Error():
             message = f"the journal cannot be used: {first}"

@@ -6,6 +6,7 @@ from ._memory import MemoryStore as MemoryStore
 from ._port import EffectLedger as EffectLedger
 from ._port import EffectRecord as EffectRecord
 from ._port import JournalConflict as JournalConflict
+from ._port import JournalCorrupt as JournalCorrupt
 from ._port import JournalRetention as JournalRetention
 from ._port import RunSummary as RunSummary
 from ._port import Store as Store
@@ -15,6 +16,7 @@ __all__ = (
     "EffectLedger",
     "EffectRecord",
     "JournalConflict",
+    "JournalCorrupt",
     "JournalRetention",
     "MemoryStore",
     "RunSummary",

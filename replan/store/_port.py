@@ -7,6 +7,7 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from .._errors import JournalConflict as JournalConflict
+from .._errors import JournalCorrupt as JournalCorrupt
 from ..messages import Event, ModelCall, RunCompacted, RunStatus, TaskOutcome
 from ..messages._base import Frozen
 

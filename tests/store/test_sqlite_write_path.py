@@ -17,7 +17,7 @@ import pytest
 
 from replan import ConfigurationError
 from replan.messages import RunStatus, TaskStarted
-from replan.store import JournalConflict, RunSummary, SQLiteStore
+from replan.store import JournalConflict, JournalCorrupt, RunSummary, SQLiteStore
 from replan.store._sqlite import CHECKPOINT_EVERY
 
 T0 = datetime(2026, 1, 5, 8, 30, tzinfo=UTC)
@@ -285,3 +285,97 @@ def test_a_read_only_store_opens_only_a_journal_and_changes_nothing(
     assert caught.value.field == "path"
     assert str(db) in caught.value.problem
     assert (db.read_bytes() if db.exists() else None) == before
+
+
+@pytest.mark.parametrize(
+    ("table", "column", "value", "what", "seq"),
+    [
+        ("events", "payload", "{broken", "event 2", 2),
+        ("events", "payload", '{"type": "no_such_event"}', "event 2", 2),
+        ("runs", "status", "bogus", "summary row", None),
+    ],
+    ids=["not json", "no event", "unknown status"],
+)
+async def test_a_row_edited_by_hand_is_reported_naming_file_run_and_seq(
+    tmp_path: Path, table: str, column: str, value: str, what: str, seq: int | None
+) -> None:
+    db = tmp_path / "j.db"
+    async with SQLiteStore(db) as writer:
+        await writer.append("run-1", [started(1), started(2)], summary(2))
+    where = "seq = 2" if table == "events" else "run_id = 'run-1'"
+    with closing(sqlite3.connect(db)) as conn:
+        conn.execute(f"UPDATE {table} SET {column} = ? WHERE {where}", (value,))
+        conn.commit()
+
+    async with SQLiteStore(db, read_only=True) as reader:
+        reading = reader.read("run-1") if table == "events" else reader.list_runs()
+        with pytest.raises(JournalCorrupt) as caught:
+            await reading
+
+    message = str(caught.value)
+    assert message.startswith(f"{db}: run run-1: {what} cannot be read (")
+    assert "\n" not in message
+    assert (caught.value.run_id, caught.value.seq) == ("run-1", seq)
+
+
+_READ_WITHOUT_PRIVILEGES = """
+import ctypes, os, sys, anyio
+from replan.store import SQLiteStore
+
+if os.geteuid() == 0:
+    # Root may write anything: give up every capability, as an ordinary
+    # user of a read-only copy would be.
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_uint32) for name in ("eff", "perm", "inh")]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.capset(ctypes.byref(Header(0x20080522, 0)), (Data * 2)()) != 0:
+        sys.exit(77)
+    try:
+        open(os.path.join(os.path.dirname(sys.argv[1]), "probe"), "w")
+        sys.exit(77)  # still privileged
+    except PermissionError:
+        pass
+
+async def main() -> None:
+    async with SQLiteStore(sys.argv[1], read_only=True) as reader:
+        runs = [s.run_id for s in await reader.list_runs()]
+        print(len(await reader.read("run-1")), runs)
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="drops Linux capabilities")
+def test_a_journal_in_a_directory_nobody_may_write_is_still_read(
+    tmp_path: Path,
+) -> None:
+    # A copied or archived journal: file and directory read-only, no -wal.
+    directory = tmp_path / "archive"
+    db = directory / "j.db"
+
+    async def write() -> None:
+        async with SQLiteStore(db) as writer:
+            await writer.append("run-1", [started(1), started(2)], summary(2))
+
+    anyio.run(write)
+    db.chmod(0o444)
+    directory.chmod(0o555)
+    try:
+        read = subprocess.run(
+            [sys.executable, "-W", "error", "-c", _READ_WITHOUT_PRIVILEGES, str(db)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        if read.returncode == 77:
+            pytest.skip("cannot drop the privilege to write here")
+        assert read.returncode == 0, read.stderr
+        assert read.stdout.split() == ["2", "['run-1']"]
+        assert sorted(os.listdir(directory)) == ["j.db"]
+    finally:
+        directory.chmod(0o755)
