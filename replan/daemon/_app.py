@@ -329,9 +329,9 @@ def _field_of(loc: Sequence[Any]) -> str:
 def _unparsable_body(exc: HTTPException) -> str | None:
     """What made the body unreadable, when FastAPI could not decode it at all.
 
-    FastAPI turns a JSON syntax error into a validation error, but answers
-    a body that is not UTF-8, or is nested too deeply to decode, with a
-    bare 400 whose cause is the decoding error.
+    FastAPI answers a body its request could not parse (not UTF-8, or
+    refused by :class:`StrictJsonRequest`: a syntax error, a lone surrogate,
+    too deep) with a bare 400 whose cause is the decoding error.
     """
     cause = exc.__cause__
     if isinstance(exc, ApiError) or exc.status_code != 400 or cause is None:
