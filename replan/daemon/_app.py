@@ -22,7 +22,9 @@ from starlette.exceptions import HTTPException
 from .._errors import ConfigurationError, GateError, SupervisorError, UnknownRunError
 from .._version import __version__
 from ..messages import GateResolution, Limits, RunSpec, RunStatus
+from ..supervisor._gates import GateAlreadyResolved, ResolutionRefused
 from ._auth import BearerAuth
+from ._json import StrictJsonRoute
 from ._limits import BodyLimit
 from ._metrics import CONTENT_TYPE, render_metrics
 from ._schemas import (
@@ -110,7 +112,12 @@ def create_app(daemon: Daemon) -> FastAPI:
 
 
 def _v1(daemon: Daemon) -> APIRouter:
-    router = APIRouter(prefix="/v1", dependencies=[Depends(_bearer)], tags=["v1"])
+    router = APIRouter(
+        prefix="/v1",
+        dependencies=[Depends(_bearer)],
+        tags=["v1"],
+        route_class=StrictJsonRoute,
+    )
 
     @router.post("/runs", status_code=202, response_model=Accepted)
     async def submit(spec: RunSpec, request: Request) -> JSONResponse:
@@ -176,9 +183,7 @@ def _v1(daemon: Daemon) -> APIRouter:
     async def events(
         run_id: RunId,
         after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
-        last_event_id: Annotated[
-            str | None, Header(max_length=20, include_in_schema=False)
-        ] = None,
+        last_event_id: Annotated[str | None, Header(include_in_schema=False)] = None,
     ) -> StreamingResponse:
         """The run's events as Server-Sent Events: history, then live.
 
@@ -195,7 +200,11 @@ def _v1(daemon: Daemon) -> APIRouter:
 
     @router.post("/runs/{run_id}/cancel", response_model=Cancelled)
     async def cancel(run_id: RunId) -> Cancelled:
-        """Cancel a run; it ends ``cancelled`` (409 if it already ended)."""
+        """Cancel a run; it ends ``cancelled`` (409 if it already ended).
+
+        200 only once the run has ended; 409 when it cannot end here (its
+        driver stopped), 503 while the daemon shuts down.
+        """
         state = await _state(daemon, run_id)
         if state.status.final:
             raise ApiError(409, f"run {run_id} already ended {state.status.value}")
@@ -203,7 +212,11 @@ def _v1(daemon: Daemon) -> APIRouter:
             handle = daemon.supervisor.get(run_id)
         except (UnknownRunError, SupervisorError):
             raise ApiError(409, f"run {run_id} is not active here") from None
-        await handle.cancel()
+        try:
+            await handle.cancel()
+        except SupervisorError as exc:
+            status = 409 if daemon.ready else 503
+            raise ApiError(status, str(exc)) from None
         final = handle.state
         return Cancelled(
             run_id=run_id, status=final.status, stop_reason=final.stop_reason
@@ -229,12 +242,14 @@ def _v1(daemon: Daemon) -> APIRouter:
             await _closed_gate(daemon, gate_id)
         try:
             await sup.gates.resolve(gate_id, resolution)
-        except GateError as exc:
-            if sup.gates.get(gate_id) is None:
-                # Resolved, or its run ended, while this answer was on its way.
-                await _closed_gate(daemon, gate_id)
-            field = "tasks" if resolution.tasks is not None else "decision"
-            raise ApiError(422, str(exc), field) from None
+        except GateAlreadyResolved:
+            # Someone else's answer came first.
+            raise ApiError(409, f"gate {gate_id} is already resolved") from None
+        except ResolutionRefused as exc:
+            raise ApiError(422, str(exc), exc.field) from None
+        except GateError:
+            # Closed, or its run ended, while this answer was on its way.
+            await _closed_gate(daemon, gate_id)
         return GateAnswered(
             gate_id=gate_id, run_id=request.run_id, decision=resolution.decision
         )
@@ -278,7 +293,8 @@ async def _closed_gate(daemon: Daemon, gate_id: str) -> NoReturn:
 def _last_event_id(value: str) -> int:
     """The seq a ``Last-Event-ID`` header names, bounded like ``?after=``."""
     text = value.strip()
-    seq = int(text) if text.isascii() and text.isdigit() else -1
+    digits = text.isascii() and text.isdigit() and len(text) <= 20
+    seq = int(text) if digits else -1
     if not 0 <= seq <= MAX_SEQ:
         raise ApiError(
             400,
@@ -313,9 +329,9 @@ def _field_of(loc: Sequence[Any]) -> str:
 def _unparsable_body(exc: HTTPException) -> str | None:
     """What made the body unreadable, when FastAPI could not decode it at all.
 
-    FastAPI turns a JSON syntax error into a validation error, but answers
-    a body that is not UTF-8, or is nested too deeply to decode, with a
-    bare 400 whose cause is the decoding error.
+    FastAPI answers a body its request could not parse (not UTF-8, or
+    refused by :class:`StrictJsonRequest`: a syntax error, a lone surrogate,
+    too deep) with a bare 400 whose cause is the decoding error.
     """
     cause = exc.__cause__
     if isinstance(exc, ApiError) or exc.status_code != 400 or cause is None:

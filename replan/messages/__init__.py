@@ -93,6 +93,7 @@ from ._result import RunResult as RunResult
 from ._result import RunStatus as RunStatus
 from ._result import TokenUsage as TokenUsage
 from ._result import Usage as Usage
+from ._spec import MAX_METADATA_DEPTH as MAX_METADATA_DEPTH
 from ._spec import GatePolicy as GatePolicy
 from ._spec import Limits as Limits
 from ._spec import RunSpec as RunSpec
@@ -110,6 +111,7 @@ __all__ = (
     "DEFAULT_THRESHOLDS",
     "EVENT_ADAPTER",
     "LENSES",
+    "MAX_METADATA_DEPTH",
     "MESSAGE_ADAPTER",
     "REPLANNING_PURPOSES",
     "TERMINAL_STATUSES",

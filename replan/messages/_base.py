@@ -42,6 +42,20 @@ class Frozen(BaseModel):
         object.__setattr__(copy, "__pydantic_private__", None)
         return copy
 
+    def check_storable(self) -> None:
+        """Refuse a message the journal could not store: every string must
+        encode as UTF-8.
+
+        JSON may carry a lone UTF-16 surrogate (``"\\udfff"``); Python's
+        ``json`` module decodes it and pydantic keeps it, but no UTF-8
+        journal can write it.
+
+        Raises:
+            ConfigurationError: naming the field of the first such string or
+                key (``context.0``, ``metadata.notes``, ``tasks.1.description``).
+        """
+        _check_storable(self)
+
 
 _FIELDS_SETS: dict[frozenset[str], set[str]] = {}
 
@@ -114,6 +128,65 @@ class Settings(Frozen):
             return super().model_validate_json(json_data, *args, **kwargs)
         except ValidationError as exc:
             raise ConfigurationError.from_validation(exc) from None
+
+
+def _check_storable(message: BaseModel) -> None:
+    """See :meth:`Frozen.check_storable`."""
+    stack: list[tuple[str, object]] = [("", message)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if not _encodable(value):
+                raise ConfigurationError(path, _UNENCODABLE)
+        elif isinstance(value, BaseModel):
+            names = reversed(type(value).model_fields)
+            stack.extend((_join(path, name), getattr(value, name)) for name in names)
+        elif isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                if isinstance(key, str) and not _encodable(key):
+                    raise ConfigurationError(path, f"a key {_UNENCODABLE}")
+                stack.append((_join(path, str(key)), item))
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            items = list(enumerate(value))
+            stack.extend((_join(path, str(i)), item) for i, item in reversed(items))
+
+
+_UNENCODABLE = (
+    "contains a lone UTF-16 surrogate (such as \\udfff), "
+    "which is not text and cannot be stored"
+)
+
+
+def _encodable(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def json_depth(value: object) -> int:
+    """How deeply objects and arrays nest in ``value`` (``{}`` is 1, a
+    scalar 0)."""
+    deepest = 0
+    stack: list[tuple[int, object]] = [(0, value)]
+    while stack:
+        depth, item = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[object] = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+        stack.extend((depth + 1, child) for child in children)
+    return deepest
 
 
 def refuse_boolean_number(

@@ -5,7 +5,7 @@ from typing import Literal
 from pydantic import Field, JsonValue, field_validator, model_validator
 
 from .._errors import ConfigurationError
-from ._base import Settings
+from ._base import Settings, json_depth
 from ._explore import ExploreSettings, SafetyPolicy
 from ._plan import Trigger
 from ._task import TaskDraft
@@ -13,6 +13,11 @@ from ._task import TaskDraft
 MAX_SECONDS = 366 * 86_400.0
 """The longest deadline or gate timeout: a year (longer ones would overflow
 a date, and a run that may wait longer than that should wait without one)."""
+
+MAX_METADATA_DEPTH = 32
+"""How deeply objects and arrays may nest in ``RunSpec.metadata`` (the
+metadata object itself is level 1): far below what the journal's JSON
+reader can read back inside an event."""
 
 
 class Limits(Settings):
@@ -78,6 +83,8 @@ class RunSpec(Settings):
     limits: Limits = Field(default_factory=Limits)
     gate_policy: GatePolicy = Field(default_factory=GatePolicy)
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    """Free-form JSON kept with the run, nested at most
+    :data:`MAX_METADATA_DEPTH` levels deep."""
     explore: ExploreSettings = Field(default_factory=ExploreSettings)
     """How an explore run generates, judges and selects hypotheses."""
     safety_policy: SafetyPolicy = Field(default_factory=SafetyPolicy)
@@ -89,6 +96,17 @@ class RunSpec(Settings):
         if not goal.strip():
             raise ValueError("the goal must not be blank")
         return goal
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_not_too_deep(
+        cls, metadata: dict[str, JsonValue]
+    ) -> dict[str, JsonValue]:
+        if json_depth(metadata) > MAX_METADATA_DEPTH:
+            raise ValueError(
+                f"objects and arrays nest more than {MAX_METADATA_DEPTH} levels deep"
+            )
+        return metadata
 
     @field_validator("tasks")
     @classmethod

@@ -8,11 +8,30 @@ from datetime import UTC, datetime
 
 import anyio
 
-from .._errors import GateError
+from .._errors import ConfigurationError, GateError
 from ..messages import GateRequest, GateResolution
 
 Validator = Callable[[GateResolution], None]
-"""Raises ``ValueError`` when a resolution does not fit the gate."""
+"""Raises ``ValueError`` when a resolution does not fit the gate (a
+``ConfigurationError`` to name the field)."""
+
+
+class GateAlreadyResolved(GateError):
+    """The gate has its answer already (another person's, or its timeout's)."""
+
+
+class ResolutionRefused(GateError):
+    """The resolution does not fit the gate, or could not be journaled; the
+    gate stays open.
+
+    Attributes:
+        field: the resolution's field the problem is about (``tasks``,
+            ``hypotheses``, ``decision``, ``note``).
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(slots=True)
@@ -52,17 +71,29 @@ class GateRegistry:
         """Answer a gate and wait until the run has journaled the answer.
 
         Raises:
-            GateError: no open gate has this id, or the resolution does not
-                fit it (an edit whose tasks are not a valid plan, say).
+            GateAlreadyResolved: the gate has been answered already (two
+                people answering at once: the second one).
+            ResolutionRefused: the resolution does not fit the gate (an edit
+                whose tasks are not a valid plan, say) or holds a string the
+                journal cannot store; names the field, and the gate stays open.
+            GateError: no open gate has this id, or the run ended before it
+                journaled the answer.
         """
         pending = self._open.get(gate_id)
-        if pending is None or pending.resolution is not None:
+        if pending is None:
             raise GateError(f"no open gate {gate_id!r}")
+        if pending.resolution is not None:
+            raise GateAlreadyResolved(f"gate {gate_id} is already resolved")
+        try:
+            resolution.check_storable()
+        except ConfigurationError as exc:
+            raise ResolutionRefused(exc.field, f"gate {gate_id}: {exc}") from None
         if pending.validate is not None:
             try:
                 pending.validate(resolution)
             except ValueError as exc:
-                raise GateError(f"gate {gate_id}: {exc}") from None
+                field = _refused_field(pending.request, resolution, exc)
+                raise ResolutionRefused(field, f"gate {gate_id}: {exc}") from None
         pending.resolution = resolution
         pending.answered.set()
         await pending.journaled.wait()
@@ -111,3 +142,20 @@ class GateRegistry:
     def close_all(self, error: str) -> None:
         for gate_id in list(self._open):
             self.close(gate_id, error)
+
+
+def _refused_field(
+    request: GateRequest, resolution: GateResolution, error: ValueError
+) -> str:
+    """The field of ``resolution`` a gate's check refused.
+
+    An explore review takes hypotheses, a replan gate edited tasks, and any
+    other gate approve or reject only.
+    """
+    if isinstance(error, ConfigurationError) and error.field:
+        return error.field
+    if request.hypotheses is not None:
+        return "tasks" if resolution.tasks is not None else "hypotheses"
+    if request.proposal is not None and resolution.decision == "edit":
+        return "hypotheses" if resolution.hypotheses is not None else "tasks"
+    return "decision"

@@ -100,9 +100,21 @@ class RunHandle:
         return self._record.state.result()
 
     async def cancel(self) -> None:
-        """Cancel the run and wait until its end is journaled."""
+        """Cancel the run and wait until its end is journaled.
+
+        Returns at once for a run that has ended already (in any status).
+
+        Raises:
+            SupervisorError: the run did not end: the supervisor let go of
+                it first (it is stopping, or the run's driver crashed); the
+                journal keeps the run, unfinished, to be resumed from there.
+        """
         await self._request_cancel()
         await self._record.done.wait()
+        if not self._record.state.status.final:
+            raise SupervisorError(
+                f"run {self.run_id} was not cancelled: {self._record.detached}"
+            )
 
     def events(self, after: int = 0) -> AsyncIterator[Event]:
         """The run's journal events with ``seq > after``: past ones, then live.

@@ -284,6 +284,7 @@ class Supervisor:
         """
         if not isinstance(spec, RunSpec):
             spec = RunSpec.model_validate(spec)  # ConfigurationError if bad
+        spec.check_storable()  # a lone surrogate in a string: ConfigurationError
         tg, roles = self._task_group, self._roles
         if tg is None or roles is None or self._stopping:
             raise SupervisorError(

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from daemon_process import DaemonProcess, wait_for
@@ -410,7 +411,14 @@ def test_last_event_id_is_bounded_like_after_before_the_stream_starts(
         with second.client() as client:
             refused = {
                 value: client.get(url, headers={"Last-Event-ID": value})
-                for value in ("9223372036854775808", "1000000001", "-1", "abc")
+                for value in (
+                    "9223372036854775808",
+                    "1000000001",
+                    "-1",
+                    "abc",
+                    "1" * 25,
+                    "0" * 25,
+                )
             }
             last = client.get(url, headers={"Last-Event-ID": "1000000000"})
             replayed = client.get(url, headers={"Last-Event-ID": "0"})
@@ -424,3 +432,190 @@ def test_last_event_id_is_bounded_like_after_before_the_stream_starts(
     assert last.text == ""
     assert replayed.text.count("event: ") > 5
     assert "OverflowError" not in second.output()
+
+
+# Bodies the journal could not keep -------------------------------------------
+
+JSON = {"content-type": "application/json"}
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"goal": "g", "context": ["\\udfff"]}',
+        b'{"goal": "g", "metadata": {"\\udc00": 1}}',
+        b'{"goal": "g", "metadata": {"note": "half \\ud800 a character"}}',
+    ],
+    ids=["context", "metadata-key", "metadata-value"],
+)
+def test_a_lone_surrogate_in_a_run_spec_is_a_400_naming_the_body(
+    daemon: DaemonProcess, content: bytes
+) -> None:
+    with daemon.client() as client:
+        response = client.post("/v1/runs", content=content, headers=JSON)
+        runs = client.get("/v1/runs").json()["runs"]
+    assert response.status_code == 400, response.text
+    assert response.json()["field"] == "body"
+    assert response.json()["detail"].startswith("the body is not valid JSON: ")
+    assert runs == []
+
+
+def test_a_lone_surrogate_in_a_gate_answer_is_refused_and_the_gate_stays_open(
+    daemon: DaemonProcess,
+) -> None:
+    with daemon.client() as client:
+        run_id = submit(client)
+        (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+        url = f"/v1/gates/{gate['gate_id']}"
+        refused = [
+            client.post(url, content=content, headers=JSON)
+            for content in (
+                b'{"decision": "approve", "by": "\\udfff"}',
+                b'{"decision": "reject", "note": "\\udfff"}',
+            )
+        ]
+        still_open = client.get("/v1/gates").json()["gates"]
+        cancel = client.post(f"/v1/runs/{run_id}/cancel")
+    for response in refused:
+        assert response.status_code == 400, response.text
+        assert response.json()["field"] == "body"
+    assert [g["gate_id"] for g in still_open] == [gate["gate_id"]]
+    # The run still waits at its gate, so a cancel really cancels it.
+    assert cancel.status_code == 200, cancel.text
+    assert cancel.json()["status"] == "cancelled"
+    assert "Traceback" not in daemon.output()
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """Metadata whose objects and arrays nest ``depth`` levels deep."""
+    value: Any = "leaf"
+    for _ in range(depth - 1):
+        value = [value]
+    return {"deep": value}
+
+
+def test_metadata_nested_past_the_limit_is_a_422_naming_the_metadata(
+    daemon: DaemonProcess,
+) -> None:
+    with daemon.client() as client:
+        deep = client.post("/v1/runs", json={"goal": "g", "metadata": nested(33)})
+        deeper = client.post("/v1/runs", json={"goal": "g", "metadata": nested(200)})
+        runs = client.get("/v1/runs").json()["runs"]
+    assert deep.status_code == 422, deep.text
+    assert deep.json()["field"] == "metadata"
+    assert "32 levels" in deep.json()["detail"]
+    assert deeper.status_code in (400, 422), deeper.text
+    assert deeper.json()["field"] in ("body", "metadata")
+    assert runs == []
+
+
+def test_metadata_at_the_depth_limit_is_streamed_back_and_survives_a_restart(
+    tmp_path: Path,
+) -> None:
+    metadata = nested(32)
+    first = DaemonProcess(tmp_path / "data").start()
+    try:
+        with first.client() as client:
+            run_id = submit(client, metadata=metadata)
+            wait_for(lambda: client.get("/v1/gates").json()["gates"])
+        assert first.terminate() == 0
+    finally:
+        first.close()
+    # The run waits at its gate: the next daemon must read it back to resume.
+    second = DaemonProcess(tmp_path / "data").start()
+    try:
+        with second.client() as client:
+            (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+            approved = client.post(
+                f"/v1/gates/{gate['gate_id']}", json={"decision": "approve"}
+            )
+            assert finished(client, run_id)["status"] == "completed"
+            stream = client.get(f"/v1/runs/{run_id}/events")
+    finally:
+        second.close()
+    assert approved.status_code == 200, approved.text
+    frames = [f for f in stream.text.split("\n\n") if f.startswith("id:")]
+    submitted = json.loads(frames[0].split("data: ", 1)[1])
+    assert submitted["kind"] == "run_submitted"
+    assert submitted["spec"]["metadata"] == metadata
+    assert "event: run_finished" in frames[-1]
+
+
+def test_cancelling_a_run_that_cannot_end_is_no_200(tmp_path: Path) -> None:
+    daemon = DaemonProcess(
+        tmp_path / "data", "--model", "python:unstorable_model:model"
+    ).start()
+    try:
+        with daemon.client() as client:
+            run_id = submit(client, gate_policy=NO_GATE)
+            wait_for(lambda: f"run {run_id} crashed" in daemon.output())
+            cancel = client.post(f"/v1/runs/{run_id}/cancel")
+            view = client.get(f"/v1/runs/{run_id}").json()
+    finally:
+        daemon.close()
+    assert cancel.status_code == 409, cancel.text
+    assert "was not cancelled" in cancel.json()["detail"]
+    assert view["status"] != "cancelled"
+
+
+# Two people, one gate --------------------------------------------------------
+
+
+def test_of_two_answers_at_once_one_gets_200_and_the_other_409(
+    daemon: DaemonProcess,
+) -> None:
+    async def both(gate_id: str) -> list[httpx.Response]:
+        headers = {"Authorization": f"Bearer {daemon.token}"}
+        async with httpx.AsyncClient(
+            base_url=daemon.url, headers=headers, timeout=10
+        ) as client:
+            answers: list[httpx.Response] = []
+
+            async def answer(by: str) -> None:
+                body = {"decision": "approve", "by": by}
+                answers.append(await client.post(f"/v1/gates/{gate_id}", json=body))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(answer, "alice")
+                tg.start_soon(answer, "bob")
+            return answers
+
+    with daemon.client() as client:
+        run_ids = [submit(client) for _ in range(5)]
+        for run_id in run_ids:
+            (gate,) = wait_for(
+                lambda run_id=run_id: client.get(
+                    "/v1/gates", params={"run_id": run_id}
+                ).json()["gates"]
+            )
+            answers = anyio.run(both, gate["gate_id"])
+            codes = sorted(r.status_code for r in answers)
+            assert codes == [200, 409], [r.text for r in answers]
+            (loser,) = [r for r in answers if r.status_code == 409]
+            assert loser.json() == {
+                "detail": f"gate {gate['gate_id']} is already resolved",
+                "field": None,
+            }
+
+
+def test_an_edit_with_hypotheses_at_a_replan_gate_names_the_hypotheses(
+    daemon: DaemonProcess,
+) -> None:
+    with daemon.client() as client:
+        submit(client)
+        (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+        url = f"/v1/gates/{gate['gate_id']}"
+        hypotheses = client.post(
+            url, json={"decision": "edit", "hypotheses": [{"statement": "x"}]}
+        )
+        tasks = client.post(
+            url,
+            json={
+                "decision": "edit",
+                "tasks": [{"key": "e", "description": "d", "depends_on": ["ghost"]}],
+            },
+        )
+    assert hypotheses.status_code == 422, hypotheses.text
+    assert hypotheses.json()["field"] == "hypotheses"
+    assert tasks.status_code == 422, tasks.text
+    assert tasks.json()["field"] == "tasks"

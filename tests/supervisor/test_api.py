@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from scripts import DelegatingStore
 
 import replan
 from replan import (
@@ -28,7 +30,8 @@ from replan import (
     TaskStatus,
     UnknownRunError,
 )
-from replan.messages import RunFinished
+from replan.messages import MAX_METADATA_DEPTH, RunFinished, RunSubmitted, TaskFinished
+from replan.store import RunSummary, SQLiteStore
 
 PLAN = [
     TaskDraft(key="a", description="first step"),
@@ -502,3 +505,96 @@ def test_a_boolean_is_no_number_in_a_map_of_numbers() -> None:
         ExploreSettings(thresholds={"novelty": True})
     assert caught.value.field == "thresholds"
     assert "novelty: expected a number, not true or false" in caught.value.problem
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        # Lone UTF-16 surrogates: JSON can carry them, no journal can store them.
+        ({"goal": "g", "context": ["fine", "\udfff"]}, "context.1"),
+        ({"goal": "g", "metadata": {"\udc00": 1}}, "metadata"),
+        ({"goal": "g", "metadata": {"a": [1, {"b": "\ud800"}]}}, "metadata.a.1.b"),
+        (
+            {"goal": "g", "explore": {"constraints": ["\udfff"]}},
+            "explore.constraints.0",
+        ),
+    ],
+    ids=["context", "metadata-key", "metadata-value", "explore"],
+)
+async def test_a_spec_with_a_string_no_journal_can_store_is_refused_naming_the_field(
+    spec: dict[str, Any], field: str
+) -> None:
+    model = ScriptedModel(answers())
+    store = MemoryStore()
+    async with Supervisor(model, store) as sup:
+        with pytest.raises(ConfigurationError) as from_dict:
+            await sup.submit(spec)
+        built = RunSpec.model_validate(spec)  # a valid model, all the same
+        with pytest.raises(ConfigurationError) as from_model:
+            await sup.submit(built)
+        assert await store.list_runs() == []
+    assert from_dict.value.field == field
+    assert from_model.value.field == field
+    assert "surrogate" in from_dict.value.problem
+    assert model.calls == []
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """Metadata whose objects and arrays nest ``depth`` levels deep."""
+    value: Any = "leaf"
+    for _ in range(depth - 1):
+        value = [value]
+    return {"deep": value}
+
+
+@pytest.mark.parametrize("depth", [MAX_METADATA_DEPTH + 1, 200])
+def test_metadata_nested_past_the_limit_is_refused_naming_the_field(
+    depth: int,
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        RunSpec(goal="g", metadata=nested(depth))
+    assert caught.value.field == "metadata"
+    assert f"more than {MAX_METADATA_DEPTH} levels" in caught.value.problem
+
+
+async def test_metadata_at_the_depth_limit_is_journaled_and_read_back(
+    tmp_path: Path,
+) -> None:
+    metadata = nested(MAX_METADATA_DEPTH)
+    path = tmp_path / "runs.db"
+    async with SQLiteStore(path) as store:
+        async with Supervisor(ScriptedModel(answers()), store) as sup:
+            handle = await sup.submit({"goal": "g", "metadata": metadata})
+            result = await finish(handle)
+        assert result.status is RunStatus.COMPLETED
+    async with SQLiteStore(path) as reopened:
+        events = await reopened.read(handle.run_id)
+    submitted = events[0]
+    assert isinstance(submitted, RunSubmitted)
+    assert submitted.spec.metadata == metadata
+    assert isinstance(events[-1], RunFinished)
+
+
+class FailingStore(DelegatingStore):
+    """A journal that breaks when the first task's end is appended."""
+
+    async def append(
+        self, run_id: str, events: Sequence[replan.Event], summary: RunSummary
+    ) -> None:
+        if any(isinstance(e, TaskFinished) for e in events):
+            raise RuntimeError("the disk is gone")
+        await self.inner.append(run_id, events, summary)
+
+
+async def test_cancelling_a_run_whose_driver_crashed_says_it_was_not_cancelled() -> (
+    None
+):
+    model = ScriptedModel(answers())
+    async with Supervisor(model, FailingStore(MemoryStore())) as sup:
+        handle = await sup.submit(RunSpec(goal="g"))
+        with anyio.fail_after(10), pytest.raises(SupervisorError):
+            await handle.result()
+        with anyio.fail_after(10), pytest.raises(SupervisorError) as caught:
+            await handle.cancel()
+        assert handle.status is RunStatus.RUNNING
+    assert "was not cancelled" in str(caught.value)

@@ -17,6 +17,7 @@ from replan import (
     GatePolicy,
     GateRequest,
     GateResolution,
+    Hypothesis,
     Limits,
     MemoryStore,
     ModelRequest,
@@ -36,6 +37,7 @@ from replan import (
 )
 from replan.messages import GateOpened, GateResolved
 from replan.store import RunSummary
+from replan.supervisor._gates import GateAlreadyResolved, ResolutionRefused
 
 # A plan where the first task is a milestone with a finding, so the reviewer
 # is asked once while t2 and t3 are still pending.
@@ -634,3 +636,118 @@ async def test_a_gate_is_listed_only_once_its_opening_is_journaled() -> None:
 
     assert status is RunStatus.WAITING_FOR_HUMAN
     assert "gate_opened" in journaled
+
+
+# Answers the gate refuses, and answers at once ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"decision": "approve", "by": "\udfff"}, "by"),
+        ({"decision": "reject", "note": "why \ud800 not"}, "note"),
+        (
+            {
+                "decision": "edit",
+                "tasks": [TaskDraft(key="e", description="d", depends_on=["\udc00"])],
+            },
+            "tasks.0.depends_on.0",
+        ),
+    ],
+    ids=["by", "note", "task"],
+)
+async def test_an_answer_the_journal_cannot_store_is_refused_and_the_gate_stays_open(
+    fields: dict[str, Any], field: str
+) -> None:
+    # A lone UTF-16 surrogate: JSON can carry it, no UTF-8 journal can store it.
+    model = ScriptedModel(Script())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec())
+        gate = await next_gate(sup)
+        with anyio.fail_after(10), pytest.raises(ResolutionRefused) as refused:
+            await sup.gates.resolve(gate.gate_id, GateResolution(**fields))
+        assert refused.value.field == field
+        assert "surrogate" in str(refused.value)
+        assert isinstance(refused.value, replan.GateError)
+        assert [g.gate_id for g in sup.gates.pending()] == [gate.gate_id]
+        assert handle.status is RunStatus.WAITING_FOR_HUMAN
+
+        await sup.gates.resolve(gate.gate_id, GateResolution(decision="approve"))
+        result = await finish(handle)
+    assert result.status is RunStatus.COMPLETED
+
+
+async def test_of_two_answers_at_once_the_second_finds_the_gate_already_resolved() -> (
+    None
+):
+    model = ScriptedModel(Script())
+    outcomes: dict[str, BaseException | None] = {}
+
+    async def answer(by: str) -> None:
+        resolution = GateResolution(decision="approve", by=by)
+        try:
+            await sup.gates.resolve(gate.gate_id, resolution)
+        except replan.GateError as exc:
+            outcomes[by] = exc
+        else:
+            outcomes[by] = None
+
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec())
+        gate = await next_gate(sup)
+        # Both start before the run journals the first answer.
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(answer, "alice")
+                tg.start_soon(answer, "bob")
+        result = await finish(handle)
+
+    winners = [by for by, error in outcomes.items() if error is None]
+    losers = [error for error in outcomes.values() if error is not None]
+    assert len(winners) == 1
+    assert len(losers) == 1
+    assert isinstance(losers[0], GateAlreadyResolved)
+    assert result.versions[-1].approved_by == winners[0]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"decision": "edit", "hypotheses": [Hypothesis(statement="x")]}, "hypotheses"),
+        (
+            {
+                "decision": "edit",
+                "tasks": [TaskDraft(key="e", description="d", depends_on=["ghost"])],
+            },
+            "tasks",
+        ),
+    ],
+    ids=["hypotheses", "tasks"],
+)
+async def test_an_edit_a_replan_gate_refuses_names_the_field_it_refuses(
+    fields: dict[str, Any], field: str
+) -> None:
+    model = ScriptedModel(Script())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec())
+        gate = await next_gate(sup)
+        with anyio.fail_after(10), pytest.raises(ResolutionRefused) as refused:
+            await sup.gates.resolve(gate.gate_id, GateResolution(**fields))
+        assert refused.value.field == field
+        await sup.gates.resolve(gate.gate_id, GateResolution(decision="approve"))
+        await finish(handle)
+
+
+async def test_an_edit_at_an_approval_gate_names_the_decision() -> None:
+    model = ScriptedModel(Script(trigger=None))
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(RunSpec(goal="report by email", tasks=SIDE_EFFECTS))
+        gate = await next_gate(sup)
+        edit = GateResolution(
+            decision="edit", tasks=[TaskDraft(key="z", description="z")]
+        )
+        with anyio.fail_after(10), pytest.raises(ResolutionRefused) as refused:
+            await sup.gates.resolve(gate.gate_id, edit)
+        assert refused.value.field == "decision"
+        await sup.gates.resolve(gate.gate_id, GateResolution(decision="approve"))
+        await finish(handle)
