@@ -19,6 +19,7 @@ from ._errors import ActorStopped as ActorStopped
 from ._errors import ActorTimeout as ActorTimeout
 from ._errors import BudgetExhausted as BudgetExhausted
 from ._errors import ConfigurationError as ConfigurationError
+from ._errors import GateAlreadyResolved as GateAlreadyResolved
 from ._errors import GateError as GateError
 from ._errors import JournalConflict as JournalConflict
 from ._errors import JournalCorrupt as JournalCorrupt
@@ -27,6 +28,7 @@ from ._errors import ModelError as ModelError
 from ._errors import ModelOutputError as ModelOutputError
 from ._errors import ModelRefusal as ModelRefusal
 from ._errors import ReplanError as ReplanError
+from ._errors import ResolutionRefused as ResolutionRefused
 from ._errors import SupervisorError as SupervisorError
 from ._errors import TransientModelError as TransientModelError
 from ._errors import UnknownRunError as UnknownRunError
@@ -120,6 +122,7 @@ __all__ = (
     "Event",
     "EvidenceItem",
     "ExploreSettings",
+    "GateAlreadyResolved",
     "GateError",
     "GatePolicy",
     "GateRequest",
@@ -147,6 +150,7 @@ __all__ = (
     "ReplanError",
     "ReplanOutcome",
     "ReplanRecord",
+    "ResolutionRefused",
     "RunHandle",
     "RunResult",
     "RunSpec",

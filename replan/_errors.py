@@ -8,6 +8,8 @@
     ├── SupervisorError              the supervisor is not running or is shutting down
     ├── UnknownRunError              no run with that id (also a KeyError)
     ├── GateError                    no pending gate with that id, or a bad resolution
+    │   ├── GateAlreadyResolved      the gate has its answer already
+    │   └── ResolutionRefused        the answer does not fit the gate (names the field)
     ├── JournalConflict              an append did not continue a run's journal
     ├── JournalCorrupt               a stored event or run row cannot be read back
     ├── ActorError                   a request to an actor did not produce a reply
@@ -83,6 +85,24 @@ class UnknownRunError(ReplanError, KeyError):
 
 class GateError(ReplanError):
     """A gate id is unknown or already resolved, or the resolution is invalid."""
+
+
+class GateAlreadyResolved(GateError):
+    """The gate has its answer already (another person's, or its timeout's)."""
+
+
+class ResolutionRefused(GateError):
+    """The resolution does not fit the gate, or could not be journaled; the
+    gate stays open.
+
+    Attributes:
+        field: the resolution's field the problem is about (``tasks``,
+            ``hypotheses``, ``decision``, ``note``).
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class JournalConflict(ReplanError):

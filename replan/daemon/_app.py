@@ -19,10 +19,16 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException
 
-from .._errors import ConfigurationError, GateError, SupervisorError, UnknownRunError
+from .._errors import (
+    ConfigurationError,
+    GateAlreadyResolved,
+    GateError,
+    ResolutionRefused,
+    SupervisorError,
+    UnknownRunError,
+)
 from .._version import __version__
 from ..messages import GateResolution, Limits, RunSpec, RunStatus
-from ..supervisor._gates import GateAlreadyResolved, ResolutionRefused
 from ._auth import BearerAuth
 from ._json import StrictJsonRoute
 from ._limits import BodyLimit

@@ -2,36 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import anyio
+from pydantic import ValidationError
 
-from .._errors import ConfigurationError, GateError
+from .._errors import (
+    ConfigurationError,
+    GateAlreadyResolved,
+    GateError,
+    ResolutionRefused,
+)
 from ..messages import GateRequest, GateResolution
 
 Validator = Callable[[GateResolution], None]
 """Raises ``ValueError`` when a resolution does not fit the gate (a
 ``ConfigurationError`` to name the field)."""
-
-
-class GateAlreadyResolved(GateError):
-    """The gate has its answer already (another person's, or its timeout's)."""
-
-
-class ResolutionRefused(GateError):
-    """The resolution does not fit the gate, or could not be journaled; the
-    gate stays open.
-
-    Attributes:
-        field: the resolution's field the problem is about (``tasks``,
-            ``hypotheses``, ``decision``, ``note``).
-    """
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 @dataclass(slots=True)
@@ -67,8 +56,14 @@ class GateRegistry:
         pending = self._open.get(gate_id)
         return pending.request if pending else None
 
-    async def resolve(self, gate_id: str, resolution: GateResolution) -> None:
+    async def resolve(
+        self, gate_id: str, resolution: GateResolution | Mapping[str, Any]
+    ) -> None:
         """Answer a gate and wait until the run has journaled the answer.
+
+        ``resolution`` may also be its fields as a mapping
+        (``{"decision": "approve", "by": "alice"}``), as ``submit`` takes a
+        spec's.
 
         Raises:
             GateAlreadyResolved: the gate has been answered already (two
@@ -79,6 +74,8 @@ class GateRegistry:
             GateError: no open gate has this id, or the run ended before it
                 journaled the answer.
         """
+        if not isinstance(resolution, GateResolution):
+            resolution = _resolution_from(gate_id, resolution)
         pending = self._open.get(gate_id)
         if pending is None:
             raise GateError(f"no open gate {gate_id!r}")
@@ -159,3 +156,17 @@ def _refused_field(
     if request.proposal is not None and resolution.decision == "edit":
         return "hypotheses" if resolution.hypotheses is not None else "tasks"
     return "decision"
+
+
+def _resolution_from(gate_id: str, value: object) -> GateResolution:
+    if not isinstance(value, Mapping):
+        raise ResolutionRefused(
+            "resolution",
+            f"gate {gate_id}: expected a GateResolution or a mapping of its "
+            f"fields, got {type(value).__name__}",
+        )
+    try:
+        return GateResolution.model_validate(dict(value))
+    except ValidationError as exc:
+        problem = ConfigurationError.from_validation(exc)
+        raise ResolutionRefused(problem.field, f"gate {gate_id}: {problem}") from None

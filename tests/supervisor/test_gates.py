@@ -14,6 +14,7 @@ from scripts import DelegatingStore
 import replan
 from replan import (
     Alignment,
+    GateAlreadyResolved,
     GatePolicy,
     GateRequest,
     GateResolution,
@@ -23,6 +24,7 @@ from replan import (
     ModelRequest,
     PlanProposal,
     ReplanOutcome,
+    ResolutionRefused,
     RunHandle,
     RunSpec,
     RunStatus,
@@ -37,7 +39,6 @@ from replan import (
 )
 from replan.messages import GateOpened, GateResolved
 from replan.store import RunSummary
-from replan.supervisor._gates import GateAlreadyResolved, ResolutionRefused
 
 # A plan where the first task is a milestone with a finding, so the reviewer
 # is asked once while t2 and t3 are still pending.
@@ -750,4 +751,40 @@ async def test_an_edit_at_an_approval_gate_names_the_decision() -> None:
             await sup.gates.resolve(gate.gate_id, edit)
         assert refused.value.field == "decision"
         await sup.gates.resolve(gate.gate_id, GateResolution(decision="approve"))
+        await finish(handle)
+
+
+async def test_an_answer_may_be_given_as_a_mapping_of_its_fields() -> None:
+    model = ScriptedModel(Script())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec())
+        gate = await next_gate(sup)
+        with anyio.fail_after(10):
+            await sup.gates.resolve(gate.gate_id, {"decision": "approve", "by": "al"})
+        result = await finish(handle)
+    assert result.status is RunStatus.COMPLETED
+    assert result.versions[-1].approved_by == "al"
+
+
+@pytest.mark.parametrize(
+    ("answer", "field", "problem"),
+    [
+        ("approve", "resolution", "expected a GateResolution or a mapping"),
+        ({"decision": "maybe"}, "decision", "Input should be"),
+        ({"decision": "approve", "shout": 1}, "shout", "Extra inputs"),
+    ],
+    ids=["a string", "a bad decision", "an unknown field"],
+)
+async def test_an_answer_that_is_no_resolution_is_refused_naming_the_field(
+    answer: object, field: str, problem: str
+) -> None:
+    model = ScriptedModel(Script())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec())
+        gate = await next_gate(sup)
+        with anyio.fail_after(10), pytest.raises(ResolutionRefused) as refused:
+            await sup.gates.resolve(gate.gate_id, answer)  # type: ignore[arg-type]
+        assert (refused.value.field, problem in str(refused.value)) == (field, True)
+        assert [g.gate_id for g in sup.gates.pending()] == [gate.gate_id]
+        await sup.gates.resolve(gate.gate_id, GateResolution(decision="reject"))
         await finish(handle)
