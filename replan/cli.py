@@ -374,7 +374,7 @@ _GIVEN_UP = object()
 
 
 async def _read_line() -> str:
-    """``input()`` without holding up the exit.
+    """One line of stdin, without holding up the exit.
 
     The line is read on a daemon thread: Ctrl-C at the prompt ends the
     command at once, where an interpreter waiting for a worker thread
@@ -385,7 +385,7 @@ async def _read_line() -> str:
 
     def read() -> None:
         try:
-            lines.put(input())
+            lines.put(_stdin_line())
         except (RuntimeError, OSError, ValueError):  # no stdin at all
             lines.put(EOFError())
         except BaseException as exc:
@@ -400,6 +400,36 @@ async def _read_line() -> str:
         raise line
     assert isinstance(line, str)
     return line
+
+
+def _stdin_line() -> str:
+    """The next line of stdin, without its newline; EOFError at the end.
+
+    A real stdin is read a byte at a time with ``os.read``: a thread blocked
+    there holds no lock of ``sys.stdin``'s buffer, which the interpreter
+    needs at exit (``input()`` holds it whenever stdin or stdout is not a
+    terminal, and exiting after Ctrl-C then aborts). Bytes that do not
+    decode become U+FFFD, so such a line is asked again rather than taken
+    as the end of input. A stdin with no file descriptor (a test's
+    StringIO) is read with ``input()``.
+    """
+    stdin = sys.stdin
+    if stdin is None:
+        raise EOFError
+    try:
+        fd = stdin.fileno()
+    except (AttributeError, OSError, ValueError):
+        return input()
+    line = bytearray()
+    while not line.endswith(b"\n"):
+        byte = os.read(fd, 1)
+        if not byte:
+            if not line:
+                raise EOFError
+            break
+        line += byte
+    encoding = getattr(stdin, "encoding", None) or "utf-8"
+    return line.decode(encoding, errors="replace").removesuffix("\n")
 
 
 def _interactive() -> bool:
