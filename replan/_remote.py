@@ -19,7 +19,11 @@ local journal with ``--db``)."""
 
 
 class RemoteError(Exception):
-    """One line for ``replan: error: ...``."""
+    """One line for ``replan: error: ...``; ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def add_url(parser: argparse.ArgumentParser) -> None:
@@ -67,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         with Client.from_env(getattr(args, "url", None)) as client:
             return _COMMANDS[args.command](client, args)
     except ClientError as exc:
-        raise RemoteError(str(exc)) from None
+        raise RemoteError(str(exc), exc.code) from None
 
 
 def _submit(client: Client, args: argparse.Namespace) -> int:
@@ -127,7 +131,7 @@ def list_runs(args: argparse.Namespace) -> int:
                 "GET", "/v1/runs", params={"limit": min(args.limit, 1000)}
             )
     except ClientError as exc:
-        raise RemoteError(str(exc)) from None
+        raise RemoteError(str(exc), exc.code) from None
     for s in page["runs"]:
         goal = " ".join(s["goal"].split())
         if len(goal) > 60:
@@ -145,7 +149,7 @@ def show(args: argparse.Namespace) -> int:
             run_id, view = _find_run(client, args.run_id)
             events = list(client.events(run_id, until=view["last_seq"]))
     except ClientError as exc:
-        raise RemoteError(str(exc)) from None
+        raise RemoteError(str(exc), exc.code) from None
     state = replay(events)
     if args.json:
         print(state.result().model_dump_json(indent=2))

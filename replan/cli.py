@@ -123,7 +123,7 @@ def _failed(exc: BaseException) -> int:
         case CommandError():
             message, code = str(first), first.code
         case _remote.RemoteError():
-            message = str(first)
+            message, code = str(first), first.code
         case sqlite3.Error():
             message = f"the journal cannot be used: {first}"
         case OSError():

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from daemon_process import DaemonProcess, wait_for
 
-from replan import _remote
-from replan._client import ClientError
+from replan import _client, _remote
+from replan._client import Backoff, ClientError
 from replan._demo import GOAL
 from replan.cli import main
 
@@ -74,6 +76,57 @@ def test_gates_are_answered_and_runs_cancelled_from_the_command_line(
         wait_for(lambda: client.get("/v1/gates").json()["gates"])
     assert main(["cancel", waiting]) == 0
     assert capsys.readouterr().out.strip() == f"run {waiting}: cancelled"
+
+
+@pytest.mark.parametrize("stop", ["drain", "crash"])
+def test_watch_follows_a_run_across_a_daemon_restart(
+    remote: DaemonProcess,
+    stop: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(
+        _client, "DEFAULT_BACKOFF", Backoff(first_s=0.05, max_s=0.5, total_s=60)
+    )
+    assert main(["submit", "--goal", GOAL]) == 0
+    run_id = capsys.readouterr().out.strip()
+    codes: list[int] = []
+    watch = threading.Thread(target=lambda: codes.append(main(["watch", run_id])))
+    watch.start()
+    try:
+        seen = _wait_for_output(capsys, "waiting for a decision")
+        if stop == "drain":
+            assert remote.terminate() == 0
+        else:
+            remote.kill()
+        remote.start()
+        with remote.client() as client:
+            (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+            answer = {"decision": "approve", "by": "gina"}
+            client.post(f"/v1/gates/{gate['gate_id']}", json=answer).raise_for_status()
+        watch.join(60)
+        assert not watch.is_alive(), "watch did not follow the restarted daemon"
+    finally:
+        remote.close()
+        watch.join(60)
+    captured = capsys.readouterr()
+    lines = (seen + captured.out).splitlines()
+    assert codes == [0], captured.err
+    assert lines[-1] == "run finished: completed"
+    assert any(line.startswith("replan applied (scope_shift)") for line in lines)
+    assert lines.count(lines[0]) == 1  # nothing is printed twice on reconnecting
+
+
+def _wait_for_output(
+    capsys: pytest.CaptureFixture[str], text: str, seconds: float = 30
+) -> str:
+    seen = ""
+    deadline = time.monotonic() + seconds
+    while text not in seen:
+        assert time.monotonic() < deadline, f"never printed {text!r}: {seen}"
+        time.sleep(0.02)
+        seen += capsys.readouterr().out
+    return seen
 
 
 def test_client_errors_are_one_line(
