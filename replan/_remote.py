@@ -105,16 +105,43 @@ def _follow(client: Client, run_id: str) -> int:
     state: RunState | None = None
     for event in client.events(run_id):
         state = apply(state, event)
-        for line in _render.event_lines(event, state):
+        for line in _render.event_lines(event, state, full_gate_ids=True):
             print(line, flush=True)
     return 0
 
 
 def _answer(client: Client, args: argparse.Namespace) -> int:
     body = {"decision": args.command, "by": args.by, "note": args.note}
-    answer = client.call("POST", f"/v1/gates/{args.gate_id}", json=body)
+    gate_id = args.gate_id
+    if not gate_id.strip():
+        raise ClientError("GATE_ID cannot be empty", code=2)
+    try:
+        answer = client.call("POST", f"/v1/gates/{gate_id}", json=body)
+    except ClientError as exc:
+        if exc.status != 404:
+            raise
+        full_id = _find_gate(client, gate_id)
+        if full_id is None:
+            raise
+        answer = client.call("POST", f"/v1/gates/{full_id}", json=body)
     print(f"gate {answer['gate_id']}: {answer['decision']} (run {answer['run_id']})")
     return 0
+
+
+def _find_gate(client: Client, short_id: str) -> str | None:
+    """The full id of the one waiting gate named ``short_id`` within its run
+    (``g1`` for ``RUN_ID-g1``), or None if no gate waits under that name."""
+    gates = client.call("GET", "/v1/gates")["gates"]
+    matches = sorted(
+        g["gate_id"] for g in gates if g["gate_id"].endswith(f"-{short_id}")
+    )
+    if len(matches) > 1:
+        raise ClientError(
+            f"gate {short_id} is waiting in {len(matches)} runs: give its full id "
+            f"({', '.join(matches[:2])}{', ...' if len(matches) > 2 else ''})",
+            code=2,
+        )
+    return matches[0] if matches else None
 
 
 def _cancel(client: Client, args: argparse.Namespace) -> int:

@@ -78,6 +78,47 @@ def test_gates_are_answered_and_runs_cancelled_from_the_command_line(
     assert capsys.readouterr().out.strip() == f"run {waiting}: cancelled"
 
 
+def test_the_gate_id_show_prints_is_the_one_approve_takes(
+    remote: DaemonProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_ids = []
+    for _ in range(2):
+        assert main(["submit", "--goal", GOAL]) == 0
+        run_ids.append(capsys.readouterr().out.strip())
+    with remote.client() as client:
+        wait_for(lambda: len(client.get("/v1/gates").json()["gates"]) == 2)
+
+    assert main(["show", run_ids[0]]) == 0
+    shown = [
+        line.split()[1]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("gate ")
+    ]
+    assert shown == [f"{run_ids[0]}-g1"]
+    assert main(["reject", shown[0]]) == 0
+    assert capsys.readouterr().out.startswith(f"gate {shown[0]}: reject")
+
+    # The short id names the gate when only one waiting gate has it.
+    assert main(["submit", "--goal", GOAL]) == 0
+    third = capsys.readouterr().out.strip()
+    with remote.client() as client:
+        wait_for(lambda: len(client.get("/v1/gates").json()["gates"]) == 2)
+    assert main(["approve", "g1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("replan: error: gate g1 is waiting in 2 runs: give its")
+    assert main(["cancel", third]) == 0
+    assert main(["approve", "g1", "--by", "gina"]) == 0
+    out = capsys.readouterr().out.splitlines()[-1]
+    assert out == f"gate {run_ids[1]}-g1: approve (run {run_ids[1]})"
+    assert main(["approve", "g7"]) == 1
+    assert capsys.readouterr().err == "replan: error: 404: no gate g7\n"
+
+    assert main(["watch", run_ids[1]]) == 0
+    watched = capsys.readouterr().out
+    assert f"gate {run_ids[1]}-g1 opened" in watched
+    assert f"gate {run_ids[1]}-g1 resolved: approve by gina" in watched
+
+
 @pytest.mark.parametrize("stop", ["drain", "crash"])
 def test_watch_follows_a_run_across_a_daemon_restart(
     remote: DaemonProcess,
