@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -77,24 +78,56 @@ def run(args: argparse.Namespace) -> int:
 def _submit(client: Client, args: argparse.Namespace) -> int:
     spec: dict[str, Any] = {}
     if args.spec:
-        try:
-            text = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
-            spec = json.loads(text)
-        except (OSError, ValueError) as exc:
-            raise RemoteError(f"cannot read the spec {args.spec}: {exc}") from None
-        if not isinstance(spec, dict):
-            raise RemoteError("the spec must be a JSON object")
+        spec = _read_spec(args.spec)
     if args.goal:
         spec["goal"] = args.goal
     if args.pattern:
         spec["pattern"] = args.pattern
     if "goal" not in spec:
-        raise RemoteError("give a SPEC file or --goal")
+        raise RemoteError("give a SPEC file or --goal", 2)
     accepted = client.call("POST", "/v1/runs", json=spec)
     print(accepted["run_id"])
     if args.watch:
         return _follow(client, accepted["run_id"])
     return 0
+
+
+def _read_spec(name: str) -> dict[str, Any]:
+    """The RunSpec JSON object in file ``name`` (``-``: stdin); every problem
+    is a bad argument (exit 2)."""
+    try:
+        text = sys.stdin.read() if name == "-" else Path(name).read_text()
+        spec = json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise RemoteError(f"cannot read the spec {name}: {exc}", 2) from None
+    if not isinstance(spec, dict):
+        raise RemoteError(f"the spec {name} must be a JSON object", 2)
+    field = _not_finite(spec)
+    if field is not None:
+        raise RemoteError(
+            f"cannot read the spec {name}: {field} is not a finite number "
+            "(no NaN, Infinity or number too large for a float)",
+            2,
+        )
+    return spec
+
+
+def _not_finite(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first NaN or infinite number in ``value``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "the value"
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, inner in items:
+        found = _not_finite(inner, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def _watch(client: Client, args: argparse.Namespace) -> int:
@@ -113,8 +146,6 @@ def _follow(client: Client, run_id: str) -> int:
 def _answer(client: Client, args: argparse.Namespace) -> int:
     body = {"decision": args.command, "by": args.by, "note": args.note}
     gate_id = args.gate_id
-    if not gate_id.strip():
-        raise ClientError("GATE_ID cannot be empty", code=2)
     try:
         answer = client.call("POST", f"/v1/gates/{gate_id}", json=body)
     except ClientError as exc:
@@ -163,7 +194,8 @@ def list_runs(args: argparse.Namespace) -> int:
         goal = " ".join(s["goal"].split())
         if len(goal) > 60:
             goal = goal[:59] + "…"
-        print(f"{s['run_id']}  {s['status']:<17} {s['pattern']:<9}  {goal}")
+        shape = s["kind"] if s.get("kind") == "explore" else s["pattern"]
+        print(f"{s['run_id']}  {s['status']:<17} {shape:<9}  {goal}")
     if not page["runs"]:
         print("no runs", file=sys.stderr)
     return 0

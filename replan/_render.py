@@ -284,7 +284,9 @@ def run_report(state: RunState) -> list[str]:
         f"run      {result.run_id}",
         f"status   {result.status.value}",
         *_labelled("goal", result.goal),
-        f"pattern  {result.pattern}",
+        "kind     explore"
+        if state.spec.kind == "explore"
+        else f"pattern  {result.pattern}",
     ]
     if result.stop_reason:
         lines.append(f"stopped  {result.stop_reason}")

@@ -13,6 +13,7 @@ import contextlib
 import math
 import os
 import queue
+import shlex
 import sqlite3
 import sys
 import threading
@@ -68,19 +69,21 @@ class Console:
         stream.flush()
 
 
+MAX_MESSAGE = 400
+"""At most this many characters of an error message are printed."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``replan`` command line and return its exit status."""
+    _tolerant_output()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        if (
-            args.command in ("show", "runs")
-            and not args.db
-            and not (args.url or os.environ.get("REPLAN_URL"))
-        ):
-            parser.error(f"{args.command}: give --db PATH or --url URL")
+        _check(parser, args)
     except SystemExit as exc:  # argparse exits on --help and on bad arguments
         return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
+    if sys.stdout is None:  # ``replan ... >&-``
+        return _failed(CommandError("cannot write the output: stdout is closed"))
     try:
         if args.command == "serve":
             return serve(args)
@@ -95,6 +98,32 @@ def main(argv: list[str] | None = None) -> int:
         return anyio.run(_dispatch, args)
     except BaseException as exc:
         return _failed(exc)
+
+
+def _tolerant_output() -> None:
+    """Output that cannot be encoded (an ASCII-only stdout) becomes ``?``
+    rather than failing the command."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(AttributeError, ValueError, OSError):
+                reconfigure(errors="replace")
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Argument errors argparse cannot see by itself."""
+    if getattr(args, "db", None) == "":
+        parser.error(f"{args.command}: --db needs a file path")
+    for name in ("run_id", "gate_id"):
+        value = getattr(args, name, None)
+        if value is not None and not value.strip():
+            parser.error(f"{args.command}: {name.upper()} cannot be empty")
+    if (
+        args.command in ("show", "runs")
+        and not args.db
+        and not (args.url or os.environ.get("REPLAN_URL"))
+    ):
+        parser.error(f"{args.command}: give --db PATH or --url URL")
 
 
 def _failed(exc: BaseException) -> int:
@@ -132,6 +161,9 @@ def _failed(exc: BaseException) -> int:
             if os.environ.get("REPLAN_DEBUG"):
                 raise exc
             message = f"unexpected {type(first).__name__}: {first}"
+    message = " ".join(message.split())
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 1] + "…"
     with contextlib.suppress(OSError, ValueError, AttributeError):
         print(f"replan: error: {message}", file=sys.stderr)
     return code
@@ -208,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     _remote.add_url(runs)
     runs.add_argument(
         "--limit",
-        type=whole_number(1),
+        type=whole_number(1, 1_000_000),
         default=100,
         help="at most this many (default 100)",
     )
@@ -299,7 +331,7 @@ async def supervise(
     The journal is ``db`` (a SQLite file) when given, else in memory; the
     model is closed afterwards when it holds a connection.
     """
-    store: Store = _open_store(db, create=True) if db else MemoryStore()
+    store: Store = MemoryStore() if db is None else _open_store(db, create=True)
     try:
         async with AsyncExitStack() as stack:
             aclose = getattr(model, "aclose", None)
@@ -317,7 +349,8 @@ async def supervise(
     else:
         console.emit(["", *report(state, result)])
         if db:
-            console.emit(["", f"journal: replan show {result.run_id} --db {db}"])
+            hint = f"replan show {result.run_id} --db {shlex.quote(db)}"
+            console.emit(["", f"journal: {hint}"])
     return result
 
 
@@ -556,7 +589,8 @@ async def list_runs(console: Console, *, db: str, limit: int) -> int:
         goal = " ".join(s.goal.split())
         if len(goal) > 60:
             goal = goal[:59] + "…"
-        console.emit([f"{s.run_id}  {s.status.value:<17} {s.pattern:<9}  {goal}"])
+        shape = s.kind if s.kind == "explore" else s.pattern
+        console.emit([f"{s.run_id}  {s.status.value:<17} {shape:<9}  {goal}"])
     return 0
 
 
