@@ -77,8 +77,9 @@ def add_run_parser(commands: Any) -> None:
     run.add_argument("--db", metavar="PATH", help="journal the run in this SQLite file")
 
 
-def whole_number(minimum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number, ``minimum`` or more."""
+def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number, ``minimum`` or more (and at most
+    ``maximum`` if given)."""
 
     def parse(text: str) -> int:
         try:
@@ -88,6 +89,8 @@ def whole_number(minimum: int) -> Callable[[str], int]:
         if value < minimum:
             bound = "0 or more" if minimum == 0 else f"at least {minimum}"
             raise argparse.ArgumentTypeError(f"must be {bound}: {text!r}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}: {text!r}")
         return value
 
     return parse

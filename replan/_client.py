@@ -1,16 +1,19 @@
 """The command line's HTTP client of ``replan serve`` (httpx, synchronous).
 
 Every call raises :class:`ClientError` with one line to print: the API's
-own problem text for a 4xx, or why the daemon could not be reached.
+own problem text for a 4xx, or why the daemon could not be reached. The
+bearer token never appears in one.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .messages import EVENT_ADAPTER, Event
+from .messages import EVENT_ADAPTER, Event, RunCompacted, RunFinished
 
 if TYPE_CHECKING:
     import httpx
@@ -19,33 +22,80 @@ if TYPE_CHECKING:
 class ClientError(Exception):
     """A failed API call, as one line."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, code: int = 1) -> None:
         super().__init__(message)
         self.status = status
         """The HTTP status of the API's answer; None when there was none."""
+        self.code = code
+        """The command's exit status: 2 when the arguments or settings are bad."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """How an event stream is resumed after the connection drops: waits
+    from ``first_s`` doubling up to ``max_s``, ``total_s`` in all since the
+    last event before giving up."""
+
+    first_s: float = 0.5
+    max_s: float = 10.0
+    total_s: float = 60.0
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
+
+    def delays(self) -> Iterator[float]:
+        delay, waited = self.first_s, 0.0
+        while waited < self.total_s:
+            step = min(delay, self.total_s - waited)
+            yield step
+            waited += step
+            delay = min(delay * 2, self.max_s)
+
+
+DEFAULT_BACKOFF = Backoff()
+"""The backoff of a client given none."""
+
+_RETRIED = (502, 503, 504)
+"""Answers of a daemon (or a proxy before it) that is restarting or draining."""
 
 
 class Client:
     """The daemon at ``url``, with the bearer token ``token``."""
 
-    def __init__(self, url: str, token: str | None, timeout_s: float = 30) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        timeout_s: float = 30,
+        *,
+        backoff: Backoff | None = None,
+    ) -> None:
         try:
             import httpx
         except ImportError:
             raise ClientError(
                 "the client needs httpx: pip install 'replan[daemon]'"
             ) from None
+        token = (token or "").strip()
+        if not (token.isascii() and token.isprintable()):
+            raise ClientError(
+                "REPLAN_API_TOKEN holds characters not allowed in an HTTP header",
+                code=2,
+            )
+        self._token = token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(
-            base_url=url.rstrip("/"), headers=headers, timeout=timeout_s
-        )
+        try:
+            self._http = httpx.Client(
+                base_url=url.rstrip("/"), headers=headers, timeout=timeout_s
+            )
+        except httpx.InvalidURL as exc:
+            raise ClientError(f"{url!r} is not a valid URL: {exc}", code=2) from None
         self.url = url
+        self.backoff = backoff or DEFAULT_BACKOFF
 
     @classmethod
     def from_env(cls, url: str | None) -> Client:
         found = url or os.environ.get("REPLAN_URL")
         if not found:
-            raise ClientError("give --url URL or set REPLAN_URL")
+            raise ClientError("give --url URL or set REPLAN_URL", code=2)
         return cls(found, os.environ.get("REPLAN_API_TOKEN"))
 
     def close(self) -> None:
@@ -63,48 +113,88 @@ class Client:
 
         try:
             response = self._http.request(method, path, **kwargs)
+        except httpx.InvalidURL as exc:
+            raise ClientError(f"not a valid URL: {self._scrub(exc)}", code=2) from None
         except httpx.HTTPError as exc:
-            raise ClientError(f"cannot reach {self.url}: {exc}") from None
-        return _checked(response).json()
+            raise ClientError(f"cannot reach {self.url}: {self._scrub(exc)}") from None
+        self._checked(response)
+        try:
+            return response.json()
+        except ValueError:
+            raise self._not_replan(response) from None
 
     def events(
         self, run_id: str, after: int = 0, until: int | None = None
     ) -> Iterator[Event]:
-        """The run's events after ``after``; reconnects (``Last-Event-ID``)
-        when the connection drops, and stops after ``until`` if given."""
+        """The run's events after ``after``, up to its ``run_finished`` (or
+        ``run_compacted``) event, or to ``until`` if given.
+
+        A dropped connection, a refused one, or a stream that ends before
+        the run (a daemon draining for a restart) is resumed from the last
+        event seen (``Last-Event-ID``), waiting as :attr:`backoff` says; a
+        ClientError once it gives up.
+        """
         import httpx
 
         last = after
-        retries = 0
+        if until is not None and last >= until:
+            return
+        waits = self.backoff.delays()
         while True:
             headers = {"Last-Event-ID": str(last)}
             try:
                 with self._http.stream(
                     "GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=None
                 ) as response:
-                    _checked(response)
+                    self._checked(response)
+                    kind = response.headers.get("content-type", "")
+                    if not kind.startswith("text/event-stream"):
+                        raise self._not_replan(response)
                     for event in _parse(response.iter_lines()):
                         last = event.seq
-                        retries = 0
+                        waits = self.backoff.delays()
                         yield event
+                        if isinstance(event, RunFinished | RunCompacted):
+                            return
                         if until is not None and last >= until:
                             return
-                    return
+                problem = "the event stream ended before the run did"
             except (httpx.TransportError, httpx.DecodingError) as exc:
-                retries += 1
-                if retries > 5:
-                    raise ClientError(f"lost the event stream: {exc}") from None
+                problem = f"lost the event stream: {self._scrub(exc)}"
+            except ClientError as exc:
+                if exc.status not in _RETRIED:
+                    raise
+                problem = f"lost the event stream: {exc}"
+            delay = next(waits, None)
+            if delay is None:
+                raise ClientError(
+                    f"{problem} (gave up after {self.backoff.total_s:g} s of retries)"
+                )
+            self.backoff.sleep(delay)
 
+    def _checked(self, response: httpx.Response) -> None:
+        """ClientError unless ``response`` is a replan daemon's 2xx."""
+        if response.status_code < 300:
+            return
+        response.read()
+        try:
+            detail = response.json()["detail"]
+        except (ValueError, KeyError, TypeError):
+            raise self._not_replan(response) from None
+        text = self._scrub(detail if isinstance(detail, str) else str(detail))
+        raise ClientError(f"{response.status_code}: {text}", response.status_code)
 
-def _checked(response: httpx.Response) -> httpx.Response:
-    if response.status_code < 400:
-        return response
-    response.read()
-    try:
-        detail = response.json().get("detail", response.text)
-    except ValueError:
-        detail = response.text
-    raise ClientError(f"{response.status_code}: {detail}", response.status_code)
+    def _not_replan(self, response: httpx.Response) -> ClientError:
+        return ClientError(
+            f"{self.url} does not look like a replan daemon "
+            f"(HTTP {response.status_code} for {response.request.url.path})",
+            response.status_code,
+        )
+
+    def _scrub(self, text: object) -> str:
+        """``text`` without the token (an error may quote the request)."""
+        found = str(text)
+        return found.replace(self._token, "***") if self._token else found
 
 
 def _parse(lines: Iterator[str]) -> Iterator[Event]:

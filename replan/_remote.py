@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,11 @@ local journal with ``--db``)."""
 
 
 class RemoteError(Exception):
-    """One line for ``replan: error: ...``."""
+    """One line for ``replan: error: ...``; ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def add_url(parser: argparse.ArgumentParser) -> None:
@@ -67,30 +72,62 @@ def run(args: argparse.Namespace) -> int:
         with Client.from_env(getattr(args, "url", None)) as client:
             return _COMMANDS[args.command](client, args)
     except ClientError as exc:
-        raise RemoteError(str(exc)) from None
+        raise RemoteError(str(exc), exc.code) from None
 
 
 def _submit(client: Client, args: argparse.Namespace) -> int:
     spec: dict[str, Any] = {}
     if args.spec:
-        try:
-            text = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
-            spec = json.loads(text)
-        except (OSError, ValueError) as exc:
-            raise RemoteError(f"cannot read the spec {args.spec}: {exc}") from None
-        if not isinstance(spec, dict):
-            raise RemoteError("the spec must be a JSON object")
+        spec = _read_spec(args.spec)
     if args.goal:
         spec["goal"] = args.goal
     if args.pattern:
         spec["pattern"] = args.pattern
     if "goal" not in spec:
-        raise RemoteError("give a SPEC file or --goal")
+        raise RemoteError("give a SPEC file or --goal", 2)
     accepted = client.call("POST", "/v1/runs", json=spec)
     print(accepted["run_id"])
     if args.watch:
         return _follow(client, accepted["run_id"])
     return 0
+
+
+def _read_spec(name: str) -> dict[str, Any]:
+    """The RunSpec JSON object in file ``name`` (``-``: stdin); every problem
+    is a bad argument (exit 2)."""
+    try:
+        text = sys.stdin.read() if name == "-" else Path(name).read_text()
+        spec = json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise RemoteError(f"cannot read the spec {name}: {exc}", 2) from None
+    if not isinstance(spec, dict):
+        raise RemoteError(f"the spec {name} must be a JSON object", 2)
+    field = _not_finite(spec)
+    if field is not None:
+        raise RemoteError(
+            f"cannot read the spec {name}: {field} is not a finite number "
+            "(no NaN, Infinity or number too large for a float)",
+            2,
+        )
+    return spec
+
+
+def _not_finite(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first NaN or infinite number in ``value``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "the value"
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, inner in items:
+        found = _not_finite(inner, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def _watch(client: Client, args: argparse.Namespace) -> int:
@@ -101,16 +138,41 @@ def _follow(client: Client, run_id: str) -> int:
     state: RunState | None = None
     for event in client.events(run_id):
         state = apply(state, event)
-        for line in _render.event_lines(event, state):
+        for line in _render.event_lines(event, state, full_gate_ids=True):
             print(line, flush=True)
     return 0
 
 
 def _answer(client: Client, args: argparse.Namespace) -> int:
     body = {"decision": args.command, "by": args.by, "note": args.note}
-    answer = client.call("POST", f"/v1/gates/{args.gate_id}", json=body)
+    gate_id = args.gate_id
+    try:
+        answer = client.call("POST", f"/v1/gates/{gate_id}", json=body)
+    except ClientError as exc:
+        if exc.status != 404:
+            raise
+        full_id = _find_gate(client, gate_id)
+        if full_id is None:
+            raise
+        answer = client.call("POST", f"/v1/gates/{full_id}", json=body)
     print(f"gate {answer['gate_id']}: {answer['decision']} (run {answer['run_id']})")
     return 0
+
+
+def _find_gate(client: Client, short_id: str) -> str | None:
+    """The full id of the one waiting gate named ``short_id`` within its run
+    (``g1`` for ``RUN_ID-g1``), or None if no gate waits under that name."""
+    gates = client.call("GET", "/v1/gates")["gates"]
+    matches = sorted(
+        g["gate_id"] for g in gates if g["gate_id"].endswith(f"-{short_id}")
+    )
+    if len(matches) > 1:
+        raise ClientError(
+            f"gate {short_id} is waiting in {len(matches)} runs: give its full id "
+            f"({', '.join(matches[:2])}{', ...' if len(matches) > 2 else ''})",
+            code=2,
+        )
+    return matches[0] if matches else None
 
 
 def _cancel(client: Client, args: argparse.Namespace) -> int:
@@ -127,12 +189,13 @@ def list_runs(args: argparse.Namespace) -> int:
                 "GET", "/v1/runs", params={"limit": min(args.limit, 1000)}
             )
     except ClientError as exc:
-        raise RemoteError(str(exc)) from None
+        raise RemoteError(str(exc), exc.code) from None
     for s in page["runs"]:
         goal = " ".join(s["goal"].split())
         if len(goal) > 60:
             goal = goal[:59] + "…"
-        print(f"{s['run_id']}  {s['status']:<17} {s['pattern']:<9}  {goal}")
+        shape = s["kind"] if s.get("kind") == "explore" else s["pattern"]
+        print(f"{s['run_id']}  {s['status']:<17} {shape:<9}  {goal}")
     if not page["runs"]:
         print("no runs", file=sys.stderr)
     return 0
@@ -145,7 +208,7 @@ def show(args: argparse.Namespace) -> int:
             run_id, view = _find_run(client, args.run_id)
             events = list(client.events(run_id, until=view["last_seq"]))
     except ClientError as exc:
-        raise RemoteError(str(exc)) from None
+        raise RemoteError(str(exc), exc.code) from None
     state = replay(events)
     if args.json:
         print(state.result().model_dump_json(indent=2))

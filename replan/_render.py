@@ -135,9 +135,17 @@ def usage_lines(usage: Usage, indent: str = "  ") -> list[str]:
     return lines
 
 
-def gate_lines(request: GateRequest, indent: str = "  ") -> list[str]:
-    """What a gate asks, with the proposed diff of a replan gate."""
-    gate = short_gate_id(request.gate_id, request.run_id)
+def gate_lines(
+    request: GateRequest, indent: str = "  ", *, full_id: bool = False
+) -> list[str]:
+    """What a gate asks, with the proposed diff of a replan gate.
+
+    ``full_id`` names the gate as ``replan approve`` takes it (``RUN_ID-g1``),
+    not only within its run (``g1``).
+    """
+    gate = (
+        request.gate_id if full_id else short_gate_id(request.gate_id, request.run_id)
+    )
     subject = f" for task {request.task_id}" if request.task_id else ""
     lines = [f"{indent}gate {gate} opened{subject}: waiting for a decision"]
     lines.extend(wrap(request.reason, indent + "    "))
@@ -152,10 +160,14 @@ def gate_lines(request: GateRequest, indent: str = "  ") -> list[str]:
     return lines
 
 
-def event_lines(event: Event, state: RunState) -> list[str]:
+def event_lines(
+    event: Event, state: RunState, *, full_gate_ids: bool = False
+) -> list[str]:
     """One progress entry for ``event``; ``state`` is the run just after it.
 
-    Bookkeeping events (usage, trace suspensions) render as no lines.
+    Bookkeeping events (usage, trace suspensions) render as no lines. Gates
+    are named by their full ids with ``full_gate_ids`` (``replan watch``,
+    where they are answered by another command).
     """
     match event:
         case RunSubmitted(run_id=run_id, spec=spec):
@@ -214,9 +226,9 @@ def event_lines(event: Event, state: RunState) -> list[str]:
                 + (f", approved by {approved}" if approved else "")
             ]
         case GateOpened(request=request):
-            return gate_lines(request, "")
+            return gate_lines(request, "", full_id=full_gate_ids)
         case GateResolved(gate_id=gate_id, resolution=resolution):
-            gate = short_gate_id(gate_id, state.run_id)
+            gate = gate_id if full_gate_ids else short_gate_id(gate_id, state.run_id)
             note = f" ({resolution.note})" if resolution.note else ""
             return [
                 f"gate {gate} resolved: {resolution.decision} by {resolution.by}{note}"
@@ -265,13 +277,16 @@ def outcome_lines(state: RunState) -> list[str]:
 
 
 def run_report(state: RunState) -> list[str]:
-    """Everything ``replan show`` prints about a run."""
+    """Everything ``replan show`` prints about a run; its open gates by the
+    full ids ``replan approve`` takes."""
     result = state.result()
     lines = [
         f"run      {result.run_id}",
         f"status   {result.status.value}",
         *_labelled("goal", result.goal),
-        f"pattern  {result.pattern}",
+        "kind     explore"
+        if state.spec.kind == "explore"
+        else f"pattern  {result.pattern}",
     ]
     if result.stop_reason:
         lines.append(f"stopped  {result.stop_reason}")
@@ -279,7 +294,7 @@ def run_report(state: RunState) -> list[str]:
     for task in result.tasks:
         lines.extend(task_lines(task, "  ", status=True))
     for info in state.open_gates:
-        lines += ["", *gate_lines(info.request, "")]
+        lines += ["", *gate_lines(info.request, "", full_id=True)]
     lines.append("")
     if result.brief is not None:
         from ._render_explore import brief_lines

@@ -13,6 +13,7 @@ import contextlib
 import math
 import os
 import queue
+import shlex
 import sqlite3
 import sys
 import threading
@@ -68,19 +69,21 @@ class Console:
         stream.flush()
 
 
+MAX_MESSAGE = 400
+"""At most this many characters of an error message are printed."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``replan`` command line and return its exit status."""
+    _tolerant_output()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        if (
-            args.command in ("show", "runs")
-            and not args.db
-            and not (args.url or os.environ.get("REPLAN_URL"))
-        ):
-            parser.error(f"{args.command}: give --db PATH or --url URL")
+        _check(parser, args)
     except SystemExit as exc:  # argparse exits on --help and on bad arguments
         return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
+    if sys.stdout is None:  # ``replan ... >&-``
+        return _failed(CommandError("cannot write the output: stdout is closed"))
     try:
         if args.command == "serve":
             return serve(args)
@@ -95,6 +98,32 @@ def main(argv: list[str] | None = None) -> int:
         return anyio.run(_dispatch, args)
     except BaseException as exc:
         return _failed(exc)
+
+
+def _tolerant_output() -> None:
+    """Output that cannot be encoded (an ASCII-only stdout) becomes ``?``
+    rather than failing the command."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(AttributeError, ValueError, OSError):
+                reconfigure(errors="replace")
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Argument errors argparse cannot see by itself."""
+    if getattr(args, "db", None) == "":
+        parser.error(f"{args.command}: --db needs a file path")
+    for name in ("run_id", "gate_id"):
+        value = getattr(args, name, None)
+        if value is not None and not value.strip():
+            parser.error(f"{args.command}: {name.upper()} cannot be empty")
+    if (
+        args.command in ("show", "runs")
+        and not args.db
+        and not (args.url or os.environ.get("REPLAN_URL"))
+    ):
+        parser.error(f"{args.command}: give --db PATH or --url URL")
 
 
 def _failed(exc: BaseException) -> int:
@@ -122,7 +151,9 @@ def _failed(exc: BaseException) -> int:
     match first:
         case CommandError():
             message, code = str(first), first.code
-        case _remote.RemoteError() | JournalCorrupt():
+        case _remote.RemoteError():
+            message, code = str(first), first.code
+        case JournalCorrupt():
             message = str(first)
         case sqlite3.Error():
             message = f"the journal cannot be used: {first}"
@@ -132,6 +163,9 @@ def _failed(exc: BaseException) -> int:
             if os.environ.get("REPLAN_DEBUG"):
                 raise exc
             message = f"unexpected {type(first).__name__}: {first}"
+    message = " ".join(message.split())
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 1] + "…"
     with contextlib.suppress(OSError, ValueError, AttributeError):
         print(f"replan: error: {message}", file=sys.stderr)
     return code
@@ -208,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     _remote.add_url(runs)
     runs.add_argument(
         "--limit",
-        type=whole_number(1),
+        type=whole_number(1, 1_000_000),
         default=100,
         help="at most this many (default 100)",
     )
@@ -299,7 +333,7 @@ async def supervise(
     The journal is ``db`` (a SQLite file) when given, else in memory; the
     model is closed afterwards when it holds a connection.
     """
-    store: Store = _open_store(db, create=True) if db else MemoryStore()
+    store: Store = MemoryStore() if db is None else _open_store(db, create=True)
     try:
         async with AsyncExitStack() as stack:
             aclose = getattr(model, "aclose", None)
@@ -317,7 +351,8 @@ async def supervise(
     else:
         console.emit(["", *report(state, result)])
         if db:
-            console.emit(["", f"journal: replan show {result.run_id} --db {db}"])
+            hint = f"replan show {result.run_id} --db {shlex.quote(db)}"
+            console.emit(["", f"journal: {hint}"])
     return result
 
 
@@ -374,7 +409,7 @@ _GIVEN_UP = object()
 
 
 async def _read_line() -> str:
-    """``input()`` without holding up the exit.
+    """One line of stdin, without holding up the exit.
 
     The line is read on a daemon thread: Ctrl-C at the prompt ends the
     command at once, where an interpreter waiting for a worker thread
@@ -385,7 +420,7 @@ async def _read_line() -> str:
 
     def read() -> None:
         try:
-            lines.put(input())
+            lines.put(_stdin_line())
         except (RuntimeError, OSError, ValueError):  # no stdin at all
             lines.put(EOFError())
         except BaseException as exc:
@@ -400,6 +435,36 @@ async def _read_line() -> str:
         raise line
     assert isinstance(line, str)
     return line
+
+
+def _stdin_line() -> str:
+    """The next line of stdin, without its newline; EOFError at the end.
+
+    A real stdin is read a byte at a time with ``os.read``: a thread blocked
+    there holds no lock of ``sys.stdin``'s buffer, which the interpreter
+    needs at exit (``input()`` holds it whenever stdin or stdout is not a
+    terminal, and exiting after Ctrl-C then aborts). Bytes that do not
+    decode become U+FFFD, so such a line is asked again rather than taken
+    as the end of input. A stdin with no file descriptor (a test's
+    StringIO) is read with ``input()``.
+    """
+    stdin = sys.stdin
+    if stdin is None:
+        raise EOFError
+    try:
+        fd = stdin.fileno()
+    except (AttributeError, OSError, ValueError):
+        return input()
+    line = bytearray()
+    while not line.endswith(b"\n"):
+        byte = os.read(fd, 1)
+        if not byte:
+            if not line:
+                raise EOFError
+            break
+        line += byte
+    encoding = getattr(stdin, "encoding", None) or "utf-8"
+    return line.decode(encoding, errors="replace").removesuffix("\n")
 
 
 def _interactive() -> bool:
@@ -526,7 +591,8 @@ async def list_runs(console: Console, *, db: str, limit: int) -> int:
         goal = " ".join(s.goal.split())
         if len(goal) > 60:
             goal = goal[:59] + "…"
-        console.emit([f"{s.run_id}  {s.status.value:<17} {s.pattern:<9}  {goal}"])
+        shape = s.kind if s.kind == "explore" else s.pattern
+        console.emit([f"{s.run_id}  {s.status.value:<17} {shape:<9}  {goal}"])
     return 0
 
 

@@ -283,6 +283,67 @@ def test_ctrl_c_at_the_prompt_ends_the_command_at_once() -> None:
         os.close(fd)
 
 
+@pytest.mark.parametrize(
+    ("flags", "prompt_on"),
+    [
+        pytest.param([], "stdout", id="progress-to-a-file"),
+        pytest.param(["--json"], "stderr", id="json-to-a-file"),
+    ],
+)
+def test_ctrl_c_at_the_prompt_exits_130_when_stdin_and_stdout_are_no_terminal(
+    flags: list[str], prompt_on: str, tmp_path: Path
+) -> None:
+    """stdin a pipe, stdout a file (``replan demo --json > out.json``)."""
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "replan", "demo", *flags],
+            stdin=subprocess.PIPE,
+            stdout=stdout,
+            stderr=stderr,
+        )
+        try:
+            prompt = out if prompt_on == "stdout" else err
+            _wait_for_text(prompt, "Approve this change?")
+            _wait_reading_the_terminal(proc.pid)
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(30)
+        finally:
+            proc.kill()
+            proc.wait()
+            assert proc.stdin is not None
+            proc.stdin.close()
+    assert code == 130
+    assert err.read_text().endswith("replan: interrupted\n")
+    assert "Fatal Python error" not in err.read_text()
+
+
+def _wait_for_text(path: Path, text: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while text not in path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, f"{text!r} never appeared in {path}"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [pytest.param(b"\xff\n", id="not-utf8"), pytest.param(b"\xc3\n", id="cut-short")],
+)
+def test_an_undecodable_answer_at_the_prompt_is_asked_again(answer: bytes) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "replan", "demo", "--json"],
+        input=answer + b"y\n",
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"},
+    )
+
+    assert proc.returncode == 0, proc.stderr
+    assert b"please answer y or n" in proc.stderr
+    result = json.loads(proc.stdout)
+    assert [r["outcome"] for r in result["replans"]] == ["applied"]
+
+
 def _wait_reading_the_terminal(pid: int, seconds: float = 30) -> None:
     """Until one of the child's threads blocks in ``read(0, ...)`` (input())."""
     deadline = time.monotonic() + seconds

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from daemon_process import DaemonProcess, wait_for
 
-from replan import _remote
-from replan._client import ClientError
+from replan import _client, _remote
+from replan._client import Backoff, ClientError
 from replan._demo import GOAL
 from replan.cli import main
 
@@ -74,6 +76,98 @@ def test_gates_are_answered_and_runs_cancelled_from_the_command_line(
         wait_for(lambda: client.get("/v1/gates").json()["gates"])
     assert main(["cancel", waiting]) == 0
     assert capsys.readouterr().out.strip() == f"run {waiting}: cancelled"
+
+
+def test_the_gate_id_show_prints_is_the_one_approve_takes(
+    remote: DaemonProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_ids = []
+    for _ in range(2):
+        assert main(["submit", "--goal", GOAL]) == 0
+        run_ids.append(capsys.readouterr().out.strip())
+    with remote.client() as client:
+        wait_for(lambda: len(client.get("/v1/gates").json()["gates"]) == 2)
+
+    assert main(["show", run_ids[0]]) == 0
+    shown = [
+        line.split()[1]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("gate ")
+    ]
+    assert shown == [f"{run_ids[0]}-g1"]
+    assert main(["reject", shown[0]]) == 0
+    assert capsys.readouterr().out.startswith(f"gate {shown[0]}: reject")
+
+    # The short id names the gate when only one waiting gate has it.
+    assert main(["submit", "--goal", GOAL]) == 0
+    third = capsys.readouterr().out.strip()
+    with remote.client() as client:
+        wait_for(lambda: len(client.get("/v1/gates").json()["gates"]) == 2)
+    assert main(["approve", "g1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("replan: error: gate g1 is waiting in 2 runs: give its")
+    assert main(["cancel", third]) == 0
+    assert main(["approve", "g1", "--by", "gina"]) == 0
+    out = capsys.readouterr().out.splitlines()[-1]
+    assert out == f"gate {run_ids[1]}-g1: approve (run {run_ids[1]})"
+    assert main(["approve", "g7"]) == 1
+    assert capsys.readouterr().err == "replan: error: 404: no gate g7\n"
+
+    assert main(["watch", run_ids[1]]) == 0
+    watched = capsys.readouterr().out
+    assert f"gate {run_ids[1]}-g1 opened" in watched
+    assert f"gate {run_ids[1]}-g1 resolved: approve by gina" in watched
+
+
+@pytest.mark.parametrize("stop", ["drain", "crash"])
+def test_watch_follows_a_run_across_a_daemon_restart(
+    remote: DaemonProcess,
+    stop: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(
+        _client, "DEFAULT_BACKOFF", Backoff(first_s=0.05, max_s=0.5, total_s=60)
+    )
+    assert main(["submit", "--goal", GOAL]) == 0
+    run_id = capsys.readouterr().out.strip()
+    codes: list[int] = []
+    watch = threading.Thread(target=lambda: codes.append(main(["watch", run_id])))
+    watch.start()
+    try:
+        seen = _wait_for_output(capsys, "waiting for a decision")
+        if stop == "drain":
+            assert remote.terminate() == 0
+        else:
+            remote.kill()
+        remote.start()
+        with remote.client() as client:
+            (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+            answer = {"decision": "approve", "by": "gina"}
+            client.post(f"/v1/gates/{gate['gate_id']}", json=answer).raise_for_status()
+        watch.join(60)
+        assert not watch.is_alive(), "watch did not follow the restarted daemon"
+    finally:
+        remote.close()
+        watch.join(60)
+    captured = capsys.readouterr()
+    lines = (seen + captured.out).splitlines()
+    assert codes == [0], captured.err
+    assert lines[-1] == "run finished: completed"
+    assert any(line.startswith("replan applied (scope_shift)") for line in lines)
+    assert lines.count(lines[0]) == 1  # nothing is printed twice on reconnecting
+
+
+def _wait_for_output(
+    capsys: pytest.CaptureFixture[str], text: str, seconds: float = 30
+) -> str:
+    seen = ""
+    deadline = time.monotonic() + seconds
+    while text not in seen:
+        assert time.monotonic() < deadline, f"never printed {text!r}: {seen}"
+        time.sleep(0.02)
+        seen += capsys.readouterr().out
+    return seen
 
 
 def test_client_errors_are_one_line(

@@ -1,0 +1,196 @@
+"""The command line's HTTP client against small servers on 127.0.0.1 that
+are not (or not quite) a replan daemon, and against no server at all."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from replan._client import Backoff, Client, ClientError
+from replan.cli import main
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, answer: tuple[int, str, bytes]) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.answer = answer
+        self.seen: list[dict[str, str]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def _answer(self) -> None:
+        self.server.seen.append({"path": self.path, **self.headers})
+        status, kind, body = self.server.answer
+        self.send_response(status)
+        if status in (301, 307):
+            self.send_header("Location", "/elsewhere")
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def serve() -> Iterator[list[_Server]]:
+    servers: list[_Server] = []
+    yield servers
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def _start(servers: list[_Server], status: int, kind: str, body: bytes) -> _Server:
+    server = _Server((status, kind, body))
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
+    servers.append(server)
+    return server
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_stream_that_ends_before_the_run_is_resumed_until_the_client_gives_up(
+    serve: list[_Server],
+) -> None:
+    # A daemon draining for a restart ends its streams cleanly: that is not
+    # the end of the run.
+    server = _start(serve, 200, "text/event-stream", b": keep-alive\n\n")
+    waited: list[float] = []
+    backoff = Backoff(first_s=0.5, max_s=2, total_s=6, sleep=waited.append)
+
+    with (
+        Client(server.url, "t" * 20, backoff=backoff) as client,
+        pytest.raises(ClientError) as failure,
+    ):
+        list(client.events("r1", after=7))
+
+    assert str(failure.value) == (
+        "the event stream ended before the run did (gave up after 6 s of retries)"
+    )
+    assert waited == [0.5, 1, 2, 2, 0.5]
+    assert len(server.seen) == len(waited) + 1
+    assert {seen["Last-Event-ID"] for seen in server.seen} == {"7"}
+
+
+def test_a_refused_connection_is_retried_with_backoff() -> None:
+    waited: list[float] = []
+    backoff = Backoff(first_s=0.5, max_s=10, total_s=60, sleep=waited.append)
+    url = f"http://127.0.0.1:{_closed_port()}"
+
+    with (
+        Client(url, None, backoff=backoff) as client,
+        pytest.raises(ClientError, match=r"^lost the event stream: .*refused"),
+    ):
+        list(client.events("r1"))
+
+    assert waited == [0.5, 1, 2, 4, 8, 10, 10, 10, 10, 4.5]
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "body"),
+    [
+        pytest.param(
+            501,
+            "text/html",
+            b"<!DOCTYPE HTML>\n<html>\n<p>no</p>\n</html>\n",
+            id="html",
+        ),
+        pytest.param(200, "text/html", b"<html>\n</html>\n", id="200-html"),
+        pytest.param(404, "application/json", b'{"error": "x"}', id="other-json"),
+        pytest.param(307, "text/plain", b"", id="redirect"),
+    ],
+)
+@pytest.mark.parametrize(
+    "argv",
+    [["runs"], ["show", "abc"], ["submit", "--goal", "g"], ["watch", "abc"]],
+    ids=" ".join,
+)
+def test_a_url_that_is_no_replan_daemon_is_one_line_naming_it(
+    status: int,
+    kind: str,
+    body: bytes,
+    argv: list[str],
+    serve: list[_Server],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = _start(serve, status, kind, body)
+
+    assert main([*argv, "--url", server.url]) == 1
+
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"replan: error: {server.url} does not look like a replan daemon "
+        f"(HTTP {status} for /v1/"
+    )
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("token", "code"),
+    [
+        pytest.param("secret-token-0123456789\r\n", 1, id="trailing-newline"),
+        pytest.param("  secret-token-0123456789 ", 1, id="spaces"),
+        pytest.param("secret-t\u00f6ken-0123456789", 2, id="not-ascii"),
+        pytest.param("secret-token\n-0123456789", 2, id="newline-inside"),
+    ],
+)
+def test_the_token_is_stripped_checked_and_never_printed(
+    token: str,
+    code: int,
+    serve: list[_Server],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = _start(serve, 403, "application/json", b'{"detail": "wrong token"}')
+    monkeypatch.setenv("REPLAN_API_TOKEN", token)
+
+    assert main(["runs", "--url", server.url]) == code
+
+    err = capsys.readouterr().err
+    if code == 1:  # sent, stripped
+        assert err == "replan: error: 403: wrong token\n"
+        assert server.seen[0]["Authorization"] == "Bearer secret-token-0123456789"
+    else:
+        assert err == (
+            "replan: error: REPLAN_API_TOKEN holds characters not allowed "
+            "in an HTTP header\n"
+        )
+        assert not server.seen
+    assert "0123456789" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["runs", "--url", "http://[::1"], id="runs"),
+        pytest.param(["watch", "x", "--url", "http://[::1"], id="watch"),
+    ],
+)
+def test_a_malformed_url_is_a_bad_argument(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+
+    err = capsys.readouterr().err
+    assert err.startswith("replan: error: 'http://[::1' is not a valid URL")
+    assert err.count("\n") == 1
