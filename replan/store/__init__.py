@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._memory import MemoryStore as MemoryStore
+from ._port import DriverLease as DriverLease
 from ._port import EffectLedger as EffectLedger
 from ._port import EffectRecord as EffectRecord
 from ._port import JournalConflict as JournalConflict
@@ -13,6 +14,7 @@ from ._port import Store as Store
 from ._sqlite import SQLiteStore as SQLiteStore
 
 __all__ = (
+    "DriverLease",
     "EffectLedger",
     "EffectRecord",
     "JournalConflict",

@@ -73,6 +73,30 @@ class Store(Protocol):
         ...
 
 
+@runtime_checkable
+class DriverLease(Protocol):
+    """A durable store shared by processes: who may drive its runs.
+
+    Every supervisor serving on the store holds the lease shared: it drives
+    the runs it starts. Taking over unfinished runs (``resume``) needs it
+    alone: a run another live supervisor drives would otherwise be driven
+    twice, its tasks and side effects run again.
+    """
+
+    def hold_lease(self, *, exclusive: bool) -> None:
+        """Hold the lease (or convert the one held), without waiting.
+
+        Raises:
+            ConfigurationError: another supervisor holds it so that this one
+                cannot (field ``store``).
+        """
+        ...
+
+    def release_lease(self) -> None:
+        """Let go of the lease (idempotent)."""
+        ...
+
+
 class EffectRecord(BaseModel):
     """What one finished task attempt returned, kept until the run is journaled.
 

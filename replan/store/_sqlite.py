@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import os
 import sqlite3
@@ -173,6 +174,7 @@ class SQLiteStore:
         self.path = Path(path)
         self.read_only = read_only
         self._checkpointer = _Checkpointer(self.path, synchronous)
+        self._lease = _Lease(self.path.with_name(self.path.name + _LEASE_SUFFIX))
         # The last seq this store committed per run: an append then needs no
         # query to check that its events follow on. Another writer's rows
         # still collide on the primary key, which reads as a conflict.
@@ -312,6 +314,7 @@ class SQLiteStore:
         return [self._summary(row) for row in conn.execute(query, params)]
 
     async def aclose(self) -> None:
+        self._lease.release()
         conn, self._conn = self._conn, None
         if conn is not None:
             self._checkpointer.stop()
@@ -387,6 +390,26 @@ class SQLiteStore:
         if self._conn is None:
             raise anyio.ClosedResourceError
         return self._conn
+
+    # The drivers' lease (see DriverLease) --------------------------------------
+
+    def hold_lease(self, *, exclusive: bool) -> None:
+        """Hold ``PATH-drivers.lock`` shared, or alone to take over runs.
+
+        ``flock`` on a file beside the journal: the kernel lets go of it
+        when its holder exits, however it exits. A read-only store never
+        drives a run and holds nothing.
+
+        Raises:
+            ConfigurationError: another supervisor holds the lease so that
+                this one cannot (field ``store``, naming the journal).
+        """
+        if self.read_only:
+            return
+        self._lease.hold(exclusive=exclusive)
+
+    def release_lease(self) -> None:
+        self._lease.release()
 
     def _summary(self, row: Any) -> RunSummary:
         try:
@@ -502,6 +525,66 @@ class _Checkpointer:
                 self.rounds.release()
         finally:
             conn.close()
+
+
+class _Lease:
+    """A ``flock`` on one file, held shared or exclusive, never waited for."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._exclusive = False
+
+    def hold(self, *, exclusive: bool) -> None:
+        if self._fd is not None and (self._exclusive or not exclusive):
+            return  # held as strongly already
+        converting = self._fd is not None
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise ConfigurationError(
+                    "store", f"cannot lock {self.path}: {exc}"
+                ) from None
+        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        try:
+            fcntl.flock(self._fd, mode | fcntl.LOCK_NB)
+        except OSError as exc:
+            # A refused conversion may have dropped the shared lock.
+            if not (converting and self._share_again()):
+                self.release()
+            journal = self.path.with_name(self.path.name.removesuffix(_LEASE_SUFFIX))
+            if not isinstance(exc, BlockingIOError):
+                problem = f"cannot lock {self.path}: {exc}"
+            elif exclusive:
+                problem = (
+                    f"another supervisor drives runs in {journal}: resuming "
+                    "runs needs the journal to itself"
+                )
+            else:
+                problem = (
+                    f"another supervisor is resuming runs in {journal} and "
+                    "needs the journal to itself"
+                )
+            raise ConfigurationError("store", problem) from None
+        self._exclusive = exclusive
+
+    def _share_again(self) -> bool:
+        assert self._fd is not None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        return True
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        self._exclusive = False
+        if fd is not None:
+            os.close(fd)  # releases the lock; the file stays for the next holder
+
+
+_LEASE_SUFFIX = "-drivers.lock"
 
 
 def _connect(

@@ -379,3 +379,33 @@ def test_a_journal_in_a_directory_nobody_may_write_is_still_read(
         assert sorted(os.listdir(directory)) == ["j.db"]
     finally:
         directory.chmod(0o755)
+
+
+async def test_the_drivers_lease_is_shared_by_starters_and_held_alone_to_resume(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "j.db"
+    async with SQLiteStore(db) as a, SQLiteStore(db) as b, SQLiteStore(db) as c:
+        a.hold_lease(exclusive=False)
+        b.hold_lease(exclusive=False)  # two supervisors starting runs: fine
+        with pytest.raises(ConfigurationError, match="resuming runs needs") as caught:
+            c.hold_lease(exclusive=True)
+        assert caught.value.field == "store"
+        assert str(db) in caught.value.problem
+
+        # A refused conversion keeps the shared lease it had.
+        with pytest.raises(ConfigurationError):
+            a.hold_lease(exclusive=True)
+        b.release_lease()
+        with pytest.raises(ConfigurationError):
+            c.hold_lease(exclusive=True)  # a still shares it
+
+        a.release_lease()
+        c.hold_lease(exclusive=True)
+        with pytest.raises(ConfigurationError, match="is resuming runs"):
+            a.hold_lease(exclusive=False)
+    # Closing a store lets go of its lease.
+    async with SQLiteStore(db) as d:
+        d.hold_lease(exclusive=True)
+        async with SQLiteStore(db, read_only=True) as reader:
+            reader.hold_lease(exclusive=True)  # a reader drives nothing: no-op
