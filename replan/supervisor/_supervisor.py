@@ -355,7 +355,10 @@ class Supervisor:
         Completed tasks are not run again and the plan is not made again;
         attempts that finished without being journaled are taken from the
         store's effect ledger; open gates are listed in :attr:`gates` again.
-        A finished run gets a handle on its journaled result.
+        An explore run takes its journaled steps from the journal (no model
+        call is made again for them) and waits again at a review gate left
+        open, the same gate. A finished run gets a handle on its journaled
+        result.
 
         Raises:
             UnknownRunError: the store has no events for the run.
