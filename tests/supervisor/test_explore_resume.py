@@ -26,6 +26,7 @@ from replan import (
     RunStatus,
     ScriptedModel,
     Supervisor,
+    SupervisorError,
     TokenUsage,
 )
 from replan.messages import (
@@ -269,3 +270,33 @@ async def test_a_run_stopped_after_its_brief_ends_as_it_would_have(
             result = await sup.get(run_id).result()
     assert model.calls == []
     assert result == baseline.result
+
+
+async def test_a_journal_that_does_not_fit_the_flow_leaves_the_run_as_it_is(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with anyio.fail_after(20):
+        run_id, _, _ = await stopped_at_gate(tmp_path / "j.db")
+        async with SQLiteStore(tmp_path / "j.db") as store:
+            events = await store.read(run_id)
+        # Nothing between the context and the gate: no flow journals that.
+        kept = [
+            e
+            for e in events
+            if e.kind in ("run_submitted", "goal_screened", "context_explored")
+            or isinstance(e, GateOpened)
+        ]
+        kept = [e.model_copy(update={"seq": i}) for i, e in enumerate(kept, 1)]
+        store = MemoryStore()
+        await store.append(run_id, kept, summary_of(replay(kept)))
+        model = ScriptedModel(two_cycles())
+        async with Supervisor(model, store, resume=True) as sup:
+            with pytest.raises(SupervisorError, match="crashed"):
+                await sup.get(run_id).result()
+            assert sup.gates.pending() == []
+        assert await store.read(run_id) == kept
+    assert model.calls == []
+    assert f"run {run_id} crashed" in caplog.text
+    assert "expected CycleFinished next in the journal, found gate_opened" in (
+        caplog.text
+    )
