@@ -5,16 +5,26 @@ are the pure functions of :mod:`replan.explore`. Malformed model output is
 recorded in the run's errors and the run goes on without that answer; only a
 limit, a stopped role or a cancellation ends it early, and even then the
 brief says what was found so far.
+
+A resumed run goes through the same steps, replaying its journal first:
+while journaled events remain, a step asks no model and journals nothing; it
+takes its outcome from the journal instead (and a model answer that
+journaled nothing stays without effect, as it was). Once the journal is used
+up the run goes on as it would have: a review gate still open is waited on
+again (the same gate), and work that was under way but not journaled is done
+again.
 """
 
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
-from opentelemetry.trace import Span
+from opentelemetry.trace import INVALID_SPAN, Span
 
 from ..explore import (
     Judge,
@@ -42,10 +52,13 @@ from ..messages import (
     ContextExplored,
     Critique,
     CycleFinished,
+    Event,
     ExploreErrorRecorded,
     ExploreReply,
     ExploreRequest,
+    GateOpened,
     GateResolution,
+    GateResolved,
     GoalScreened,
     HypothesesAdded,
     HypothesesClustered,
@@ -59,9 +72,12 @@ from ..messages import (
     ValidationPlan,
 )
 from ..messages._actors import ExplorePurpose
+from ..messages._explore_events import ExploreEvent
 from ..telemetry import _names as names
+from ._decide import budget_spent
 from ._explore_brief import BriefStatus, admit, build_brief
-from ._explore_state import ExploreState
+from ._explore_state import ExploreState, fold_explore
+from ._resume import Recovery
 from ._run import RoleFailed, RunEnded
 
 if TYPE_CHECKING:
@@ -81,11 +97,32 @@ _RUN_STATUS: dict[BriefStatus, RunStatus] = {
 Ended = tuple[RunStatus, str | None, None]
 
 
+def review_check(resolution: GateResolution) -> None:
+    """An explore review takes approve, reject, or an edit with hypotheses."""
+    if resolution.tasks is not None:
+        raise ValueError("an explore review takes hypotheses, not tasks")
+
+
+class JournalMismatch(RuntimeError):
+    """A resumed run's journal does not fit the explore flow (a bug, or a
+    journal written by another version): the run is left as it is."""
+
+
+class _EndedEarly(Exception):
+    """Replaying met the brief of a run a limit or a stopped role ended."""
+
+
 async def explore(run: RunDriver) -> Ended:
     """Drive an explore run to its brief; returns how the run ends."""
     flow = _Flow(run)
     try:
         return await flow.drive()
+    except _EndedEarly:
+        # Stopped between an early brief and the run's end: end it now.
+        spent = budget_spent(run.state)
+        if spent is not None:
+            return RunStatus.LIMIT_REACHED, spent, None
+        return RunStatus.FAILED, "the run ended early (see its brief)", None
     except RunEnded as end:
         # A limit or a stopped role: the brief still says what was found.
         with anyio.CancelScope(shield=True):
@@ -102,16 +139,70 @@ class _Flow:
         self._errors: list[str] = []
         self._ended: RunEnded | None = None
         """The first end (a limit, a stopped role) met by a concurrent call."""
+        recovery, run.recovery = run.recovery, None
+        journal = recovery.events if isinstance(recovery, Recovery) else ()
+        self._journal = _unreplayed(journal)
+        """A resumed run's journaled steps the flow has not replayed yet."""
+        self._replayed = ExploreState()
+        """The explore state as of the last replayed event."""
 
     @property
     def explore(self) -> ExploreState:
+        if self._journal:
+            return self._replayed
         return self.run.state.explore or ExploreState()
+
+    # Replaying a resumed run's journal ------------------------------------
+
+    @property
+    def replaying(self) -> bool:
+        """Journaled steps remain: the flow takes outcomes from the journal."""
+        return bool(self._journal)
+
+    def journaled(self, cls: type[Event]) -> bool:
+        """The journal's next step (past its errors) is a ``cls`` event."""
+        for event in self._journal:
+            if not isinstance(event, ExploreErrorRecorded):
+                return isinstance(event, cls)
+        return False
+
+    def replay(self, *classes: type[Event]) -> list[Event]:
+        """Take the journal's next events (and the errors before them), which
+        must be of ``classes``, as if the flow had just journaled them."""
+        taken: list[Event] = []
+        for cls in (ExploreErrorRecorded, *classes):
+            while self._journal and isinstance(self._journal[0], ExploreErrorRecorded):
+                self._fold(self._journal.popleft())
+            if cls is ExploreErrorRecorded:
+                continue
+            event = self._journal.popleft() if self._journal else None
+            if isinstance(event, BriefIssued) and cls is not BriefIssued:
+                raise _EndedEarly
+            if not isinstance(event, cls):
+                found = (
+                    "its end" if event is None else f"{event.kind} (seq {event.seq})"
+                )
+                raise JournalMismatch(
+                    f"run {self.run.state.run_id}: resuming the explore flow, "
+                    f"expected {cls.__name__} next in the journal, found {found}"
+                )
+            self._fold(event)
+            taken.append(event)
+        return taken
+
+    def _fold(self, event: Event) -> None:
+        if isinstance(event, ExploreEvent):
+            self._replayed = fold_explore(self._replayed, event)
 
     # Journal and asking ---------------------------------------------------
 
     async def record(self, *specs: tuple[type[Any], dict[str, Any]]) -> None:
-        """Journal ``specs`` with the errors gathered since the last append."""
+        """Journal ``specs`` with the errors gathered since the last append
+        (replaying: take them from the journal instead)."""
         errors, self._errors = self._errors, []
+        if self.replaying:
+            self.replay(*(cls for cls, _ in specs))
+            return
         pending = [(ExploreErrorRecorded, {"errors": errors})] if errors else []
         await self.run.record_events(*pending, *specs)
 
@@ -130,6 +221,9 @@ class _Flow:
             evidence=self.explore.evidence,
         )
         full.update(context)
+        if self.replaying:
+            # The answer is in the journal (or had no effect): ask nobody.
+            return ExploreReply()
         request = ExploreRequest(purpose=purpose, context=full, **fields)
         try:
             reply = await self.run.ask(pool, request, ExploreReply)
@@ -212,15 +306,7 @@ class _Flow:
 
     async def cycle(self, iteration: int) -> Literal["select", "evolve", "limit"]:
         """Generate (or take the evolved), review, rank, cluster, decide, evolve."""
-        with self.tracer.start_as_current_span(
-            CYCLE_SPAN,
-            attributes={
-                names.GEN_AI_CONVERSATION_ID: self.run.state.run_id,
-                names.EXPLORE_ITERATION: iteration,
-            },
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
+        with self.cycle_span(iteration) as span:
             if not self.explore.unreviewed and not self.explore.active:
                 await self.generate(iteration)
             await self.review_new()
@@ -232,7 +318,7 @@ class _Flow:
                 for h in explore.active
                 if not shortfalls(explore.reviews[h], self.settings.thresholds)
             ]
-            decision = decide(
+            decided = decide(
                 len(qualifying),
                 self.settings.select,
                 iteration,
@@ -247,18 +333,41 @@ class _Flow:
                     CycleFinished,
                     {
                         "iteration": iteration,
-                        "decision": decision,
+                        "decision": decided,
                         "qualifying": qualifying,
                         "reason": reason,
                     },
                 )
             )
+            explore = self.explore
+            decision = explore.cycles[-1].decision  # the journaled one
             if decision == "evolve":
                 await self.evolve(iteration)
             span.set_attribute(names.EXPLORE_DECISION, decision)
             span.set_attribute(names.EXPLORE_CANDIDATES, len(explore.active))
             span.set_attribute(names.EXPLORE_QUALIFYING, len(qualifying))
         return decision
+
+    def cycle_span(
+        self, iteration: int, *, human: bool = False
+    ) -> AbstractContextManager[Span]:
+        """The span of one cycle (or a person's review round); none for a
+        cycle a resumed run replays from its journal: its trace has it."""
+        last = HypothesesClustered if human else CycleFinished
+        if any(isinstance(e, last) for e in self._journal):
+            return nullcontext(INVALID_SPAN)
+        attributes: dict[str, Any] = {
+            names.GEN_AI_CONVERSATION_ID: self.run.state.run_id,
+            names.EXPLORE_ITERATION: iteration,
+        }
+        if human:
+            attributes["replan.explore.human"] = True
+        return self.tracer.start_as_current_span(
+            CYCLE_SPAN,
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        )
 
     async def generate(self, iteration: int) -> None:
         explore = self.explore
@@ -274,8 +383,8 @@ class _Flow:
             },
             temperature=self.settings.temperature,
         )
-        if isinstance(reply.output, HypothesisBatch):
-            await self.add(reply.output.hypotheses, "generated", iteration)
+        batch = reply.output if isinstance(reply.output, HypothesisBatch) else None
+        await self.add(batch.hypotheses if batch else [], "generated", iteration)
 
     async def add(
         self,
@@ -283,7 +392,12 @@ class _Flow:
         origin: Literal["generated", "evolved", "human"],
         iteration: int,
         parents: Sequence[str] = (),
-    ) -> list[Hypothesis]:
+    ) -> None:
+        if self.replaying:
+            # Nothing journaled here: none of them was new (or none came).
+            if self.journaled(HypothesesAdded):
+                self.replay(HypothesesAdded)
+            return
         limit = None if origin == "human" else self.settings.per_batch
         new, notes = admit(
             self.explore,
@@ -296,13 +410,15 @@ class _Flow:
         self._errors.extend(notes)
         if new:
             await self.record((HypothesesAdded, {"hypotheses": new}))
-        return new
 
     async def review_new(self) -> None:
         """Every unreviewed candidate, by ``settings.reviewers`` reviewers."""
         explore = self.explore
         ids = explore.unreviewed
         if not ids:
+            return
+        if self.replaying:
+            self.replay(HypothesesReviewed)
             return
         n = self.settings.reviewers
         answers: dict[tuple[str, int], Critique] = {}
@@ -377,6 +493,11 @@ class _Flow:
                 if index <= rounds
                 else top_round(ids, ratings, self.settings.top_n)
             )
+            if self.replaying:
+                # The pairs are drawn all the same: later rounds draw on.
+                if self.journaled(HypothesesCompared):
+                    self.replay(HypothesesCompared)
+                continue
             results = await play_round(pairs, self.judge)
             self.reraise()
             _, records = apply_results(
@@ -472,8 +593,10 @@ class _Flow:
                 "iteration": iteration,
             },
         )
-        if isinstance(reply.output, HypothesisBatch):
-            await self.add(reply.output.hypotheses, "evolved", iteration + 1, best)
+        batch = reply.output if isinstance(reply.output, HypothesisBatch) else None
+        await self.add(
+            batch.hypotheses if batch else [], "evolved", iteration + 1, best
+        )
 
     # The end ----------------------------------------------------------------
 
@@ -510,7 +633,10 @@ class _Flow:
         reviewed_by: str | None = None
         rejected: list[Rejection] = []
         if reasons:
-            resolution = await self.human_review(selected, reasons)
+            if self.replaying:
+                resolution = await self.journaled_review()
+            else:
+                resolution = await self.human_review(selected, reasons)
             if resolution.by == "policy:timeout":
                 status = "needs_review"
                 reason = "no person reviewed the selection before the gate expired"
@@ -582,29 +708,27 @@ class _Flow:
             hypotheses=hypotheses,
         )
 
-        def valid(resolution: GateResolution) -> None:
-            if resolution.tasks is not None:
-                raise ValueError("an explore review takes hypotheses, not tasks")
-
         if self._errors:
             await self.record()
-        return await self.run.await_gate(request, valid)
+        return await self.run.await_gate(request, review_check)
+
+    async def journaled_review(self) -> GateResolution:
+        """Replaying: the review gate's journaled answer, or, when the gate
+        is still open, its answer now (the same gate, waited on again)."""
+        [opened] = self.replay(GateOpened)
+        assert isinstance(opened, GateOpened)
+        if self.journaled(GateResolved) or self.replaying:
+            [resolved] = self.replay(GateResolved)
+            assert isinstance(resolved, GateResolved)
+            return resolved.resolution
+        return await self.run.await_gate(opened.request, review_check, reopen=True)
 
     async def join(self, proposed: Sequence[Hypothesis]) -> None:
         """A person's hypotheses: reviewed, played and clustered with the rest."""
         iteration = len(self.explore.cycles) + 1
         await self.add(proposed, "human", 0)
         await self.review_new()
-        with self.tracer.start_as_current_span(
-            CYCLE_SPAN,
-            attributes={
-                names.GEN_AI_CONVERSATION_ID: self.run.state.run_id,
-                names.EXPLORE_ITERATION: iteration,
-                "replan.explore.human": True,
-            },
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
+        with self.cycle_span(iteration, human=True) as span:
             await self.tournament(iteration, span)
         await self.cluster()
 
@@ -674,3 +798,16 @@ class _Flow:
             selected=selected,
             reasons=[f"the run ended early: {end.reason}"] if selected else [],
         )
+
+
+def _unreplayed(journal: Sequence[Event]) -> deque[Event]:
+    """The steps of a resumed explore run's journal: its explore events and
+    its review gates, without trailing errors (errors are journaled with the
+    step after them, or alone before a gate or the brief, which then was not
+    reached)."""
+    steps: deque[Event] = deque(
+        e for e in journal if isinstance(e, ExploreEvent | GateOpened | GateResolved)
+    )
+    while steps and isinstance(steps[-1], ExploreErrorRecorded):
+        steps.pop()
+    return steps

@@ -11,7 +11,9 @@ attempts had finished without the journal hearing of it. A resumed run:
   the verdict (from its gate, if one was open or answered), or the review
   itself if one was due and not yet held.
 
-Completed tasks are never run again, and the plan is not made again.
+Completed tasks are never run again, and the plan is not made again. An
+explore run replays its journal instead (see ``_explore``): its flow takes
+the journaled steps' outcomes and waits again at a review gate left open.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from ..messages import (
 )
 from ..store import EffectRecord
 from ._decide import contract_rules, milestone_due
+from ._gates import Validator
 from ._run import RunEnded, approval_check
 
 if TYPE_CHECKING:
@@ -56,11 +59,19 @@ class Recovery:
     def list_gates(self, run: RunDriver) -> None:
         """List the run's open gates again, before the run is driven on, so a
         person can answer them as soon as the resume returns."""
+        from ._explore import review_check
         from ._replanning import gate_check
 
+        explore = run.state.spec.kind == "explore"
         for gate in run.state.open_gates:
             request = gate.request
-            check = approval_check if request.task_id else gate_check(run, request)
+            check: Validator
+            if request.task_id:
+                check = approval_check
+            elif explore:
+                check = review_check
+            else:
+                check = gate_check(run, request)
             run.gates.open(request, check)
 
     async def __call__(self, run: RunDriver, tg: TaskGroup) -> None:

@@ -16,7 +16,12 @@ from anyio.abc import TaskGroup, TaskStatus
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
-from .._errors import ConfigurationError, SupervisorError, UnknownRunError
+from .._errors import (
+    ConfigurationError,
+    ReplanError,
+    SupervisorError,
+    UnknownRunError,
+)
 from ..actors import ActorPool, PoolStatistics
 from ..actors._evolver import Evolver
 from ..actors._executor import Executor, TaskRunner
@@ -356,7 +361,10 @@ class Supervisor:
         Completed tasks are not run again and the plan is not made again;
         attempts that finished without being journaled are taken from the
         store's effect ledger; open gates are listed in :attr:`gates` again.
-        A finished run gets a handle on its journaled result.
+        An explore run takes its journaled steps from the journal (no model
+        call is made again for them) and waits again at a review gate left
+        open, the same gate. A finished run gets a handle on its journaled
+        result.
 
         Raises:
             UnknownRunError: the store has no events for the run.
@@ -392,7 +400,11 @@ class Supervisor:
         return self._handle(record)
 
     async def resume_all(self) -> list[RunHandle]:
-        """Resume every run the store holds as running or waiting for a person."""
+        """Resume every run the store holds as running or waiting for a person.
+
+        A run whose journal cannot be read (a damaged row, an event this
+        version cannot parse) is logged and left as it is; the others resume.
+        """
         unfinished = [RunStatus.RUNNING, RunStatus.WAITING_FOR_HUMAN]
         run_ids: list[str] = []
         page = 500
@@ -403,7 +415,22 @@ class Supervisor:
             run_ids.extend(r.run_id for r in rows)
             if len(rows) < page:
                 break
-        return [await self.resume(run_id) for run_id in reversed(run_ids)]
+        handles: list[RunHandle] = []
+        for run_id in reversed(run_ids):
+            try:
+                handles.append(await self.resume(run_id))
+            except SupervisorError:
+                raise
+            except (ReplanError, ValueError) as exc:
+                # ValueError: pydantic's ValidationError and JSON errors too.
+                logger.error(
+                    "run %s could not be resumed, its journal could not be "
+                    "read: %s: %s",
+                    run_id,
+                    type(exc).__name__,
+                    " ".join(str(exc).split()),
+                )
+        return handles
 
     def forget(self, run_id: str) -> None:
         """Drop a finished run from memory (its journal stays in the store)."""

@@ -303,3 +303,47 @@ def test_a_generated_token_is_kept_private_and_printed_once(tmp_path: Path) -> N
     finally:
         second.close()
     assert second.output().count(token) == 1, "not printed again"
+
+
+def test_an_explore_run_resumes_at_its_review_gate_after_sigterm(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    demo = ("--model", "scripted:demo")
+
+    def gates(client: httpx.Client, run_id: str) -> list[str]:
+        listed = client.get("/v1/gates", params={"run_id": run_id}).json()["gates"]
+        return [g["gate_id"] for g in listed]
+
+    first = DaemonProcess(data, *demo).start()
+    try:
+        with first.client() as client:
+            run_id = submit(client, kind="explore")
+            [gate_id] = wait_for(lambda: gates(client, run_id))
+            before = view(client, run_id)
+        assert first.terminate() == 0
+    finally:
+        first.close()
+    assert before["status"] == "waiting_for_human"
+
+    second = DaemonProcess(data, *demo).start()
+    try:
+        with second.client() as client:
+            # The same gate, listed once, and no model call made again.
+            assert gates(client, run_id) == [gate_id]
+            resumed = view(client, run_id)
+            assert resumed["status"] == "waiting_for_human"
+            assert resumed["total_usage"] == before["total_usage"]
+            response = client.post(
+                f"/v1/gates/{gate_id}", json={"decision": "approve", "by": "ana"}
+            )
+            assert response.status_code == 200, response.text
+            [done] = all_finished(client, [run_id])
+    finally:
+        assert second.terminate() == 0
+    assert done["status"] == "completed"
+    assert done["result"]["brief"]["reviewed_by"] == "ana"
+    # Only the validation plan was asked for after the restart.
+    calls = before["total_usage"]["calls"]
+    assert done["total_usage"]["calls"] == calls + 1
+    assert journal_kinds(data, run_id).count("gate_opened") == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -490,3 +492,42 @@ async def test_a_resumed_run_keeps_its_token_budget_and_its_spent_tokens() -> No
     allowances = [r.token_allowance for r in second.calls]
     assert allowances[0] == 800
     assert allowances == [800 - 100 * n for n in range(len(allowances))]
+
+
+@pytest.mark.parametrize("damage", ["{broken", '{"kind": "no_such_event"}'])
+async def test_resume_all_skips_a_run_whose_journal_cannot_be_read(
+    damage: str, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "j.db"
+    with anyio.fail_after(10):
+        async with SQLiteStore(path) as store, Supervisor(demo_model(), store) as sup:
+            gates = {}
+            for _ in range(2):
+                handle = await sup.submit(demo_spec())
+                async for event in handle.events():
+                    if isinstance(event, GateOpened):
+                        gates[handle.run_id] = event.request.gate_id
+                        break
+        damaged, fine = gates
+        with sqlite3.connect(path) as db:
+            db.execute(
+                "UPDATE events SET payload = ? WHERE run_id = ? AND seq = 2",
+                (damage, damaged),
+            )
+        db.close()
+
+        caplog.set_level(logging.ERROR, logger="replan.supervisor")
+        async with (
+            SQLiteStore(path) as store,
+            Supervisor(demo_model(), store, resume=True) as sup,
+        ):
+            assert [g.gate_id for g in sup.gates.pending()] == [gates[fine]]
+            await sup.gates.resolve(
+                gates[fine], GateResolution(decision="approve", by="erin")
+            )
+            result = await sup.get(fine).result()
+            with pytest.raises(UnknownRunError):
+                sup.get(damaged)
+    assert result.status is RunStatus.COMPLETED
+    [record] = [r for r in caplog.records if "could not be resumed" in r.message]
+    assert damaged in record.message
