@@ -39,7 +39,7 @@ from ..messages import (
     RunSubmitted,
     ToolCall,
 )
-from ..store import EffectLedger, MemoryStore, Store
+from ..store import DriverLease, EffectLedger, MemoryStore, Store
 from ..telemetry import Telemetry
 from ._budget import MeteredModel, RunMeter
 from ._gates import GateRegistry
@@ -160,6 +160,7 @@ class Supervisor:
 
     async def __aenter__(self) -> Self:
         self._check_can_serve()  # here, where the error is not in a group
+        self._hold_lease(exclusive=self._resume_on_start)
         async with AsyncExitStack() as stack:
             tg = await stack.enter_async_context(anyio.create_task_group())
             await tg.start(self.serve)
@@ -191,7 +192,12 @@ class Supervisor:
     ) -> None:
         """Run the actor pools and the runs until cancelled (``tg.start``)."""
         self._check_can_serve()
-        roles = self._build_roles()
+        self._hold_lease(exclusive=self._resume_on_start)
+        try:
+            roles = self._build_roles()
+        except BaseException:
+            self._release_lease()
+            raise
         self._roles = roles
         try:
             with anyio.CancelScope() as scope:
@@ -214,6 +220,17 @@ class Supervisor:
             self.gates.close_all("the supervisor stopped")
             for record in self._records.values():
                 record.detach("the supervisor stopped before the run finished")
+            self._release_lease()
+
+    def _hold_lease(self, *, exclusive: bool) -> None:
+        """Share a durable journal with other supervisors, or hold it alone
+        to take over its unfinished runs (see :class:`DriverLease`)."""
+        if isinstance(self.store, DriverLease):
+            self.store.hold_lease(exclusive=exclusive)
+
+    def _release_lease(self) -> None:
+        if isinstance(self.store, DriverLease):
+            self.store.release_lease()
 
     def _check_can_serve(self) -> None:
         if self._served:
@@ -366,9 +383,15 @@ class Supervisor:
         open, the same gate. A finished run gets a handle on its journaled
         result.
 
+        Taking over runs needs the journal to itself: with a store shared by
+        processes (``SQLiteStore``), no other supervisor may be serving on
+        it, lest a run be driven twice and its tasks run again.
+
         Raises:
             UnknownRunError: the store has no events for the run.
             SupervisorError: the supervisor is not serving.
+            ConfigurationError: another supervisor serves on the same journal
+                (field ``store``).
         """
         tg, roles = self._task_group, self._roles
         if tg is None or roles is None or self._stopping:
@@ -387,6 +410,11 @@ class Supervisor:
         if state.status.final:
             record.install(state, events)
             return self._handle(record)
+        try:
+            self._hold_lease(exclusive=True)
+        except ConfigurationError:
+            del self._records[run_id]
+            raise
         store = self.store
         effects = (
             await store.read_effects(run_id) if isinstance(store, EffectLedger) else []
@@ -404,7 +432,12 @@ class Supervisor:
 
         A run whose journal cannot be read (a damaged row, an event this
         version cannot parse) is logged and left as it is; the others resume.
+
+        Raises:
+            ConfigurationError: another supervisor serves on the same journal
+                (field ``store``); see :meth:`resume`.
         """
+        self._hold_lease(exclusive=True)
         unfinished = [RunStatus.RUNNING, RunStatus.WAITING_FOR_HUMAN]
         run_ids: list[str] = []
         page = 500

@@ -23,6 +23,7 @@ from scripts import (
 )
 
 from replan import (
+    ConfigurationError,
     GateResolution,
     MemoryStore,
     ModelRequest,
@@ -531,3 +532,55 @@ async def test_resume_all_skips_a_run_whose_journal_cannot_be_read(
     assert result.status is RunStatus.COMPLETED
     [record] = [r for r in caplog.records if "could not be resumed" in r.message]
     assert damaged in record.message
+
+
+async def test_a_run_another_supervisor_drives_is_not_taken_over(
+    tmp_path: Any,
+) -> None:
+    # Two supervisors on one SQLite journal (two replicas of an application):
+    # the second must not resume the first one's live run, or its tasks would
+    # run twice.
+    path = tmp_path / "j.db"
+    with anyio.fail_after(10):
+        async with (
+            SQLiteStore(path) as first_store,
+            Supervisor(demo_model(), first_store) as first,
+        ):
+            handle = await first.submit(demo_spec())
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    gate = event.request
+                    break
+
+            async with SQLiteStore(path) as store:
+                taker = Supervisor(demo_model(), store, resume=True)
+                with pytest.raises(ConfigurationError) as caught:
+                    await taker.__aenter__()
+                assert caught.value.field == "store"
+                assert "resuming runs needs the journal to itself" in str(caught.value)
+
+            # A supervisor that only starts runs shares the journal, and may
+            # not take over the live one either.
+            async with (
+                SQLiteStore(path) as store,
+                Supervisor(demo_model(), store) as sharing,
+            ):
+                other = await sharing.submit(RunSpec(goal="a run of its own"))
+                with pytest.raises(ConfigurationError, match="to itself"):
+                    await sharing.resume(handle.run_id)
+                await other.cancel()
+                with pytest.raises(UnknownRunError):
+                    sharing.get(handle.run_id)  # nothing was left half-taken
+
+            assert [g.gate_id for g in first.gates.pending()] == [gate.gate_id]
+            await first.gates.resolve(gate.gate_id, GateResolution(decision="approve"))
+            result = await handle.result()
+    assert result.status is RunStatus.COMPLETED
+
+    # Once the first has stopped, the journal is free to be taken over.
+    async with (
+        SQLiteStore(path) as store,
+        Supervisor(demo_model(), store, resume=True) as after,
+    ):
+        resumed = await after.resume(handle.run_id)
+        assert (await resumed.result()).status is RunStatus.COMPLETED
