@@ -513,6 +513,12 @@ def _add_serve(commands: Any) -> None:
         metavar="ROLE=N",
         help="global concurrency of a role (repeat: --workers executor=64)",
     )
+    serve.add_argument(
+        "--max-active-runs",
+        type=whole_number(1, 1_000_000),
+        metavar="N",
+        help="unfinished runs at once; more submissions get 429 (default 1000)",
+    )
     serve.add_argument("--drain-grace", type=_seconds, metavar="SECONDS")
     serve.add_argument("--retention", choices=["compact", "delete", "off"])
     serve.add_argument("--retention-age", type=_seconds, metavar="SECONDS")
@@ -545,6 +551,7 @@ def serve(args: argparse.Namespace) -> int:
             model=args.model,
             model_latency_s=args.model_latency,
             workers=workers,
+            max_active_runs=args.max_active_runs,
             drain_grace_s=args.drain_grace,
             retention=args.retention,
             retention_age_s=args.retention_age,

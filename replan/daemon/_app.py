@@ -51,7 +51,7 @@ logger = logging.getLogger("replan.daemon")
 # Declares the scheme in the OpenAPI document only: BearerAuth checks it.
 _bearer = HTTPBearer(auto_error=False, description="REPLAN_API_TOKEN")
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": Problem} for code in (400, 401, 403, 404, 409, 413, 422, 503)
+    code: {"model": Problem} for code in (400, 401, 403, 404, 409, 413, 422, 429, 503)
 }
 
 
@@ -128,6 +128,16 @@ def _v1(daemon: Daemon) -> APIRouter:
     @router.post("/runs", status_code=202, response_model=Accepted)
     async def submit(spec: RunSpec, request: Request) -> JSONResponse:
         """Start a run; follow the returned ``url``."""
+        limit = daemon.settings.max_active_runs
+        active = sum(not h.status.final for h in daemon.supervisor.handles())
+        if active >= limit:
+            daemon.counters.refused += 1
+            raise ApiError(
+                429,
+                f"{active} runs are unfinished, the daemon's max_active_runs: "
+                "try again once some have ended",
+                headers={"Retry-After": "5"},
+            )
         try:
             spec = _with_default_limits(spec, daemon.settings.default_limits)
             handle = await daemon.supervisor.submit(spec)

@@ -34,6 +34,12 @@ def render_metrics(daemon: Daemon) -> str:
     )
     family("replan_runs_submitted_total", "counter", "Runs accepted over HTTP.")
     lines.append(f"replan_runs_submitted_total {daemon.counters.submitted}")
+    family(
+        "replan_runs_refused_total",
+        "counter",
+        "Submissions refused with 429: max_active_runs were unfinished.",
+    )
+    lines.append(f"replan_runs_refused_total {daemon.counters.refused}")
     family("replan_gates_pending", "gauge", "Human gates waiting for an answer.")
     lines.append(f"replan_gates_pending {len(sup.gates.pending()) if sup else 0}")
     family("replan_event_streams", "gauge", "Open event streams (SSE).")

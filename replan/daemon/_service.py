@@ -25,6 +25,7 @@ class Counters:
     """Counts the daemon keeps for ``/metrics`` (the supervisor keeps the rest)."""
 
     submitted: int = 0
+    refused: int = 0
     compacted: int = 0
     deleted: int = 0
     streams_open: int = 0

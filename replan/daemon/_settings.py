@@ -64,6 +64,9 @@ class DaemonSettings(BaseSettings):
     """Global concurrency per actor role, e.g. ``{"executor": 64}``."""
     max_body_bytes: int = Field(default=1_048_576, ge=1_024, le=64 * 1_048_576)
     """Largest request body accepted; larger ones get 413."""
+    max_active_runs: int = Field(default=1_000, ge=1, le=1_000_000)
+    """Runs that may be unfinished at once (running or waiting for a person);
+    a submission past it gets 429 and should be retried later."""
     drain_grace_s: float = Field(default=10.0, ge=0.0, le=3600.0)
     """On SIGTERM: how long model calls in flight may take to finish."""
     heartbeat_s: float = Field(default=15.0, gt=0.0, le=3600.0)

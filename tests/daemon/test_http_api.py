@@ -619,3 +619,23 @@ def test_an_edit_with_hypotheses_at_a_replan_gate_names_the_hypotheses(
     assert hypotheses.json()["field"] == "hypotheses"
     assert tasks.status_code == 422, tasks.text
     assert tasks.json()["field"] == "tasks"
+
+
+def test_submissions_past_max_active_runs_get_429_until_a_run_ends(
+    tmp_path: Path,
+) -> None:
+    # The demo's runs wait at a gate: two of them hold both places.
+    process = DaemonProcess(tmp_path / "data", "--max-active-runs", "2").start()
+    try:
+        with process.client() as client:
+            first, _ = submit(client), submit(client)
+            refused = client.post("/v1/runs", json={"goal": GOAL})
+            assert refused.status_code == 429, refused.text
+            assert refused.headers["retry-after"] == "5"
+            assert "max_active_runs" in refused.json()["detail"]
+            assert "replan_runs_refused_total 1" in client.get("/metrics").text
+
+            assert client.post(f"/v1/runs/{first}/cancel").status_code == 200
+            submit(client)  # a place is free again
+    finally:
+        process.close()
