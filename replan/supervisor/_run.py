@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
+from pydantic_core import PydanticSerializationError
 
 from .._errors import ActorCrashed, ActorError, ActorStopped, ActorTimeout
 from ..actors import ActorPool, ReplySlot
@@ -408,8 +409,12 @@ class RunDriver:
             state = self.stage(*specs)
             events, self._staged = self._staged, []
             if events:
-                self._summary = summary_of(state, self._summary)
-                await self.store.append(state.run_id, events, self._summary)
+                summary = summary_of(state, self._summary)
+                try:
+                    await self.store.append(state.run_id, events, summary)
+                except (PydanticSerializationError, UnicodeError) as exc:
+                    raise self._unstorable(exc) from None
+                self._summary = summary
                 self._unjournaled.clear()
                 if before_install is not None:
                     before_install()
@@ -418,6 +423,19 @@ class RunDriver:
             if self._staged_state is state:
                 self._staged_state = None
             return state
+
+    def _unstorable(self, exc: Exception) -> RunEnded:
+        """End the run when what it would journal cannot be stored.
+
+        A string no journal can hold (a lone UTF-16 surrogate in a task's
+        result, say) fails the run, with what it journaled so far; a store
+        writes nothing of an append it cannot serialize, so the events built
+        meanwhile are dropped and the run's end follows the journal.
+        """
+        self._staged_state = None
+        self._unjournaled.clear()
+        problem = " ".join(str(exc).split())
+        return RunEnded(RunStatus.FAILED, f"an event could not be journaled: {problem}")
 
     # Asking actors ------------------------------------------------------------
 
@@ -580,16 +598,12 @@ class RunDriver:
             if ended is not None:
                 status, reason, synthesis = ended
                 with anyio.CancelScope(shield=True):
-                    await self.record_events(
-                        (
-                            RunFinished,
-                            {
-                                "status": status,
-                                "stop_reason": reason,
-                                "synthesis": synthesis,
-                            },
+                    try:
+                        await self._record_end(status, reason, synthesis)
+                    except RunEnded as unstorable:  # the synthesis, say
+                        await self._record_end(
+                            unstorable.status, unstorable.reason, None
                         )
-                    )
         finally:
             # Reports the driver never took (it was stopped): keep what
             # finished in the ledger, so that a resumed run does not redo it.
@@ -601,6 +615,12 @@ class RunDriver:
                 self.gates.close(
                     gate.request.gate_id, "the run ended before the gate was resolved"
                 )
+
+    async def _record_end(
+        self, status: RunStatus, reason: str | None, synthesis: Synthesis | None
+    ) -> None:
+        fields = {"status": status, "stop_reason": reason, "synthesis": synthesis}
+        await self.record_events((RunFinished, fields))
 
     def _deadline(self) -> float:
         deadline_at = self.state.deadline_at
@@ -698,15 +718,19 @@ class RunDriver:
             return
         for item in items:
             if isinstance(item, _Done) and item.unsecured:
-                await self.effects.record_effect(
-                    self.state.run_id,
-                    EffectRecord(
-                        task_id=item.task_id,
-                        attempt=item.attempt,
-                        outcome=item.outcome,
-                        calls=item.calls,
-                    ),
+                record = EffectRecord(
+                    task_id=item.task_id,
+                    attempt=item.attempt,
+                    outcome=item.outcome,
+                    calls=item.calls,
                 )
+                try:
+                    await self.effects.record_effect(self.state.run_id, record)
+                except (PydanticSerializationError, UnicodeError) as exc:
+                    # No store can keep it; journaling it fails the run.
+                    logger.warning(
+                        "the result of task %s cannot be stored: %s", item.task_id, exc
+                    )
 
     async def _take(self, item: _Report, later: Sequence[_Report] = ()) -> None:
         """Act on one report from a task or an approval."""

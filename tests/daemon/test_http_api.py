@@ -541,21 +541,25 @@ def test_metadata_at_the_depth_limit_is_streamed_back_and_survives_a_restart(
     assert "event: run_finished" in frames[-1]
 
 
-def test_cancelling_a_run_that_cannot_end_is_no_200(tmp_path: Path) -> None:
+def test_a_run_whose_results_cannot_be_journaled_fails_saying_why(
+    tmp_path: Path,
+) -> None:
     daemon = DaemonProcess(
         tmp_path / "data", "--model", "python:unstorable_model:model"
     ).start()
     try:
         with daemon.client() as client:
             run_id = submit(client, gate_policy=NO_GATE)
-            wait_for(lambda: f"run {run_id} crashed" in daemon.output())
+            view = finished(client, run_id)
             cancel = client.post(f"/v1/runs/{run_id}/cancel")
-            view = client.get(f"/v1/runs/{run_id}").json()
     finally:
         daemon.close()
+    assert view["status"] == "failed"
+    reason = view["result"]["stop_reason"]
+    assert reason.startswith("an event could not be journaled: ")
+    assert "crashed" not in daemon.output()
     assert cancel.status_code == 409, cancel.text
-    assert "was not cancelled" in cancel.json()["detail"]
-    assert view["status"] != "cancelled"
+    assert cancel.json()["detail"] == f"run {run_id} already ended failed"
 
 
 # Two people, one gate --------------------------------------------------------

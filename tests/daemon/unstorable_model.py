@@ -2,7 +2,7 @@
 
 Loaded by the daemon under test as ``--model python:unstorable_model:model``:
 a task's summary holds a lone UTF-16 surrogate, so journaling the first task's
-end fails and the run's driver stops with the run unfinished.
+end fails, and with it the run.
 """
 
 from __future__ import annotations
