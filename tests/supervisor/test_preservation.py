@@ -309,7 +309,7 @@ async def run_scenario(scenario: Scenario) -> None:
                 old is None or old.status is not TaskStatus.SUPERSEDED
             ):
                 assert old is not None
-                assert old.status is TaskStatus.PENDING, (
+                assert superseded_lawfully(before, event, old), (
                     f"{task_id} was {old.status} when {event.kind} superseded it"
                 )
             if task_id in finished:
@@ -328,6 +328,28 @@ async def run_scenario(scenario: Scenario) -> None:
             assert task.result == world.returned[task_id]
         if task.status is TaskStatus.FAILED and world.returned.get(task_id):
             assert task.result == world.returned[task_id]
+
+
+def superseded_lawfully(before: RunState, event: Event, task: Task) -> bool:
+    """Whether ``event`` may supersede ``task`` (as it was ``before``).
+
+    A replan or a ``complete`` verdict supersedes pending tasks. After
+    ``complete`` nothing new starts, so an attempt in flight that fails
+    transiently (or whose executor crashed) is superseded by its own finish
+    instead of going back to pending for a retry.
+    """
+    if task.status is TaskStatus.PENDING:
+        return isinstance(event, ReplanApplied) or (
+            isinstance(event, MilestoneReviewed)
+            and event.verdict.decision == "complete"
+        )
+    return (
+        task.status is TaskStatus.IN_PROGRESS
+        and before.completing
+        and isinstance(event, TaskFinished)
+        and event.task_id == task.id
+        and not event.outcome.success
+    )
 
 
 def essence(task: Task) -> tuple[object, ...]:
