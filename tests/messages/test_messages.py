@@ -9,7 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from replan import ConfigurationError, GateResolution, Limits, RunSpec, TaskDraft
+from replan import (
+    ConfigurationError,
+    GatePolicy,
+    GateResolution,
+    Limits,
+    RunSpec,
+    TaskDraft,
+    Trigger,
+)
 from replan.messages import (
     MESSAGE_ADAPTER,
     Message,
@@ -57,6 +65,28 @@ def test_messages_are_frozen() -> None:
 def test_unknown_fields_are_refused() -> None:
     with pytest.raises(ValidationError):
         TaskOutcome.model_validate({"success": True, "sucess": False})
+
+
+def test_limits_and_the_gate_policy_default_to_the_documented_values() -> None:
+    assert Limits().model_dump() == {
+        "max_replans": 3,
+        "max_iterations": 20,
+        "max_task_executions": 200,
+        "max_task_attempts": 2,
+        "max_concurrency": 4,
+        "milestone_every": 3,
+        "token_budget": None,
+        "replan_reserve": 0.2,
+        "min_confidence": 0.7,
+        "min_corroboration": 2,
+        "deadline_s": None,
+        "gate_timeout_s": None,
+        "replan_candidates": 1,
+        "max_tool_steps": 8,
+    }
+    policy = GatePolicy()
+    assert policy.gate_on == {Trigger.SCOPE_SHIFT}
+    assert policy.on_timeout == "reject"
 
 
 @pytest.mark.parametrize(

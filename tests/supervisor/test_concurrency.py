@@ -87,6 +87,46 @@ async def test_one_slow_task_does_not_hold_back_independent_ready_tasks() -> Non
     assert result.tasks[0].attempts == 1
 
 
+async def test_a_slot_held_by_a_slow_task_stays_taken_while_others_run() -> None:
+    # The fast tasks finish one by one while the slow one runs: every time
+    # the run starts another, the slow one still counts against the limit.
+    flight = InFlight()
+    release = anyio.Event()
+
+    async def execute(request: ModelRequest) -> TaskOutcome:
+        flight.current += 1
+        flight.peak = max(flight.peak, flight.current)
+        try:
+            if task_of(request).key == "slow":
+                await release.wait()
+            else:
+                await anyio.sleep(0.01)
+        finally:
+            flight.current -= 1
+        return clean(request)
+
+    model = scripted(execute=execute)
+    drafts = [
+        TaskDraft(key="slow", description="a long crawl"),
+        *(TaskDraft(key=f"s{i}", description=f"step {i}") for i in range(2, 8)),
+    ]
+
+    with anyio.fail_after(10):
+        async with Supervisor(model, MemoryStore()) as sup:
+            handle = await sup.submit(spec(drafts, max_concurrency=2))
+            finished = 0
+            async for event in handle.events():
+                if isinstance(event, TaskFinished):
+                    finished += 1
+                    if finished == 6:
+                        release.set()
+            result = await handle.result()
+
+    assert result.status is RunStatus.COMPLETED
+    assert [t.status for t in result.tasks] == [TaskStatus.COMPLETED] * 7
+    assert flight.peak == 2
+
+
 async def test_a_run_cancelled_while_an_execution_waits_for_mailbox_room_ends() -> None:
     # One executor worker holds the first task, the second waits in the
     # one-slot mailbox, the third is sent while the mailbox is full.

@@ -15,6 +15,7 @@ from replan import (
     RunSpec,
     TaskDraft,
     TaskOutcome,
+    TaskStatus,
     TokenUsage,
     Trigger,
     Verdict,
@@ -29,6 +30,7 @@ from replan.messages import (
 from replan.supervisor import (
     RunState,
     apply,
+    budget_spent,
     build_version,
     drifted,
     guard_replan,
@@ -146,9 +148,37 @@ def test_the_budget_guard_refuses_once_usage_passes_the_reserve_line() -> None:
     assert refusal[0] is ReplanOutcome.REFUSED_BUDGET
 
 
-def test_the_ceiling_guard_comes_first() -> None:
-    state = _state(2, max_replans=0)
-    verdict = Verdict(decision="replan", trigger=Trigger.OBSOLESCENCE)
+def _used(state: RunState, tokens: int) -> RunState:
+    return apply(
+        state,
+        UsageRecorded(
+            seq=state.seq + 1,
+            at=NOW,
+            role="executor",
+            purpose="execute",
+            usage=TokenUsage(input_tokens=tokens),
+        ),
+    )
+
+
+def test_the_token_budget_is_spent_once_usage_reaches_it() -> None:
+    under = _used(_state(2, token_budget=100), 99)
+    assert budget_spent(under) is None
+    spent = budget_spent(_used(under, 1))
+    assert spent is not None
+    assert spent.startswith("token_budget")
+
+
+@pytest.mark.parametrize(
+    ("trigger", "used"),
+    [
+        pytest.param(Trigger.OBSOLESCENCE, 0, id="before-the-thresholds"),
+        pytest.param(Trigger.CONTRADICTION, 90, id="before-the-budget"),
+    ],
+)
+def test_the_ceiling_guard_comes_first(trigger: Trigger, used: int) -> None:
+    state = _used(_state(2, max_replans=0, token_budget=100), used)
+    verdict = Verdict(decision="replan", trigger=trigger)
     refusal = guard_replan(state, verdict)
     assert refusal is not None
     assert refusal[0] is ReplanOutcome.REFUSED_CEILING
@@ -224,6 +254,12 @@ def test_milestones_come_every_n_completed_tasks_or_at_flagged_tasks() -> None:
         ),
     )
     assert milestone_due(_finish(s, "t1", OK), "t1")
+
+
+def test_a_transient_failure_puts_the_task_back_without_filling_the_window() -> None:
+    state = _finish(_state(2), "t1", TaskOutcome(success=False, transient=True))
+    assert state.tasks["t1"].status is TaskStatus.PENDING
+    assert state.window == []
 
 
 def test_a_replan_version_supersedes_pending_tasks_and_preserves_the_rest() -> None:

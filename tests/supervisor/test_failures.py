@@ -103,6 +103,32 @@ async def test_a_transient_failure_is_retried_until_it_succeeds_without_a_review
     assert done.result.status is RunStatus.COMPLETED
 
 
+async def test_a_retried_task_counts_once_toward_the_next_milestone() -> None:
+    def execute(request: ModelRequest) -> TaskOutcome:
+        if task_of(request).id == "t1" and request.context["attempt"] == 1:
+            return transient()
+        return clean(request)
+
+    model = scripted(execute=execute)
+
+    done = await run_to_end(
+        model,
+        spec(independent(3), max_concurrency=1, milestone_every=2, max_task_attempts=2),
+    )
+
+    # The first review comes after two completed tasks; t1's failed attempt
+    # is no finished task.
+    completed_before_review = 0
+    for event in done.events:
+        if isinstance(event, MilestoneReviewed):
+            break
+        if isinstance(event, TaskFinished) and event.outcome.success:
+            completed_before_review += 1
+    assert completed_before_review == 2
+    assert done.task("t1").attempts == 2
+    assert done.result.status is RunStatus.COMPLETED
+
+
 @pytest.mark.parametrize("max_task_attempts", [1, 2, 3])
 async def test_a_task_that_keeps_failing_transiently_fails_after_max_task_attempts(
     max_task_attempts: int,

@@ -10,6 +10,7 @@ from typing import Any
 
 import anyio
 import pytest
+import scripts
 from scripts import DelegatingStore
 
 import replan
@@ -245,6 +246,48 @@ async def test_events_are_journaled_before_the_state_changes() -> None:
     # Every event but run_submitted went through the watched appends, in order.
     watched = [seq for _, appended in store.appends for seq in appended]
     assert watched == list(range(2, len(events) + 1))
+
+
+class YieldingStore(DelegatingStore):
+    """A Store whose append lets every other task run before it lands.
+
+    A MemoryStore's append never yields, so nothing could run between a
+    start being staged and being journaled; a real store's append does.
+    """
+
+    async def append(
+        self, run_id: str, events: Sequence[Event], summary: RunSummary
+    ) -> None:
+        await anyio.wait_all_tasks_blocked()
+        await self.inner.append(run_id, events, summary)
+
+
+async def test_a_task_reaches_the_executor_only_after_its_start_is_journaled() -> None:
+    store = YieldingStore(MemoryStore())
+    unjournaled: list[tuple[str, int]] = []
+
+    async def execute(request: ModelRequest) -> TaskOutcome:
+        task = scripts.task_of(request)
+        journal = await store.read(request.run_id or "")
+        if not any(
+            isinstance(e, TaskStarted)
+            and (e.task_id, e.attempt) == (task.id, task.attempts)
+            for e in journal
+        ):
+            unjournaled.append((task.id, task.attempts))
+        return scripts.clean(request)
+
+    model = scripts.scripted(execute=execute)
+    async with Supervisor(model, store) as sup:
+        handle = await sup.submit(
+            scripts.spec(scripts.independent(4), max_concurrency=2)
+        )
+        with anyio.fail_after(10):
+            result = await handle.result()
+
+    assert result.status is RunStatus.COMPLETED
+    assert len(model.calls_for("executor", "execute")) == 4
+    assert unjournaled == []
 
 
 @pytest.mark.parametrize("cut", [0.25, 0.5, 0.75])

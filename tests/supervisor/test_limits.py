@@ -29,6 +29,7 @@ from replan import (
     TaskStatus,
     TokenUsage,
 )
+from replan.supervisor._budget import RunMeter
 
 PER_CALL = TokenUsage(input_tokens=6, output_tokens=4)
 """Every scripted call uses 10 tokens."""
@@ -79,22 +80,44 @@ async def test_a_replan_past_the_budget_reserve_is_refused_and_the_run_goes_on(
         assert len(model.calls_for("planner", "replan")) == 1
 
 
-async def test_a_spent_token_budget_ends_the_run_before_another_model_call() -> None:
+@pytest.mark.parametrize(
+    "budget",
+    [
+        pytest.param(35, id="passed"),
+        pytest.param(40, id="used-to-the-last-token"),
+    ],
+)
+async def test_a_spent_token_budget_ends_the_run_before_another_model_call(
+    budget: int,
+) -> None:
     model = scripted(execute=clean, usage=PER_CALL)
 
-    done = await run_to_end(model, spec(chain(6), token_budget=35, max_concurrency=1))
+    done = await run_to_end(
+        model, spec(chain(6), token_budget=budget, max_concurrency=1)
+    )
 
     result = done.result
     assert result.status is RunStatus.LIMIT_REACHED
     assert result.stop_reason is not None
     assert result.stop_reason.startswith("token_budget")
-    # 0, 10, 20 and 30 tokens were used before calls 1-4; none after 40.
+    # 0, 10, 20 and 30 tokens were used before calls 1-4; none after 40,
+    # which spends a budget of 40 as surely as one of 35.
     assert len(model.calls) == 4
-    assert no_call_started_past(model, 35)
-    assert result.usage.total.total_tokens == 10 * len(model.calls)
+    assert no_call_started_past(model, budget)
+    assert result.usage.total.total_tokens == 40
     assert executed_ids(model) == ["t1", "t2", "t3", "t4"]
     assert model.calls_for("executor", "synthesize") == []
     assert done.replayed == result
+
+
+def test_the_live_meter_is_spent_once_it_reaches_the_budget() -> None:
+    # The meter stops calls between journal writes (tool loops, tasks
+    # running together): it must agree with the journal's own check.
+    meter = RunMeter(100, used=99)
+    assert meter.spent_reason() is None
+    meter.charge(TokenUsage(output_tokens=1))
+    assert meter.spent_reason() == "token_budget: 100 of 100 tokens used"
+    assert meter.left() == 0
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import anyio
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import event as label
 from hypothesis import strategies as st
@@ -308,7 +309,7 @@ async def run_scenario(scenario: Scenario) -> None:
                 old is None or old.status is not TaskStatus.SUPERSEDED
             ):
                 assert old is not None
-                assert old.status is TaskStatus.PENDING, (
+                assert superseded_lawfully(before, event, old), (
                     f"{task_id} was {old.status} when {event.kind} superseded it"
                 )
             if task_id in finished:
@@ -327,6 +328,28 @@ async def run_scenario(scenario: Scenario) -> None:
             assert task.result == world.returned[task_id]
         if task.status is TaskStatus.FAILED and world.returned.get(task_id):
             assert task.result == world.returned[task_id]
+
+
+def superseded_lawfully(before: RunState, event: Event, task: Task) -> bool:
+    """Whether ``event`` may supersede ``task`` (as it was ``before``).
+
+    A replan or a ``complete`` verdict supersedes pending tasks. After
+    ``complete`` nothing new starts, so an attempt in flight that fails
+    transiently (or whose executor crashed) is superseded by its own finish
+    instead of going back to pending for a retry.
+    """
+    if task.status is TaskStatus.PENDING:
+        return isinstance(event, ReplanApplied) or (
+            isinstance(event, MilestoneReviewed)
+            and event.verdict.decision == "complete"
+        )
+    return (
+        task.status is TaskStatus.IN_PROGRESS
+        and before.completing
+        and isinstance(event, TaskFinished)
+        and event.task_id == task.id
+        and not event.outcome.success
+    )
 
 
 def essence(task: Task) -> tuple[object, ...]:
@@ -452,3 +475,63 @@ def test_apply_returns_new_states_and_never_mutates_its_input() -> None:
     assert replay(events[:6]).tasks["t4"].status is TaskStatus.SKIPPED
     assert final.tasks["t1"].result == done
     assert final.tasks["t3"].result == failed
+
+
+@pytest.mark.parametrize(
+    ("outcome", "finished"),
+    [
+        pytest.param(TaskOutcome(success=True, summary="a done"), ["t1"], id="done"),
+        pytest.param(
+            TaskOutcome(success=False, reason="a is gone"),
+            ["t1", "t2"],
+            id="failed-and-skipped",
+        ),
+    ],
+)
+def test_apply_refuses_a_replan_that_replaces_a_finished_task(
+    outcome: TaskOutcome, finished: list[str]
+) -> None:
+    # build_version never proposes this; a journal edited by hand, or
+    # written by a faulty version, could.
+    spec = RunSpec(
+        goal=GOAL,
+        tasks=[
+            TaskDraft(key="a", description="a"),
+            TaskDraft(key="b", description="b", depends_on=["a"]),
+            TaskDraft(key="c", description="c"),
+        ],
+    )
+    state = apply(None, RunSubmitted(seq=1, at=T0, run_id="r1", spec=spec))
+    version = build_version(
+        state,
+        spec.tasks or [],
+        trigger=None,
+        reason="",
+        phase="main",
+        replace_pending=False,
+    )
+    state = apply(state, PlanCreated(seq=2, at=T0, version=version))
+    state = apply(state, TaskStarted(seq=3, at=T0, task_id="t1", attempt=1))
+    state = apply(state, TaskFinished(seq=4, at=T0, task_id="t1", outcome=outcome))
+    assert all(state.tasks[t].status in FINISHED for t in finished)
+    revised = build_version(
+        state,
+        [TaskDraft(key="x", description="x")],
+        trigger=Trigger.CONTRADICTION,
+        reason="revised",
+        phase="main",
+        replace_pending=True,
+    )
+    record = ReplanRecord(
+        trigger=Trigger.CONTRADICTION,
+        outcome=ReplanOutcome.APPLIED,
+        reason="revised",
+        confidence=1.0,
+        version=revised.version,
+    )
+    honest = ReplanApplied(seq=5, at=T0, record=record, version=revised)
+    assert apply(state, honest).tasks["t1"] == state.tasks["t1"]
+    for task_id in finished:
+        forged = revised.model_copy(update={"removed": [*revised.removed, task_id]})
+        with pytest.raises(ValueError, match=f"not {task_id}"):
+            apply(state, honest.model_copy(update={"version": forged}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 from scripts import (
+    GOAL,
     SYNTHESIS,
     chain,
     executed_ids,
@@ -182,6 +183,34 @@ async def test_abort_ends_aborted_with_the_rationale_and_keeps_completed_results
     assert done.replayed == result
 
 
+async def test_an_unachievable_replan_aborts_the_run_with_its_partial_results() -> None:
+    rationale = "the market this goal is about no longer exists"
+    model = scripted(
+        execute=with_finding,
+        milestone=first_then_continue(replan_verdict()),
+        replan=lambda r: PlanProposal(tasks=[], rationale=rationale, achievable=False),
+    )
+
+    done = await run_to_end(model, spec(chain(4), milestone_every=2))
+
+    result = done.result
+    assert result.status is RunStatus.ABORTED
+    assert result.stop_reason is not None
+    assert rationale in result.stop_reason
+    assert done.outcomes() == [ReplanOutcome.ABORTED_INFEASIBLE]
+    assert result.replans[0].reason == rationale
+    assert len(result.versions) == 1
+    assert result.output is None
+    assert executed_ids(model) == ["t1", "t2"]
+    assert done.statuses() == {
+        "t1": "completed",
+        "t2": "completed",
+        "t3": "pending",
+        "t4": "pending",
+    }
+    assert done.replayed == result
+
+
 # obsolescence -----------------------------------------------------------------
 
 
@@ -331,6 +360,44 @@ async def test_a_replan_where_more_than_half_the_new_tasks_drift_is_refused(
         assert [done.task(t).status.value for t in pending_then] == ["superseded"] * 3
         assert len(done.result.tasks) == 4 + len(aligned)
     assert done.result.status is RunStatus.COMPLETED
+
+
+# what a replan sees and records ------------------------------------------------
+
+
+async def test_the_planner_gets_the_original_goal_verbatim_when_it_replans() -> None:
+    model = scripted(
+        execute=with_finding,
+        milestone=first_then_continue(
+            replan_verdict(rationale="prices moved: rethink the survey")
+        ),
+        replan=lambda r: fresh_tasks(1),
+    )
+
+    done = await run_to_end(model, spec(chain(4), milestone_every=2))
+
+    (call,) = model.calls_for("planner", "replan")
+    assert call.context["goal"] == GOAL
+    assert done.outcomes() == [ReplanOutcome.APPLIED]
+
+
+async def test_a_plan_version_keeps_the_last_three_findings() -> None:
+    model = scripted(
+        execute=with_finding,
+        milestone=first_then_continue(replan_verdict()),
+        replan=lambda r: fresh_tasks(1),
+    )
+
+    done = await run_to_end(model, spec(chain(6), milestone_every=5, max_concurrency=1))
+
+    first, revised = done.result.versions
+    assert first.findings_at_replan == []
+    assert revised.findings_at_replan == [
+        "finding of t3",
+        "finding of t4",
+        "finding of t5",
+    ]
+    assert done.replayed == done.result
 
 
 # invalid -------------------------------------------------------------------------
