@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 import anyio
@@ -605,7 +606,14 @@ async def list_runs(console: Console, *, db: str, limit: int) -> int:
 
 def _open_store(db: str, *, create: bool) -> SQLiteStore:
     """The journal at ``db``: to write runs into (``create``), or to read
-    (``show``, ``runs``), which opens it read-only and so never changes it."""
+    (``show``, ``runs``), which opens it read-only and so never changes it.
+
+    A journal to write goes into a directory that exists: a mistyped path
+    is an error, not a tree of new directories.
+    """
+    parent = Path(db).parent
+    if create and not parent.is_dir():
+        raise CommandError(f"--db: no directory {parent} to keep the journal in", 2)
     try:
         return SQLiteStore(db, read_only=not create)
     except ConfigurationError as exc:  # names the file already

@@ -48,3 +48,16 @@ def test_a_run_refuses_to_journal_into_another_applications_database(
         f"replan: error: {db} holds another application's tables\n"
     )
     assert db.read_bytes() == before
+
+
+def test_a_journal_path_in_a_missing_directory_is_an_argument_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "typo" / "runs.db"
+
+    assert main(["demo", "--yes", "--db", str(db)]) == 2
+
+    assert capsys.readouterr().err == (
+        f"replan: error: --db: no directory {db.parent} to keep the journal in\n"
+    )
+    assert not db.parent.exists()
