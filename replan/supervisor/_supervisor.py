@@ -177,8 +177,13 @@ class Supervisor:
         return None
 
     def stop(self) -> None:
-        """Stop serving: runs in flight stay in the journal, unfinished."""
+        """Stop serving: runs in flight stay in the journal, unfinished.
+
+        From the call on, :meth:`submit` and :meth:`resume` raise
+        :class:`SupervisorError`. Before the supervisor serves it does nothing.
+        """
         if self._serve_scope is not None:
+            self._stopping = True
             self._serve_scope.cancel()
 
     async def serve(
@@ -195,11 +200,17 @@ class Supervisor:
                     for pool in roles.all():
                         await tg.start(pool.run)
                     self._task_group = tg
-                    self._telemetry.watch(roles.all())
-                    if self._resume_on_start:
-                        await self.resume_all()
-                    task_status.started()
-                    await anyio.sleep_forever()
+                    try:
+                        self._telemetry.watch(roles.all())
+                        if self._resume_on_start:
+                            await self._resume_on_serve()
+                        task_status.started()
+                        await anyio.sleep_forever()
+                    finally:
+                        # Shutting down (stop(), or cancelled from outside):
+                        # from here no run starts in the closing group.
+                        self._stopping = True
+                        self._task_group = None
         finally:
             self._stopping = self._served = True
             self._task_group = None
@@ -209,6 +220,14 @@ class Supervisor:
             self.gates.close_all("the supervisor stopped")
             for record in self._records.values():
                 record.detach("the supervisor stopped before the run finished")
+
+    async def _resume_on_serve(self) -> None:
+        try:
+            await self.resume_all()
+        except SupervisorError:
+            if not self._stopping:
+                raise
+            # Stopped while resuming: the runs left wait in the journal.
 
     def _check_can_serve(self) -> None:
         if self._served:
@@ -311,8 +330,21 @@ class Supervisor:
         return RunDriver(record, roles, self.store, self.gates, self._telemetry)
 
     def _start(self, tg: TaskGroup, driver: RunDriver) -> None:
-        """Drive a run: its model calls are metered from now on."""
+        """Drive a run: its model calls are metered from now on.
+
+        ``tg`` is the group seen before the journal was read or written: if
+        the supervisor began to stop meanwhile, the run is not started (it
+        waits in the journal, unfinished) and SupervisorError is raised.
+        """
         run_id = driver.state.run_id
+        if tg is not self._task_group or self._stopping:
+            for gate in driver.state.open_gates:  # listed again by resume()
+                self.gates.close(gate.request.gate_id, "the supervisor stopped")
+            driver.record.detach("the supervisor stopped before the run started")
+            raise SupervisorError(
+                f"the supervisor stopped before run {run_id} started: it "
+                "waits in the journal for resume() (resume=True on start)"
+            )
         self._drivers[run_id] = driver
         self._meters[run_id] = driver.meter
         tg.start_soon(self._drive, driver)
