@@ -245,8 +245,11 @@ class Supervisor:
         call or task; what is in flight gets up to ``grace_s`` seconds to
         finish and reach the journal (or the effect ledger). Then the
         supervisor stops, and unfinished runs wait in the journal for
-        :meth:`resume`.
+        :meth:`resume`. On a supervisor that is not serving (not started
+        yet, or stopping or stopped) it does nothing.
         """
+        if self._task_group is None:
+            return
         self._stopping = True
         drivers = list(self._drivers.values())
         for driver in drivers:

@@ -177,3 +177,17 @@ async def test_leaving_the_supervisor_with_tasks_in_flight_is_quiet(
                 "the supervisor stopped before the run finished"
             )
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+# Drain ------------------------------------------------------------------------
+
+
+async def test_drain_before_the_supervisor_serves_does_nothing() -> None:
+    sup = Supervisor(scripted())
+    await sup.drain(0.1)
+    with anyio.fail_after(10):
+        async with sup:
+            handle = await sup.submit(spec(independent(1)))
+            result = await handle.result()
+    assert result.status is RunStatus.COMPLETED
+    await sup.drain(0.1)  # stopped: nothing to do either
