@@ -15,6 +15,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
+from pydantic import Field
 
 from .._errors import ConfigurationError, SupervisorError, UnknownRunError
 from ..actors import ActorPool, PoolStatistics
@@ -34,6 +35,7 @@ from ..messages import (
     RunSubmitted,
     ToolCall,
 )
+from ..messages._base import Settings
 from ..store import EffectLedger, MemoryStore, Store
 from ..telemetry import Telemetry
 from ._budget import MeteredModel, RunMeter
@@ -45,6 +47,30 @@ from ._run import RunDriver, summary_of
 from ._state import apply, replay
 
 logger = logging.getLogger("replan.supervisor")
+
+
+class _Workers(Settings):
+    """Pool sizes per role (see ``DEFAULT_WORKERS``)."""
+
+    planner: int = Field(default=DEFAULT_WORKERS["planner"], ge=1)
+    executor: int = Field(default=DEFAULT_WORKERS["executor"], ge=1)
+    reviewer: int = Field(default=DEFAULT_WORKERS["reviewer"], ge=1)
+    ranker: int = Field(default=DEFAULT_WORKERS["ranker"], ge=1)
+    evolver: int = Field(default=DEFAULT_WORKERS["evolver"], ge=1)
+    human_gate: int = Field(default=DEFAULT_WORKERS["human_gate"], ge=1)
+
+
+class _Options(Settings):
+    """The supervisor's arguments, checked as a run's limits are: whole
+    numbers where counts are meant, finite numbers, no true or false."""
+
+    workers: _Workers
+    mailbox_size: int = Field(ge=1)
+    max_restarts: int = Field(ge=0)
+    restart_period_s: float = Field(gt=0)
+    executor_temperature: float = Field(ge=0, le=2)
+    evolver_temperature: float = Field(ge=0, le=2)
+    keep_finished: int = Field(ge=0)
 
 
 class Supervisor:
@@ -65,8 +91,10 @@ class Supervisor:
         max_restarts: crashes a role survives within ``restart_period_s``;
             past that the role stops and the runs that need it fail.
         restart_period_s: the window of ``max_restarts``.
-        executor_temperature: sampling temperature for task execution.
-        evolver_temperature: sampling temperature for refining candidates.
+        executor_temperature: sampling temperature for task execution
+            (0 to 2).
+        evolver_temperature: sampling temperature for refining candidates
+            (0 to 2).
         keep_finished: how many finished runs :meth:`get` and :meth:`handles`
             still know (the oldest are forgotten first; their journal stays,
             :meth:`replay` reads it). Bounds a long-lived supervisor's memory.
@@ -79,8 +107,12 @@ class Supervisor:
         resume: on start, resume every run the store holds unfinished
             (``running`` or ``waiting_for_human``); see :meth:`resume`.
 
+    Counts must be whole numbers and periods and temperatures finite; true
+    and false are no numbers (text that spells one reads, as in a spec).
+
     Raises:
-        ConfigurationError: an argument is invalid.
+        ConfigurationError: an argument is invalid (names it, as in
+            ``workers.executor``), before anything runs.
     """
 
     def __init__(
@@ -101,23 +133,29 @@ class Supervisor:
         tools: Sequence[Tool | Callable[..., Any]] = (),
         resume: bool = False,
     ) -> None:
-        sizes = dict(DEFAULT_WORKERS)
-        for role, size in (workers or {}).items():
+        if workers is None:
+            workers = {}
+        elif not isinstance(workers, Mapping):
+            raise ConfigurationError(
+                "workers", "expected a mapping of role names to pool sizes"
+            )
+        for role in workers:
             if role not in ROLES:
                 raise ConfigurationError(
                     f"workers.{role}", f"unknown role; use one of {', '.join(ROLES)}"
                 )
-            if size < 1:
-                raise ConfigurationError(f"workers.{role}", "must be at least 1")
-            sizes[role] = size
-        if mailbox_size < 1:
-            raise ConfigurationError("mailbox_size", "must be at least 1")
-        if max_restarts < 0:
-            raise ConfigurationError("max_restarts", "must not be negative")
-        if restart_period_s <= 0:
-            raise ConfigurationError("restart_period_s", "must be positive")
-        if keep_finished < 0:
-            raise ConfigurationError("keep_finished", "must not be negative")
+        options = _Options.model_validate(
+            {
+                "workers": dict(workers),
+                "mailbox_size": mailbox_size,
+                "max_restarts": max_restarts,
+                "restart_period_s": restart_period_s,
+                "executor_temperature": executor_temperature,
+                "evolver_temperature": evolver_temperature,
+                "keep_finished": keep_finished,
+            }
+        )  # ConfigurationError naming the argument
+        sizes = options.workers.model_dump()
         try:
             self._tools = as_tools(list(tools))
         except (TypeError, ValueError) as exc:
@@ -132,16 +170,19 @@ class Supervisor:
         self._sizes = sizes
         self._telemetry = Telemetry(tracer_provider, meter_provider)
         self._pool_options: dict[str, Any] = {
-            "mailbox_size": mailbox_size,
-            "max_restarts": max_restarts,
-            "restart_period_s": restart_period_s,
+            "mailbox_size": options.mailbox_size,
+            "max_restarts": options.max_restarts,
+            "restart_period_s": options.restart_period_s,
             "telemetry": self._telemetry,
         }
-        self._temperatures = (executor_temperature, evolver_temperature)
+        self._temperatures = (
+            options.executor_temperature,
+            options.evolver_temperature,
+        )
         self._roles: Roles | None = None
         self._records: dict[str, RunRecord] = {}
         self._finished: deque[str] = deque()
-        self._keep_finished = keep_finished
+        self._keep_finished = options.keep_finished
         self._drivers: dict[str, RunDriver] = {}
         self._task_group: TaskGroup | None = None
         self._serve_scope: anyio.CancelScope | None = None
