@@ -309,6 +309,9 @@ class ActorPool(Generic[ReqT, RepT]):
         self._deadlines = _Deadlines(self)
         self._started = False
         self._task_group: TaskGroup | None = None
+        """Where workers start; None once the pool's shutdown has begun."""
+        self._closing: anyio.Event | None = None
+        """Set by :meth:`stop`: ends :meth:`run`'s wait."""
         self.stop_reason: str | None = None
 
     @property
@@ -344,14 +347,23 @@ class ActorPool(Generic[ReqT, RepT]):
         try:
             async with anyio.create_task_group() as tg:
                 self._task_group = tg
+                self._closing = closing = self._new_event()
                 self._grow()
                 task_status.started()
+                try:
+                    if self.stop_reason is None:
+                        await closing.wait()  # set by stop()
+                finally:
+                    # Shutting down (stopped, or cancelled from outside): no
+                    # worker or timer may join a group that is closing; it
+                    # would wait there for work that never comes.
+                    self._task_group = None
         finally:
             self._task_group = None
             self.stop("the supervisor stopped")
 
     def _grow(self) -> None:
-        """Start one more worker, unless the pool is full or stopping."""
+        """Start one more worker, unless the pool is full or shutting down."""
         if self._task_group is None or self.stop_reason is not None:
             return
         if self._live < self._workers:
@@ -375,6 +387,8 @@ class ActorPool(Generic[ReqT, RepT]):
         while self._idle:
             self._idle.popleft().set()
         self._deadlines.wake()
+        if self._closing is not None:
+            self._closing.set()
 
     async def ask(
         self,

@@ -9,6 +9,7 @@ acts on are the pure functions of ``_decide``; the replan flow lives in
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -595,6 +596,15 @@ class RunDriver:
                     )
             if ended is None and self._cancel_requested:
                 ended = (RunStatus.CANCELLED, "cancelled on request", None)
+            if (
+                ended is not None
+                and ended[0] is RunStatus.FAILED
+                and anyio.current_effective_deadline() == -math.inf
+            ):
+                # The supervisor is stopping (this task is cancelled): the
+                # roles stop with it, which fails no run. Cancelled at once,
+                # the run stays unfinished in the journal, for resume().
+                await anyio.sleep_forever()
             if ended is not None:
                 status, reason, synthesis = ended
                 with anyio.CancelScope(shield=True):
@@ -644,6 +654,11 @@ class RunDriver:
                         outcome = (RunStatus.COMPLETED, None, synthesis)
                 except RunEnded as end:
                     outcome = (end.status, end.reason, None)
+                finally:
+                    # The run is over (or stopped): a report that arrives
+                    # from now on must not start a task in a group that is
+                    # closing; _run() secures what reaches the inbox.
+                    self._tg = None
                 tg.cancel_scope.cancel()
         finally:
             self._tg = None
@@ -960,12 +975,13 @@ class RunDriver:
         report = _Done(
             task.id, outcome, calls, failures, task.attempts, self.effects is not None
         )
-        if report.unsecured and not self._collecting and self._tg is not None:
+        tg = self._tg
+        if report.unsecured and not self._collecting and tg is not None:
             # The driver is busy elsewhere (a review, a gate): make the
             # outcome durable now, so that a crash before the driver journals
             # it does not run the task again (see _secure).
-            self._begin()
-            self._tg.start_soon(self._secure_soon, report)
+            tg.start_soon(self._secure_soon, report)
+            self._begin()  # after: a group that refused leaves no count
         return report
 
     async def _secure_soon(self, report: _Done) -> None:

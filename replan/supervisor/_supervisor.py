@@ -15,6 +15,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
+from pydantic import Field
 
 from .._errors import (
     ConfigurationError,
@@ -39,6 +40,7 @@ from ..messages import (
     RunSubmitted,
     ToolCall,
 )
+from ..messages._base import Settings
 from ..store import DriverLease, EffectLedger, MemoryStore, Store
 from ..telemetry import Telemetry
 from ._budget import MeteredModel, RunMeter
@@ -50,6 +52,30 @@ from ._run import RunDriver, summary_of
 from ._state import apply, replay
 
 logger = logging.getLogger("replan.supervisor")
+
+
+class _Workers(Settings):
+    """Pool sizes per role (see ``DEFAULT_WORKERS``)."""
+
+    planner: int = Field(default=DEFAULT_WORKERS["planner"], ge=1)
+    executor: int = Field(default=DEFAULT_WORKERS["executor"], ge=1)
+    reviewer: int = Field(default=DEFAULT_WORKERS["reviewer"], ge=1)
+    ranker: int = Field(default=DEFAULT_WORKERS["ranker"], ge=1)
+    evolver: int = Field(default=DEFAULT_WORKERS["evolver"], ge=1)
+    human_gate: int = Field(default=DEFAULT_WORKERS["human_gate"], ge=1)
+
+
+class _Options(Settings):
+    """The supervisor's arguments, checked as a run's limits are: whole
+    numbers where counts are meant, finite numbers, no true or false."""
+
+    workers: _Workers
+    mailbox_size: int = Field(ge=1)
+    max_restarts: int = Field(ge=0)
+    restart_period_s: float = Field(gt=0)
+    executor_temperature: float = Field(ge=0, le=2)
+    evolver_temperature: float = Field(ge=0, le=2)
+    keep_finished: int = Field(ge=0)
 
 
 class Supervisor:
@@ -70,8 +96,10 @@ class Supervisor:
         max_restarts: crashes a role survives within ``restart_period_s``;
             past that the role stops and the runs that need it fail.
         restart_period_s: the window of ``max_restarts``.
-        executor_temperature: sampling temperature for task execution.
-        evolver_temperature: sampling temperature for refining candidates.
+        executor_temperature: sampling temperature for task execution
+            (0 to 2).
+        evolver_temperature: sampling temperature for refining candidates
+            (0 to 2).
         keep_finished: how many finished runs :meth:`get` and :meth:`handles`
             still know (the oldest are forgotten first; their journal stays,
             :meth:`replay` reads it). Bounds a long-lived supervisor's memory.
@@ -84,8 +112,12 @@ class Supervisor:
         resume: on start, resume every run the store holds unfinished
             (``running`` or ``waiting_for_human``); see :meth:`resume`.
 
+    Counts must be whole numbers and periods and temperatures finite; true
+    and false are no numbers (text that spells one reads, as in a spec).
+
     Raises:
-        ConfigurationError: an argument is invalid.
+        ConfigurationError: an argument is invalid (names it, as in
+            ``workers.executor``), before anything runs.
     """
 
     def __init__(
@@ -106,23 +138,29 @@ class Supervisor:
         tools: Sequence[Tool | Callable[..., Any]] = (),
         resume: bool = False,
     ) -> None:
-        sizes = dict(DEFAULT_WORKERS)
-        for role, size in (workers or {}).items():
+        if workers is None:
+            workers = {}
+        elif not isinstance(workers, Mapping):
+            raise ConfigurationError(
+                "workers", "expected a mapping of role names to pool sizes"
+            )
+        for role in workers:
             if role not in ROLES:
                 raise ConfigurationError(
                     f"workers.{role}", f"unknown role; use one of {', '.join(ROLES)}"
                 )
-            if size < 1:
-                raise ConfigurationError(f"workers.{role}", "must be at least 1")
-            sizes[role] = size
-        if mailbox_size < 1:
-            raise ConfigurationError("mailbox_size", "must be at least 1")
-        if max_restarts < 0:
-            raise ConfigurationError("max_restarts", "must not be negative")
-        if restart_period_s <= 0:
-            raise ConfigurationError("restart_period_s", "must be positive")
-        if keep_finished < 0:
-            raise ConfigurationError("keep_finished", "must not be negative")
+        options = _Options.model_validate(
+            {
+                "workers": dict(workers),
+                "mailbox_size": mailbox_size,
+                "max_restarts": max_restarts,
+                "restart_period_s": restart_period_s,
+                "executor_temperature": executor_temperature,
+                "evolver_temperature": evolver_temperature,
+                "keep_finished": keep_finished,
+            }
+        )  # ConfigurationError naming the argument
+        sizes = options.workers.model_dump()
         try:
             self._tools = as_tools(list(tools))
         except (TypeError, ValueError) as exc:
@@ -137,16 +175,19 @@ class Supervisor:
         self._sizes = sizes
         self._telemetry = Telemetry(tracer_provider, meter_provider)
         self._pool_options: dict[str, Any] = {
-            "mailbox_size": mailbox_size,
-            "max_restarts": max_restarts,
-            "restart_period_s": restart_period_s,
+            "mailbox_size": options.mailbox_size,
+            "max_restarts": options.max_restarts,
+            "restart_period_s": options.restart_period_s,
             "telemetry": self._telemetry,
         }
-        self._temperatures = (executor_temperature, evolver_temperature)
+        self._temperatures = (
+            options.executor_temperature,
+            options.evolver_temperature,
+        )
         self._roles: Roles | None = None
         self._records: dict[str, RunRecord] = {}
         self._finished: deque[str] = deque()
-        self._keep_finished = keep_finished
+        self._keep_finished = options.keep_finished
         self._drivers: dict[str, RunDriver] = {}
         self._task_group: TaskGroup | None = None
         self._serve_scope: anyio.CancelScope | None = None
@@ -183,8 +224,13 @@ class Supervisor:
         return None
 
     def stop(self) -> None:
-        """Stop serving: runs in flight stay in the journal, unfinished."""
+        """Stop serving: runs in flight stay in the journal, unfinished.
+
+        From the call on, :meth:`submit` and :meth:`resume` raise
+        :class:`SupervisorError`. Before the supervisor serves it does nothing.
+        """
         if self._serve_scope is not None:
+            self._stopping = True
             self._serve_scope.cancel()
 
     async def serve(
@@ -206,11 +252,17 @@ class Supervisor:
                     for pool in roles.all():
                         await tg.start(pool.run)
                     self._task_group = tg
-                    self._telemetry.watch(roles.all())
-                    if self._resume_on_start:
-                        await self.resume_all()
-                    task_status.started()
-                    await anyio.sleep_forever()
+                    try:
+                        self._telemetry.watch(roles.all())
+                        if self._resume_on_start:
+                            await self._resume_on_serve()
+                        task_status.started()
+                        await anyio.sleep_forever()
+                    finally:
+                        # Shutting down (stop(), or cancelled from outside):
+                        # from here no run starts in the closing group.
+                        self._stopping = True
+                        self._task_group = None
         finally:
             self._stopping = self._served = True
             self._task_group = None
@@ -232,6 +284,14 @@ class Supervisor:
         if isinstance(self.store, DriverLease):
             self.store.release_lease()
 
+    async def _resume_on_serve(self) -> None:
+        try:
+            await self.resume_all()
+        except SupervisorError:
+            if not self._stopping:
+                raise
+            # Stopped while resuming: the runs left wait in the journal.
+
     def _check_can_serve(self) -> None:
         if self._served:
             raise SupervisorError(
@@ -248,8 +308,11 @@ class Supervisor:
         call or task; what is in flight gets up to ``grace_s`` seconds to
         finish and reach the journal (or the effect ledger). Then the
         supervisor stops, and unfinished runs wait in the journal for
-        :meth:`resume`.
+        :meth:`resume`. On a supervisor that is not serving (not started
+        yet, or stopping or stopped) it does nothing.
         """
+        if self._task_group is None:
+            return
         self._stopping = True
         drivers = list(self._drivers.values())
         for driver in drivers:
@@ -334,8 +397,21 @@ class Supervisor:
         return RunDriver(record, roles, self.store, self.gates, self._telemetry)
 
     def _start(self, tg: TaskGroup, driver: RunDriver) -> None:
-        """Drive a run: its model calls are metered from now on."""
+        """Drive a run: its model calls are metered from now on.
+
+        ``tg`` is the group seen before the journal was read or written: if
+        the supervisor began to stop meanwhile, the run is not started (it
+        waits in the journal, unfinished) and SupervisorError is raised.
+        """
         run_id = driver.state.run_id
+        if tg is not self._task_group or self._stopping:
+            for gate in driver.state.open_gates:  # listed again by resume()
+                self.gates.close(gate.request.gate_id, "the supervisor stopped")
+            driver.record.detach("the supervisor stopped before the run started")
+            raise SupervisorError(
+                f"the supervisor stopped before run {run_id} started: it "
+                "waits in the journal for resume() (resume=True on start)"
+            )
         self._drivers[run_id] = driver
         self._meters[run_id] = driver.meter
         tg.start_soon(self._drive, driver)

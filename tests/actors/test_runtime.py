@@ -737,3 +737,47 @@ async def test_answered_requests_do_not_pile_up_in_the_timer() -> None:
             assert await pool.ask(f"echo:{number}", deadline=deadline) == str(number)
         # Requests answered long before their deadline leave the heap.
         assert len(pool._deadlines._heap) <= 40
+
+
+async def test_a_pool_starts_no_worker_once_its_shutdown_began() -> None:
+    """A worker started in a closing group would wait there for work forever
+    (or, on trio, the group refuses it with a RuntimeError)."""
+    entered = anyio.Event()
+    release = anyio.Event()
+
+    class Unhurried:
+        async def handle(self, request: str, ctx: ActorContext) -> str:
+            entered.set()
+            with anyio.CancelScope(shield=True):  # keeps the group open
+                await release.wait()
+            return request
+
+    pool: ActorPool[str, str] = ActorPool("tester", Unhurried, workers=2)
+    replies: list[str] = []
+
+    async def serve_pool(
+        *, task_status: anyio.abc.TaskStatus[anyio.CancelScope]
+    ) -> None:
+        with anyio.CancelScope() as scope:
+            task_status.started(scope)
+            await pool.run()
+
+    async def ask(request: str) -> None:
+        replies.append(await pool.ask(request))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            scope = await tg.start(serve_pool)
+            tg.start_soon(ask, "first")
+            try:
+                await entered.wait()
+                scope.cancel()  # the pool's host shuts down, from outside
+                await wait_all_tasks_blocked()
+                tg.start_soon(ask, "second")  # no worker is free
+                await wait_all_tasks_blocked()
+                live = pool.statistics().live
+            finally:
+                release.set()
+    assert live == 1
+    assert replies == ["first", "second"]  # the busy worker took it after all
+    assert pool.statistics().live == 0

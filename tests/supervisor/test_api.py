@@ -413,6 +413,49 @@ def test_a_worker_pool_of_size_zero_is_a_configuration_error() -> None:
     assert caught.value.field == "workers.executor"
 
 
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"workers": {"executor": True}}, "workers.executor"),
+        ({"workers": {"planner": 1.5}}, "workers.planner"),
+        ({"workers": {"executor": float("nan")}}, "workers.executor"),
+        ({"workers": {"planner": "two"}}, "workers.planner"),
+        ({"workers": {"chef": 2}}, "workers.chef"),
+        ({"workers": [("planner", 1)]}, "workers"),
+        ({"mailbox_size": 2.5}, "mailbox_size"),
+        ({"mailbox_size": float("nan")}, "mailbox_size"),
+        ({"mailbox_size": False}, "mailbox_size"),
+        ({"max_restarts": float("nan")}, "max_restarts"),
+        ({"restart_period_s": float("nan")}, "restart_period_s"),
+        ({"restart_period_s": float("inf")}, "restart_period_s"),
+        ({"keep_finished": True}, "keep_finished"),
+        ({"keep_finished": float("nan")}, "keep_finished"),
+        ({"executor_temperature": float("nan")}, "executor_temperature"),
+        ({"executor_temperature": -5}, "executor_temperature"),
+        ({"evolver_temperature": "hot"}, "evolver_temperature"),
+    ],
+)
+def test_a_bad_supervisor_argument_names_itself(
+    arguments: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Supervisor(ScriptedModel(answers()), **arguments)
+    assert caught.value.field == field
+
+
+async def test_good_supervisor_arguments_reach_the_pools() -> None:
+    sup = Supervisor(
+        ScriptedModel(answers()),
+        workers={"executor": 3.0, "planner": "2"},  # type: ignore[dict-item]
+        mailbox_size=5,
+    )
+    async with sup:
+        sizes = {s.role: (s.workers, s.mailbox_size) for s in sup.pool_statistics()}
+    assert sizes["executor"] == (3, 5)
+    assert sizes["planner"] == (2, 5)
+    assert sizes["reviewer"] == (8, 5)
+
+
 async def test_submitting_a_bad_dict_spec_fails_before_anything_runs() -> None:
     model = ScriptedModel(answers())
     store = MemoryStore()

@@ -1,0 +1,193 @@
+"""Stopping: submissions during a shutdown, quiet cancels and exits, drain."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import anyio
+import pytest
+from scripts import DelegatingStore, independent, scripted, spec
+
+from replan import MemoryStore, RunHandle, RunStatus, Supervisor, SupervisorError
+from replan.messages import Event
+from replan.store import RunSummary, Store
+
+
+class HeldStore(DelegatingStore):
+    """Holds the first append (a run's submission) until released."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.entered = anyio.Event()
+        self.release = anyio.Event()
+
+    async def append(
+        self, run_id: str, events: Sequence[Event], summary: RunSummary
+    ) -> None:
+        if not self.entered.is_set():
+            self.entered.set()
+            await self.release.wait()
+        await self.inner.append(run_id, events, summary)
+
+
+async def finish_unfinished(store: Store) -> int:
+    """Resume every unfinished run of ``store`` and check that it completes."""
+    with anyio.fail_after(20):
+        async with Supervisor(scripted(), store, resume=True) as sup:
+            handles = sup.handles()
+            for handle in handles:
+                result = await handle.result()
+                assert result.status is RunStatus.COMPLETED
+    assert await store.list_runs(statuses=[RunStatus.RUNNING]) == []
+    return len(handles)
+
+
+async def ending_of(handle: RunHandle) -> str:
+    """The run's final status, or why its result() is refused."""
+    with anyio.fail_after(2):
+        try:
+            result = await handle.result()
+        except SupervisorError as exc:
+            return str(exc)
+    return result.status.value
+
+
+# Submitting while the supervisor stops ----------------------------------------
+
+
+async def test_a_submit_after_stop_is_refused_and_the_exit_is_prompt() -> None:
+    model = scripted()
+    store = MemoryStore()
+    with anyio.fail_after(10):  # a guard: the exit used to hang on asyncio
+        async with Supervisor(model, store) as sup:
+            sup.stop()
+            with pytest.raises(SupervisorError):
+                await sup.submit(spec(independent(1)))
+            with pytest.raises(SupervisorError):
+                await sup.resume("no-such-run")
+    assert await store.list_runs() == []
+    assert model.calls == []
+
+
+async def test_a_submit_whose_journal_write_outlasts_the_exit_leaves_it_resumable() -> (
+    None
+):
+    inner = MemoryStore()
+    store = HeldStore(inner)
+    refused: list[SupervisorError] = []
+
+    async def client(sup: Supervisor) -> None:
+        try:
+            await sup.submit(spec(independent(2)))
+        except SupervisorError as exc:
+            refused.append(exc)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as app:
+            async with Supervisor(scripted(), store) as sup:
+                app.start_soon(client, sup)
+                await store.entered.wait()
+            store.release.set()  # the run reaches the journal after the exit
+
+    # Refused, not a RuntimeError from a closed task group, and not driven.
+    assert len(refused) == 1
+    [row] = await inner.list_runs()
+    assert row.status is RunStatus.RUNNING
+    assert row.run_id in str(refused[0])
+    with anyio.fail_after(2), pytest.raises(SupervisorError):
+        await sup.get(row.run_id).result()
+    assert await finish_unfinished(inner) == 1
+
+
+@pytest.mark.parametrize("delay_ms", [0, 2, 5, 9])
+async def test_submits_racing_the_exit_are_driven_or_refused_never_lost(
+    delay_ms: int,
+) -> None:
+    store = MemoryStore()
+    outcomes = {"accepted": 0, "refused": 0}
+
+    async def client(sup: Supervisor) -> None:
+        while True:
+            try:
+                await sup.submit(spec(independent(2)))
+            except SupervisorError:
+                outcomes["refused"] += 1
+                return
+            outcomes["accepted"] += 1
+            await anyio.sleep(0.001)
+
+    with anyio.fail_after(10):  # a guard: the exit used to hang on asyncio
+        async with (
+            anyio.create_task_group() as app,
+            Supervisor(scripted(), store, workers={"executor": 8}) as sup,
+        ):
+            app.start_soon(client, sup)
+            await anyio.sleep(delay_ms / 1000)
+
+    assert outcomes["refused"] == 1
+    for handle in sup.handles():
+        with anyio.fail_after(2):
+            try:
+                result = await handle.result()
+            except SupervisorError:
+                continue
+        assert result.status is RunStatus.COMPLETED
+    rows = await store.list_runs(limit=10_000)
+    assert len(rows) >= outcomes["accepted"]
+    await finish_unfinished(store)
+
+
+# Quiet cancels and exits ------------------------------------------------------
+
+
+async def test_cancelling_runs_with_tasks_in_flight_is_quiet(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING)
+    for _ in range(5):
+        with anyio.fail_after(10):
+            async with Supervisor(scripted()) as sup:
+                handle = await sup.submit(spec(independent(3)))
+                driver = sup._drivers[handle.run_id]
+                await handle.cancel()
+                result = await handle.result()
+        assert result.status is RunStatus.CANCELLED
+        assert driver._busy == 0  # what drain() waits on
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+async def test_leaving_the_supervisor_with_tasks_in_flight_is_quiet(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING)
+    for attempt in range(10):
+        with anyio.fail_after(10):
+            async with Supervisor(
+                scripted(latency_s=0.001), workers={"executor": 4}
+            ) as sup:
+                handles = [
+                    await sup.submit(spec(independent(8), max_concurrency=4))
+                    for _ in range(3)
+                ]
+                await anyio.sleep(attempt * 0.002)
+        for handle in handles:
+            ending = await ending_of(handle)
+            assert ending == "completed" or ending.endswith(
+                "the supervisor stopped before the run finished"
+            )
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+# Drain ------------------------------------------------------------------------
+
+
+async def test_drain_before_the_supervisor_serves_does_nothing() -> None:
+    sup = Supervisor(scripted())
+    await sup.drain(0.1)
+    with anyio.fail_after(10):
+        async with sup:
+            handle = await sup.submit(spec(independent(1)))
+            result = await handle.result()
+    assert result.status is RunStatus.COMPLETED
+    await sup.drain(0.1)  # stopped: nothing to do either
