@@ -128,19 +128,19 @@ def _v1(daemon: Daemon) -> APIRouter:
     @router.post("/runs", status_code=202, response_model=Accepted)
     async def submit(spec: RunSpec, request: Request) -> JSONResponse:
         """Start a run; follow the returned ``url``."""
-        limit = daemon.settings.max_active_runs
-        active = sum(not h.status.final for h in daemon.supervisor.handles())
-        if active >= limit:
-            daemon.counters.refused += 1
-            raise ApiError(
-                429,
-                f"{active} runs are unfinished, the daemon's max_active_runs: "
-                "try again once some have ended",
-                headers={"Retry-After": "5"},
-            )
         try:
+            supervisor = daemon.supervisor
+            active = sum(not h.status.final for h in supervisor.handles())
+            if active >= daemon.settings.max_active_runs:
+                daemon.counters.refused += 1
+                raise ApiError(
+                    429,
+                    f"{active} runs are unfinished, the daemon's max_active_runs: "
+                    "try again once some have ended",
+                    headers={"Retry-After": "5"},
+                )
             spec = _with_default_limits(spec, daemon.settings.default_limits)
-            handle = await daemon.supervisor.submit(spec)
+            handle = await supervisor.submit(spec)
         except ConfigurationError as exc:
             raise ApiError(422, str(exc), exc.field) from None
         except SupervisorError as exc:
