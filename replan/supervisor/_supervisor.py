@@ -274,6 +274,19 @@ class Supervisor:
                 record.detach("the supervisor stopped before the run finished")
             self._release_lease()
 
+    def _serving(self) -> tuple[TaskGroup, Roles]:
+        """The task group and pools to start a run with, while serving."""
+        tg, roles = self._task_group, self._roles
+        if self._served:
+            raise SupervisorError("the supervisor has stopped: it starts no run")
+        if self._stopping or (roles is not None and tg is None):
+            raise SupervisorError("the supervisor is stopping: it starts no run")
+        if tg is None or roles is None:
+            raise SupervisorError(
+                "the supervisor is not serving: use `async with` or serve()"
+            )
+        return tg, roles
+
     def _hold_lease(self, *, exclusive: bool) -> None:
         """Share a durable journal with other supervisors, or hold it alone
         to take over its unfinished runs (see :class:`DriverLease`)."""
@@ -370,11 +383,7 @@ class Supervisor:
         if not isinstance(spec, RunSpec):
             spec = RunSpec.model_validate(spec)  # ConfigurationError if bad
         spec.check_storable()  # a lone surrogate in a string: ConfigurationError
-        tg, roles = self._task_group, self._roles
-        if tg is None or roles is None or self._stopping:
-            raise SupervisorError(
-                "the supervisor is not serving: use `async with` or serve()"
-            )
+        tg, roles = self._serving()
         run_id = uuid.uuid4().hex
         now = datetime.now(UTC)
         deadline = spec.limits.deadline_s
@@ -469,11 +478,7 @@ class Supervisor:
             ConfigurationError: another supervisor serves on the same journal
                 (field ``store``).
         """
-        tg, roles = self._task_group, self._roles
-        if tg is None or roles is None or self._stopping:
-            raise SupervisorError(
-                "the supervisor is not serving: use `async with` or serve()"
-            )
+        tg, roles = self._serving()
         known = self._records.get(run_id)
         if known is not None and (run_id in self._drivers or known.done.is_set()):
             return self._handle(known)

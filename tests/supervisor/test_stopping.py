@@ -62,10 +62,14 @@ async def test_a_submit_after_stop_is_refused_and_the_exit_is_prompt() -> None:
     with anyio.fail_after(10):  # a guard: the exit used to hang on asyncio
         async with Supervisor(model, store) as sup:
             sup.stop()
-            with pytest.raises(SupervisorError):
+            with pytest.raises(SupervisorError, match="is stopping"):
                 await sup.submit(spec(independent(1)))
-            with pytest.raises(SupervisorError):
+            with pytest.raises(SupervisorError, match="is stopping"):
                 await sup.resume("no-such-run")
+    with pytest.raises(SupervisorError, match="has stopped"):
+        await sup.submit(spec(independent(1)))
+    with pytest.raises(SupervisorError, match="not serving: use `async with`"):
+        await Supervisor(model, store).submit(spec(independent(1)))
     assert await store.list_runs() == []
     assert model.calls == []
 
