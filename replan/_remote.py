@@ -4,11 +4,15 @@ reject, cancel (``--url`` or ``REPLAN_URL``; token from ``REPLAN_API_TOKEN``).""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from . import _render
 from ._client import Client, ClientError
@@ -25,6 +29,21 @@ class RemoteError(Exception):
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
+
+
+@contextlib.contextmanager
+def _daemon_answers() -> Iterator[None]:
+    """Client errors, and answers of a shape no replan daemon gives (a JSON
+    server that is something else), as one-line :class:`RemoteError`."""
+    try:
+        yield
+    except ClientError as exc:
+        raise RemoteError(str(exc), exc.code) from None
+    except (KeyError, TypeError, IndexError, AttributeError, ValidationError) as exc:
+        problem = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        raise RemoteError(
+            f"the server's answer is not one a replan daemon gives ({problem})"
+        ) from None
 
 
 def add_url(parser: argparse.ArgumentParser) -> None:
@@ -68,11 +87,8 @@ def add_commands(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run one remote command; RemoteError carries a one-line failure."""
-    try:
-        with Client.from_env(getattr(args, "url", None)) as client:
-            return _COMMANDS[args.command](client, args)
-    except ClientError as exc:
-        raise RemoteError(str(exc), exc.code) from None
+    with _daemon_answers(), Client.from_env(getattr(args, "url", None)) as client:
+        return _COMMANDS[args.command](client, args)
 
 
 def _submit(client: Client, args: argparse.Namespace) -> int:
@@ -183,33 +199,32 @@ def _cancel(client: Client, args: argparse.Namespace) -> int:
 
 def list_runs(args: argparse.Namespace) -> int:
     """``replan runs --url``: one line per run, newest first."""
-    try:
+    with _daemon_answers():
         with Client.from_env(args.url) as client:
             page = client.call(
                 "GET", "/v1/runs", params={"limit": min(args.limit, 1000)}
             )
-    except ClientError as exc:
-        raise RemoteError(str(exc), exc.code) from None
-    for s in page["runs"]:
-        goal = " ".join(s["goal"].split())
-        if len(goal) > 60:
-            goal = goal[:59] + "…"
-        shape = s["kind"] if s.get("kind") == "explore" else s["pattern"]
-        print(f"{s['run_id']}  {s['status']:<17} {shape:<9}  {goal}")
-    if not page["runs"]:
+        lines = []
+        for s in page["runs"]:
+            goal = " ".join(s["goal"].split())
+            if len(goal) > 60:
+                goal = goal[:59] + "…"
+            shape = s["kind"] if s.get("kind") == "explore" else s["pattern"]
+            lines.append(f"{s['run_id']}  {s['status']:<17} {shape:<9}  {goal}")
+    for line in lines:
+        print(line)
+    if not lines:
         print("no runs", file=sys.stderr)
     return 0
 
 
 def show(args: argparse.Namespace) -> int:
     """``replan show --url``: the run rebuilt from its events, as with --db."""
-    try:
+    with _daemon_answers():
         with Client.from_env(args.url) as client:
             run_id, view = _find_run(client, args.run_id)
             events = list(client.events(run_id, until=view["last_seq"]))
-    except ClientError as exc:
-        raise RemoteError(str(exc), exc.code) from None
-    state = replay(events)
+        state = replay(events)
     if args.json:
         print(state.result().model_dump_json(indent=2))
     else:

@@ -194,3 +194,32 @@ def test_a_malformed_url_is_a_bad_argument(
     err = capsys.readouterr().err
     assert err.startswith("replan: error: 'http://[::1' is not a valid URL")
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "body"),
+    [
+        (["runs"], b'{"items": []}'),
+        (["runs"], b'{"runs": [{"run_id": 7}]}'),
+        (["submit", "--goal", "g"], b'{"id": "x"}'),
+        (["cancel", "abc"], b"[1, 2]"),
+    ],
+    ids=["no runs key", "a run without its fields", "no run id", "a list"],
+)
+def test_json_in_a_shape_no_daemon_gives_is_one_line(
+    serve: list[_Server],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    body: bytes,
+) -> None:
+    server = _start(serve, 200, "application/json", body)
+    monkeypatch.setenv("REPLAN_API_TOKEN", "a-token-of-sixteen-chars")
+
+    assert main([*argv, "--url", server.url]) == 1
+
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "replan: error: the server's answer is not one a replan daemon gives ("
+    )
+    assert err.count("\n") == 1
