@@ -83,17 +83,18 @@ class DriverLease(Protocol):
     twice, its tasks and side effects run again.
     """
 
-    def hold_lease(self, *, exclusive: bool) -> None:
-        """Hold the lease (or convert the one held), without waiting.
+    def hold_lease(self, holder: object, *, exclusive: bool) -> None:
+        """Hold the lease for ``holder`` (a supervisor), or convert the one
+        it holds, without waiting.
 
         Raises:
-            ConfigurationError: another supervisor holds it so that this one
-                cannot (field ``store``).
+            ConfigurationError: another supervisor, in this process or
+                another, holds it so that this one cannot (field ``store``).
         """
         ...
 
-    def release_lease(self) -> None:
-        """Let go of the lease (idempotent)."""
+    def release_lease(self, holder: object) -> None:
+        """Let go of ``holder``'s lease (idempotent)."""
         ...
 
 

@@ -175,6 +175,7 @@ class SQLiteStore:
         self.read_only = read_only
         self._checkpointer = _Checkpointer(self.path, synchronous)
         self._lease = _Lease(self.path.with_name(self.path.name + _LEASE_SUFFIX))
+        self._holders: dict[int, bool] = {}  # id(holder) -> holds it alone
         # The last seq this store committed per run: an append then needs no
         # query to check that its events follow on. Another writer's rows
         # still collide on the primary key, which reads as a conflict.
@@ -283,7 +284,12 @@ class SQLiteStore:
                 conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     async def read(self, run_id: str, after: int = 0) -> list[Event]:
-        rows = self._connection().execute(_READ, (run_id, after)).fetchall()
+        try:
+            rows = self._connection().execute(_READ, (run_id, after)).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "decode" not in str(exc):
+                raise
+            raise self._corrupt(run_id, "an event", exc) from None  # not UTF-8
         events: list[Event] = []
         for seq, payload in rows:
             try:
@@ -314,6 +320,7 @@ class SQLiteStore:
         return [self._summary(row) for row in conn.execute(query, params)]
 
     async def aclose(self) -> None:
+        self._holders.clear()
         self._lease.release()
         conn, self._conn = self._conn, None
         if conn is not None:
@@ -393,12 +400,13 @@ class SQLiteStore:
 
     # The drivers' lease (see DriverLease) --------------------------------------
 
-    def hold_lease(self, *, exclusive: bool) -> None:
+    def hold_lease(self, holder: object, *, exclusive: bool) -> None:
         """Hold ``PATH-drivers.lock`` shared, or alone to take over runs.
 
         ``flock`` on a file beside the journal: the kernel lets go of it
-        when its holder exits, however it exits. A read-only store never
-        drives a run and holds nothing.
+        when its holder exits, however it exits. Supervisors sharing this
+        store object are told apart by ``holder``, as other processes are by
+        the lock. A read-only store never drives a run and holds nothing.
 
         Raises:
             ConfigurationError: another supervisor holds the lease so that
@@ -406,10 +414,17 @@ class SQLiteStore:
         """
         if self.read_only:
             return
+        exclusive = exclusive or self._holders.get(id(holder), False)
+        others = [alone for key, alone in self._holders.items() if key != id(holder)]
+        if others and (exclusive or any(others)):
+            raise _lease_refused(self.path, exclusive=exclusive)
         self._lease.hold(exclusive=exclusive)
+        self._holders[id(holder)] = exclusive
 
-    def release_lease(self) -> None:
-        self._lease.release()
+    def release_lease(self, holder: object) -> None:
+        self._holders.pop(id(holder), None)
+        if not self._holders:
+            self._lease.release()
 
     def _summary(self, row: Any) -> RunSummary:
         try:
@@ -553,20 +568,12 @@ class _Lease:
             # A refused conversion may have dropped the shared lock.
             if not (converting and self._share_again()):
                 self.release()
-            journal = self.path.with_name(self.path.name.removesuffix(_LEASE_SUFFIX))
             if not isinstance(exc, BlockingIOError):
-                problem = f"cannot lock {self.path}: {exc}"
-            elif exclusive:
-                problem = (
-                    f"another supervisor drives runs in {journal}: resuming "
-                    "runs needs the journal to itself"
-                )
-            else:
-                problem = (
-                    f"another supervisor is resuming runs in {journal} and "
-                    "needs the journal to itself"
-                )
-            raise ConfigurationError("store", problem) from None
+                raise ConfigurationError(
+                    "store", f"cannot lock {self.path}: {exc}"
+                ) from None
+            journal = self.path.with_name(self.path.name.removesuffix(_LEASE_SUFFIX))
+            raise _lease_refused(journal, exclusive=exclusive) from None
         self._exclusive = exclusive
 
     def _share_again(self) -> bool:
@@ -585,6 +592,20 @@ class _Lease:
 
 
 _LEASE_SUFFIX = "-drivers.lock"
+
+
+def _lease_refused(journal: Path, *, exclusive: bool) -> ConfigurationError:
+    if exclusive:
+        problem = (
+            f"another supervisor drives runs in {journal}: resuming runs needs "
+            "the journal to itself"
+        )
+    else:
+        problem = (
+            f"another supervisor is resuming runs in {journal} and needs the "
+            "journal to itself"
+        )
+    return ConfigurationError("store", problem)
 
 
 def _connect(

@@ -386,26 +386,46 @@ async def test_the_drivers_lease_is_shared_by_starters_and_held_alone_to_resume(
 ) -> None:
     db = tmp_path / "j.db"
     async with SQLiteStore(db) as a, SQLiteStore(db) as b, SQLiteStore(db) as c:
-        a.hold_lease(exclusive=False)
-        b.hold_lease(exclusive=False)  # two supervisors starting runs: fine
+        a.hold_lease(a, exclusive=False)
+        b.hold_lease(b, exclusive=False)  # two supervisors starting runs: fine
         with pytest.raises(ConfigurationError, match="resuming runs needs") as caught:
-            c.hold_lease(exclusive=True)
+            c.hold_lease(c, exclusive=True)
         assert caught.value.field == "store"
         assert str(db) in caught.value.problem
 
         # A refused conversion keeps the shared lease it had.
         with pytest.raises(ConfigurationError):
-            a.hold_lease(exclusive=True)
-        b.release_lease()
+            a.hold_lease(a, exclusive=True)
+        b.release_lease(b)
         with pytest.raises(ConfigurationError):
-            c.hold_lease(exclusive=True)  # a still shares it
+            c.hold_lease(c, exclusive=True)  # a still shares it
 
-        a.release_lease()
-        c.hold_lease(exclusive=True)
+        a.release_lease(a)
+        c.hold_lease(c, exclusive=True)
         with pytest.raises(ConfigurationError, match="is resuming runs"):
-            a.hold_lease(exclusive=False)
+            a.hold_lease(a, exclusive=False)
     # Closing a store lets go of its lease.
     async with SQLiteStore(db) as d:
-        d.hold_lease(exclusive=True)
+        d.hold_lease(d, exclusive=True)
         async with SQLiteStore(db, read_only=True) as reader:
-            reader.hold_lease(exclusive=True)  # a reader drives nothing: no-op
+            reader.hold_lease(reader, exclusive=True)  # a reader drives nothing: no-op
+
+
+async def test_supervisors_sharing_one_store_object_are_told_apart_by_holder(
+    tmp_path: Path,
+) -> None:
+    first, second = object(), object()
+    async with SQLiteStore(tmp_path / "j.db") as store:
+        store.hold_lease(first, exclusive=False)
+        with pytest.raises(ConfigurationError, match="resuming runs needs"):
+            store.hold_lease(second, exclusive=True)
+        store.hold_lease(second, exclusive=False)
+        store.release_lease(first)
+        # The second still holds the lease: another process cannot resume.
+        async with SQLiteStore(tmp_path / "j.db") as other:
+            with pytest.raises(ConfigurationError):
+                other.hold_lease(other, exclusive=True)
+            store.release_lease(second)
+            other.hold_lease(other, exclusive=True)
+            with pytest.raises(ConfigurationError, match="is resuming runs"):
+                store.hold_lease(first, exclusive=False)
