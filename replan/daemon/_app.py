@@ -226,7 +226,9 @@ def _v1(daemon: Daemon) -> APIRouter:
             raise ApiError(409, f"run {run_id} already ended {state.status.value}")
         try:
             handle = daemon.supervisor.get(run_id)
-        except (UnknownRunError, SupervisorError):
+        except SupervisorError as exc:  # shutting down
+            raise ApiError(503, f"not cancelling runs: {exc}") from None
+        except UnknownRunError:
             raise ApiError(409, f"run {run_id} is not active here") from None
         try:
             await handle.cancel()

@@ -19,6 +19,7 @@ from pydantic import Field
 
 from .._errors import (
     ConfigurationError,
+    JournalCorrupt,
     ReplanError,
     SupervisorError,
     UnknownRunError,
@@ -291,11 +292,11 @@ class Supervisor:
         """Share a durable journal with other supervisors, or hold it alone
         to take over its unfinished runs (see :class:`DriverLease`)."""
         if isinstance(self.store, DriverLease):
-            self.store.hold_lease(exclusive=exclusive)
+            self.store.hold_lease(self, exclusive=exclusive)
 
     def _release_lease(self) -> None:
         if isinstance(self.store, DriverLease):
-            self.store.release_lease()
+            self.store.release_lease(self)
 
     async def _resume_on_serve(self) -> None:
         try:
@@ -497,9 +498,15 @@ class Supervisor:
             del self._records[run_id]
             raise
         store = self.store
-        effects = (
-            await store.read_effects(run_id) if isinstance(store, EffectLedger) else []
-        )
+        try:
+            effects = (
+                await store.read_effects(run_id)
+                if isinstance(store, EffectLedger)
+                else []
+            )
+        except BaseException:
+            del self._records[run_id]  # no driver will ever finish it
+            raise
         driver = self._driver(record, roles)
         recovery = Recovery(events, effects)
         recovery.list_gates(driver)
@@ -521,13 +528,32 @@ class Supervisor:
         self._hold_lease(exclusive=True)
         unfinished = [RunStatus.RUNNING, RunStatus.WAITING_FOR_HUMAN]
         run_ids: list[str] = []
-        page = 500
+        offset, page = 0, 500
         while True:
-            rows = await self.store.list_runs(
-                statuses=unfinished, limit=page, offset=len(run_ids)
-            )
+            try:
+                rows = await self.store.list_runs(
+                    statuses=unfinished, limit=page, offset=offset
+                )
+                seen = len(rows)
+            except JournalCorrupt:
+                # A damaged summary row: list the page row by row without it.
+                rows, seen = [], 0
+                for at in range(offset, offset + page):
+                    try:
+                        one = await self.store.list_runs(
+                            statuses=unfinished, limit=1, offset=at
+                        )
+                    except JournalCorrupt as exc:
+                        logger.error("run %s cannot be resumed: %s", exc.run_id, exc)
+                        seen += 1
+                        continue
+                    if not one:
+                        break
+                    rows += one
+                    seen += 1
             run_ids.extend(r.run_id for r in rows)
-            if len(rows) < page:
+            offset += seen
+            if seen < page:
                 break
         handles: list[RunHandle] = []
         for run_id in reversed(run_ids):
@@ -538,8 +564,7 @@ class Supervisor:
             except (ReplanError, ValueError) as exc:
                 # ValueError: pydantic's ValidationError and JSON errors too.
                 logger.error(
-                    "run %s could not be resumed, its journal could not be "
-                    "read: %s: %s",
+                    "run %s cannot be resumed, its journal could not be read: %s: %s",
                     run_id,
                     type(exc).__name__,
                     " ".join(str(exc).split()),

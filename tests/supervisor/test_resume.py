@@ -495,7 +495,24 @@ async def test_a_resumed_run_keeps_its_token_budget_and_its_spent_tokens() -> No
     assert allowances == [800 - 100 * n for n in range(len(allowances))]
 
 
-@pytest.mark.parametrize("damage", ["{broken", '{"kind": "no_such_event"}'])
+_DAMAGE = {
+    "not json": ("UPDATE events SET payload = '{broken' WHERE run_id = ? AND seq = 2"),
+    "no event": (
+        'UPDATE events SET payload = \'{"kind": "no_such_event"}\' '
+        "WHERE run_id = ? AND seq = 2"
+    ),
+    "not utf-8": (
+        "UPDATE events SET payload = CAST(X'FFFE' AS TEXT) WHERE run_id = ? AND seq = 2"
+    ),
+    "summary row": "UPDATE runs SET created_at = 'yesterday' WHERE run_id = ?",
+    "effect ledger": (
+        "INSERT INTO effects (run_id, task_id, attempt, payload) "
+        "VALUES (?, 't1', 9, '{broken')"
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(_DAMAGE))
 async def test_resume_all_skips_a_run_whose_journal_cannot_be_read(
     damage: str, tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -511,10 +528,7 @@ async def test_resume_all_skips_a_run_whose_journal_cannot_be_read(
                         break
         damaged, fine = gates
         with sqlite3.connect(path) as db:
-            db.execute(
-                "UPDATE events SET payload = ? WHERE run_id = ? AND seq = 2",
-                (damage, damaged),
-            )
+            db.execute(_DAMAGE[damage], (damaged,))
         db.close()
 
         caplog.set_level(logging.ERROR, logger="replan.supervisor")
@@ -528,9 +542,9 @@ async def test_resume_all_skips_a_run_whose_journal_cannot_be_read(
             )
             result = await sup.get(fine).result()
             with pytest.raises(UnknownRunError):
-                sup.get(damaged)
+                sup.get(damaged)  # not held half-resumed, never to end
     assert result.status is RunStatus.COMPLETED
-    [record] = [r for r in caplog.records if "could not be resumed" in r.message]
+    [record] = [r for r in caplog.records if "cannot be resumed" in r.message]
     assert damaged in record.message
 
 
