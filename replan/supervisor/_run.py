@@ -21,7 +21,13 @@ import anyio
 from anyio.abc import TaskGroup
 from pydantic_core import PydanticSerializationError
 
-from .._errors import ActorCrashed, ActorError, ActorStopped, ActorTimeout
+from .._errors import (
+    ActorCrashed,
+    ActorError,
+    ActorStopped,
+    ActorTimeout,
+    ConfigurationError,
+)
 from ..actors import ActorPool, ReplySlot
 from ..messages import (
     ActorFailure,
@@ -884,6 +890,11 @@ class RunDriver:
             task_id=task_id,
             tool_call=call,
         )
+        try:
+            request.check_storable()
+        except ConfigurationError as exc:  # the model's call, not a person's
+            note = f"the tool call cannot be journaled: {exc}"
+            return GateResolution(decision="reject", by="supervisor", note=note)
         try:
             return await self.await_gate(request, approval_check)
         except RunEnded as end:

@@ -400,3 +400,37 @@ async def test_a_discovery_run_replans_once_for_each_trigger_over_http() -> None
     assert result.replanning_tokens == 4 * (700 + 120) + 4 * (100 + 20)
     assert result.cost_to_discovery == result.replanning_tokens / 4
     assert replayed == result
+
+
+async def test_a_side_effect_call_with_arguments_no_journal_can_store_never_runs() -> (
+    None
+):
+    # JSON lets a model send a lone UTF-16 surrogate; no journal can keep it:
+    # the arguments are refused before any gate, and the run goes on.
+    ran: list[str] = []
+
+    @tool(side_effect=True)
+    def send_email(to: str) -> str:
+        """Email someone."""
+        ran.append(to)
+        return "sent"
+
+    def step(logged: Logged) -> Reply:
+        tool_messages = [m for m in logged.messages if m["role"] == "tool"]
+        if not tool_messages:
+            return completion(tool_calls=[("e1", "send_email", {"to": "\udfff"})])
+        return completion(
+            TaskOutcome(success=False, reason=tool_messages[-1]["content"])
+        )
+
+    spec = RunSpec(goal=GOAL, tasks=[TaskDraft(key="mail", description="mail")])
+    with chat_server(answers(TaskOutcome=step)) as server:
+        result, events, replayed = await run(
+            model_for(server.base_url), spec, approve=True, tools=[send_email]
+        )
+    assert ran == []
+    assert not [e for e in events if isinstance(e, GateOpened)]
+    reason = result.tasks[0].result.reason or ""
+    assert reason.startswith("error: invalid arguments: arguments: Invalid JSON")
+    assert "surrogate" in reason
+    assert replayed == result

@@ -12,11 +12,14 @@ from scripts import chain, clean, scripted, spec, task_of
 from replan import (
     MemoryStore,
     ModelRequest,
+    ModelResponse,
     RunStatus,
     Supervisor,
     Synthesis,
     TaskOutcome,
     TaskStatus,
+    ToolCall,
+    tool,
 )
 from replan.messages import RunFinished, TaskFinished, TaskStarted
 from replan.store import SQLiteStore, Store
@@ -84,3 +87,34 @@ async def test_a_synthesis_no_journal_can_store_fails_the_run_without_it() -> No
     assert result.output is None
     assert all(t.status is TaskStatus.COMPLETED for t in result.tasks)
     assert (await sup.replay(handle.run_id)) == result
+
+
+async def test_a_side_effect_call_that_cannot_be_journaled_is_refused_not_run() -> None:
+    # A model of one's own may hand over a call whose id no journal can
+    # store: it cannot wait at a gate, so it is refused and never runs.
+    ran: list[str] = []
+
+    @tool(side_effect=True)
+    def send_email(to: str) -> str:
+        """Email someone."""
+        ran.append(to)
+        return "sent"
+
+    def execute(request: ModelRequest) -> Any:
+        if not request.transcript:
+            call = ToolCall(id="\udfff", name="send_email", arguments='{"to": "a"}')
+            return ModelResponse(tool_calls=[call])
+        [result] = request.transcript[-1].results
+        return TaskOutcome(success=False, reason=result.content)
+
+    store = MemoryStore()
+    with anyio.fail_after(10):
+        async with Supervisor(
+            scripted(execute=execute), store, tools=[send_email]
+        ) as sup:
+            handle = await sup.submit(spec(chain(1)))
+            result = await handle.result()
+
+    assert ran == []
+    assert sup.gates.pending() == []
+    assert "the tool call cannot be journaled" in (result.tasks[0].result.reason or "")
