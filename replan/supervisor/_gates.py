@@ -29,6 +29,8 @@ class _Pending:
     validate: Validator | None
     answered: anyio.Event = field(default_factory=anyio.Event)
     journaled: anyio.Event = field(default_factory=anyio.Event)
+    waited_on: anyio.Event = field(default_factory=anyio.Event)
+    """The gate's actor has taken the request (or the gate closed)."""
     resolution: GateResolution | None = None
     error: str | None = None
 
@@ -107,6 +109,7 @@ class GateRegistry:
         pending = self._open.get(request.gate_id)
         if pending is None:
             raise GateError(f"gate {request.gate_id} was not opened")
+        pending.waited_on.set()
         timeout = None
         if request.expires_at is not None:
             timeout = max(0.0, (request.expires_at - datetime.now(UTC)).total_seconds())
@@ -134,7 +137,15 @@ class GateRegistry:
         pending = self._open.pop(gate_id, None)
         if pending is not None:
             pending.error = error
+            pending.waited_on.set()
             pending.journaled.set()
+
+    async def waited_on(self, gate_id: str) -> None:
+        """Return once the gate's actor waits on it (or it is closed): its
+        span, if traced, has been recorded then."""
+        pending = self._open.get(gate_id)
+        if pending is not None:
+            await pending.waited_on.wait()
 
     def close_all(self, error: str) -> None:
         for gate_id in list(self._open):

@@ -80,6 +80,11 @@ Req = TypeVar("Req")
 Rep = TypeVar("Rep")
 
 
+APPROVAL_TAKEN_WAIT_S = 5.0
+"""How long a run waiting only for approvals lets the gate actor take them
+before it suspends its trace."""
+
+
 class RunEnded(Exception):
     """Raised inside a driver to end the run with a status and a reason."""
 
@@ -712,6 +717,8 @@ class RunDriver:
                     items = await self._inbox.take()
                 else:
                     # Only approvals without a timeout can move the run on now.
+                    # Their gates' spans come first, inside the run's span.
+                    await self._approvals_taken()
                     async with self.trace.idle("waiting for approvals, no timeout"):
                         items = await self._inbox.take()
             finally:
@@ -725,6 +732,13 @@ class RunDriver:
                 with anyio.CancelScope(shield=True):
                     await self._secure(items)
                 raise
+
+    async def _approvals_taken(self) -> None:
+        """Wait (briefly: a busy gate pool does not hold up the run) until
+        the gate actor has taken every approval request."""
+        with anyio.move_on_after(APPROVAL_TAKEN_WAIT_S):
+            for gate_id in list(self._awaiting_approval):
+                await self.gates.waited_on(gate_id)
 
     async def _secure(self, items: Sequence[_Report]) -> None:
         """Put finished attempts that skipped the effect ledger into it.

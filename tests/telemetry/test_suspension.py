@@ -236,21 +236,18 @@ async def test_a_run_left_waiting_only_for_an_untimed_approval_suspends_its_trac
     async with Supervisor(scripted(), store, tracer_provider=provider) as sup:
         handle = await sup.submit(spec(side_effect))
 
-        # The gate's span comes from the gate's own worker as it takes the
-        # request, which may be just before or just after the run, with
-        # nothing left to do, suspends its trace.
-        def suspended_at_the_gate() -> bool:
-            return handle.state.suspended_trace is not None and bool(
-                Tree(exporter.get_finished_spans()).named(n.SPAN_GATE)
-            )
-
-        await until(suspended_at_the_gate)
+        await until(lambda: handle.state.suspended_trace is not None)
+        # The run suspends its trace only once the gate's worker has taken the
+        # request: the gate's span is there, inside the run's.
         while_waiting = Tree(exporter.get_finished_spans())
         root = while_waiting.one(n.SPAN_RUN)
         assert attr(root, n.RUN_OUTCOME) == "suspended"
         gate = while_waiting.one(n.SPAN_GATE)
         assert while_waiting.parent(gate) is root
         assert attr(gate, n.GATE_OUTCOME) == "suspended"
+        times = [root.start_time, gate.start_time, gate.end_time, root.end_time]
+        assert None not in times
+        assert times == sorted(times)  # type: ignore[type-var]
         (pending,) = sup.gates.pending()
         await sup.gates.resolve(pending.gate_id, GateResolution(decision="approve"))
         with anyio.fail_after(5):
