@@ -488,25 +488,18 @@ class Supervisor:
             raise UnknownRunError(run_id)
         state = replay(events)
         record = RunRecord(state)
-        self._records[run_id] = record
         if state.status.final:
+            self._records[run_id] = record
             record.install(state, events)
             return self._handle(record)
-        try:
-            self._hold_lease(exclusive=True)
-        except ConfigurationError:
-            del self._records[run_id]
-            raise
+        # Registered only once it can be driven: a run refused here (the
+        # lease, an unreadable ledger) is not left held with no driver.
+        self._hold_lease(exclusive=True)
         store = self.store
-        try:
-            effects = (
-                await store.read_effects(run_id)
-                if isinstance(store, EffectLedger)
-                else []
-            )
-        except BaseException:
-            del self._records[run_id]  # no driver will ever finish it
-            raise
+        effects = (
+            await store.read_effects(run_id) if isinstance(store, EffectLedger) else []
+        )
+        self._records[run_id] = record
         driver = self._driver(record, roles)
         recovery = Recovery(events, effects)
         recovery.list_gates(driver)
