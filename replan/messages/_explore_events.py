@@ -18,6 +18,7 @@ from ._explore import (
     Rejection,
     SafetyFinding,
 )
+from ._result import RunStatus
 
 
 class ExploreEvent(Frozen):
@@ -100,6 +101,12 @@ class BriefIssued(ExploreEvent):
 
     kind: Literal["brief_issued"] = "brief_issued"
     brief: DiscoveryBrief
+    ended: RunStatus | None = None
+    """Set on the brief of a run a limit or a stopped role ended early: the
+    status the run ends with, so that a run stopped between its brief and
+    its end ends alike when resumed."""
+    stop_reason: str | None = None
+    """With ``ended``: the run's stop reason."""
 
 
 ExploreEvents = (

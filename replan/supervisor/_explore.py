@@ -111,14 +111,21 @@ class JournalMismatch(RuntimeError):
 class _EndedEarly(Exception):
     """Replaying met the brief of a run a limit or a stopped role ended."""
 
+    def __init__(self, brief: BriefIssued) -> None:
+        super().__init__()
+        self.brief = brief
+
 
 async def explore(run: RunDriver) -> Ended:
     """Drive an explore run to its brief; returns how the run ends."""
     flow = _Flow(run)
     try:
         return await flow.drive()
-    except _EndedEarly:
-        # Stopped between an early brief and the run's end: end it now.
+    except _EndedEarly as early:
+        # Stopped between an early brief and the run's end: end it now, as
+        # the brief says (a journal of an older version does not say it).
+        if early.brief.ended is not None:
+            return early.brief.ended, early.brief.stop_reason, None
         spent = budget_spent(run.state)
         if spent is not None:
             return RunStatus.LIMIT_REACHED, spent, None
@@ -150,7 +157,7 @@ class _Flow:
     def explore(self) -> ExploreState:
         if self._journal:
             return self._replayed
-        return self.run.state.explore or ExploreState()
+        return self.run.view.explore or ExploreState()
 
     # Replaying a resumed run's journal ------------------------------------
 
@@ -177,7 +184,7 @@ class _Flow:
                 continue
             event = self._journal.popleft() if self._journal else None
             if isinstance(event, BriefIssued) and cls is not BriefIssued:
-                raise _EndedEarly
+                raise _EndedEarly(event)
             if not isinstance(event, cls):
                 found = (
                     "its end" if event is None else f"{event.kind} (seq {event.seq})"
@@ -195,6 +202,19 @@ class _Flow:
             self._replayed = fold_explore(self._replayed, event)
 
     # Journal and asking ---------------------------------------------------
+
+    def stage_errors(self) -> None:
+        """Fold the errors gathered since the last append into the state now,
+        to be journaled with the next step (a gate's opening, the brief).
+
+        Journaled alone, a batch whose step then never came (a crash) would
+        be gathered again when the resumed run redoes that step.
+        """
+        errors, self._errors = self._errors, []
+        if self.replaying:
+            self.replay()  # the journaled errors before the next step
+        elif errors:
+            self.run.stage((ExploreErrorRecorded, {"errors": errors}))
 
     async def record(self, *specs: tuple[type[Any], dict[str, Any]]) -> None:
         """Journal ``specs`` with the errors gathered since the last append
@@ -708,8 +728,7 @@ class _Flow:
             hypotheses=hypotheses,
         )
 
-        if self._errors:
-            await self.record()
+        self.stage_errors()
         return await self.run.await_gate(request, review_check)
 
     async def journaled_review(self) -> GateResolution:
@@ -764,9 +783,9 @@ class _Flow:
         reasons: Sequence[str] = (),
         reviewed_by: str | None = None,
         rejected: Sequence[Rejection] = (),
+        ended: RunEnded | None = None,
     ) -> Ended:
-        if self._errors:
-            await self.record()
+        self.stage_errors()
         brief = build_brief(
             self.explore,
             self.settings,
@@ -778,7 +797,10 @@ class _Flow:
             reviewed_by=reviewed_by,
             rejected=rejected,
         )
-        await self.record((BriefIssued, {"brief": brief}))
+        fields: dict[str, Any] = {"brief": brief}
+        if ended is not None:
+            fields.update(ended=ended.status, stop_reason=ended.reason)
+        await self.record((BriefIssued, fields))
         if reason is None and status == "failed":
             reason = summary
         return _RUN_STATUS[status], reason, None
@@ -797,14 +819,15 @@ class _Flow:
             ),
             selected=selected,
             reasons=[f"the run ended early: {end.reason}"] if selected else [],
+            ended=end,
         )
 
 
 def _unreplayed(journal: Sequence[Event]) -> deque[Event]:
     """The steps of a resumed explore run's journal: its explore events and
     its review gates, without trailing errors (errors are journaled with the
-    step after them, or alone before a gate or the brief, which then was not
-    reached)."""
+    step after them; a journal of an earlier version may hold a batch alone
+    before a gate or the brief, which then was not reached)."""
     steps: deque[Event] = deque(
         e for e in journal if isinstance(e, ExploreEvent | GateOpened | GateResolved)
     )

@@ -37,6 +37,7 @@ from replan.messages import (
     ValidationBatch,
     ValidationPlan,
 )
+from replan.store import RunSummary
 
 GOAL = "Find why weekly active cooks of a meal-planning app drop after week three"
 CONTEXT = [
@@ -166,6 +167,22 @@ class Outcome:
     journal: list[Event]
     replayed: RunResult
     model: ScriptedModel
+    appends: list[list[str]] = field(default_factory=list)
+    """The kinds of the events of each append, in order."""
+
+
+class AppendLog(MemoryStore):
+    """A memory journal that remembers which events each append held."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.appends: list[list[str]] = []
+
+    async def append(
+        self, run_id: str, events: Sequence[Event], summary: RunSummary
+    ) -> None:
+        await super().append(run_id, events, summary)
+        self.appends.append([e.kind for e in events])
 
 
 async def run_explore(
@@ -177,7 +194,7 @@ async def run_explore(
 ) -> Outcome:
     """Run ``spec`` to its end, answering each gate with ``resolve(request)``."""
     model = script if isinstance(script, ScriptedModel) else ScriptedModel(script)
-    store = MemoryStore()
+    store = AppendLog()
     with anyio.fail_after(20):
         async with Supervisor(model=model, store=store, **supervisor) as sup:
             handle = await sup.submit(spec)
@@ -191,4 +208,4 @@ async def run_explore(
             result = await handle.result()
             replayed = await sup.replay(result.run_id)
     journal = await store.read(result.run_id)
-    return Outcome(result, journal, replayed, model)
+    return Outcome(result, journal, replayed, model, store.appends)

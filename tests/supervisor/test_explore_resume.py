@@ -244,20 +244,40 @@ async def wait_for_gate(sup: Supervisor, run_id: str) -> list[GateRequest]:
     return sup.gates.pending(run_id)
 
 
-@pytest.mark.parametrize("early", [False, True], ids=["brief", "early-brief"])
+def ranker_dies(script: ExploreScript) -> Callable[[ModelRequest], Any]:
+    """The script, except that every comparison crashes the ranker."""
+
+    def answer(request: ModelRequest) -> Any:
+        if request.purpose == "compare":
+            raise RuntimeError("ranker process died")
+        return script(request)
+
+    return answer
+
+
+@pytest.mark.parametrize("ending", ["brief", "budget", "role-stopped"])
 async def test_a_run_stopped_after_its_brief_ends_as_it_would_have(
-    early: bool,
+    ending: str,
 ) -> None:
     spec = explore_spec()
     usage = TokenUsage()
-    if early:
+    script: Callable[[ModelRequest], Any] = two_cycles()
+    supervisor: dict[str, Any] = {}
+    if ending == "budget":
         # The budget runs out mid-run: the brief says what was found so far.
         spec = spec.model_copy(update={"limits": Limits(token_budget=60)})
         usage = TokenUsage(input_tokens=5, calls=1)
+    elif ending == "role-stopped":
+        script, supervisor = ranker_dies(two_cycles()), {"max_restarts": 1}
     baseline = await run_explore(
-        spec, ScriptedModel(two_cycles(), usage=usage), resolve=approve
+        spec, ScriptedModel(script, usage=usage), resolve=approve, **supervisor
     )
-    assert (baseline.result.status is RunStatus.LIMIT_REACHED) is early
+    wanted = {
+        "brief": RunStatus.COMPLETED,
+        "budget": RunStatus.LIMIT_REACHED,
+        "role-stopped": RunStatus.FAILED,
+    }
+    assert baseline.result.status is wanted[ending]
     *events, finished = baseline.journal
     assert finished.kind == "run_finished"
     # The journal as if the stop came between the brief and the run's end.
@@ -266,10 +286,48 @@ async def test_a_run_stopped_after_its_brief_ends_as_it_would_have(
     await store.append(run_id, events, summary_of(replay(events)))
     model = ScriptedModel(two_cycles())
     with anyio.fail_after(10):
-        async with Supervisor(model, store, resume=True) as sup:
+        async with Supervisor(model, store, resume=True, **supervisor) as sup:
             result = await sup.get(run_id).result()
     assert model.calls == []
+    # Also the stop reason: "the ranker role stopped: ...", not a vaguer one.
     assert result == baseline.result
+
+
+def malformed_plans() -> ExploreScript:
+    """Two cycles and a review gate; the validation plans are malformed, so
+    the errors are gathered just before the brief."""
+    script = two_cycles()
+    script.broken["validation"] = lambda request: {"plans": "none"}
+    return script
+
+
+async def test_a_run_stopped_between_any_two_appends_after_its_gate_ends_alike() -> (
+    None
+):
+    """A crash can only leave whole appends; the run resumed from any of them
+    ends as it would have. Errors journaled apart from their step would be
+    gathered again by the redone step and listed twice."""
+    baseline = await run_explore(explore_spec(), malformed_plans(), resolve=approve)
+    brief = baseline.result.brief
+    assert brief is not None
+    assert len(brief.errors) == 2  # asked twice for the plans, both malformed
+    kinds = [kind for append in baseline.appends for kind in append]
+    assert kinds == [e.kind for e in baseline.journal]
+    answered = next(
+        i for i, append in enumerate(baseline.appends) if "gate_resolved" in append
+    )
+    run_id = baseline.result.run_id
+    for kept in range(answered + 1, len(baseline.appends)):
+        length = sum(len(append) for append in baseline.appends[:kept])
+        events = baseline.journal[:length]
+        store = MemoryStore()
+        await store.append(run_id, events, summary_of(replay(events)))
+        with anyio.fail_after(10):
+            async with Supervisor(
+                ScriptedModel(malformed_plans()), store, resume=True
+            ) as sup:
+                result = await sup.get(run_id).result()
+        assert result == baseline.result, f"resumed after {kept} appends"
 
 
 async def test_a_journal_that_does_not_fit_the_flow_leaves_the_run_as_it_is(
