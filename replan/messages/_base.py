@@ -132,6 +132,15 @@ class Settings(Frozen):
 
 def _check_storable(message: BaseModel) -> None:
     """See :meth:`Frozen.check_storable`."""
+    try:
+        encoded = message.__pydantic_serializer__.to_json(message)
+    except (ValueError, TypeError):
+        pass  # find the string at fault (or let the journal say what it is)
+    else:
+        # Serialized whole: no string is at fault, unless a key was, which
+        # pydantic replaces with U+FFFD rather than refusing it.
+        if _REPLACEMENT not in encoded:
+            return
     stack: list[tuple[str, object]] = [("", message)]
     while stack:
         path, value = stack.pop()
@@ -150,6 +159,8 @@ def _check_storable(message: BaseModel) -> None:
             items = list(enumerate(value))
             stack.extend((_join(path, str(i)), item) for i, item in reversed(items))
 
+
+_REPLACEMENT = "\ufffd".encode()
 
 _UNENCODABLE = (
     "contains a lone UTF-16 surrogate (such as \\udfff), "
