@@ -27,7 +27,8 @@ class RunStatus(StrEnum):
 
     @property
     def final(self) -> bool:
-        return self not in (RunStatus.RUNNING, RunStatus.WAITING_FOR_HUMAN)
+        # Identity: ``in`` would compare the members as strings.
+        return self is not RunStatus.RUNNING and self is not RunStatus.WAITING_FOR_HUMAN
 
 
 class TokenUsage(Frozen):

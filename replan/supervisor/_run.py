@@ -474,10 +474,13 @@ class RunDriver:
                 )
                 # Staged, not committed: the budget checks read the staged view,
                 # and the flow's next append journals it with its outcome.
-                calls: list[ModelCall] | None = getattr(reply, "calls", None)
+                # A reply's fields are in its __dict__; getattr() on a model
+                # that lacks the field costs a raised AttributeError.
+                fields = reply.__dict__
+                calls: list[ModelCall] | None = fields.get("calls")
                 if calls:
                     self.stage(*usage_events(calls))
-                if getattr(reply, "cut_short", False):
+                if fields.get("cut_short", False):
                     self.check_budget()
                 return reply
             except ActorStopped as exc:
