@@ -264,7 +264,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
     if args.command in ("run", "explore", "demo"):
         # Progress on stdout, or on stderr when stdout carries the JSON.
         console = Console(sys.stdout, sys.stderr if args.json else sys.stdout)
-        with _telemetry():
+        telemetry = _telemetry()
+        try:
             if args.command == "run":
                 return await run_goal(console, args)
             if args.command == "explore":
@@ -276,6 +277,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
                 db=args.db,
                 latency=args.latency,
             )
+        finally:
+            _flush(telemetry)
     console = Console(sys.stdout, sys.stderr)
     if args.command == "show":
         return await show(console, args.run_id, db=args.db, as_json=args.json)
@@ -294,6 +297,21 @@ def _telemetry() -> TelemetrySetup:
         return setup_if_asked(console=sys.stderr)
     except ConfigurationError as exc:
         raise CommandError(f"{exc.field}: {exc.problem}", code=2) from None
+
+
+TELEMETRY_FLUSH_S = 3.0
+"""How long a command waits at its end to send its spans and metrics."""
+
+
+def _flush(telemetry: TelemetrySetup) -> None:
+    """Send what telemetry is buffered, waiting at most ``TELEMETRY_FLUSH_S``:
+    a collector that is down must not hold the command's exit."""
+    if not telemetry.shutdown(timeout_s=TELEMETRY_FLUSH_S):
+        print(
+            f"replan: telemetry not sent within {TELEMETRY_FLUSH_S:g}s "
+            "(is the OTLP collector running?)",
+            file=sys.stderr,
+        )
 
 
 # demo --------------------------------------------------------------------------

@@ -22,8 +22,11 @@ Variables read (besides those the SDK and the exporters read themselves:
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Self, TextIO
@@ -60,14 +63,41 @@ class TelemetrySetup:
     exporters: dict[str, list[str]] = field(default_factory=dict)
     """The exporters chosen per signal, e.g. ``{"traces": ["otlp"]}``."""
 
-    def shutdown(self) -> None:
-        """Flush what is buffered and stop the providers (idempotent)."""
-        if self.tracer_provider is not None:
-            self.tracer_provider.shutdown()
-            self.tracer_provider = None
-        if self.meter_provider is not None:
-            self.meter_provider.shutdown()
-            self.meter_provider = None
+    def shutdown(self, timeout_s: float | None = None) -> bool:
+        """Flush what is buffered and stop the providers (idempotent).
+
+        Args:
+            timeout_s: stop waiting after this many seconds. A collector that
+                does not answer makes the SDK retry each signal's export for
+                up to ``OTEL_EXPORTER_OTLP_TIMEOUT`` (10 s by default); past
+                ``timeout_s`` the flush goes on in a daemon thread, which the
+                process's exit does not wait for.
+
+        Returns:
+            False when it stopped waiting before the flush was done.
+        """
+        atexit.unregister(self.shutdown)
+        providers = [
+            p for p in (self.tracer_provider, self.meter_provider) if p is not None
+        ]
+        self.tracer_provider = self.meter_provider = None
+        if timeout_s is None:
+            for provider in providers:
+                provider.shutdown()
+            return True
+        # One thread per provider: traces and metrics retry side by side.
+        flushes = [
+            threading.Thread(
+                target=provider.shutdown, name="replan-telemetry-flush", daemon=True
+            )
+            for provider in providers
+        ]
+        for flush in flushes:
+            flush.start()
+        deadline = time.monotonic() + timeout_s
+        for flush in flushes:
+            flush.join(max(0.0, deadline - time.monotonic()))
+        return not any(flush.is_alive() for flush in flushes)
 
     def __enter__(self) -> Self:
         return self
@@ -125,11 +155,16 @@ def setup(
     resource = _resource()
     # Sampler and span limits come from OTEL_TRACES_SAMPLER(_ARG) and
     # OTEL_SPAN_*_LIMIT: the SDK reads them when given none here.
-    tracer_provider = TracerProvider(resource=resource)
+    # The providers' own exit hooks would wait on a collector that is down
+    # for as long as the SDK retries, even after a bounded shutdown(): the
+    # one hook registered below flushes only what shutdown() has not.
+    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     for name in traces:
         _add_span_exporter(tracer_provider, name, env, console)
     readers = [_metric_reader(name, env, console) for name in metric_names]
-    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    meter_provider = MeterProvider(
+        resource=resource, metric_readers=readers, shutdown_on_exit=False
+    )
     if set_global:
         trace.set_tracer_provider(tracer_provider)
         metrics.set_meter_provider(meter_provider)
@@ -140,12 +175,14 @@ def setup(
         instrument_openai(
             tracer_provider=tracer_provider, meter_provider=meter_provider
         )
-    return TelemetrySetup(
+    configured = TelemetrySetup(
         configured=True,
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
         exporters={"traces": traces, "metrics": metric_names},
     )
+    atexit.register(configured.shutdown)
+    return configured
 
 
 def setup_if_asked(*, console: TextIO | None = None) -> TelemetrySetup:

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
+from collections.abc import Sequence
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
@@ -17,8 +25,8 @@ from scripts import chain, scripted, spec
 from spans import Tree, attr, run_traced
 
 from replan import ConfigurationError
+from replan.telemetry import TelemetrySetup, setup
 from replan.telemetry import _names as n
-from replan.telemetry import setup
 from replan.telemetry._telemetry import CONTENT_LIMIT
 
 QUIET = {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
@@ -214,3 +222,53 @@ def test_a_bad_exporter_variable_is_one_cli_error_line() -> None:
         "replan: error: OTEL_TRACES_EXPORTER: "
         "'zipkin' is not one of otlp, console, none"
     ]
+
+
+def test_a_collector_that_is_down_holds_the_cli_s_exit_only_briefly() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # Nothing listens on the port now. The SDK would retry each signal for
+    # a minute; the command waits TELEMETRY_FLUSH_S, then says why it ends.
+    done = run_python(
+        "from replan.cli import main; raise SystemExit(main(['demo', '--yes']))",
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+        OTEL_EXPORTER_OTLP_TIMEOUT="60",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "run finished: completed" in done.stdout
+    assert (
+        "replan: telemetry not sent within 3s (is the OTLP collector running?)"
+        in done.stderr
+    )
+    assert "Traceback" not in done.stderr
+
+
+class _StuckExporter(SpanExporter):
+    """An exporter whose export waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.exported: list[str] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.release.wait()
+        self.exported.extend(span.name for span in spans)
+        return SpanExportResult.SUCCESS
+
+
+def test_shutdown_stops_waiting_after_its_timeout_and_the_flush_goes_on() -> None:
+    exporter = _StuckExporter()
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    configured = TelemetrySetup(configured=True, tracer_provider=provider)
+    provider.get_tracer("test").start_span("kept").end()
+
+    assert configured.shutdown(timeout_s=0.2) is False
+    assert exporter.exported == []
+    assert configured.tracer_provider is None
+    assert configured.shutdown(timeout_s=0.2) is True  # nothing left to stop
+    exporter.release.set()
+    [flush] = [t for t in threading.enumerate() if t.name == "replan-telemetry-flush"]
+    flush.join(10)
+    assert exporter.exported == ["kept"]
