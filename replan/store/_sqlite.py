@@ -784,22 +784,10 @@ def _check_follows(run_id: str, events: Sequence[Event], last: int) -> None:
             )
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_last_text: tuple[datetime, str] = (_EPOCH, _EPOCH.isoformat(timespec="microseconds"))
-"""The last UTC moment written as text, and its text."""
-
-
 def _to_text(moment: datetime) -> str:
     """ISO-8601 that sorts as text: aware moments in UTC, always microseconds."""
-    global _last_text
     if moment.tzinfo is UTC:  # what replan itself writes: nothing to convert
-        # The events of one append nearly always share their moment.
-        last, text = _last_text
-        if moment == last:
-            return text
-        text = moment.isoformat(timespec="microseconds")
-        _last_text = (moment, text)
-        return text
+        return moment.isoformat(timespec="microseconds")
     if moment.utcoffset() is not None:
         # Within a day of year 1 or 9999 there is no UTC equivalent: keep the
         # offset and give up text sorting for such a moment.
