@@ -36,6 +36,8 @@ from ._token import resolve_token
 
 logger = logging.getLogger("replan.daemon")
 
+TELEMETRY_FLUSH_S = 5.0
+"""How long a stopping daemon waits to send its last spans and metrics."""
 GC_YOUNG_THRESHOLD = 10_000
 """Allocations between the collector's young passes in the daemon (CPython's
 default is 700)."""
@@ -200,10 +202,19 @@ def serve(settings: DaemonSettings) -> None:
                 logger.info("listening on http://%s:%d", where, port)
             server = uvicorn_server(daemon)
             tune_gc()
-            # Spans and metrics are flushed once the drain has journaled the runs.
-            with setup_if_asked():
+            telemetry = setup_if_asked()
+            try:
                 # uvicorn runs on asyncio only.
                 anyio.run(run_server, daemon, server, sockets, backend="asyncio")
+            finally:
+                # Spans and metrics are flushed once the drain has journaled
+                # the runs; a collector that is down holds the exit briefly.
+                if not telemetry.shutdown(timeout_s=TELEMETRY_FLUSH_S):
+                    logger.warning(
+                        "telemetry not sent within %gs (is the OTLP collector "
+                        "running?)",
+                        TELEMETRY_FLUSH_S,
+                    )
         finally:
             for sock in sockets:
                 sock.close()

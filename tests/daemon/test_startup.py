@@ -18,7 +18,7 @@ from replan.cli import main
 from replan.daemon import DaemonSettings
 from replan.daemon._listen import listen
 from replan.daemon._lock import data_dir_lock
-from replan.daemon._server import GC_YOUNG_THRESHOLD
+from replan.daemon._server import GC_YOUNG_THRESHOLD, TELEMETRY_FLUSH_S
 
 COUNTING = ("--model", "python:counting_model:model")
 
@@ -214,3 +214,26 @@ def test_the_daemon_freezes_its_startup_heap_and_collects_less_often(
     young, frozen = (int(part.split("=")[1]) for part in output.split())
     assert young == GC_YOUNG_THRESHOLD
     assert frozen > 10_000  # the modules, the settings and the app
+
+
+def test_a_collector_that_is_down_holds_the_daemon_s_stop_only_briefly(
+    tmp_path: Path,
+) -> None:
+    # Nothing listens on the collector's port. The SDK would retry each
+    # signal for a minute; the daemon waits TELEMETRY_FLUSH_S, then says so.
+    collector = f"http://127.0.0.1:{free_port()}"
+    daemon = DaemonProcess(
+        tmp_path / "data",
+        env={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": collector,
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "60",
+        },
+    ).start()
+    try:
+        assert daemon.terminate(timeout_s=40) == 0
+    finally:
+        daemon.close()
+    assert (
+        f"telemetry not sent within {TELEMETRY_FLUSH_S:g}s "
+        "(is the OTLP collector running?)" in daemon.output()
+    )
