@@ -10,12 +10,14 @@ import sqlite3
 import threading
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
 import anyio
+import anyio.lowlevel
 from pydantic import ValidationError
 
 from .._errors import ConfigurationError
@@ -182,6 +184,10 @@ class SQLiteStore:
         self._last_seq: dict[str, int] = {}
         # The status and stop reason this store last wrote to each run's row.
         self._row: dict[str, tuple[RunStatus, str | None]] = {}
+        # Runs this store journals that have not ended: while more than one
+        # is live, appends become ready together and share one commit.
+        self._live: set[str] = set()
+        self._batch: list[_Append] | None = None
         if read_only:
             self._conn = _connect(self.path, synchronous, read_only=True)
             return
@@ -217,7 +223,36 @@ class SQLiteStore:
         self, run_id: str, events: Sequence[Event], summary: RunSummary
     ) -> None:
         conn = self._writable()
-        row = (summary.status, summary.stop_reason)
+        # Serialized first: an event that cannot be stored fails its own
+        # append before it joins anything.
+        item = _Append(run_id, events, [_event_row(run_id, e) for e in events], summary)
+        if self._batch is not None:
+            # A group commit is gathering: ride on it. Shielded, because once
+            # handed over the events are committed whether or not this caller
+            # still waits; it learns the outcome before it is cancelled.
+            item.done = anyio.Event()
+            self._batch.append(item)
+            with anyio.CancelScope(shield=True):
+                await item.done.wait()
+        elif len(self._live) > 1:
+            # Other runs are live too: let every append that becomes ready in
+            # this pass of the event loop join, then commit them together.
+            batch = self._batch = [item]
+            try:
+                with anyio.CancelScope(shield=True):
+                    await anyio.lowlevel.checkpoint()
+            finally:
+                self._batch = None
+                self._commit_batch(batch)
+        else:
+            self._commit_one(conn, item)
+        if item.error is not None:
+            raise item.error
+
+    def _commit_one(self, conn: sqlite3.Connection, item: _Append) -> None:
+        """Commit one append in a transaction of its own."""
+        run_id, events, rows = item.run_id, item.events, item.rows
+        row = (item.summary.status, item.summary.stop_reason)
         last = self._last_seq.get(run_id)
         if (
             last is not None
@@ -228,11 +263,8 @@ class SQLiteStore:
             # its row is current. One multi-row INSERT is its own transaction
             # (atomic, committed when it returns): no BEGIN and COMMIT.
             _check_follows(run_id, events, last)
-            values: list[object] = []
-            for event in events:
-                values += _event_row(run_id, event)
             try:
-                conn.execute(_insert_rows(len(events)), values)
+                conn.execute(_insert_rows(len(rows)), _flat(rows))
             except BaseException as exc:
                 self._last_seq.pop(run_id, None)
                 if isinstance(exc, sqlite3.IntegrityError):
@@ -242,39 +274,111 @@ class SQLiteStore:
             self._last_seq[run_id] = events[-1].seq
             self._after_commit(conn)
             return
-        rows = [_event_row(run_id, event) for event in events]
-        # A run's first append (its events start at 1) needs no query: had
-        # another writer journaled the run, the primary key refuses seq 1.
-        new_run = last is None and bool(events) and events[0].seq == 1
-        known = self._row.get(run_id)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if new_run:
-                last = 0
-            elif last is None:
-                (last,) = conn.execute(_LAST_SEQ, (run_id,)).fetchone()
-            _check_follows(run_id, events, last)
-            try:
-                conn.executemany(_INSERT_EVENT, rows)
-            except sqlite3.IntegrityError as exc:
-                # Another writer's rows: a seq this store did not expect.
-                raise JournalConflict(f"run {run_id}: {exc}") from exc
-            if known != row:
-                # A new run has no row yet, and a changed status has none the
-                # status-keyed update could match: write the row whole.
-                whole = new_run or (known is not None and known[0] != row[0])
-                _write_summary(conn, run_id, summary, whole=whole)
+            self._write(conn, item)
             conn.execute("COMMIT")
         except BaseException:
-            self._last_seq.pop(run_id, None)
-            self._row.pop(run_id, None)
+            self._forget(run_id)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        self._row[run_id] = row
-        if events:
-            self._last_seq[run_id] = events[-1].seq
+        self._settle(item)
         self._after_commit(conn)
+
+    def _commit_batch(self, batch: list[_Append]) -> None:
+        """Commit the appends of several runs in one transaction (group commit).
+
+        Each append is atomic on its own (a savepoint): one that conflicts
+        fails alone, and the others are committed. Every append of the batch
+        gets its outcome, whatever happens here.
+        """
+        ended = False
+        try:
+            conn = self._writable()
+            if len(batch) == 1:
+                self._commit_one(conn, batch[0])
+                ended = True
+                return
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for item in batch:
+                    conn.execute("SAVEPOINT one_append")
+                    try:
+                        self._write(conn, item)
+                    except Exception as exc:
+                        conn.execute("ROLLBACK TO one_append")
+                        item.error = exc
+                    conn.execute("RELEASE one_append")
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            for item in batch:
+                if item.error is None:
+                    self._settle(item)
+                else:
+                    self._forget(item.run_id)
+            self._after_commit(conn)
+            ended = True
+        except Exception as exc:
+            # Nothing of the batch was committed.
+            for item in batch:
+                self._forget(item.run_id)
+                if item.error is None:
+                    item.error = exc
+            ended = True
+        finally:
+            for item in batch:
+                if not ended and item.error is None:
+                    item.error = RuntimeError("the group commit was interrupted")
+                if item.done is not None:
+                    item.done.set()
+
+    def _write(self, conn: sqlite3.Connection, item: _Append) -> None:
+        """Write one append inside the caller's transaction; no cache changes."""
+        run_id, events = item.run_id, item.events
+        summary = item.summary
+        last = self._last_seq.get(run_id)
+        # A run's first append (its events start at 1) needs no query: had
+        # another writer journaled the run, the primary key refuses seq 1.
+        new_run = last is None and bool(events) and events[0].seq == 1
+        if new_run:
+            last = 0
+        elif last is None:
+            (last,) = conn.execute(_LAST_SEQ, (run_id,)).fetchone()
+        _check_follows(run_id, events, last)
+        try:
+            if 0 < len(events) <= _ONE_STATEMENT_ROWS:
+                conn.execute(_insert_rows(len(events)), _flat(item.rows))
+            else:
+                conn.executemany(_INSERT_EVENT, item.rows)
+        except sqlite3.IntegrityError as exc:
+            # Another writer's rows: a seq this store did not expect.
+            raise JournalConflict(f"run {run_id}: {exc}") from exc
+        known = self._row.get(run_id)
+        if known != (summary.status, summary.stop_reason):
+            # A new run has no row yet, and a changed status has none the
+            # status-keyed update could match: write the row whole.
+            whole = new_run or (known is not None and known[0] != summary.status)
+            _write_summary(conn, run_id, summary, whole=whole)
+
+    def _settle(self, item: _Append) -> None:
+        """Remember what a committed append left: the run's seq and row."""
+        run_id, summary = item.run_id, item.summary
+        self._row[run_id] = (summary.status, summary.stop_reason)
+        if item.events:
+            self._last_seq[run_id] = item.events[-1].seq
+        if summary.status.final:
+            self._live.discard(run_id)
+        else:
+            self._live.add(run_id)
+
+    def _forget(self, run_id: str) -> None:
+        """After a failed append: the next one reads the journal again."""
+        self._last_seq.pop(run_id, None)
+        self._row.pop(run_id, None)
 
     def _after_commit(self, conn: sqlite3.Connection) -> None:
         if self._checkpointer.committed():
@@ -381,8 +485,8 @@ class SQLiteStore:
 
     async def delete_run(self, run_id: str) -> None:
         conn = self._writable()
-        self._last_seq.pop(run_id, None)
-        self._row.pop(run_id, None)
+        self._forget(run_id)
+        self._live.discard(run_id)
         conn.execute("BEGIN IMMEDIATE")
         try:
             for table in ("events", "effects", "runs"):
@@ -762,6 +866,27 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+@dataclass(slots=True)
+class _Append:
+    """One ``append`` call on its way to a commit."""
+
+    run_id: str
+    events: Sequence[Event]
+    rows: list[tuple[object, ...]]
+    summary: RunSummary
+    error: Exception | None = None
+    done: anyio.Event | None = None
+    """Set once the group commit it joined has ended (joiners only)."""
+
+
+def _flat(rows: list[tuple[object, ...]]) -> list[object]:
+    """The parameters of a multi-row INSERT, row after row."""
+    values: list[object] = []
+    for row in rows:
+        values += row
+    return values
 
 
 def _event_row(run_id: str, event: Event) -> tuple[object, ...]:

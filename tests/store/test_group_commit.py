@@ -1,0 +1,214 @@
+"""The SQLite journal's group commit: appends of several live runs that
+become ready together share one transaction, each still atomic on its own."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import anyio
+import pytest
+
+from replan.messages import RunStatus, TaskStarted
+from replan.store import JournalConflict, RunSummary, SQLiteStore
+
+T0 = datetime(2026, 1, 5, 8, 30, tzinfo=UTC)
+
+
+def started(seq: int) -> TaskStarted:
+    return TaskStarted(
+        seq=seq, at=T0 + timedelta(seconds=seq), task_id=f"t{seq}", attempt=1
+    )
+
+
+def summary(run_id: str, seq: int, status: RunStatus = RunStatus.RUNNING) -> RunSummary:
+    return RunSummary(
+        run_id=run_id,
+        goal="walk the chain",
+        kind="plan",
+        pattern="discovery",
+        status=status,
+        created_at=T0,
+        updated_at=T0 + timedelta(seconds=seq),
+        last_seq=seq,
+        stop_reason="done" if status.final else None,
+    )
+
+
+@contextmanager
+def statements(store: SQLiteStore) -> Iterator[list[str]]:
+    """Every SQL statement the store's connection runs meanwhile."""
+    seen: list[str] = []
+    conn = store._connection()
+    conn.set_trace_callback(lambda sql: seen.append(" ".join(sql.split())))
+    try:
+        yield seen
+    finally:
+        conn.set_trace_callback(None)
+
+
+def commits(seen: list[str]) -> int:
+    """Transactions committed: explicit COMMITs plus lone INSERTs outside one."""
+    count, open_ = 0, False
+    for sql in seen:
+        if sql.startswith("BEGIN"):
+            open_ = True
+        elif sql in ("COMMIT", "ROLLBACK"):
+            count += sql == "COMMIT"
+            open_ = False
+        elif sql.startswith("INSERT INTO events") and not open_:
+            count += 1
+    return count
+
+
+def journaled(db: Path) -> dict[str, list[int]]:
+    """Each run's event seqs, as another connection reads the file."""
+    runs: dict[str, list[int]] = {}
+    with closing(sqlite3.connect(db)) as raw:
+        for run_id, seq in raw.execute(
+            "SELECT run_id, seq FROM events ORDER BY run_id, seq"
+        ):
+            runs.setdefault(run_id, []).append(seq)
+    return runs
+
+
+async def start_runs(store: SQLiteStore, run_ids: list[str]) -> None:
+    for run_id in run_ids:
+        await store.append(run_id, [started(1)], summary(run_id, 1))
+
+
+async def test_appends_of_live_runs_that_are_ready_together_share_one_commit(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "j.db"
+    runs = [f"run-{i}" for i in range(5)]
+    async with SQLiteStore(db) as store:
+        await start_runs(store, runs)
+        with statements(store) as seen:
+            async with anyio.create_task_group() as tg:
+                for run_id in runs:
+                    tg.start_soon(
+                        store.append, run_id, [started(2)], summary(run_id, 2)
+                    )
+        assert commits(seen) == 1
+        assert journaled(db) == {run_id: [1, 2] for run_id in runs}
+        for run_id in runs:
+            assert await store.read(run_id, after=1) == [started(2)]
+
+
+async def test_a_lone_live_run_commits_each_append_at_once(tmp_path: Path) -> None:
+    async with SQLiteStore(tmp_path / "j.db") as store:
+        await start_runs(store, ["run-a"])
+        with statements(store) as seen:
+            for seq in range(2, 5):
+                await store.append("run-a", [started(seq)], summary("run-a", seq))
+                # Committed before the append returned, with no wait for others.
+                assert journaled(tmp_path / "j.db")["run-a"][-1] == seq
+        # One INSERT each, its own transaction: no BEGIN, no savepoints.
+        assert len(seen) == 3
+        assert all(sql.startswith("INSERT INTO events") for sql in seen)
+
+
+async def test_an_append_that_conflicts_fails_alone_and_the_others_commit(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "j.db"
+    runs = ["run-a", "run-b", "run-c"]
+    async with SQLiteStore(db) as store:
+        await start_runs(store, runs)
+        # Another writer journals run-b's seq 2 behind this store's back.
+        with closing(sqlite3.connect(db)) as other:
+            other.execute(
+                "INSERT INTO events VALUES ('run-b', 2, 'task_started', '{}', 'x')"
+            )
+            other.commit()
+        outcomes: dict[str, BaseException | None] = {}
+
+        async def append(run_id: str) -> None:
+            try:
+                await store.append(run_id, [started(2)], summary(run_id, 2))
+                outcomes[run_id] = None
+            except JournalConflict as exc:
+                outcomes[run_id] = exc
+
+        with statements(store) as seen:
+            async with anyio.create_task_group() as tg:
+                for run_id in runs:
+                    tg.start_soon(append, run_id)
+        assert commits(seen) == 1
+        assert outcomes["run-a"] is None
+        assert outcomes["run-c"] is None
+        assert isinstance(outcomes["run-b"], JournalConflict)
+        assert journaled(db) == {"run-a": [1, 2], "run-b": [1, 2], "run-c": [1, 2]}
+        # The failed run reads the journal again on its next append.
+        with pytest.raises(JournalConflict):
+            await store.append("run-b", [started(2)], summary("run-b", 2))
+        await store.append("run-b", [started(3)], summary("run-b", 3))
+        assert journaled(db)["run-b"] == [1, 2, 3]
+
+
+async def test_a_caller_cancelled_while_in_a_batch_finds_its_append_committed(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "j.db"
+    runs = ["run-a", "run-b"]
+    async with SQLiteStore(db) as store:
+        await start_runs(store, runs)
+        returned: list[str] = []
+
+        async def append(run_id: str) -> None:
+            await store.append(run_id, [started(2)], summary(run_id, 2))
+            returned.append(run_id)
+            await anyio.sleep_forever()
+
+        async with anyio.create_task_group() as tg:
+            for run_id in runs:
+                tg.start_soon(append, run_id)
+            # Both appends are handed over; cancel before the batch commits.
+            await anyio.lowlevel.checkpoint()
+            tg.cancel_scope.cancel()
+        # Each append finished before its caller saw the cancellation, so no
+        # caller can believe its events were not journaled.
+        assert sorted(returned) == runs
+        assert journaled(db) == {"run-a": [1, 2], "run-b": [1, 2]}
+        for run_id in runs:
+            await store.append(run_id, [started(3)], summary(run_id, 3))
+        assert journaled(db) == {"run-a": [1, 2, 3], "run-b": [1, 2, 3]}
+
+
+async def test_a_run_that_ended_no_longer_makes_appends_wait_for_others(
+    tmp_path: Path,
+) -> None:
+    async with SQLiteStore(tmp_path / "j.db") as store:
+        await start_runs(store, ["run-a", "run-b"])
+        await store.append(
+            "run-b", [started(2)], summary("run-b", 2, RunStatus.COMPLETED)
+        )
+        with statements(store) as seen:
+            await store.append("run-a", [started(2)], summary("run-a", 2))
+        assert len(seen) == 1
+        assert seen[0].startswith("INSERT INTO events")
+
+
+async def test_a_batch_on_a_store_closed_meanwhile_fails_every_append(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(tmp_path / "j.db")
+    await start_runs(store, ["run-a", "run-b"])
+    failures: list[BaseException] = []
+
+    async def append(run_id: str) -> None:
+        try:
+            await store.append(run_id, [started(2)], summary(run_id, 2))
+        except anyio.ClosedResourceError as exc:
+            failures.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(append, "run-a")
+        tg.start_soon(append, "run-b")
+        await anyio.lowlevel.checkpoint()
+        await store.aclose()
+    assert len(failures) == 2
