@@ -187,6 +187,8 @@ class SQLiteStore:
         # Runs this store journals that have not ended: while more than one
         # is live, appends become ready together and share one commit.
         self._live: set[str] = set()
+        self._previous: str | None = None
+        """The run of the last append."""
         self._batch: list[_Append] | None = None
         if read_only:
             self._conn = _connect(self.path, synchronous, read_only=True)
@@ -234,9 +236,11 @@ class SQLiteStore:
             self._batch.append(item)
             with anyio.CancelScope(shield=True):
                 await item.done.wait()
-        elif len(self._live) > 1:
-            # Other runs are live too: let every append that becomes ready in
-            # this pass of the event loop join, then commit them together.
+        elif len(self._live) > 1 and run_id != self._previous:
+            # Other runs are live and writing too: let every append that
+            # becomes ready in this pass of the event loop join, then commit
+            # them together. A run that writes alone while others wait (for
+            # a person, say) keeps committing at once.
             batch = self._batch = [item]
             try:
                 with anyio.CancelScope(shield=True):
@@ -246,6 +250,7 @@ class SQLiteStore:
                 self._commit_batch(batch)
         else:
             self._commit_one(conn, item)
+        self._previous = run_id
         if item.error is not None:
             raise item.error
 

@@ -80,13 +80,19 @@ async def start_runs(store: SQLiteStore, run_ids: list[str]) -> None:
         await store.append(run_id, [started(1)], summary(run_id, 1))
 
 
+async def start_runs_and_a_bystander(store: SQLiteStore, run_ids: list[str]) -> None:
+    """Start the runs, then a live one that writes nothing more: none of the
+    runs wrote last, so each of their appends waits for the others'."""
+    await start_runs(store, [*run_ids, "bystander"])
+
+
 async def test_appends_of_live_runs_that_are_ready_together_share_one_commit(
     tmp_path: Path,
 ) -> None:
     db = tmp_path / "j.db"
     runs = [f"run-{i}" for i in range(5)]
     async with SQLiteStore(db) as store:
-        await start_runs(store, runs)
+        await start_runs_and_a_bystander(store, runs)
         with statements(store) as seen:
             async with anyio.create_task_group() as tg:
                 for run_id in runs:
@@ -94,7 +100,7 @@ async def test_appends_of_live_runs_that_are_ready_together_share_one_commit(
                         store.append, run_id, [started(2)], summary(run_id, 2)
                     )
         assert commits(seen) == 1
-        assert journaled(db) == {run_id: [1, 2] for run_id in runs}
+        assert journaled(db) == {**{key: [1, 2] for key in runs}, "bystander": [1]}
         for run_id in runs:
             assert await store.read(run_id, after=1) == [started(2)]
 
@@ -118,7 +124,7 @@ async def test_an_append_that_conflicts_fails_alone_and_the_others_commit(
     db = tmp_path / "j.db"
     runs = ["run-a", "run-b", "run-c"]
     async with SQLiteStore(db) as store:
-        await start_runs(store, runs)
+        await start_runs_and_a_bystander(store, runs)
         # Another writer journals run-b's seq 2 behind this store's back.
         with closing(sqlite3.connect(db)) as other:
             other.execute(
@@ -142,7 +148,12 @@ async def test_an_append_that_conflicts_fails_alone_and_the_others_commit(
         assert outcomes["run-a"] is None
         assert outcomes["run-c"] is None
         assert isinstance(outcomes["run-b"], JournalConflict)
-        assert journaled(db) == {"run-a": [1, 2], "run-b": [1, 2], "run-c": [1, 2]}
+        assert journaled(db) == {
+            "run-a": [1, 2],
+            "run-b": [1, 2],
+            "run-c": [1, 2],
+            "bystander": [1],
+        }
         # The failed run reads the journal again on its next append.
         with pytest.raises(JournalConflict):
             await store.append("run-b", [started(2)], summary("run-b", 2))
@@ -156,7 +167,7 @@ async def test_a_caller_cancelled_while_in_a_batch_finds_its_append_committed(
     db = tmp_path / "j.db"
     runs = ["run-a", "run-b"]
     async with SQLiteStore(db) as store:
-        await start_runs(store, runs)
+        await start_runs_and_a_bystander(store, runs)
         returned: list[str] = []
 
         async def append(run_id: str) -> None:
@@ -173,10 +184,10 @@ async def test_a_caller_cancelled_while_in_a_batch_finds_its_append_committed(
         # Each append finished before its caller saw the cancellation, so no
         # caller can believe its events were not journaled.
         assert sorted(returned) == runs
-        assert journaled(db) == {"run-a": [1, 2], "run-b": [1, 2]}
+        assert journaled(db) == {"run-a": [1, 2], "run-b": [1, 2], "bystander": [1]}
         for run_id in runs:
             await store.append(run_id, [started(3)], summary(run_id, 3))
-        assert journaled(db) == {"run-a": [1, 2, 3], "run-b": [1, 2, 3]}
+        assert journaled(db)["run-a"] == journaled(db)["run-b"] == [1, 2, 3]
 
 
 async def test_a_run_that_ended_no_longer_makes_appends_wait_for_others(
@@ -197,7 +208,7 @@ async def test_a_batch_on_a_store_closed_meanwhile_fails_every_append(
     tmp_path: Path,
 ) -> None:
     store = SQLiteStore(tmp_path / "j.db")
-    await start_runs(store, ["run-a", "run-b"])
+    await start_runs_and_a_bystander(store, ["run-a", "run-b"])
     failures: list[BaseException] = []
 
     async def append(run_id: str) -> None:
@@ -212,3 +223,26 @@ async def test_a_batch_on_a_store_closed_meanwhile_fails_every_append(
         await anyio.lowlevel.checkpoint()
         await store.aclose()
     assert len(failures) == 2
+
+
+async def test_a_run_writing_alone_while_another_waits_does_not_yield(
+    tmp_path: Path,
+) -> None:
+    async with SQLiteStore(tmp_path / "j.db") as store:
+        # Both live; run-b then waits (for a person, say) and writes nothing.
+        await start_runs(store, ["run-a", "run-b"])
+        await store.append("run-a", [started(2)], summary("run-a", 2))
+        others_ran = False
+
+        async def other() -> None:
+            nonlocal others_ran
+            others_ran = True
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(other)
+            for seq in range(3, 6):
+                await store.append("run-a", [started(seq)], summary("run-a", seq))
+            # No append passed through the event loop to wait for others.
+            assert not others_ran
+        assert others_ran
+        assert journaled(tmp_path / "j.db")["run-a"] == [1, 2, 3, 4, 5]
