@@ -189,7 +189,7 @@ class SQLiteStore:
         self._live: set[str] = set()
         self._previous: str | None = None
         """The run of the last append."""
-        self._batch: list[_Append] | None = None
+        self._batch: _Batch | None = None
         if read_only:
             self._conn = _connect(self.path, synchronous, read_only=True)
             return
@@ -228,26 +228,35 @@ class SQLiteStore:
         # Serialized first: an event that cannot be stored fails its own
         # append before it joins anything.
         item = _Append(run_id, events, [_event_row(run_id, e) for e in events], summary)
-        if self._batch is not None:
+        batch = self._batch
+        if batch is not None:
             # A group commit is gathering: ride on it. Shielded, because once
             # handed over the events are committed whether or not this caller
             # still waits; it learns the outcome before it is cancelled.
-            item.done = anyio.Event()
-            self._batch.append(item)
+            batch.items.append(item)
+            if batch.done is None:
+                batch.done = anyio.Event()
             with anyio.CancelScope(shield=True):
-                await item.done.wait()
+                await batch.done.wait()
         elif len(self._live) > 1 and run_id != self._previous:
             # Other runs are live and writing too: let every append that
             # becomes ready in this pass of the event loop join, then commit
             # them together. A run that writes alone while others wait (for
             # a person, say) keeps committing at once.
-            batch = self._batch = [item]
+            batch = self._batch = _Batch([item])
             try:
-                with anyio.CancelScope(shield=True):
-                    await anyio.lowlevel.checkpoint()
+                await anyio.lowlevel.cancel_shielded_checkpoint()
             finally:
                 self._batch = None
-                self._commit_batch(batch)
+                try:
+                    self._commit_batch(batch.items)
+                finally:
+                    interrupted = RuntimeError("the group commit was interrupted")
+                    for other in batch.items:
+                        if not other.committed and other.error is None:
+                            other.error = interrupted
+                    if batch.done is not None:
+                        batch.done.set()
         else:
             self._commit_one(conn, item)
         self._previous = run_id
@@ -277,6 +286,7 @@ class SQLiteStore:
                     raise JournalConflict(f"run {run_id}: {exc}") from exc
                 raise
             self._last_seq[run_id] = events[-1].seq
+            item.committed = True
             self._after_commit(conn)
             return
         conn.execute("BEGIN IMMEDIATE")
@@ -294,52 +304,37 @@ class SQLiteStore:
     def _commit_batch(self, batch: list[_Append]) -> None:
         """Commit the appends of several runs in one transaction (group commit).
 
-        Each append is atomic on its own (a savepoint): one that conflicts
-        fails alone, and the others are committed. Every append of the batch
-        gets its outcome, whatever happens here.
+        Each append stays atomic on its own: should one fail (another
+        writer's rows refuse its seq), the transaction is rolled back and
+        each append is committed alone, so that only that one fails. Every
+        append of the batch gets its outcome, whatever happens here.
         """
-        ended = False
         try:
             conn = self._writable()
-            if len(batch) == 1:
-                self._commit_one(conn, batch[0])
-                ended = True
-                return
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for item in batch:
-                    conn.execute("SAVEPOINT one_append")
-                    try:
+            if len(batch) > 1:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for item in batch:
                         self._write(conn, item)
-                    except Exception as exc:
-                        conn.execute("ROLLBACK TO one_append")
-                        item.error = exc
-                    conn.execute("RELEASE one_append")
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            for item in batch:
-                if item.error is None:
-                    self._settle(item)
+                    conn.execute("COMMIT")
+                except Exception:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
                 else:
-                    self._forget(item.run_id)
-            self._after_commit(conn)
-            ended = True
-        except Exception as exc:
-            # Nothing of the batch was committed.
+                    for item in batch:
+                        self._settle(item)
+                    self._after_commit(conn)
+                    return
+            for item in batch:
+                try:
+                    self._commit_one(conn, item)
+                except Exception as exc:
+                    item.error = exc
+        except Exception as exc:  # the store is closed, say
             for item in batch:
                 self._forget(item.run_id)
                 if item.error is None:
                     item.error = exc
-            ended = True
-        finally:
-            for item in batch:
-                if not ended and item.error is None:
-                    item.error = RuntimeError("the group commit was interrupted")
-                if item.done is not None:
-                    item.done.set()
 
     def _write(self, conn: sqlite3.Connection, item: _Append) -> None:
         """Write one append inside the caller's transaction; no cache changes."""
@@ -372,6 +367,7 @@ class SQLiteStore:
     def _settle(self, item: _Append) -> None:
         """Remember what a committed append left: the run's seq and row."""
         run_id, summary = item.run_id, item.summary
+        item.committed = True
         self._row[run_id] = (summary.status, summary.stop_reason)
         if item.events:
             self._last_seq[run_id] = item.events[-1].seq
@@ -874,6 +870,15 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
 
 
 @dataclass(slots=True)
+class _Batch:
+    """Appends gathering for one group commit."""
+
+    items: list[_Append]
+    done: anyio.Event | None = None
+    """Set once the batch is committed (made when the first append joins)."""
+
+
+@dataclass(slots=True)
 class _Append:
     """One ``append`` call on its way to a commit."""
 
@@ -882,8 +887,7 @@ class _Append:
     rows: list[tuple[object, ...]]
     summary: RunSummary
     error: Exception | None = None
-    done: anyio.Event | None = None
-    """Set once the group commit it joined has ended (joiners only)."""
+    committed: bool = False
 
 
 def _flat(rows: list[tuple[object, ...]]) -> list[object]:
