@@ -130,9 +130,11 @@ class SQLiteStore:
     blocks it while another process holds the write lock (up to the 5 s busy
     timeout). Checkpoints (copying the WAL into the database file, with its
     fsyncs) are the one slow part of SQLite's commit path: every
-    :data:`CHECKPOINT_EVERY` commits a thread of the store's own does the
+    :data:`CHECKPOINT_EVERY` appends a thread of the store's own does the
     copying, and the next append finishes the round with the few pages
-    written meanwhile (see ``_Checkpointer``).
+    written meanwhile (see ``_Checkpointer``). While several runs are live
+    and writing, an append waits one pass of the event loop for the appends
+    of other runs, and all of them share one transaction (group commit).
 
     Durability: with ``synchronous="NORMAL"`` (the default) a commit is written
     to the WAL but not fsynced, so a crash of the application loses nothing,
@@ -323,7 +325,7 @@ class SQLiteStore:
                 else:
                     for item in batch:
                         self._settle(item)
-                    self._after_commit(conn)
+                    self._after_commit(conn, appends=len(batch))
                     return
             for item in batch:
                 try:
@@ -381,8 +383,8 @@ class SQLiteStore:
         self._last_seq.pop(run_id, None)
         self._row.pop(run_id, None)
 
-    def _after_commit(self, conn: sqlite3.Connection) -> None:
-        if self._checkpointer.committed():
+    def _after_commit(self, conn: sqlite3.Connection, appends: int = 1) -> None:
+        if self._checkpointer.committed(appends):
             # The thread copied the bulk; copy what came meanwhile, so that
             # the next commit rewinds the WAL (a few pages and two fsyncs).
             with contextlib.suppress(sqlite3.Error):
@@ -562,7 +564,7 @@ class SQLiteStore:
 
 
 CHECKPOINT_EVERY = 256
-"""Commits between two checkpoints: the WAL stays within a few MiB."""
+"""Appends between two checkpoints: the WAL stays within a few MiB."""
 WAL_SIZE_LIMIT = 16 * 2**20
 """Bytes of WAL file kept when the WAL is rewound (``journal_size_limit``)."""
 
@@ -596,12 +598,14 @@ class _Checkpointer:
         self.rounds = threading.Semaphore(0)
         """Released once per finished checkpoint round (tests wait on it)."""
 
-    def committed(self) -> bool:
-        """Count a commit; True when the writer should finish a round now."""
+    def committed(self, appends: int = 1) -> bool:
+        """Count a commit of ``appends`` appends (a group commit's are
+        counted one by one, so the WAL grows by as much between rounds);
+        True when the writer should finish a round now."""
         if self._round_done:
             self._round_done = False
             return True
-        self._commits += 1
+        self._commits += appends
         if self._commits < CHECKPOINT_EVERY:
             return False
         self._commits = 0
