@@ -282,11 +282,18 @@ class BenchModel(ScriptedModel):
 # The journal ------------------------------------------------------------------
 
 
+JOURNAL = {"synchronous": "NORMAL"}
+"""The journal's settings (``--synchronous`` sets them for a script's run)."""
+
+
 @asynccontextmanager
 async def sqlite_journal() -> AsyncIterator[SQLiteStore]:
     """A fresh SQLite journal in a temporary directory, closed on exit."""
     with tempfile.TemporaryDirectory(prefix="replan-bench-") as directory:
-        store = SQLiteStore(os.path.join(directory, "journal.db"))
+        synchronous = "FULL" if JOURNAL["synchronous"] == "FULL" else "NORMAL"
+        store = SQLiteStore(
+            os.path.join(directory, "journal.db"), synchronous=synchronous
+        )
         try:
             yield store
         finally:
@@ -343,8 +350,16 @@ def peak_rss_mib() -> float:
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
-    """The options every workload takes: ``--backend`` and ``--repetitions``."""
+    """The options every workload takes: ``--backend``, ``--repetitions`` and
+    ``--synchronous``."""
     parser.add_argument("--backend", choices=BACKENDS, default="asyncio")
+    parser.add_argument(
+        "--synchronous",
+        choices=("NORMAL", "FULL"),
+        default="NORMAL",
+        help="the SQLite journal's synchronous setting (FULL: an fsync per "
+        "commit; the figures and targets are for NORMAL, the default)",
+    )
     parser.add_argument(
         "--repetitions",
         type=_positive,
@@ -372,4 +387,5 @@ def run_script(main: Callable[..., dict[str, float]], description: str) -> None:
     parser = argparse.ArgumentParser(description=description)
     add_options(parser)
     args = parser.parse_args()
+    JOURNAL["synchronous"] = args.synchronous
     main(backend=args.backend, repetitions=args.repetitions)

@@ -20,7 +20,7 @@ import platform
 from concurrent.futures import ProcessPoolExecutor
 from datetime import date
 
-from _common import METRICS, add_options
+from _common import JOURNAL, METRICS, add_options
 
 WORKLOADS = {
     "w1": "w1_replan_loop",
@@ -32,9 +32,10 @@ W4_MODULE = WORKLOADS["w4"]
 
 
 def run_workload(
-    module: str, backend: str, repetitions: int | None
+    module: str, backend: str, repetitions: int | None, synchronous: str = "NORMAL"
 ) -> dict[str, float]:
     """Import a workload and run its ``main`` (in a child process)."""
+    JOURNAL["synchronous"] = synchronous
     workload = importlib.import_module(module)
     if module == W4_MODULE:
         # Its main() takes no options and measures both backends.
@@ -52,7 +53,9 @@ def _w4_figures(figures: dict[str, float], backend: str) -> dict[str, float]:
     return {} if chosen is None else {"w4_msg_per_s": chosen}
 
 
-def measure(name: str, backend: str, repetitions: int | None) -> dict[str, float] | str:
+def measure(
+    name: str, backend: str, repetitions: int | None, synchronous: str = "NORMAL"
+) -> dict[str, float] | str:
     """The workload's figures, or why there are none."""
     module = WORKLOADS[name]
     if importlib.util.find_spec(module) is None:
@@ -61,7 +64,9 @@ def measure(name: str, backend: str, repetitions: int | None) -> dict[str, float
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
         try:
-            return pool.submit(run_workload, module, backend, repetitions).result()
+            return pool.submit(
+                run_workload, module, backend, repetitions, synchronous
+            ).result()
         except Exception as exc:
             return f"failed: {type(exc).__name__}: {exc}"
 
@@ -121,7 +126,10 @@ def main() -> dict[str, float]:
     unknown = sorted(set(chosen) - set(WORKLOADS))
     if unknown:
         parser.error(f"unknown workloads: {', '.join(unknown)}")
-    results = {name: measure(name, args.backend, args.repetitions) for name in chosen}
+    results = {
+        name: measure(name, args.backend, args.repetitions, args.synchronous)
+        for name in chosen
+    }
     print()
     print(table(results, args.backend))
     figures: dict[str, float] = {}
