@@ -308,20 +308,29 @@ class SQLiteStore:
 
         Each append stays atomic on its own: should one fail (another
         writer's rows refuse its seq), the transaction is rolled back and
-        each append is committed alone, so that only that one fails. Every
+        each append is committed alone, so that only that one fails. When the
+        transaction itself fails (the write lock is not to be had, say),
+        every append fails with its error, without one more try each. Every
         append of the batch gets its outcome, whatever happens here.
         """
         try:
             conn = self._writable()
             if len(batch) > 1:
+                one_failed = False
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     for item in batch:
-                        self._write(conn, item)
+                        try:
+                            self._write(conn, item)
+                        except Exception:
+                            one_failed = True
+                            raise
                     conn.execute("COMMIT")
                 except Exception:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
+                    if not one_failed:
+                        raise
                 else:
                     for item in batch:
                         self._settle(item)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -48,6 +49,26 @@ def statements(store: SQLiteStore) -> Iterator[list[str]]:
         yield seen
     finally:
         conn.set_trace_callback(None)
+
+
+class Attempts:
+    """A store's connection that lists the statements it is asked to run,
+    whether or not they get to run."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.sql: list[str] = []
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        self.sql.append(sql)
+        return self.conn.execute(sql, *args)
+
+    def executemany(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        self.sql.append(sql)
+        return self.conn.executemany(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
 
 
 def commits(seen: list[str]) -> int:
@@ -244,3 +265,38 @@ async def test_a_run_writing_alone_while_another_waits_does_not_yield(
             assert not others_ran
         assert others_ran
         assert journaled(tmp_path / "j.db")["run-a"] == [1, 2, 3, 4, 5]
+
+
+async def test_a_batch_that_cannot_get_the_write_lock_fails_each_append_once(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "j.db"
+    runs = ["run-a", "run-b"]
+    async with SQLiteStore(db) as store:
+        await start_runs_and_a_bystander(store, runs)
+        store._connection().execute("PRAGMA busy_timeout = 50")
+        failures: dict[str, BaseException] = {}
+
+        async def append(run_id: str) -> None:
+            try:
+                await store.append(run_id, [started(2)], summary(run_id, 2))
+            except sqlite3.OperationalError as exc:
+                failures[run_id] = exc
+
+        attempts = Attempts(store._connection())
+        store._conn = attempts  # type: ignore[assignment]
+        with closing(sqlite3.connect(db, isolation_level=None)) as other:
+            other.execute("BEGIN IMMEDIATE")  # another process writes
+            async with anyio.create_task_group() as tg:
+                for run_id in runs:
+                    tg.start_soon(append, run_id)
+            other.execute("ROLLBACK")
+        store._conn = attempts.conn
+        assert sorted(failures) == runs
+        assert all("locked" in str(exc) for exc in failures.values())
+        # One wait for the lock for the batch, not one more per append.
+        assert attempts.sql == ["BEGIN IMMEDIATE"]
+        # Once the lock is free, the runs go on from what the journal holds.
+        for run_id in runs:
+            await store.append(run_id, [started(2)], summary(run_id, 2))
+        assert journaled(db) == {"run-a": [1, 2], "run-b": [1, 2], "bystander": [1]}
