@@ -6,37 +6,15 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from write_samples import started, summary
 
-from replan.messages import RunStatus, TaskStarted
-from replan.store import JournalConflict, RunSummary, SQLiteStore
-
-T0 = datetime(2026, 1, 5, 8, 30, tzinfo=UTC)
-
-
-def started(seq: int) -> TaskStarted:
-    return TaskStarted(
-        seq=seq, at=T0 + timedelta(seconds=seq), task_id=f"t{seq}", attempt=1
-    )
-
-
-def summary(run_id: str, seq: int, status: RunStatus = RunStatus.RUNNING) -> RunSummary:
-    return RunSummary(
-        run_id=run_id,
-        goal="walk the chain",
-        kind="plan",
-        pattern="discovery",
-        status=status,
-        created_at=T0,
-        updated_at=T0 + timedelta(seconds=seq),
-        last_seq=seq,
-        stop_reason="done" if status.final else None,
-    )
+from replan.messages import RunStatus
+from replan.store import JournalConflict, SQLiteStore
 
 
 @contextmanager
@@ -98,7 +76,7 @@ def journaled(db: Path) -> dict[str, list[int]]:
 
 async def start_runs(store: SQLiteStore, run_ids: list[str]) -> None:
     for run_id in run_ids:
-        await store.append(run_id, [started(1)], summary(run_id, 1))
+        await store.append(run_id, [started(1)], summary(1, run_id=run_id))
 
 
 async def start_runs_and_a_bystander(store: SQLiteStore, run_ids: list[str]) -> None:
@@ -118,7 +96,7 @@ async def test_appends_of_live_runs_that_are_ready_together_share_one_commit(
             async with anyio.create_task_group() as tg:
                 for run_id in runs:
                     tg.start_soon(
-                        store.append, run_id, [started(2)], summary(run_id, 2)
+                        store.append, run_id, [started(2)], summary(2, run_id=run_id)
                     )
         assert commits(seen) == 1
         assert journaled(db) == {**{key: [1, 2] for key in runs}, "bystander": [1]}
@@ -131,7 +109,9 @@ async def test_a_lone_live_run_commits_each_append_at_once(tmp_path: Path) -> No
         await start_runs(store, ["run-a"])
         with statements(store) as seen:
             for seq in range(2, 5):
-                await store.append("run-a", [started(seq)], summary("run-a", seq))
+                await store.append(
+                    "run-a", [started(seq)], summary(seq, run_id="run-a")
+                )
                 # Committed before the append returned, with no wait for others.
                 assert journaled(tmp_path / "j.db")["run-a"][-1] == seq
         # One INSERT each, its own transaction: no BEGIN, no savepoints.
@@ -156,7 +136,7 @@ async def test_an_append_that_conflicts_fails_alone_and_the_others_commit(
 
         async def append(run_id: str) -> None:
             try:
-                await store.append(run_id, [started(2)], summary(run_id, 2))
+                await store.append(run_id, [started(2)], summary(2, run_id=run_id))
                 outcomes[run_id] = None
             except JournalConflict as exc:
                 outcomes[run_id] = exc
@@ -175,8 +155,8 @@ async def test_an_append_that_conflicts_fails_alone_and_the_others_commit(
         }
         # The failed run reads the journal again on its next append.
         with pytest.raises(JournalConflict):
-            await store.append("run-b", [started(2)], summary("run-b", 2))
-        await store.append("run-b", [started(3)], summary("run-b", 3))
+            await store.append("run-b", [started(2)], summary(2, run_id="run-b"))
+        await store.append("run-b", [started(3)], summary(3, run_id="run-b"))
         assert journaled(db)["run-b"] == [1, 2, 3]
 
 
@@ -190,7 +170,7 @@ async def test_a_caller_cancelled_while_in_a_batch_finds_its_append_committed(
         returned: list[str] = []
 
         async def append(run_id: str) -> None:
-            await store.append(run_id, [started(2)], summary(run_id, 2))
+            await store.append(run_id, [started(2)], summary(2, run_id=run_id))
             returned.append(run_id)
             await anyio.sleep_forever()
 
@@ -205,7 +185,7 @@ async def test_a_caller_cancelled_while_in_a_batch_finds_its_append_committed(
         assert sorted(returned) == runs
         assert journaled(db) == {"run-a": [1, 2], "run-b": [1, 2], "bystander": [1]}
         for run_id in runs:
-            await store.append(run_id, [started(3)], summary(run_id, 3))
+            await store.append(run_id, [started(3)], summary(3, run_id=run_id))
         assert journaled(db)["run-a"] == journaled(db)["run-b"] == [1, 2, 3]
 
 
@@ -215,10 +195,10 @@ async def test_a_run_that_ended_no_longer_makes_appends_wait_for_others(
     async with SQLiteStore(tmp_path / "j.db") as store:
         await start_runs(store, ["run-a", "run-b"])
         await store.append(
-            "run-b", [started(2)], summary("run-b", 2, RunStatus.COMPLETED)
+            "run-b", [started(2)], summary(2, RunStatus.COMPLETED, run_id="run-b")
         )
         with statements(store) as seen:
-            await store.append("run-a", [started(2)], summary("run-a", 2))
+            await store.append("run-a", [started(2)], summary(2, run_id="run-a"))
         assert len(seen) == 1
         assert seen[0].startswith("INSERT INTO events")
 
@@ -232,7 +212,7 @@ async def test_a_batch_on_a_store_closed_meanwhile_fails_every_append(
 
     async def append(run_id: str) -> None:
         try:
-            await store.append(run_id, [started(2)], summary(run_id, 2))
+            await store.append(run_id, [started(2)], summary(2, run_id=run_id))
         except anyio.ClosedResourceError as exc:
             failures.append(exc)
 
@@ -250,7 +230,7 @@ async def test_a_run_writing_alone_while_another_waits_does_not_yield(
     async with SQLiteStore(tmp_path / "j.db") as store:
         # Both live; run-b then waits (for a person, say) and writes nothing.
         await start_runs(store, ["run-a", "run-b"])
-        await store.append("run-a", [started(2)], summary("run-a", 2))
+        await store.append("run-a", [started(2)], summary(2, run_id="run-a"))
         others_ran = False
 
         async def other() -> None:
@@ -260,7 +240,9 @@ async def test_a_run_writing_alone_while_another_waits_does_not_yield(
         async with anyio.create_task_group() as tg:
             tg.start_soon(other)
             for seq in range(3, 6):
-                await store.append("run-a", [started(seq)], summary("run-a", seq))
+                await store.append(
+                    "run-a", [started(seq)], summary(seq, run_id="run-a")
+                )
             # No append passed through the event loop to wait for others.
             assert not others_ran
         assert others_ran
@@ -279,7 +261,7 @@ async def test_a_batch_that_cannot_get_the_write_lock_fails_each_append_once(
 
         async def append(run_id: str) -> None:
             try:
-                await store.append(run_id, [started(2)], summary(run_id, 2))
+                await store.append(run_id, [started(2)], summary(2, run_id=run_id))
             except sqlite3.OperationalError as exc:
                 failures[run_id] = exc
 
@@ -298,5 +280,5 @@ async def test_a_batch_that_cannot_get_the_write_lock_fails_each_append_once(
         assert attempts.sql == ["BEGIN IMMEDIATE"]
         # Once the lock is free, the runs go on from what the journal holds.
         for run_id in runs:
-            await store.append(run_id, [started(2)], summary(run_id, 2))
+            await store.append(run_id, [started(2)], summary(2, run_id=run_id))
         assert journaled(db) == {"run-a": [1, 2], "run-b": [1, 2], "bystander": [1]}

@@ -8,39 +8,18 @@ import sqlite3
 import subprocess
 import sys
 from contextlib import closing
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from write_samples import T0, started, summary
 
 from replan import ConfigurationError
 from replan.messages import RunStatus, TaskStarted
-from replan.store import JournalConflict, JournalCorrupt, RunSummary, SQLiteStore
+from replan.store import JournalConflict, JournalCorrupt, SQLiteStore
 from replan.store._sqlite import CHECKPOINT_EVERY
-
-T0 = datetime(2026, 1, 5, 8, 30, tzinfo=UTC)
-
-
-def started(seq: int) -> TaskStarted:
-    return TaskStarted(
-        seq=seq, at=T0 + timedelta(seconds=seq), task_id=f"t{seq}", attempt=1
-    )
-
-
-def summary(seq: int, status: RunStatus = RunStatus.RUNNING) -> RunSummary:
-    return RunSummary(
-        run_id="run-1",
-        goal="walk the chain",
-        kind="plan",
-        pattern="discovery",
-        status=status,
-        created_at=T0,
-        updated_at=T0 + timedelta(seconds=seq),
-        last_seq=seq,
-        stop_reason="done" if status.final else None,
-    )
 
 
 def events_in_main_file(db: Path, copy: Path) -> int:
@@ -174,6 +153,7 @@ from datetime import UTC, datetime
 from replan.messages import RunStatus, TaskStarted
 from replan.store import RunSummary, SQLiteStore
 from replan.store._sqlite import CHECKPOINT_EVERY
+from write_samples import T0, started, summary
 
 KEPT = []  # referenced until the interpreter exits: no __del__ before
 
