@@ -153,7 +153,6 @@ from datetime import UTC, datetime
 from replan.messages import RunStatus, TaskStarted
 from replan.store import RunSummary, SQLiteStore
 from replan.store._sqlite import CHECKPOINT_EVERY
-from write_samples import T0, started, summary
 
 KEPT = []  # referenced until the interpreter exits: no __del__ before
 
