@@ -131,6 +131,8 @@ def main() -> dict[str, float]:
         for name in chosen
     }
     print()
+    if args.synchronous != "NORMAL":
+        print(f"journal: synchronous={args.synchronous} (the targets are for NORMAL)")
     print(table(results, args.backend))
     figures: dict[str, float] = {}
     for outcome in results.values():
