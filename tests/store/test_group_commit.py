@@ -3,6 +3,7 @@ become ready together share one transaction, each still atomic on its own."""
 
 from __future__ import annotations
 
+import random
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
@@ -282,3 +283,45 @@ async def test_a_batch_that_cannot_get_the_write_lock_fails_each_append_once(
         for run_id in runs:
             await store.append(run_id, [started(2)], summary(2, run_id=run_id))
         assert journaled(db) == {"run-a": [1, 2], "run-b": [1, 2], "bystander": [1]}
+
+
+@pytest.mark.parametrize("seed", range(3))
+async def test_many_runs_cancelled_at_random_journal_exactly_the_appends_that_returned(
+    tmp_path: Path, seed: int
+) -> None:
+    rnd = random.Random(seed)
+    db = tmp_path / "j.db"
+    returned: dict[str, int] = {}  # run -> the last seq whose append returned
+
+    async def run(run_id: str, store: SQLiteStore) -> None:
+        seq = 0
+        while seq < 40:
+            count = rnd.randint(1, 3)
+            events = [started(seq + i + 1) for i in range(count)]
+            status = RunStatus.COMPLETED if seq + count >= 40 else RunStatus.RUNNING
+            await store.append(
+                run_id, events, summary(seq + count, status, run_id=run_id)
+            )
+            seq += count
+            returned[run_id] = seq
+            if rnd.random() < 0.3:
+                await anyio.lowlevel.checkpoint()
+            if rnd.random() < 0.1:
+                await anyio.sleep(rnd.random() / 1000)
+
+    async with SQLiteStore(db) as store, anyio.create_task_group() as tg:
+        scopes = [anyio.CancelScope() for _ in range(40)]
+        for index, scope in enumerate(scopes):
+
+            async def one(run_id: str = f"run-{index}", scope=scope) -> None:
+                with scope:
+                    await run(run_id, store)
+
+            tg.start_soon(one)
+        for _ in range(15):
+            await anyio.sleep(rnd.random() / 500)
+            rnd.choice(scopes).cancel()
+    runs = journaled(db)
+    for run_id, seqs in runs.items():
+        assert seqs == list(range(1, len(seqs) + 1)), run_id
+    assert {run_id: seqs[-1] for run_id, seqs in runs.items()} == returned
