@@ -130,7 +130,12 @@ def _v1(daemon: Daemon) -> APIRouter:
         """Start a run; follow the returned ``url``."""
         try:
             supervisor = daemon.supervisor
-            active = sum(not h.status.final for h in supervisor.handles())
+            # Submissions still on their way into the journal count too: a
+            # submit may wait for other runs' appends (group commit), and
+            # requests that arrive meanwhile must not all see a free place.
+            active = daemon.submitting + sum(
+                not h.status.final for h in supervisor.handles()
+            )
             if active >= daemon.settings.max_active_runs:
                 daemon.counters.refused += 1
                 raise ApiError(
@@ -140,7 +145,11 @@ def _v1(daemon: Daemon) -> APIRouter:
                     headers={"Retry-After": "5"},
                 )
             spec = _with_default_limits(spec, daemon.settings.default_limits)
-            handle = await supervisor.submit(spec)
+            daemon.submitting += 1
+            try:
+                handle = await supervisor.submit(spec)
+            finally:
+                daemon.submitting -= 1
         except ConfigurationError as exc:
             raise ApiError(422, str(exc), exc.field) from None
         except SupervisorError as exc:

@@ -39,6 +39,8 @@ class Daemon:
     token: Token
     model: Model
     counters: Counters = field(default_factory=Counters)
+    submitting: int = 0
+    """Submissions accepted and not yet journaled (they count as active)."""
     _supervisor: Supervisor | None = None
     _store: SQLiteStore | None = None
     _draining: bool = False
