@@ -253,10 +253,11 @@ class SQLiteStore:
                 try:
                     self._commit_batch(batch.items)
                 finally:
-                    interrupted = RuntimeError("the group commit was interrupted")
                     for other in batch.items:
                         if not other.committed and other.error is None:
-                            other.error = interrupted
+                            other.error = RuntimeError(
+                                "the group commit was interrupted"
+                            )
                     if batch.done is not None:
                         batch.done.set()
         else:
@@ -267,7 +268,7 @@ class SQLiteStore:
 
     def _commit_one(self, conn: sqlite3.Connection, item: _Append) -> None:
         """Commit one append in a transaction of its own."""
-        run_id, events, rows = item.run_id, item.events, item.rows
+        run_id, events = item.run_id, item.events
         row = (item.summary.status, item.summary.stop_reason)
         last = self._last_seq.get(run_id)
         if (
@@ -280,12 +281,9 @@ class SQLiteStore:
             # (atomic, committed when it returns): no BEGIN and COMMIT.
             _check_follows(run_id, events, last)
             try:
-                conn.execute(_insert_rows(len(rows)), _flat(rows))
-            except BaseException as exc:
+                _insert(conn, item)
+            except BaseException:
                 self._last_seq.pop(run_id, None)
-                if isinstance(exc, sqlite3.IntegrityError):
-                    # Another writer's rows: the primary key refuses the seq.
-                    raise JournalConflict(f"run {run_id}: {exc}") from exc
                 raise
             self._last_seq[run_id] = events[-1].seq
             item.committed = True
@@ -360,14 +358,7 @@ class SQLiteStore:
         elif last is None:
             (last,) = conn.execute(_LAST_SEQ, (run_id,)).fetchone()
         _check_follows(run_id, events, last)
-        try:
-            if 0 < len(events) <= _ONE_STATEMENT_ROWS:
-                conn.execute(_insert_rows(len(events)), _flat(item.rows))
-            else:
-                conn.executemany(_INSERT_EVENT, item.rows)
-        except sqlite3.IntegrityError as exc:
-            # Another writer's rows: a seq this store did not expect.
-            raise JournalConflict(f"run {run_id}: {exc}") from exc
+        _insert(conn, item)
         known = self._row.get(run_id)
         if known != (summary.status, summary.stop_reason):
             # A new run has no row yet, and a changed status has none the
@@ -901,6 +892,21 @@ class _Append:
     summary: RunSummary
     error: Exception | None = None
     committed: bool = False
+
+
+def _insert(conn: sqlite3.Connection, item: _Append) -> None:
+    """Insert an append's rows: one multi-row INSERT when they are few.
+
+    Raises:
+        JournalConflict: another writer's rows hold one of the seqs.
+    """
+    try:
+        if 0 < len(item.rows) <= _ONE_STATEMENT_ROWS:
+            conn.execute(_insert_rows(len(item.rows)), _flat(item.rows))
+        else:
+            conn.executemany(_INSERT_EVENT, item.rows)
+    except sqlite3.IntegrityError as exc:
+        raise JournalConflict(f"run {item.run_id}: {exc}") from exc
 
 
 def _flat(rows: list[tuple[object, ...]]) -> list[object]:
