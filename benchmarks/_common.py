@@ -102,6 +102,8 @@ METRICS = {
             langgraph_ref="675",
         ),
         Metric("w1_cpu_us_per_step", "W1 CPU per step", "us/step", ".0f"),
+        Metric("callgrind_w1_minstr_per_run", "W1 instructions per run", "M", ".2f"),
+        Metric("callgrind_w1_kinstr_per_step", "W1 instructions per step", "k", ".0f"),
         Metric("w1_peak_rss_mib", "W1 peak RSS", "MiB", ".1f"),
         Metric(
             "w2_efficiency_pct",
