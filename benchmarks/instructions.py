@@ -21,7 +21,7 @@ Kernel time (SQLite's ``pwrite`` and ``fcntl`` calls) is not counted:
 ``--store memory`` against the default SQLite journal shows what the
 journal costs in user-space instructions alone.
 
-Needs valgrind (``apt install valgrind``); takes about a minute and a half.
+Needs valgrind (``apt install valgrind``); takes about 40 seconds on two cores.
 
 Run: ``python benchmarks/instructions.py [--store memory] [--runs 40]
 [--backend trio]``
