@@ -693,8 +693,10 @@ class RunDriver:
         if not self.state.versions:
             await first_plan(self)
         while True:
-            self._withdraw_stale_approvals()
             await self._dispatch(tg)
+            # After the dispatch, which journals what is staged: a ``complete``
+            # verdict staged by a review has superseded its tasks only then.
+            self._withdraw_stale_approvals()
             if self._in_flight == 0 and not self._awaiting_approval:
                 state = self.state
                 if phase_done(state):

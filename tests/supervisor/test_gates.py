@@ -566,6 +566,33 @@ async def test_a_run_does_not_wait_for_approval_of_a_superseded_side_effect() ->
     assert executed(model, "t2") == 0
 
 
+class CompleteAtFirstMilestone(Script):
+    """The reviewer ends the plan (``complete``) at the first milestone."""
+
+    def __call__(self, request: ModelRequest) -> Any:
+        if request.role == "reviewer":
+            return Verdict(decision="complete", rationale="enough is known")
+        return super().__call__(request)
+
+
+async def test_a_complete_verdict_withdraws_the_approval_of_a_superseded_task() -> (
+    None
+):
+    model = ScriptedModel(CompleteAtFirstMilestone())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(RunSpec(goal="survey", tasks=STALE))
+        # Nobody answers the gate: `complete` superseded the task it guards.
+        with anyio.fail_after(3):
+            result = await handle.result()
+        assert sup.gates.pending() == []
+
+    assert result.status is RunStatus.COMPLETED
+    status = {t.id: t.status for t in result.tasks}
+    assert status["t2"] is TaskStatus.SUPERSEDED
+    assert executed(model, "t2") == 0
+    assert result.output == "done"
+
+
 async def test_rejecting_a_superseded_side_effect_leaves_it_superseded() -> None:
     model = ScriptedModel(Script(trigger=Trigger.CONTRADICTION, revised=NEW))
     async with Supervisor(model) as sup:
