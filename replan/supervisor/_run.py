@@ -98,6 +98,10 @@ class RoleFailed(RunEnded):
     """A role crashed on every attempt of one request (explore runs go on)."""
 
 
+class Unjournalable(RunEnded):
+    """What the run would journal cannot be stored: the run ends ``failed``."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Done:
     task_id: str
@@ -128,7 +132,14 @@ class _Answered:
     resolution: GateResolution
 
 
-_Report = _Done | _Answered | _RoleStopped | _Fatal
+@dataclass(frozen=True, slots=True)
+class _Ended:
+    """A task other than the driver (an approval's) found the run must end."""
+
+    end: RunEnded
+
+
+_Report = _Done | _Answered | _RoleStopped | _Fatal | _Ended
 """What reaches the driver's inbox."""
 
 
@@ -436,18 +447,24 @@ class RunDriver:
                 self._staged_state = None
             return state
 
-    def _unstorable(self, exc: Exception) -> RunEnded:
+    def _unstorable(self, exc: Exception) -> Unjournalable:
         """End the run when what it would journal cannot be stored.
 
         A string no journal can hold (a lone UTF-16 surrogate in a task's
         result, say) fails the run, with what it journaled so far; a store
         writes nothing of an append it cannot serialize, so the events built
         meanwhile are dropped and the run's end follows the journal.
+
+        The append may be another task's (an approval's answer carries the
+        driver's staged events with it): that task hands the ending to the
+        driver through the inbox (see :class:`_Ended`).
         """
         self._staged_state = None
         self._unjournaled.clear()
         problem = " ".join(str(exc).split())
-        return RunEnded(RunStatus.FAILED, f"an event could not be journaled: {problem}")
+        return Unjournalable(
+            RunStatus.FAILED, f"an event could not be journaled: {problem}"
+        )
 
     # Asking actors ------------------------------------------------------------
 
@@ -784,6 +801,8 @@ class RunDriver:
         if isinstance(item, _Answered):
             self._awaiting_approval.discard(item.request.gate_id)
             return
+        if isinstance(item, _Ended):
+            raise item.end
         if isinstance(item, _Fatal):
             self.stage(*failure_events(item.failure, with_usage=True))
             raise failure_ending(item.failure)
@@ -899,7 +918,13 @@ class RunDriver:
             resolution = GateResolution(
                 decision="reject", by="supervisor", note=str(exc)
             )
-        await self.resolve_gate(request, resolution)
+        try:
+            await self.resolve_gate(request, resolution)
+        except RunEnded as end:
+            # Not raised here: this task's failure would crash the driver's
+            # task group instead of ending the run.
+            self._inbox.put(_Ended(end))
+            return
         self._inbox.put(_Answered(request, resolution))
 
     async def approve_tool_call(self, task_id: str, call: ToolCall) -> GateResolution:
@@ -917,6 +942,10 @@ class RunDriver:
         try:
             return await self.await_gate(request, approval_check)
         except RunEnded as end:
+            if isinstance(end, Unjournalable):
+                # The driver's staged events went with this append: the run
+                # cannot go on without them.
+                self._inbox.put(_Ended(end))
             return GateResolution(decision="reject", by="supervisor", note=end.reason)
 
     async def _post(self, task: Task) -> None:

@@ -7,18 +7,22 @@ from typing import Any
 
 import anyio
 import pytest
-from scripts import chain, clean, scripted, spec, task_of
+from scripts import chain, clean, scripted, spec, task_of, with_finding
 
 from replan import (
+    GateError,
     MemoryStore,
     ModelRequest,
     ModelResponse,
     RunStatus,
     Supervisor,
     Synthesis,
+    TaskDraft,
     TaskOutcome,
     TaskStatus,
     ToolCall,
+    TransientModelError,
+    Verdict,
     tool,
 )
 from replan.messages import RunFinished, TaskFinished, TaskStarted
@@ -118,3 +122,58 @@ async def test_a_side_effect_call_that_cannot_be_journaled_is_refused_not_run() 
     assert ran == []
     assert sup.gates.pending() == []
     assert "the tool call cannot be journaled" in (result.tasks[0].result.reason or "")
+
+
+async def test_an_approval_that_carries_unstorable_staged_events_fails_the_run() -> (
+    None
+):
+    # The reviewer's first call fails with raw output no journal can store;
+    # the driver stages that failure and retries. Meanwhile a person approves
+    # a side effect: that answer's append carries the staged failure with it,
+    # on the approval's own task, which must end the run, not crash it.
+    retried = anyio.Event()
+    release = anyio.Event()
+    reviews = 0
+
+    async def milestone(request: ModelRequest) -> Verdict:
+        nonlocal reviews
+        reviews += 1
+        if reviews == 1:
+            raise TransientModelError("rate limited", raw_output=UNSTORABLE)
+        retried.set()
+        await release.wait()
+        return Verdict(decision="continue")
+
+    tasks = [
+        TaskDraft(key="send", description="send the email", requires_approval=True),
+        TaskDraft(key="read", description="read the sources", milestone=True),
+    ]
+    store = MemoryStore()
+    with anyio.fail_after(10):
+        async with Supervisor(
+            scripted(execute=with_finding, milestone=milestone), store
+        ) as sup:
+            handle = await sup.submit(spec(tasks))
+            await retried.wait()
+            [gate] = sup.gates.pending()
+
+            async def release_the_reviewer() -> None:
+                # The approval's task has journaled by now, or failed to.
+                await anyio.sleep(0.05)
+                release.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(release_the_reviewer)
+                with pytest.raises(GateError, match="the run ended"):
+                    await sup.gates.resolve(gate.gate_id, {"decision": "approve"})
+            result = await handle.result()
+            replayed = await sup.replay(handle.run_id)
+
+    assert result.status is RunStatus.FAILED
+    assert result.stop_reason is not None
+    assert result.stop_reason.startswith("an event could not be journaled: ")
+    assert [t.status for t in result.tasks] == [
+        TaskStatus.PENDING,
+        TaskStatus.COMPLETED,
+    ]
+    assert replayed == result
