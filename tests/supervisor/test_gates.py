@@ -575,9 +575,7 @@ class CompleteAtFirstMilestone(Script):
         return super().__call__(request)
 
 
-async def test_a_complete_verdict_withdraws_the_approval_of_a_superseded_task() -> (
-    None
-):
+async def test_a_complete_verdict_withdraws_the_approval_of_a_superseded_task() -> None:
     model = ScriptedModel(CompleteAtFirstMilestone())
     async with Supervisor(model) as sup:
         handle = await sup.submit(RunSpec(goal="survey", tasks=STALE))
