@@ -110,18 +110,29 @@ class GateRegistry:
         if pending is None:
             raise GateError(f"gate {request.gate_id} was not opened")
         pending.waited_on.set()
-        timeout = None
-        if request.expires_at is not None:
-            timeout = max(0.0, (request.expires_at - datetime.now(UTC)).total_seconds())
-        with anyio.move_on_after(timeout):
-            await pending.answered.wait()
-        if pending.resolution is None:
-            pending.resolution = GateResolution(
-                decision=request.on_timeout,
-                by="policy:timeout",
-                note="no decision before the gate expired",
-            )
-        return pending.resolution
+        return await _settled(pending)
+
+    async def unattended(self, request: GateRequest) -> GateResolution | None:
+        """The answer (or the timeout's) of a gate no gate actor has taken.
+
+        A gate queued behind busy actors is answered and expires all the
+        same. Returns None, at once or later, when an actor takes the gate
+        (it answers then) or the gate is closed.
+        """
+        pending = self._open.get(request.gate_id)
+        if pending is None:
+            return None
+        resolution: GateResolution | None = None
+        async with anyio.create_task_group() as tg:
+
+            async def taken() -> None:
+                await pending.waited_on.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(taken)
+            resolution = await _settled(pending)
+            tg.cancel_scope.cancel()
+        return None if pending.waited_on.is_set() else resolution
 
     def withdraw(self, gate_id: str, note: str) -> None:
         """Answer a gate on the run's behalf (reject) when it no longer matters."""
@@ -150,6 +161,23 @@ class GateRegistry:
     def close_all(self, error: str) -> None:
         for gate_id in list(self._open):
             self.close(gate_id, error)
+
+
+async def _settled(pending: _Pending) -> GateResolution:
+    """Wait for the answer, or apply the policy default when the gate expires."""
+    request = pending.request
+    timeout = None
+    if request.expires_at is not None:
+        timeout = max(0.0, (request.expires_at - datetime.now(UTC)).total_seconds())
+    with anyio.move_on_after(timeout):
+        await pending.answered.wait()
+    if pending.resolution is None:
+        pending.resolution = GateResolution(
+            decision=request.on_timeout,
+            by="policy:timeout",
+            note="no decision before the gate expired",
+        )
+    return pending.resolution
 
 
 def _refused_field(

@@ -589,9 +589,49 @@ class RunDriver:
 
     async def _ask_gate(self, request: GateRequest) -> GateResolution:
         try:
-            return await self.roles.human_gate.ask(request, run_id=self.state.run_id)
+            return await self.gate_answer(request)
         except ActorError as exc:
             raise RunEnded(RunStatus.FAILED, f"the human gate failed: {exc}") from None
+
+    async def gate_answer(self, request: GateRequest) -> GateResolution:
+        """Ask the human gate role for an open gate's answer.
+
+        A worker of the role waits for the person (or the gate's timeout).
+        While every worker is busy with other gates, the request waits in the
+        role's mailbox; a person's answer, or the timeout, counts all the
+        same: the registry gives it, and the queued request is withdrawn.
+
+        Raises:
+            ActorError: the role failed or stopped.
+        """
+        answer: GateResolution | None = None
+        failure: ActorError | None = None
+
+        async def by_actor() -> None:
+            nonlocal answer, failure
+            try:
+                answer = await self.roles.human_gate.ask(
+                    request, run_id=self.state.run_id
+                )
+            except ActorError as exc:
+                failure = exc
+            tg.cancel_scope.cancel()
+
+        async def while_queued() -> None:
+            nonlocal answer
+            resolution = await self.gates.unattended(request)
+            if resolution is not None:
+                answer = resolution
+                tg.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(by_actor)
+            tg.start_soon(while_queued)
+        if failure is not None:
+            raise failure
+        if answer is None:  # pragma: no cover - one of the two always answers
+            raise RuntimeError(f"gate {request.gate_id} got no answer")
+        return answer
 
     async def resolve_gate(
         self, request: GateRequest, resolution: GateResolution
@@ -908,9 +948,7 @@ class RunDriver:
         ``resolve()`` returns even while the run waits at another gate.
         """
         try:
-            resolution = await self.roles.human_gate.ask(
-                request, run_id=self.state.run_id
-            )
+            resolution = await self.gate_answer(request)
         except ActorStopped as exc:
             self._inbox.put(_RoleStopped(exc))
             return

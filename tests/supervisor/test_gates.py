@@ -521,6 +521,61 @@ async def test_an_unanswered_approval_gate_applies_the_timeout_policy(
     ]
 
 
+# One gate worker, already waiting for a person at the first run's gate.
+ONE_GATE_WORKER = {"human_gate": 1}
+ONLY_SEND = [
+    TaskDraft(key="send", description="send the email", requires_approval=True)
+]
+
+
+async def test_a_gate_queued_behind_busy_gate_workers_still_times_out() -> None:
+    model = ScriptedModel(Script(trigger=None))
+    async with Supervisor(model, workers=ONE_GATE_WORKER) as sup:
+        first = await sup.submit(RunSpec(goal="email", tasks=ONLY_SEND))
+        await next_gate(sup, first.run_id)
+        second = await sup.submit(
+            RunSpec(
+                goal="email",
+                tasks=ONLY_SEND,
+                limits=Limits(gate_timeout_s=0.05),
+                gate_policy=GatePolicy(on_timeout="approve"),
+            )
+        )
+        result = await finish(second)
+        events = await journal(second)
+        assert first.status is RunStatus.WAITING_FOR_HUMAN
+        await first.cancel()
+
+    assert result.status is RunStatus.COMPLETED
+    resolved = [e for e in events if isinstance(e, GateResolved)]
+    assert [(e.resolution.decision, e.resolution.by) for e in resolved] == [
+        ("approve", "policy:timeout")
+    ]
+
+
+async def test_a_gate_queued_behind_busy_gate_workers_can_be_answered() -> None:
+    model = ScriptedModel(Script(trigger=None))
+    async with Supervisor(model, workers=ONE_GATE_WORKER) as sup:
+        first = await sup.submit(RunSpec(goal="email", tasks=ONLY_SEND))
+        await next_gate(sup, first.run_id)
+        second = await sup.submit(RunSpec(goal="email", tasks=ONLY_SEND))
+        gate = await next_gate(sup, second.run_id)
+        # (3 s, not 10: without the bug this returns at once.)
+        with anyio.fail_after(3):
+            await sup.gates.resolve(gate.gate_id, {"decision": "approve", "by": "ana"})
+        result = await finish(second)
+        # The worker is still the first run's, which waits on.
+        assert first.status is RunStatus.WAITING_FOR_HUMAN
+        [still] = sup.gates.pending()
+        await sup.gates.resolve(still.gate_id, {"decision": "reject", "by": "ana"})
+        rejected = await finish(first)
+
+    assert result.status is RunStatus.COMPLETED
+    assert result.tasks[0].status is TaskStatus.COMPLETED
+    assert executed(model, "t1") == 1  # the second run's; the first's was refused
+    assert rejected.tasks[0].status is TaskStatus.FAILED
+
+
 async def test_cancelling_a_run_that_waits_at_a_gate_closes_the_gate() -> None:
     model = ScriptedModel(Script())
     async with Supervisor(model) as sup:
