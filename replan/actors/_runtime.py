@@ -541,8 +541,16 @@ class ActorPool(Generic[ReqT, RepT]):
             # One cancel scope serves request after request until a caller
             # abandons its request: entering a scope per request would cost
             # more than the rest of the round trip.
-            with anyio.CancelScope() as scope:
-                crashed = await self._serve_in(scope, actor)
+            try:
+                with anyio.CancelScope() as scope:
+                    crashed = await self._serve_in(scope, actor)
+            except Exception:
+                # A handler cancelled by its caller whose cleanup raised: on
+                # trio the scope takes its cancellation out of the handler's
+                # exception group and the error is left. A crash, as on
+                # asyncio (the caller got its answer already).
+                logger.exception("%s handler crashed while cancelled", self.role)
+                return True
             if crashed is not None:
                 return crashed
 

@@ -413,6 +413,51 @@ async def test_a_handler_ignoring_cancellation_does_not_cancel_the_next_request(
             tg.cancel_scope.cancel()
 
 
+@pytest.mark.parametrize("how", ["cancel", "deadline"])
+async def test_a_handler_whose_cleanup_fails_when_cancelled_counts_as_a_crash(
+    how: str,
+) -> None:
+    # Its own task group's child raises while cancelled (a connection that
+    # fails to close, say): on trio the error comes out of the worker's scope
+    # without the cancellation. It must not leave the pool.
+    entered = anyio.Event()
+
+    class FailingCleanup:
+        async def handle(self, request: str, ctx: ActorContext) -> str:
+            if request != "hang":
+                return request
+
+            async def connection() -> None:
+                try:
+                    await anyio.sleep_forever()
+                except anyio.get_cancelled_exc_class():
+                    raise RuntimeError("the connection failed to close") from None
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(connection)
+                await wait_all_tasks_blocked()
+                entered.set()
+                await anyio.sleep_forever()
+            return "never"
+
+    pool: ActorPool[str, str] = ActorPool("cleanup", FailingCleanup, workers=1)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.run)
+            if how == "cancel":
+                async with anyio.create_task_group() as callers:
+                    callers.start_soon(pool.ask, "hang")
+                    await entered.wait()
+                    callers.cancel_scope.cancel()
+            else:
+                with pytest.raises(ActorTimeout):
+                    await pool.ask("hang", deadline=anyio.current_time() + 0.05)
+            assert await pool.ask("next") == "next"
+            stats = pool.statistics()
+            assert (stats.restarts, stats.stopped) == (1, False)
+            tg.cancel_scope.cancel()
+
+
 async def test_a_caller_cancelled_while_queued_is_skipped_by_the_worker() -> None:
     script = Script()
     pool = pool_of(script, workers=1, mailbox_size=2)
