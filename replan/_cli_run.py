@@ -8,7 +8,6 @@ from typing import Any
 
 from . import _render
 from ._errors import ConfigurationError
-from .llm import OpenAIModel
 from .messages import GatePolicy, Limits, RunResult, RunSpec, RunStatus
 
 LIMIT_FLAGS: dict[str, tuple[str, type, str]] = {
@@ -99,6 +98,7 @@ def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], in
 async def run_goal(console: Any, args: argparse.Namespace) -> int:
     """Run ``args.goal`` and print its progress, summary, usage and cost."""
     from .cli import CommandError, supervise
+    from .llm import OpenAIModel  # here: openai takes a while to import
 
     limits = {f: getattr(args, f) for f in LIMIT_FLAGS if getattr(args, f) is not None}
     try:

@@ -12,7 +12,7 @@ from ._cli_run import unreachable_message, whole_number
 from ._demo_explore import explore_demo_model, explore_demo_spec
 from ._errors import ConfigurationError
 from ._render_explore import brief_lines
-from .llm import Model, OpenAIModel
+from .llm import Model
 from .messages import ExploreSettings, Limits, RunResult, RunSpec, RunStatus
 from .supervisor import RunState
 
@@ -39,6 +39,8 @@ def make_model(name: str | None, base_url: str | None, retries: int = 3) -> Mode
         )
     if name == DEMO_MODEL:
         return explore_demo_model()
+    from .llm import OpenAIModel  # here: openai takes a while to import
+
     try:
         return OpenAIModel(
             name.removeprefix("openai:"), base_url=base_url, max_retries=retries
