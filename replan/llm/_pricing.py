@@ -10,9 +10,13 @@ from ..messages import TokenUsage
 
 
 class ModelPrice(BaseModel):
-    """What one model costs, per million tokens (in any one currency)."""
+    """What one model costs, per million tokens (in any one currency).
 
-    model_config = ConfigDict(frozen=True)
+    Prices must be finite: an infinite one would give every call a cost no
+    journal can store.
+    """
+
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
 
     input: float = Field(ge=0)
     output: float = Field(ge=0)

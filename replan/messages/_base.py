@@ -16,9 +16,13 @@ from .._errors import ConfigurationError
 
 
 class Frozen(BaseModel):
-    """Base of every message: immutable, strict about unknown fields."""
+    """Base of every message: immutable, strict about unknown fields.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    Numbers must be finite: JSON has no NaN or infinity, so a journal would
+    store ``null`` and the run could never be read back.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     def evolve(self, **changes: Any) -> Self:
         """A copy with ``changes``, like ``model_copy(update=changes)``.

@@ -18,6 +18,7 @@ from replan import (
     TaskDraft,
     Trigger,
 )
+from replan.llm import ModelPrice
 from replan.messages import (
     MESSAGE_ADAPTER,
     Message,
@@ -25,6 +26,7 @@ from replan.messages import (
     Task,
     TaskOutcome,
     TaskStatus,
+    TokenUsage,
     Verdict,
 )
 from replan.messages._spec import check_drafts
@@ -65,6 +67,17 @@ def test_messages_are_frozen() -> None:
 def test_unknown_fields_are_refused() -> None:
     with pytest.raises(ValidationError):
         TaskOutcome.model_validate({"success": True, "sucess": False})
+
+
+@pytest.mark.parametrize("number", [float("inf"), float("-inf"), float("nan")])
+def test_numbers_that_json_cannot_hold_are_refused(number: float) -> None:
+    # JSON would store null: the journal could never be read back.
+    with pytest.raises(ValidationError, match="finite number"):
+        TokenUsage(cost=number)
+    with pytest.raises(ValidationError, match="finite number"):
+        Verdict(decision="continue", confidence=number)
+    with pytest.raises(ValidationError, match="finite number"):
+        ModelPrice(input=number, output=1.0)
 
 
 def test_limits_and_the_gate_policy_default_to_the_documented_values() -> None:
