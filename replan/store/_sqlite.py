@@ -177,8 +177,12 @@ class SQLiteStore:
             )
         self.path = Path(path)
         self.read_only = read_only
-        self._checkpointer = _Checkpointer(self.path, synchronous)
-        self._lease = _Lease(self.path.with_name(self.path.name + _LEASE_SUFFIX))
+        # The file itself, for what is opened later or by name: a relative
+        # path still finds it after a chdir, and a symlink or a hard link's
+        # other name shares its lease (as SQLite's WAL follows the link).
+        real = self.path.resolve()
+        self._checkpointer = _Checkpointer(real, synchronous)
+        self._lease = _Lease(real.with_name(real.name + _LEASE_SUFFIX))
         self._holders: dict[int, bool] = {}  # id(holder) -> holds it alone
         # The last seq this store committed per run: an append then needs no
         # query to check that its events follow on. Another writer's rows

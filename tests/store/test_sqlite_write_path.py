@@ -390,6 +390,26 @@ async def test_the_drivers_lease_is_shared_by_starters_and_held_alone_to_resume(
             reader.hold_lease(reader, exclusive=True)  # a reader drives nothing: no-op
 
 
+async def test_every_name_of_one_journal_shares_its_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "j.db"
+    link = tmp_path / "alias.db"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    async with SQLiteStore(db) as store:
+        link.symlink_to(db)
+        monkeypatch.chdir(tmp_path)
+        relative = SQLiteStore("j.db")
+        monkeypatch.chdir(elsewhere)  # a daemon changing directory, say
+        async with relative, SQLiteStore(link) as aliased:
+            store.hold_lease(store, exclusive=True)
+            for other in (aliased, relative):
+                with pytest.raises(ConfigurationError, match="is resuming runs"):
+                    other.hold_lease(other, exclusive=False)
+    assert sorted(os.listdir(elsewhere)) == []
+
+
 async def test_supervisors_sharing_one_store_object_are_told_apart_by_holder(
     tmp_path: Path,
 ) -> None:
