@@ -178,8 +178,9 @@ class SQLiteStore:
         self.path = Path(path)
         self.read_only = read_only
         # The file itself, for what is opened later or by name: a relative
-        # path still finds it after a chdir, and a symlink or a hard link's
-        # other name shares its lease (as SQLite's WAL follows the link).
+        # path still finds it after a chdir, and a symlink shares its lease
+        # (as SQLite's WAL follows the link; a hard link's other name does
+        # not, which nothing short of locking the file itself could catch).
         real = self.path.resolve()
         self._checkpointer = _Checkpointer(real, synchronous)
         self._lease = _Lease(real.with_name(real.name + _LEASE_SUFFIX))
