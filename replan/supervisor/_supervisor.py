@@ -139,6 +139,24 @@ class Supervisor:
         tools: Sequence[Tool | Callable[..., Any]] = (),
         resume: bool = False,
     ) -> None:
+        if not isinstance(model, Model):
+            raise ConfigurationError(
+                "model",
+                "expected a model with `async generate(request)` "
+                f"(ScriptedModel, OpenAIModel, ...), got {type(model).__name__}",
+            )
+        if store is not None and not isinstance(store, Store):
+            raise ConfigurationError(
+                "store",
+                "expected a journal store (MemoryStore, SQLiteStore(path), ...), "
+                f"got {type(store).__name__}",
+            )
+        if task_runner is not None and not callable(task_runner):
+            raise ConfigurationError(
+                "task_runner",
+                "expected `async fn(task, ctx) -> TaskOutcome`, "
+                f"got {type(task_runner).__name__}",
+            )
         if workers is None:
             workers = {}
         elif not isinstance(workers, Mapping):

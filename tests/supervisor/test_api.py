@@ -443,6 +443,26 @@ def test_a_bad_supervisor_argument_names_itself(
     assert caught.value.field == field
 
 
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"model": None}, "model"),
+        ({"model": answers()}, "model"),  # a handler, not a model around it
+        ({"store": "runs.db"}, "store"),
+        ({"task_runner": "run_it"}, "task_runner"),
+    ],
+    ids=["no-model", "bare-handler", "store-path", "runner-not-callable"],
+)
+def test_a_supervisor_argument_of_the_wrong_kind_names_itself(
+    arguments: dict[str, Any], field: str
+) -> None:
+    # Refused here, not as an AttributeError once a run is submitted.
+    arguments.setdefault("model", ScriptedModel(answers()))
+    with pytest.raises(ConfigurationError) as caught:
+        Supervisor(**arguments)
+    assert caught.value.field == field
+
+
 async def test_good_supervisor_arguments_reach_the_pools() -> None:
     sup = Supervisor(
         ScriptedModel(answers()),
