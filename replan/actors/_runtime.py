@@ -218,6 +218,8 @@ class _Deadlines:
     def finished(self) -> None:
         """A caller added with :meth:`add` stopped waiting."""
         self._pending -= 1
+        if self._pending == 0 and self._pool.stop_reason is not None:
+            self.wake()  # the last one of a stopped pool: the timer can end
 
     async def _run(self) -> None:
         pool = self._pool

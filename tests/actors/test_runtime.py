@@ -784,6 +784,34 @@ async def test_answered_requests_do_not_pile_up_in_the_timer() -> None:
         assert len(pool._deadlines._heap) <= 40
 
 
+async def test_a_pool_stopped_by_crashes_ends_without_waiting_for_far_deadlines() -> (
+    None
+):
+    script = Script()
+    pool = pool_of(script, workers=2, max_restarts=0)
+    outcomes: dict[str, Outcome] = {}
+    far = anyio.current_time() + 3600
+
+    async def ask(request: str) -> None:
+        try:
+            outcomes[request] = await pool.ask(request, deadline=far)
+        except Exception as exc:
+            outcomes[request] = exc
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.run)
+            tg.start_soon(ask, "hold:slow")
+            await script.started_event("hold:slow").wait()
+            await ask("crash")  # stops the role; the slow one is still held
+            assert pool.stopped
+            script.release("slow")
+            # Nothing waits any more: run() returns, and the group with it,
+            # long before the hour-away deadlines.
+    assert isinstance(outcomes["crash"], ActorCrashed)
+    assert outcomes["hold:slow"] == "slow"
+
+
 async def test_a_pool_starts_no_worker_once_its_shutdown_began() -> None:
     """A worker started in a closing group would wait there for work forever
     (or, on trio, the group refuses it with a RuntimeError)."""
