@@ -764,10 +764,14 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
     if not path.is_file():
         raise ConfigurationError("path", f"no journal at {path}")
     uri = path.resolve().as_uri()
+    wal = path.with_name(path.name + "-wal")
+    if not path.stat().st_mode & 0o222 and not wal.exists():
+        # A file nobody may write (an archived journal, mode 0444), idle: a
+        # reader would leave -wal and -shm files it cannot remove.
+        return _open_uri(f"{uri}?mode=ro&immutable=1", path)
     try:
         return _open_uri(f"{uri}?mode={_read_mode(path)}", path)
     except ConfigurationError:
-        wal = path.with_name(path.name + "-wal")
         if os.access(path.parent, os.W_OK) or wal.exists():
             raise
     return _open_uri(f"{uri}?mode=ro&immutable=1", path)

@@ -243,6 +243,24 @@ async def test_a_read_only_store_reads_a_journal_it_may_not_write(
     assert opened == [f"{db.resolve().as_uri()}?mode=ro"]
 
 
+async def test_reading_an_archived_journal_nobody_may_write_leaves_no_files(
+    tmp_path: Path,
+) -> None:
+    # Mode 0444 in a writable directory: a plain read-only open would create
+    # -wal and -shm files that only a writer could remove.
+    db = tmp_path / "j.db"
+    async with SQLiteStore(db) as writer:
+        await writer.append("run-1", [started(1), started(2)], summary(2))
+    db.chmod(0o444)
+    try:
+        async with SQLiteStore(db, read_only=True) as reader:
+            assert [e.seq for e in await reader.read("run-1")] == [1, 2]
+            assert sorted(os.listdir(tmp_path)) == ["j.db"]
+        assert sorted(os.listdir(tmp_path)) == ["j.db"]
+    finally:
+        db.chmod(0o644)
+
+
 @pytest.mark.parametrize("content", ["missing", "empty", "foreign", "newer"])
 def test_a_read_only_store_opens_only_a_journal_and_changes_nothing(
     tmp_path: Path, content: str
