@@ -14,6 +14,7 @@ import math
 import os
 import queue
 import shlex
+import signal
 import sqlite3
 import sys
 import threading
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 import anyio
+from anyio.abc import TaskStatus
 
 from . import _remote, _render
 from ._cli_run import add_run_parser as _add_run_parser
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.command == "show"
                 else _remote.list_runs(args)
             )
-        return anyio.run(_dispatch, args)
+        return anyio.run(_interruptible, args)
     except BaseException as exc:
         return _failed(exc)
 
@@ -258,6 +260,43 @@ def _seconds(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be zero or more seconds: {text!r}")
     return value
+
+
+async def _interruptible(args: argparse.Namespace) -> int:
+    """Run the command; Ctrl-C cancels it, a second one stops at once.
+
+    The first SIGINT cancels the command, which then closes its supervisor
+    and journal; a second one during that wind-down exits 130 without
+    waiting (the journal survives a crash). Left to the event loop, a second
+    SIGINT raised ``KeyboardInterrupt`` wherever the cancellation stood and
+    could leave it spinning.
+    """
+    work = anyio.CancelScope()
+    interrupted = False
+
+    async def watch(
+        *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        nonlocal interrupted
+        with anyio.open_signal_receiver(signal.SIGINT) as signals:
+            task_status.started()
+            async for _ in signals:
+                if interrupted:
+                    print("replan: interrupted", file=sys.stderr, flush=True)
+                    os._exit(130)
+                interrupted = True
+                work.cancel()
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(watch)
+        try:
+            with work:
+                return await _dispatch(args)
+        finally:
+            tg.cancel_scope.cancel()
+            if interrupted:
+                raise KeyboardInterrupt
+    raise AssertionError("unreachable")  # pragma: no cover - mypy
 
 
 async def _dispatch(args: argparse.Namespace) -> int:

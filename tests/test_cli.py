@@ -449,3 +449,78 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
 
     out = capsys.readouterr().out
     assert all(command in out for command in ("demo", "show", "runs"))
+
+
+# A command whose wind-down hangs once cancelled (a journal on a stuck disk).
+_HUNG_WIND_DOWN = """
+import sys, anyio, replan.cli
+
+async def dispatch(args):
+    try:
+        await anyio.sleep_forever()
+    finally:
+        print("winding down", file=sys.stderr, flush=True)
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep_forever()
+
+replan.cli._dispatch = dispatch
+print("ready", file=sys.stderr, flush=True)
+sys.exit(replan.cli.main(["runs", "--db", sys.argv[1]]))
+"""
+
+
+def test_a_second_ctrl_c_stops_a_command_whose_wind_down_hangs(tmp_path: Path) -> None:
+    err = tmp_path / "stderr"
+    with err.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _HUNG_WIND_DOWN, str(tmp_path / "j.db")],
+            stdin=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+        try:
+            _wait_for_text(err, "ready")
+            time.sleep(0.2)  # into the event loop
+            proc.send_signal(signal.SIGINT)
+            _wait_for_text(err, "winding down")
+            with pytest.raises(subprocess.TimeoutExpired):
+                proc.wait(0.3)  # the first Ctrl-C lets it wind down
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(10)
+        finally:
+            proc.kill()
+            proc.wait()
+    assert code == 130
+    assert err.read_text().endswith("winding down\nreplan: interrupted\n")
+
+
+def test_two_ctrl_c_at_once_end_a_run_with_one_line_and_a_readable_journal(
+    tmp_path: Path,
+) -> None:
+    # As when a wrapper (`uv run`) and the terminal both pass Ctrl-C on.
+    db = tmp_path / "j.db"
+    err = tmp_path / "stderr"
+    with err.open("wb") as stderr:
+        command = ["demo", "--yes", "--latency", "0.2", "--db", str(db)]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "replan", *command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while not db.exists():  # the run has started
+                assert time.monotonic() < deadline, "the demo never started"
+                time.sleep(0.02)
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.001)
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(10)
+        finally:
+            proc.kill()
+            proc.wait()
+    # 130, or killed by the second SIGINT once the first was reported.
+    assert code in (130, -signal.SIGINT)
+    assert err.read_text() == "replan: interrupted\n"
+    assert main(["runs", "--db", str(db)]) == 0
