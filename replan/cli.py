@@ -44,7 +44,7 @@ from .messages import (
     RunStatus,
 )
 from .store import MemoryStore, SQLiteStore, Store
-from .supervisor import RunHandle, RunState, Supervisor, apply, replay
+from .supervisor import RunHandle, RunState, Supervisor, apply, fold_journal
 from .telemetry import TelemetrySetup, setup_if_asked
 
 PROMPT = "Approve this change? [y/N/e(dit not supported here)] "
@@ -635,7 +635,10 @@ async def show(console: Console, run_id: str, *, db: str, as_json: bool) -> int:
         await store.aclose()
     if not events:
         raise CommandError(f"run {full_id} has no events in {db}")
-    state = replay(events)
+    try:
+        state = fold_journal(full_id, events)
+    except JournalCorrupt as exc:
+        raise CommandError(f"{db}: {exc}") from None
     if as_json:
         console.emit([state.result().model_dump_json(indent=2)])
     else:

@@ -33,6 +33,25 @@ def test_show_names_the_damaged_event_in_one_line(
     assert captured.err.count("\n") == 1
 
 
+def test_show_names_the_event_that_does_not_follow_a_deleted_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "j.db"
+    assert main(["demo", "--yes", "--json", "--db", str(db)]) == 0
+    run_id = json.loads(capsys.readouterr().out)["run_id"]
+    with closing(sqlite3.connect(db)) as conn:
+        conn.execute("DELETE FROM events WHERE seq = 4")
+        conn.commit()
+
+    assert main(["show", run_id, "--db", str(db)]) == 1
+
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"replan: error: {db}: run {run_id}: event 5 (")
+    assert "does not follow the events before it" in captured.err
+    assert captured.err.count("\n") == 1
+
+
 def test_a_run_refuses_to_journal_into_another_applications_database(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,7 +10,7 @@ import anyio
 import anyio.lowlevel
 
 from ..store import JournalConflict
-from ..supervisor import replay, snapshot
+from ..supervisor import fold_journal, snapshot
 
 if TYPE_CHECKING:
     from ._service import Daemon
@@ -55,7 +55,7 @@ async def apply_retention(daemon: Daemon) -> int:
                 events = await store.read(run_id)
                 try:
                     await store.compact_run(
-                        run_id, snapshot(replay(events), len(events))
+                        run_id, snapshot(fold_journal(run_id, events), len(events))
                     )
                 except JournalConflict:
                     continue

@@ -12,7 +12,7 @@ import anyio
 from .._errors import SupervisorError, UnknownRunError
 from ..llm import Model
 from ..store import SQLiteStore
-from ..supervisor import RunState, Supervisor, replay
+from ..supervisor import RunState, Supervisor, fold_journal
 from ._retention import retention_loop
 from ._settings import DaemonSettings
 from ._token import Token
@@ -163,4 +163,4 @@ class Daemon:
         events = await self.store.read(run_id)
         if not events:
             raise UnknownRunError(run_id)
-        return replay(events)
+        return fold_journal(run_id, events)

@@ -27,6 +27,7 @@ from ._gates import GateRegistry as GateRegistry
 from ._handle import RunHandle as RunHandle
 from ._state import RunState as RunState
 from ._state import apply as apply
+from ._state import fold_journal as fold_journal
 from ._state import replay as replay
 from ._state import snapshot as snapshot
 from ._supervisor import Supervisor as Supervisor
@@ -41,6 +42,7 @@ __all__ = (
     "budget_spent",
     "build_version",
     "drifted",
+    "fold_journal",
     "guard_replan",
     "heuristic_verdict",
     "milestone_due",

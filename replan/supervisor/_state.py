@@ -8,6 +8,7 @@ from typing import Literal, assert_never
 
 from pydantic import Field
 
+from .._errors import JournalCorrupt
 from ..messages import (
     REPLANNING_PURPOSES,
     Event,
@@ -141,6 +142,31 @@ def replay(events: Iterable[Event]) -> RunState:
         state = apply(state, event)
     if state is None:
         raise ValueError("an empty journal has no run")
+    return state
+
+
+def fold_journal(run_id: str, events: Iterable[Event]) -> RunState:
+    """:func:`replay` for a journal read from a store.
+
+    Raises:
+        JournalCorrupt: the events do not fold into a run (one missing or
+            edited by hand); names the run and the first event that does
+            not follow.
+    """
+    state: RunState | None = None
+    for event in events:
+        try:
+            state = apply(state, event)
+        except (ValueError, KeyError) as exc:
+            problem = " ".join(str(exc).split())
+            raise JournalCorrupt(
+                f"run {run_id}: event {event.seq} ({event.kind}) does not follow "
+                f"the events before it ({problem})",
+                run_id=run_id,
+                seq=event.seq,
+            ) from None
+    if state is None:
+        raise JournalCorrupt(f"run {run_id} has no events", run_id=run_id)
     return state
 
 

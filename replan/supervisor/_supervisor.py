@@ -50,7 +50,7 @@ from ._handle import RunHandle, RunRecord
 from ._resume import Recovery
 from ._roles import DEFAULT_WORKERS, ROLES, Roles
 from ._run import RunDriver, summary_of
-from ._state import apply, replay
+from ._state import apply, fold_journal
 
 logger = logging.getLogger("replan.supervisor")
 
@@ -504,7 +504,7 @@ class Supervisor:
         events = await self.store.read(run_id)
         if not events:
             raise UnknownRunError(run_id)
-        state = replay(events)
+        state = fold_journal(run_id, events)
         record = RunRecord(state)
         if state.status.final:
             self._records[run_id] = record
@@ -628,4 +628,4 @@ class Supervisor:
         events = await self.store.read(run_id)
         if not events:
             raise UnknownRunError(run_id)
-        return replay(events).result()
+        return fold_journal(run_id, events).result()

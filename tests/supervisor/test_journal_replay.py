@@ -47,7 +47,7 @@ from replan.messages import (
     UsageRecorded,
 )
 from replan.store import RunSummary, SQLiteStore
-from replan.supervisor import apply
+from replan.supervisor import apply, fold_journal
 from replan.supervisor._versions import build_version
 
 PLAN = [
@@ -310,6 +310,34 @@ async def test_replaying_an_unknown_run_raises_unknown_run_error() -> None:
     async with Supervisor(scripted()) as sup:
         with pytest.raises(replan.UnknownRunError):
             await sup.replay("no-such-run")
+
+
+class Gapped(DelegatingStore):
+    """A journal with one event lost (deleted by hand, say)."""
+
+    def __init__(self, inner: Store, lost_seq: int) -> None:
+        super().__init__(inner)
+        self.lost_seq = lost_seq
+
+    async def read(self, run_id: str, after: int = 0) -> list[replan.Event]:
+        events = await self.inner.read(run_id, after)
+        return [e for e in events if e.seq != self.lost_seq]
+
+
+async def test_a_journal_missing_an_event_is_reported_corrupt_naming_the_next() -> None:
+    store = MemoryStore()
+    async with Supervisor(scripted(), store) as sup:
+        handle = await sup.submit(RunSpec(goal="g", tasks=scripts.chain(2)))
+        with anyio.fail_after(10):
+            await handle.result()
+    gapped = Gapped(store, lost_seq=4)
+    async with Supervisor(scripted(), gapped) as sup:
+        with pytest.raises(replan.JournalCorrupt) as caught:
+            await sup.replay(handle.run_id)
+    assert (caught.value.run_id, caught.value.seq) == (handle.run_id, 5)
+    assert "does not follow the events before it" in str(caught.value)
+    with pytest.raises(replan.JournalCorrupt):
+        fold_journal(handle.run_id, [])
 
 
 async def test_an_attempts_tokens_ride_on_its_task_finished_event() -> None:
