@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Literal, Self
+from urllib.parse import urlsplit, urlunsplit
 
 import openai
 from pydantic import ValidationError
@@ -114,6 +115,8 @@ class OpenAIModel:
         self.models = dict(models or {})
         self.temperatures = dict(temperatures or {})
         self.structured_output: StructuredOutput = structured_output
+        self._auto_mode: StructuredOutput = "json_schema"
+        """The mode ``auto`` asks with: the last one the server took."""
         self.prices = prices
         self.prompts = prompts or PromptRegistry()
         self.retry = BackoffPolicy(max_retries, backoff_s, max_backoff_s)
@@ -135,6 +138,8 @@ class OpenAIModel:
             )
         self.client = client
         self.base_url = str(client.base_url)
+        # For messages: a URL may carry credentials (user:password@host).
+        self._where = _without_credentials(self.base_url)
 
     def model_for(self, role: str) -> str:
         """The model name ``role`` asks."""
@@ -179,7 +184,7 @@ class OpenAIModel:
         """
         started = time.perf_counter()
         model = self.model_for(request.role)
-        where = f"{self.base_url} ({model})"
+        where = f"{self._where} ({model})"
         version: str | None = None
         if request.messages:
             base = list(request.messages)
@@ -193,10 +198,10 @@ class OpenAIModel:
         extra: list[dict[str, Any]] = [*_transcript_messages(request)]
         usage = TokenUsage()
         reasked = False
+        auto = self.structured_output == "auto"
+        mode = self._auto_mode if auto else self.structured_output
+        refused: openai.BadRequestError | None = None
         while True:
-            mode = self.structured_output
-            if mode == "auto":
-                mode = "json_schema"
             messages = base + extra
 
             async def create(
@@ -210,27 +215,46 @@ class OpenAIModel:
                 completion = await with_retries(create, self.retry, where)
             except openai.BadRequestError as exc:
                 fallback = _FALLBACK.get(mode)
-                if self.structured_output == "auto" and fallback is not None:
-                    # The server does not take this response_format: use the
-                    # next simpler one from now on, and ask again.
-                    self.structured_output = fallback
+                if auto and fallback is not None:
+                    # Perhaps the server does not take this response_format:
+                    # ask again with the next simpler one. Kept only once the
+                    # server takes one (a 400 for another reason, a prompt
+                    # too long, fails them all and changes nothing).
+                    refused = refused or exc
+                    mode = fallback
                     continue
-                raise _annotated(status_error(exc, where), usage) from None
+                raise _annotated(status_error(refused or exc, where), usage) from None
             except openai.APIStatusError as exc:
                 raise _annotated(status_error(exc, where), usage) from None
             except ModelError as exc:
                 raise _annotated(exc, usage) from None
             except openai.OpenAIError as exc:
                 raise ModelError(f"{where}: {exc}", usage=usage) from None
-            if self.structured_output == "auto":
-                self.structured_output = "json_schema"
-            usage = usage + self._usage(completion, model)
-            if not completion.choices:
+            except Exception as exc:  # a body the client could not parse
+                raise ModelError(
+                    f"{where}: the answer could not be read: {_brief(exc)}",
+                    usage=usage,
+                ) from None
+            if auto:
+                self._auto_mode = mode
+            try:
+                usage = usage + self._usage(completion, model)
+                choices = completion.choices
+            except (AttributeError, TypeError, ValueError) as exc:
+                raise ModelOutputError(
+                    f"{where}: the answer is no chat completion: {_brief(exc)}",
+                    usage=usage,
+                ) from None
+            if not choices:
                 raise ModelOutputError(
                     f"{where}: the answer had no choices", usage=usage
                 )
-            choice = completion.choices[0]
-            message = choice.message
+            choice = choices[0]
+            message = getattr(choice, "message", None)
+            if message is None:
+                raise ModelOutputError(
+                    f"{where}: the answer's choice had no message", usage=usage
+                )
             if choice.finish_reason == "content_filter":
                 raise ModelRefusal(
                     f"{where}: a content filter stopped the answer",
@@ -245,7 +269,13 @@ class OpenAIModel:
                     usage=usage,
                     raw_output=message.refusal,
                 )
-            calls = _tool_calls(message)
+            try:
+                calls = _tool_calls(message)
+            except ValidationError as exc:
+                raise ModelOutputError(
+                    f"{where}: a tool call could not be read: {_brief(exc)}",
+                    usage=usage,
+                ) from None
             if calls and request.tools:
                 return ModelResponse(
                     tool_calls=calls,
@@ -356,6 +386,19 @@ class OpenAIModel:
             calls=1,
         )
         return priced(tokens, model, self.prices)
+
+
+def _without_credentials(url: str) -> str:
+    """``url`` without a ``user:password@`` part."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def _brief(exc: Exception) -> str:
+    """An exception in one line, for a message."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
 
 
 def _annotated(exc: ModelError, usage: TokenUsage) -> ModelError:

@@ -242,6 +242,107 @@ async def test_a_server_without_schema_support_gets_json_mode_with_the_schema() 
     assert '"tasks"' in requests[1].messages[0]["content"]  # the schema is shown
 
 
+async def test_a_server_rejecting_both_formats_gets_the_schema_in_the_prompt() -> None:
+    def script(logged):
+        if "response_format" in logged.body:
+            return error(400, "response_format is not supported")
+        return completion(PlanProposal(rationale="prompt only"))
+
+    with chat_server(script) as server:
+        async with fast(server.base_url) as model:
+            first = await model.generate(plan_request())
+            second = await model.generate(plan_request())
+        requests = server.chat_requests()
+    assert first.output == second.output == PlanProposal(rationale="prompt only")
+    assert [r.body.get("response_format", {}).get("type") for r in requests] == [
+        "json_schema",
+        "json_object",
+        None,
+        None,  # the second call asks the way the first one was answered
+    ]
+
+
+async def test_a_400_no_format_avoids_raises_it_and_keeps_the_schema_mode() -> None:
+    too_long = error(400, "This model's maximum context length is 8192 tokens")
+    with chat_server() as server:
+        server.reply(too_long, too_long, too_long, completion(PlanProposal()))
+        async with fast(server.base_url) as model:
+            with pytest.raises(ModelError, match="maximum context length"):
+                await model.generate(plan_request())
+            await model.generate(plan_request())  # a shorter prompt, say
+        requests = server.chat_requests()
+    assert [r.body.get("response_format", {}).get("type") for r in requests] == [
+        "json_schema",
+        "json_object",
+        None,
+        "json_schema",  # not downgraded by a 400 about something else
+    ]
+
+
+def _answer_with_null_message() -> Reply:
+    reply = completion(PlanProposal(), usage=(300, 40, 0))
+    assert isinstance(reply.body, dict)
+    reply.body["choices"][0]["message"] = None
+    return reply
+
+
+@pytest.mark.parametrize(
+    ("reply", "message", "tokens"),
+    [
+        (_answer_with_null_message(), "the answer's choice had no message", 340),
+        (Reply(body='"a proxy says hello"'), "no chat completion", 0),
+        (Reply(body="<html>502 Bad Gateway</html>"), "could not be read", 0),
+        (Reply(body='{"id": "chatcmpl-1", "choi'), "could not be read", 0),
+        (
+            completion(tool_calls=[("c1", "lookup", {})], usage=(50, 5, 0)),
+            "a tool call could not be read",
+            55,
+        ),
+    ],
+    ids=[
+        "null-message",
+        "a-string",
+        "html-page",
+        "cut-short",
+        "tool-call-without-arguments",
+    ],
+)
+async def test_an_answer_of_the_wrong_shape_is_a_model_error_that_keeps_its_tokens(
+    reply: Reply, message: str, tokens: int
+) -> None:
+    if message.startswith("a tool call"):
+        assert isinstance(reply.body, dict)
+        reply.body["choices"][0]["message"]["tool_calls"][0]["function"][
+            "arguments"
+        ] = None
+    with chat_server() as server:
+        server.reply(reply)
+        async with fast(server.base_url) as model:
+            request = execute_request(tools=[Tool(_lookup).spec])
+            with pytest.raises(ModelError, match=message) as caught:
+                await model.generate(request)
+    counted = caught.value.usage.total_tokens if caught.value.usage else 0
+    assert counted == tokens
+
+
+def _lookup(city: str) -> str:
+    """Look up a city."""
+    return city
+
+
+async def test_credentials_in_the_base_url_stay_out_of_error_messages() -> None:
+    with chat_server() as server:
+        server.reply(error(503, "overloaded"))
+        url = server.base_url.replace("http://", "http://ana:s3cret-pass@")
+        async with fast(url, max_retries=0) as model:
+            with pytest.raises(TransientModelError) as caught:
+                await model.generate(plan_request())
+        [sent] = server.chat_requests()
+    assert "s3cret-pass" not in str(caught.value)
+    assert server.base_url in str(caught.value)
+    assert sent.headers["authorization"].startswith("Basic ")  # still sent
+
+
 async def test_prompt_mode_sends_no_response_format_and_still_validates() -> None:
     with chat_server() as server:
         server.reply(completion("nope"), completion(PlanProposal(rationale="ok")))
