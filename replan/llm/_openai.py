@@ -9,6 +9,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 from urllib.parse import urlsplit, urlunsplit
 
+import anyio
 import openai
 from pydantic import ValidationError
 
@@ -121,6 +122,7 @@ class OpenAIModel:
         self.prompts = prompts or PromptRegistry()
         self.retry = BackoffPolicy(max_retries, backoff_s, max_backoff_s)
         self.max_output_tokens = max_output_tokens
+        self.timeout_s = timeout_s
         self._owns_client = client is None
         if client is None:
             url = base_url or os.environ.get("OPENAI_BASE_URL") or None
@@ -366,7 +368,10 @@ class OpenAIModel:
         if self.max_output_tokens is not None:
             kwargs["max_tokens"] = self.max_output_tokens
         kwargs["messages"] = _with_instruction(messages, instruction)
-        return await self.client.chat.completions.create(**kwargs)
+        # The client's timeout bounds each wait for bytes; a server that
+        # trickles its answer would still hold the call without this.
+        with anyio.fail_after(self.timeout_s):
+            return await self.client.chat.completions.create(**kwargs)
 
     def _temperature(self, request: ModelRequest) -> float:
         if request.role in TEMPERATURE_ROLES:

@@ -79,7 +79,7 @@ async def with_retries(
                 raise
             problem = f"HTTP {exc.status_code}: {_message(exc)}"
             retry_after = _retry_after(exc.response.headers)
-        except openai.APITimeoutError:
+        except (openai.APITimeoutError, TimeoutError):
             problem = "the request timed out"
             retry_after = None
         except openai.APIConnectionError as exc:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import socket
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from chat_server import Reply, chat_server, completion, error
@@ -133,6 +139,50 @@ async def test_repeated_server_errors_surface_as_transient_after_the_retries() -
                 await model.generate(plan_request())
         assert len(server.chat_requests()) == 3
     assert "after 3 attempt(s)" in str(caught.value)
+
+
+@contextmanager
+def trickling_server(seconds_per_byte: float) -> Iterator[str]:
+    """A server that answers every request one byte at a time: each wait
+    for a byte is short, the whole answer long."""
+    body = json.dumps(completion(PlanProposal()).body).encode()
+    head = (
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode()
+    listener = socket.create_server(("127.0.0.1", 0))
+    closing = threading.Event()
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while not closing.is_set():
+                conn, _ = listener.accept()
+                with conn:
+                    conn.recv(65536)
+                    conn.sendall(head)
+                    for byte in body:
+                        if closing.wait(seconds_per_byte):
+                            return
+                        conn.sendall(bytes([byte]))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+    finally:
+        closing.set()
+        listener.close()
+        thread.join(5)
+
+
+async def test_timeout_s_bounds_a_whole_request_not_each_wait_for_bytes() -> None:
+    with trickling_server(seconds_per_byte=0.05) as url:
+        async with fast(url, max_retries=0, timeout_s=0.5) as model:
+            started = time.monotonic()
+            with pytest.raises(TransientModelError, match="timed out"):
+                await model.generate(plan_request())
+            elapsed = time.monotonic() - started
+    assert elapsed < 3  # the whole answer would take 20 s or more
 
 
 async def test_a_timeout_is_retried_and_then_reported_transient() -> None:
