@@ -337,7 +337,7 @@ class OpenAIModel:
     ) -> Any:
         kwargs: dict[str, Any] = {
             "model": model,
-            "temperature": self._temperature(request),
+            "temperature": self.temperature_for(request),
         }
         name = request.output_type.__name__
         if mode == "json_schema":
@@ -373,7 +373,9 @@ class OpenAIModel:
         with anyio.fail_after(self.timeout_s):
             return await self.client.chat.completions.create(**kwargs)
 
-    def _temperature(self, request: ModelRequest) -> float:
+    def temperature_for(self, request: ModelRequest) -> float:
+        """The temperature sent for ``request``: the role's own setting for
+        the executor and evolver, else the request's; 0 for the others."""
         if request.role in TEMPERATURE_ROLES:
             return self.temperatures.get(request.role, request.temperature)
         return 0.0

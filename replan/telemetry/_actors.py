@@ -17,6 +17,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 from pydantic_core import to_jsonable_python
 
+from .._errors import ModelError
 from ..messages import (
     AlignmentReply,
     CritiqueReply,
@@ -28,6 +29,7 @@ from ..messages import (
     RankReply,
     ReviewReply,
     SynthesizeRequest,
+    TokenUsage,
 )
 from . import _names as n
 from ._telemetry import Telemetry, truncate
@@ -225,6 +227,7 @@ def current(span: Span, parent: context.Context | None = None) -> Iterator[Span]
     except Exception as exc:
         span.record_exception(exc)
         span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        span.set_attribute(n.ERROR_TYPE, type(exc).__qualname__)
         span.set_attribute(n.ACTOR_OUTCOME, "crashed")
         raise
     except BaseException:
@@ -240,6 +243,21 @@ def current(span: Span, parent: context.Context | None = None) -> Iterator[Span]
 
 def _ignore(response: Any) -> None:
     return None
+
+
+def _spent(span: Span, usage: TokenUsage) -> None:
+    span.set_attribute(n.GEN_AI_USAGE_INPUT_TOKENS, usage.input_tokens)
+    span.set_attribute(n.GEN_AI_USAGE_OUTPUT_TOKENS, usage.output_tokens)
+
+
+def _temperature(model: object, request: Any) -> float:
+    """The temperature the model sends (an adapter may set its own)."""
+    temperature_for = getattr(model, "temperature_for", None)
+    if callable(temperature_for):
+        value = temperature_for(request)
+        if isinstance(value, int | float):
+            return float(value)
+    return float(request.temperature)
 
 
 def _model_name(model: object, role: str) -> str:
@@ -290,7 +308,7 @@ def model_call(model: object, request: Any) -> Iterator[Callable[[Any], None]]:
         n.GEN_AI_OPERATION_NAME: n.OP_CHAT,
         n.GEN_AI_PROVIDER_NAME: str(getattr(model, "provider_name", None) or "unknown"),
         n.GEN_AI_REQUEST_MODEL: model_name,
-        n.GEN_AI_REQUEST_TEMPERATURE: float(request.temperature),
+        n.GEN_AI_REQUEST_TEMPERATURE: _temperature(model, request),
         n.GEN_AI_AGENT_NAME: role,
         n.PURPOSE: str(request.purpose),
         n.GEN_AI_OUTPUT_TYPE: "json",
@@ -309,9 +327,7 @@ def model_call(model: object, request: Any) -> Iterator[Callable[[Any], None]]:
     with current(span):
 
         def answered(response: Any) -> None:
-            usage = response.usage
-            span.set_attribute(n.GEN_AI_USAGE_INPUT_TOKENS, usage.input_tokens)
-            span.set_attribute(n.GEN_AI_USAGE_OUTPUT_TOKENS, usage.output_tokens)
+            _spent(span, response.usage)
             if response.model:
                 span.set_attribute(n.GEN_AI_RESPONSE_MODEL, response.model)
             if telemetry.capture_content:
@@ -320,4 +336,10 @@ def model_call(model: object, request: Any) -> Iterator[Callable[[Any], None]]:
                     _content([{"role": "assistant", "content": response.output}]),
                 )
 
-        yield answered
+        try:
+            yield answered
+        except ModelError as exc:
+            # A failed call may still have cost tokens (a re-asked answer).
+            if exc.usage is not None:
+                _spent(span, exc.usage)
+            raise

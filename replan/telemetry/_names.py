@@ -80,6 +80,8 @@ CANDIDATE_INDEX: Final = "replan.candidate.index"
 ACTOR_ROLE: Final = "replan.actor.role"
 ACTOR_OUTCOME: Final = "replan.actor.outcome"
 """On a span that did not answer normally: ``crashed`` or ``cancelled``."""
+ERROR_TYPE: Final = "error.type"
+"""The class of the error a failed span ended with (OTel's general attribute)."""
 
 REPLAN_VERSION: Final = "replan.version"
 """The plan version in force after the decision: the new one when applied,

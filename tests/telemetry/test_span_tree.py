@@ -6,7 +6,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 from scripts import (
     chain,
     first_then_continue,
@@ -18,9 +18,12 @@ from scripts import (
 from spans import Tree, attr, run_traced
 
 from replan import (
+    ModelRequest,
+    ModelResponse,
     ScriptedModel,
     TokenUsage,
 )
+from replan._errors import ModelOutputError
 from replan.telemetry import _names as n
 
 USAGE = TokenUsage(input_tokens=10, output_tokens=4, calls=1)
@@ -109,6 +112,56 @@ async def test_model_calls_are_client_spans_under_the_actor_that_made_them(
     # Prompts and completions are captured only when asked for.
     assert not any(n.GEN_AI_INPUT_MESSAGES in (s.attributes or {}) for s in chats)
     assert not any(n.GEN_AI_OUTPUT_MESSAGES in (s.attributes or {}) for s in chats)
+
+
+class CostlyFailure:
+    """The scripted model, except that the first execution fails after
+    spending tokens (an answer still invalid after its re-ask), and that it
+    sets the executor's temperature itself, as OpenAIModel does."""
+
+    provider_name = "scripted"
+
+    def __init__(self) -> None:
+        self.inner = scripted(usage=USAGE)
+        self.failed = False
+
+    def model_for(self, role: str) -> str:
+        return "scripted"
+
+    def temperature_for(self, request: ModelRequest) -> float:
+        return 0.9 if request.role == "executor" else 0.0
+
+    async def generate(self, request: ModelRequest) -> ModelResponse:
+        if request.purpose == "execute" and not self.failed:
+            self.failed = True
+            raise ModelOutputError(
+                "not a TaskOutcome, even after a re-ask",
+                usage=TokenUsage(input_tokens=30, output_tokens=7, calls=2),
+            )
+        return await self.inner.generate(request)
+
+
+async def test_a_failed_model_call_span_carries_its_tokens_and_error_type(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    result = await run_traced(
+        CostlyFailure(),  # type: ignore[arg-type]
+        spec(chain(2), max_task_attempts=2),
+        provider,
+    )
+    tree = Tree(exporter.get_finished_spans())
+    chats = [s for s in tree.spans if s.name.startswith(n.SPAN_CHAT_PREFIX)]
+    [failed] = [s for s in chats if s.status.status_code is StatusCode.ERROR]
+    assert attr(failed, n.ERROR_TYPE) == "ModelOutputError"
+    assert attr(failed, n.GEN_AI_USAGE_INPUT_TOKENS) == 30
+    assert attr(failed, n.GEN_AI_USAGE_OUTPUT_TOKENS) == 7
+    # Summed once over the model-call spans, tokens are still the run's.
+    counted = sum(int(attr(s, n.GEN_AI_USAGE_INPUT_TOKENS) or 0) for s in chats)
+    assert counted == result.usage.total.input_tokens
+    # The temperature reported is the one the model sends.
+    for chat in chats:
+        expected = 0.9 if attr(chat, n.GEN_AI_AGENT_NAME) == "executor" else 0.0
+        assert attr(chat, n.GEN_AI_REQUEST_TEMPERATURE) == expected
 
 
 async def test_the_reviewer_span_carries_its_evaluation_and_decision_events(
