@@ -242,7 +242,7 @@ class OpenAIModel:
             try:
                 usage = usage + self._usage(completion, model)
                 choices = completion.choices
-            except (AttributeError, TypeError, ValueError) as exc:
+            except (AttributeError, TypeError, ValueError, OverflowError) as exc:
                 raise ModelOutputError(
                     f"{where}: the answer is no chat completion: {_brief(exc)}",
                     usage=usage,

@@ -13,6 +13,8 @@ from ._task import TaskDraft
 MAX_SECONDS = 366 * 86_400.0
 """The longest deadline or gate timeout: a year (longer ones would overflow
 a date, and a run that may wait longer than that should wait without one)."""
+MAX_TOKEN_BUDGET = 10**15
+"""The largest token budget: far beyond any run, and exact as a float."""
 
 MAX_METADATA_DEPTH = 32
 """How deeply objects and arrays may nest in ``RunSpec.metadata`` (the
@@ -39,8 +41,9 @@ class Limits(Settings):
     """Tasks of one run in flight at once."""
     milestone_every: int = Field(default=3, ge=1, le=10_000)
     """Review after this many completed tasks even without a milestone task."""
-    token_budget: int | None = Field(default=None, gt=0)
-    """Tokens the run may use in all; no model call starts once it is spent."""
+    token_budget: int | None = Field(default=None, gt=0, le=MAX_TOKEN_BUDGET)
+    """Tokens the run may use in all; no model call starts once it is spent
+    (at most a quadrillion: the guards compute with it as a float)."""
     replan_reserve: float = Field(default=0.2, ge=0.0, le=1.0)
     """Fraction of the budget kept back: replans are refused past the rest."""
     min_confidence: float = Field(default=0.7, ge=0.0, le=1.0)

@@ -486,6 +486,20 @@ def test_a_lone_surrogate_in_a_gate_answer_is_refused_and_the_gate_stays_open(
     assert "Traceback" not in daemon.output()
 
 
+def test_a_token_budget_past_any_float_is_a_422_naming_it(
+    daemon: DaemonProcess,
+) -> None:
+    # Valid JSON; once accepted it crashed the run's driver at its first
+    # replan guard and kept a place among the active runs for good.
+    body = b'{"goal": "g", "limits": {"token_budget": 1' + b"0" * 400 + b"}}"
+    with daemon.client() as client:
+        refused = client.post("/v1/runs", content=body, headers=JSON)
+        runs = client.get("/v1/runs").json()["runs"]
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["field"] == "limits.token_budget"
+    assert runs == []
+
+
 def nested(depth: int) -> dict[str, Any]:
     """Metadata whose objects and arrays nest ``depth`` levels deep."""
     value: Any = "leaf"

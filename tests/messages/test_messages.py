@@ -107,6 +107,8 @@ def test_limits_and_the_gate_policy_default_to_the_documented_values() -> None:
     [
         (lambda: Limits(max_replans=-1), "max_replans"),
         (lambda: Limits(replan_reserve=1.5), "replan_reserve"),
+        # Past any float: the budget guards would raise OverflowError mid-run.
+        (lambda: Limits(token_budget=10**400), "token_budget"),
         (lambda: RunSpec(goal=""), "goal"),
         (lambda: RunSpec(goal="   "), "goal"),
         (
