@@ -20,11 +20,13 @@ import socket
 import sys
 from collections.abc import Generator
 from contextlib import contextmanager
+from pathlib import Path
 
 import anyio
 import uvicorn
 from anyio.abc import TaskStatus
 
+from ..store import SQLiteStore
 from ..telemetry import setup_if_asked
 from ._app import create_app
 from ._listen import listen
@@ -178,6 +180,24 @@ async def _on_signals(shutdown: Shutdown) -> None:
             shutdown.request()
 
 
+def check_journal(path: Path) -> None:
+    """Refuse, before serving, a journal the daemon could not serve from.
+
+    The app opens it as it starts; refused there, uvicorn would log a
+    traceback and exit 3. Here the refusal is the command's one line.
+
+    Raises:
+        ConfigurationError: the file cannot hold a journal (``path``), or
+            another supervisor resumes runs from it (``store``).
+    """
+
+    async def probe() -> None:
+        async with SQLiteStore(path) as store:
+            store.hold_lease(store, exclusive=True)
+
+    anyio.run(probe)
+
+
 def serve(settings: DaemonSettings) -> None:
     """Serve until SIGTERM or SIGINT, then drain and return.
 
@@ -188,6 +208,7 @@ def serve(settings: DaemonSettings) -> None:
     """
     with data_dir_lock(settings):
         daemon = build_daemon(settings)
+        check_journal(settings.journal_path)
         sockets = listen(settings.host, settings.port)
         try:
             level = settings.log_level.upper()

@@ -237,3 +237,54 @@ def test_a_collector_that_is_down_holds_the_daemon_s_stop_only_briefly(
         f"telemetry not sent within {TELEMETRY_FLUSH_S:g}s "
         "(is the OTLP collector running?)" in daemon.output()
     )
+
+
+@pytest.mark.parametrize("kind", ["no-database", "a-directory"])
+def test_a_journal_the_daemon_cannot_open_is_refused_in_one_line(
+    tmp_path: Path,
+    counting_env: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    kind: str,
+) -> None:
+    # Refused by the app as it started, this was uvicorn's traceback, exit 3.
+    data = tmp_path / "data"
+    data.mkdir()
+    journal = data / "journal.db"
+    if kind == "no-database":
+        journal.write_text("garbage")
+    else:
+        journal.mkdir()
+
+    assert main(serve_args(data, free_port())) == 2
+
+    err = capsys.readouterr().err
+    assert err.startswith(
+        (
+            f"replan: error: path: {journal}",
+            f"replan: error: path: cannot open {journal}",
+        )
+    )
+    assert err.count("\n") == 1
+    # The failed start left the lock free for the next daemon.
+    with data_dir_lock(DaemonSettings(data_dir=data)):
+        pass
+
+
+def test_a_journal_another_daemon_resumes_from_is_refused_in_one_line(
+    tmp_path: Path,
+    counting_env: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    first = DaemonProcess(tmp_path / "first", *COUNTING, env=counting_env).start()
+    try:
+        # A second data directory whose journal is the first one's, by a link.
+        second = tmp_path / "second"
+        second.mkdir()
+        (second / "journal.db").symlink_to(tmp_path / "first" / "journal.db")
+        assert main(serve_args(second, free_port())) == 2
+    finally:
+        assert first.terminate() == 0
+        first.close()
+    err = capsys.readouterr().err
+    assert err.startswith("replan: error: store: another supervisor drives runs in ")
+    assert err.count("\n") == 1
