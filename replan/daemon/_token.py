@@ -26,6 +26,16 @@ class Token:
         return hmac.compare_digest(presented.encode(), self.value.encode())
 
 
+_HEADER_CHARACTERS = (
+    "use printable ASCII characters only, without spaces: clients send the "
+    "token in an HTTP header, which cannot carry others the same way"
+)
+
+
+def _carried_by_a_header(value: str) -> bool:
+    return all("!" <= character <= "~" for character in value)
+
+
 def resolve_token(settings: DaemonSettings) -> Token:
     """The configured token, else the data directory's, else a new one.
 
@@ -39,6 +49,8 @@ def resolve_token(settings: DaemonSettings) -> Token:
         value = settings.api_token.get_secret_value()
         if len(value) < 16:
             raise ConfigurationError("api_token", "use at least 16 characters")
+        if not _carried_by_a_header(value):
+            raise ConfigurationError("api_token", _HEADER_CHARACTERS)
         return Token(value)
     if not settings.loopback:
         raise ConfigurationError(
@@ -60,6 +72,10 @@ def _read_or_create(path: Path) -> Token:
         value = path.read_text().strip()
         if not value:
             raise ConfigurationError("data_dir", f"{path} is empty") from None
+        if not _carried_by_a_header(value):
+            raise ConfigurationError(
+                "data_dir", f"{path}: {_HEADER_CHARACTERS}"
+            ) from None
         return Token(value)
     value = secrets.token_urlsafe(32)
     with os.fdopen(fd, "w") as file:

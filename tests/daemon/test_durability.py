@@ -12,7 +12,10 @@ import pytest
 from counting_model import read_counts
 from daemon_process import DaemonProcess, wait_for
 
+from replan import ConfigurationError
 from replan._demo import GOAL
+from replan.daemon import DaemonSettings
+from replan.daemon._token import resolve_token
 
 COUNTING = ("--model", "python:counting_model:model")
 UNFINISHED = ("running", "waiting_for_human")
@@ -280,6 +283,23 @@ def test_a_non_loopback_address_is_refused_without_a_token(tmp_path: Path) -> No
     assert "replan: error: api_token" in str(raised.value)
     assert "REPLAN_API_TOKEN" in str(raised.value)
     assert not (tmp_path / "data" / "api-token").exists()
+
+
+@pytest.mark.parametrize(
+    "token", ["tökén-abcdefghijklmnop", "two words abcdefghijklmnop"]
+)
+def test_a_token_an_http_header_cannot_carry_is_refused_at_start(
+    tmp_path: Path, token: str
+) -> None:
+    # Accepted, it matched no header a client could send (the server reads
+    # headers as Latin-1, clients send UTF-8).
+    with pytest.raises(ConfigurationError, match="printable ASCII") as configured:
+        resolve_token(DaemonSettings(data_dir=tmp_path, api_token=token))
+    assert configured.value.field == "api_token"
+    (tmp_path / "api-token").write_text(token + "\n")
+    with pytest.raises(ConfigurationError, match="printable ASCII") as kept:
+        resolve_token(DaemonSettings(data_dir=tmp_path))
+    assert kept.value.field == "data_dir"
 
 
 def test_a_generated_token_is_kept_private_and_printed_once(tmp_path: Path) -> None:
