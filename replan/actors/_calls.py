@@ -151,6 +151,12 @@ async def explore_call(
             raise
         except MALFORMED as exc:
             errors.append(f"{role}/{request.purpose}: malformed output: {_brief(exc)}")
+            usage = exc.usage if isinstance(exc, ModelError) else None
+            if usage is not None:
+                # A rejected answer costs as much as an accepted one.
+                call = ModelCall(role=role, purpose=request.purpose, usage=usage)
+                calls.append(call)
+                allowance.charge(call)
             continue
         calls.append(call)
         allowance.charge(call)

@@ -1,6 +1,6 @@
 """Near-duplicate detection: word-set similarity and single-link clusters.
 
-Deliberately simple and deterministic: lower-cased words, stop words and a
+Deliberately simple and deterministic: case-folded words, stop words and a
 plural ``s`` removed, compared by Jaccard similarity. Two hypotheses at or
 above the threshold are the same idea; clusters are the connected groups.
 """
@@ -13,7 +13,8 @@ from typing import Any
 
 from ._elo import id_key
 
-_WORD = re.compile(r"[a-z0-9]+")
+_WORD = re.compile(r"[^\W_]+")
+"""Letters and digits of any script (``café``, ``Гипотеза``)."""
 
 _STOP = """
 a an and are as at be because been but by can could do does for from has have
@@ -27,7 +28,7 @@ STOP_WORDS = frozenset(_STOP.split())
 def words(text: str) -> frozenset[str]:
     """The normalized content words of ``text``."""
     out: set[str] = set()
-    for word in _WORD.findall(text.lower()):
+    for word in _WORD.findall(text.casefold()):
         if word in STOP_WORDS:
             continue
         if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):

@@ -24,6 +24,16 @@ def test_rephrasings_are_similar_and_different_ideas_are_not() -> None:
     assert similarity(a, a) == 1.0
 
 
+def test_words_of_any_script_count_and_unrelated_ideas_in_them_differ() -> None:
+    # Read as Latin letters only, these had no words and scored 1.0: duplicates.
+    a = "Пользователи бросают настройку без прав администратора"
+    b = "Цены путают клиентов во втором месяце"
+    assert similarity(a, b) < 0.2
+    assert similarity(a, a) == 1.0
+    assert similarity("用户因权限不足放弃设置", "价格混乱导致第二个月流失") < 0.2
+    assert words("Café crème, CAFÉ") == {"café", "crème"}
+
+
 def test_clusters_link_near_duplicates_and_keep_the_best_ranked_as_representative() -> (
     None
 ):

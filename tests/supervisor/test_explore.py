@@ -15,10 +15,12 @@ from replan import (
     ConfigurationError,
     Critique,
     ModelError,
+    ModelOutputError,
     RunSpec,
     RunStatus,
     ScriptedModel,
     Supervisor,
+    TokenUsage,
 )
 from replan.explore import similarity
 from replan.messages import HypothesisBatch, Limits
@@ -305,6 +307,23 @@ async def test_malformed_output_is_asked_once_more_then_recorded() -> None:
         "H2": "could not be reviewed (malformed or failed reviews)"
     }
     assert any("malformed or failed" in note for note in brief.limitations)
+
+
+async def test_the_tokens_of_a_rejected_answer_count_toward_the_runs_usage() -> None:
+    # As OpenAIModel reports an answer still invalid after its re-ask.
+    def costly_failure(request):
+        if request.context["hypothesis_id"] == "H2":
+            raise ModelOutputError(
+                "not a Critique", usage=TokenUsage(input_tokens=10, calls=1)
+            )
+        return Critique(scores=scores())
+
+    script = ExploreScript(generated=STRONG, broken={"critique": costly_failure})
+    outcome = await run_explore(explore_spec(), script)
+    reviewer = outcome.result.usage.by_role["reviewer"]
+    # Two reviewers, each asked twice for H2; the accepted calls cost nothing.
+    assert reviewer.input_tokens == 4 * 10
+    assert outcome.replayed == outcome.result
 
 
 async def test_a_wrong_type_or_a_model_error_is_recorded_not_raised() -> None:
