@@ -168,10 +168,13 @@ class _Flow:
 
     def journaled(self, cls: type[Event]) -> bool:
         """The journal's next step (past its errors) is a ``cls`` event."""
+        return isinstance(self._next_step(), cls)
+
+    def _next_step(self) -> Event | None:
         for event in self._journal:
             if not isinstance(event, ExploreErrorRecorded):
-                return isinstance(event, cls)
-        return False
+                return event
+        return None
 
     def replay(self, *classes: type[Event]) -> list[Event]:
         """Take the journal's next events (and the errors before them), which
@@ -800,6 +803,16 @@ class _Flow:
         fields: dict[str, Any] = {"brief": brief}
         if ended is not None:
             fields.update(ended=ended.status, stop_reason=ended.reason)
+        journaled = self._next_step() if self.replaying else None
+        if (
+            ended is None
+            and isinstance(journaled, BriefIssued)
+            and journaled.ended is not None
+        ):
+            # Replayed without the model calls, the flow reaches its normal
+            # end where the run was ended early (its budget spent just before
+            # the last call, say): it ends as the journaled brief says.
+            raise _EndedEarly(journaled)
         await self.record((BriefIssued, fields))
         if reason is None and status == "failed":
             reason = summary

@@ -23,6 +23,7 @@ from replan import (
     MemoryStore,
     ModelRequest,
     RunResult,
+    RunSpec,
     RunStatus,
     ScriptedModel,
     Supervisor,
@@ -255,7 +256,21 @@ def ranker_dies(script: ExploreScript) -> Callable[[ModelRequest], Any]:
     return answer
 
 
-@pytest.mark.parametrize("ending", ["brief", "budget", "role-stopped"])
+async def budget_spent_at_validation(spec: RunSpec, usage: TokenUsage) -> RunSpec:
+    """``spec`` with a token budget spent just as the validation plans are
+    asked for: the run ends early at its last model call."""
+    free = await run_explore(
+        spec, ScriptedModel(two_cycles(), usage=usage), resolve=approve
+    )
+    purposes = [call.purpose for call in free.model.calls]
+    before = purposes.index("validation")
+    budget = before * usage.total_tokens
+    return spec.model_copy(update={"limits": Limits(token_budget=budget)})
+
+
+@pytest.mark.parametrize(
+    "ending", ["brief", "budget", "budget-at-the-last-call", "role-stopped"]
+)
 async def test_a_run_stopped_after_its_brief_ends_as_it_would_have(
     ending: str,
 ) -> None:
@@ -269,6 +284,10 @@ async def test_a_run_stopped_after_its_brief_ends_as_it_would_have(
         usage = TokenUsage(input_tokens=5, calls=1)
     elif ending == "role-stopped":
         script, supervisor = ranker_dies(two_cycles()), {"max_restarts": 1}
+    elif ending == "budget-at-the-last-call":
+        # Replayed without model calls, the flow reaches its normal end here.
+        usage = TokenUsage(input_tokens=5, calls=1)
+        spec = await budget_spent_at_validation(spec, usage)
     baseline = await run_explore(
         spec, ScriptedModel(script, usage=usage), resolve=approve, **supervisor
     )
@@ -276,6 +295,7 @@ async def test_a_run_stopped_after_its_brief_ends_as_it_would_have(
         "brief": RunStatus.COMPLETED,
         "budget": RunStatus.LIMIT_REACHED,
         "role-stopped": RunStatus.FAILED,
+        "budget-at-the-last-call": RunStatus.LIMIT_REACHED,
     }
     assert baseline.result.status is wanted[ending]
     *events, finished = baseline.journal
