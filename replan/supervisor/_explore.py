@@ -17,6 +17,7 @@ again.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -103,6 +104,9 @@ def review_check(resolution: GateResolution) -> None:
         raise ValueError("an explore review takes hypotheses, not tasks")
 
 
+logger = logging.getLogger("replan.supervisor")
+
+
 class JournalMismatch(RuntimeError):
     """A resumed run's journal does not fit the explore flow (a bug, or a
     journal written by another version): the run is left as it is."""
@@ -135,6 +139,17 @@ async def explore(run: RunDriver) -> Ended:
         with anyio.CancelScope(shield=True):
             await flow.brief_early(end)
         raise
+
+
+async def brief_after(run: RunDriver, end: RunEnded) -> None:
+    """The brief of a run its deadline or a cancel ended: what was found so
+    far (the flow was cut short, so it could not write it)."""
+    try:
+        await _Flow(run).brief_early(end)
+    except RunEnded as unstorable:  # the brief cannot be journaled
+        logger.warning(
+            "run %s ended without a brief: %s", run.state.run_id, unstorable.reason
+        )
 
 
 class _Flow:

@@ -667,6 +667,13 @@ class RunDriver:
                     )
             if ended is None and self._cancel_requested:
                 ended = (RunStatus.CANCELLED, "cancelled on request", None)
+            if ended is not None and self._needs_brief():
+                # An explore run's deadline or a cancel cut its flow short:
+                # its brief still says what was found so far.
+                from ._explore import brief_after
+
+                with anyio.CancelScope(shield=True):
+                    await brief_after(self, RunEnded(ended[0], ended[1] or ""))
             if (
                 ended is not None
                 and ended[0] is RunStatus.FAILED
@@ -696,6 +703,13 @@ class RunDriver:
                 self.gates.close(
                     gate.request.gate_id, "the run ended before the gate was resolved"
                 )
+
+    def _needs_brief(self) -> bool:
+        """An explore run that has not issued its brief."""
+        state = self.state
+        if state.spec.kind != "explore":
+            return False
+        return state.explore is None or state.explore.brief is None
 
     async def _record_end(
         self, status: RunStatus, reason: str | None, synthesis: Synthesis | None

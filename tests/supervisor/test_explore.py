@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 import pytest
 from explore_scripts import (
     ExploreScript,
@@ -14,6 +15,7 @@ from explore_scripts import (
 from replan import (
     ConfigurationError,
     Critique,
+    MemoryStore,
     ModelError,
     ModelOutputError,
     RunSpec,
@@ -424,6 +426,42 @@ async def test_a_spent_token_budget_ends_the_run_with_a_brief_of_what_was_found(
     assert brief.status in ("needs_review", "failed")
     assert "ended early" in brief.summary
     assert outcome.replayed == result
+
+
+async def test_a_deadline_ends_the_run_with_a_brief_of_what_was_found() -> None:
+    spec = explore_spec().model_copy(
+        update={"limits": Limits(deadline_s=0.3, max_iterations=3)}
+    )
+    model = ScriptedModel(ExploreScript(generated=STRONG), latency_s=0.1)
+    outcome = await run_explore(spec, model)
+    result, brief = outcome.result, outcome.result.brief
+    assert result.status is RunStatus.LIMIT_REACHED
+    assert result.stop_reason == "deadline_s: 0.3s passed"
+    assert brief is not None
+    assert "ended early (deadline_s: 0.3s passed)" in brief.summary
+    [issued] = [e for e in outcome.journal if e.kind == "brief_issued"]
+    assert (issued.ended, issued.stop_reason) == (
+        RunStatus.LIMIT_REACHED,
+        result.stop_reason,
+    )
+    assert outcome.replayed == result
+
+
+async def test_a_cancelled_run_ends_with_a_brief_of_what_was_found() -> None:
+    model = ScriptedModel(ExploreScript(generated=STRONG), latency_s=0.05)
+    with anyio.fail_after(20):
+        async with Supervisor(model=model, store=MemoryStore()) as sup:
+            handle = await sup.submit(explore_spec())
+            async for event in handle.events():
+                if event.kind == "hypotheses_added":
+                    break
+            await handle.cancel()
+            result = await handle.result()
+            replayed = await sup.replay(result.run_id)
+    assert result.status is RunStatus.CANCELLED
+    assert result.brief is not None
+    assert "ended early (cancelled on request)" in result.brief.summary
+    assert replayed == result
 
 
 async def test_evolving_never_changes_an_existing_hypothesis() -> None:
