@@ -65,6 +65,8 @@ class Recovery:
         explore = run.state.spec.kind == "explore"
         for gate in run.state.open_gates:
             request = gate.request
+            if request.tool_call is not None:
+                continue  # its attempt was cut short: withdrawn as the run goes on
             check: Validator
             if request.task_id:
                 check = approval_check
@@ -75,6 +77,7 @@ class Recovery:
             run.gates.open(request, check)
 
     async def __call__(self, run: RunDriver, tg: TaskGroup) -> None:
+        await _withdraw_tool_gates(run)
         await _recover_attempts(run, tg, self.effects)
         _reopen_approvals(run, tg)
         flow = interrupted_review(self.events, run)
@@ -111,6 +114,25 @@ async def _recover_attempts(
     )
     for task in again:
         await run.restart(state.tasks[task.id])
+
+
+async def _withdraw_tool_gates(run: RunDriver) -> None:
+    """Close the gates of tool calls whose attempts the stop cut short.
+
+    No attempt waits for their answers any more; one that runs again asks
+    again, at a gate of its own.
+    """
+    for gate in run.state.open_gates:
+        if gate.request.tool_call is not None:
+            await run.resolve_gate(
+                gate.request,
+                GateResolution(
+                    decision="reject",
+                    by="supervisor",
+                    note="the attempt that asked was interrupted; "
+                    "an attempt that runs again asks again",
+                ),
+            )
 
 
 def _reopen_approvals(run: RunDriver, tg: TaskGroup) -> None:

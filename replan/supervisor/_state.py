@@ -357,6 +357,8 @@ def _resolve_gate(
         "status": RunStatus.WAITING_FOR_HUMAN if still_open else RunStatus.RUNNING,
     }
     task_id = info.request.task_id
+    if info.request.tool_call is not None:
+        return changes  # a running attempt's tool call: the attempt acts on it
     if task_id is None or _task(state, task_id).status is not TaskStatus.PENDING:
         # A replan or an early completion may have superseded the task.
         return changes

@@ -27,6 +27,7 @@ from replan import (
     GateResolution,
     MemoryStore,
     ModelRequest,
+    ModelResponse,
     PlanProposal,
     ReplanOutcome,
     RunSpec,
@@ -40,6 +41,7 @@ from replan import (
     Trigger,
     UnknownRunError,
     Verdict,
+    tool,
 )
 from replan._demo import demo_model, demo_spec
 from replan.messages import (
@@ -52,6 +54,7 @@ from replan.messages import (
     TaskFinished,
     TaskInterrupted,
     TaskStarted,
+    ToolCall,
 )
 from replan.store import EffectRecord, SQLiteStore, Store
 from replan.supervisor import apply, build_version, replay
@@ -311,6 +314,59 @@ async def test_an_approval_gate_survives_a_restart() -> None:
             result = await sup.get(handle.run_id).result()
     assert result.status is RunStatus.COMPLETED
     assert executed_ids(second) == ["t1"]
+
+
+async def test_a_tool_calls_gate_from_before_a_stop_is_withdrawn_not_waited_for() -> (
+    None
+):
+    # The attempt that asked was cut short; the attempt run again asks again.
+    sent: list[str] = []
+
+    @tool(side_effect=True)
+    def send_email(to: str, idempotency_key: str) -> str:
+        """Email someone."""
+        sent.append(idempotency_key)
+        return "sent"
+
+    def execute(request: ModelRequest) -> Any:
+        if not request.transcript:
+            call = ToolCall(id="c1", name="send_email", arguments='{"to": "ana"}')
+            return ModelResponse(tool_calls=[call])
+        return TaskOutcome(success=True, summary="emailed")
+
+    store = MemoryStore()
+    with anyio.fail_after(10):
+        async with Supervisor(
+            scripted(execute=execute), store, tools=[send_email]
+        ) as sup:
+            handle = await sup.submit(spec(chain(1)))
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    old = event.request.gate_id
+                    break
+        async with Supervisor(
+            scripted(execute=execute), store, tools=[send_email], resume=True
+        ) as sup:
+            assert sup.gates.pending() == []  # the old gate is not listed again
+            run = sup.get(handle.run_id)
+            async for event in run.events():
+                if isinstance(event, GateOpened) and event.request.gate_id != old:
+                    break
+            [new] = sup.gates.pending()
+            assert new.gate_id != old
+            assert new.tool_call is not None
+            await sup.gates.resolve(new.gate_id, {"decision": "approve", "by": "ana"})
+            result = await run.result()
+            events = await store.read(handle.run_id)
+
+    assert result.status is RunStatus.COMPLETED
+    assert result.tasks[0].status is TaskStatus.COMPLETED
+    assert sent == [f"{handle.run_id}:t1:s1c0"]
+    withdrawn = [e for e in events if isinstance(e, GateResolved) and e.gate_id == old]
+    assert [(e.resolution.decision, e.resolution.by) for e in withdrawn] == [
+        ("reject", "supervisor")
+    ]
+    assert replay(events).result() == result
 
 
 async def test_drain_lets_the_task_in_flight_finish_and_starts_nothing_new() -> None:
