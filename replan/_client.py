@@ -12,11 +12,18 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from .messages import EVENT_ADAPTER, Event, RunCompacted, RunFinished
 
 if TYPE_CHECKING:
     import httpx
+
+
+def segment(value: str) -> str:
+    """``value`` as one URL path segment: a ``/`` or ``..`` in an id cannot
+    reach another endpoint."""
+    return quote(value, safe="")
 
 
 class ClientError(Exception):
@@ -88,6 +95,9 @@ class Client:
             )
         except httpx.InvalidURL as exc:
             raise ClientError(f"{url!r} is not a valid URL: {exc}", code=2) from None
+        if self._http.base_url.scheme not in ("http", "https"):
+            self._http.close()
+            raise ClientError(f"{url!r} is not an http:// or https:// URL", code=2)
         self.url = url
         self.backoff = backoff or DEFAULT_BACKOFF
 
@@ -144,7 +154,10 @@ class Client:
             headers = {"Last-Event-ID": str(last)}
             try:
                 with self._http.stream(
-                    "GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=None
+                    "GET",
+                    f"/v1/runs/{segment(run_id)}/events",
+                    headers=headers,
+                    timeout=None,
                 ) as response:
                     self._checked(response)
                     kind = response.headers.get("content-type", "")

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import _render
-from ._client import Client, ClientError
+from ._client import Client, ClientError, segment
 from .supervisor import RunState, apply, replay
 
 COMMANDS = ("submit", "watch", "approve", "reject", "cancel")
@@ -163,14 +163,14 @@ def _answer(client: Client, args: argparse.Namespace) -> int:
     body = {"decision": args.command, "by": args.by, "note": args.note}
     gate_id = args.gate_id
     try:
-        answer = client.call("POST", f"/v1/gates/{gate_id}", json=body)
+        answer = client.call("POST", f"/v1/gates/{segment(gate_id)}", json=body)
     except ClientError as exc:
         if exc.status != 404:
             raise
         full_id = _find_gate(client, gate_id)
         if full_id is None:
             raise
-        answer = client.call("POST", f"/v1/gates/{full_id}", json=body)
+        answer = client.call("POST", f"/v1/gates/{segment(full_id)}", json=body)
     print(f"gate {answer['gate_id']}: {answer['decision']} (run {answer['run_id']})")
     return 0
 
@@ -192,7 +192,7 @@ def _find_gate(client: Client, short_id: str) -> str | None:
 
 
 def _cancel(client: Client, args: argparse.Namespace) -> int:
-    ended = client.call("POST", f"/v1/runs/{args.run_id}/cancel")
+    ended = client.call("POST", f"/v1/runs/{segment(args.run_id)}/cancel")
     print(f"run {ended['run_id']}: {ended['status']}")
     return 0
 
@@ -237,7 +237,7 @@ def _find_run(client: Client, run_id: str) -> tuple[str, Any]:
     """The run ``run_id``, or the one run of the daemon whose id starts with
     it (``show --db`` takes a prefix too); its id and its view."""
     try:
-        return run_id, client.call("GET", f"/v1/runs/{run_id}")
+        return run_id, client.call("GET", f"/v1/runs/{segment(run_id)}")
     except ClientError as exc:
         if exc.status != 404 or not run_id:
             raise
@@ -248,7 +248,7 @@ def _find_run(client: Client, run_id: str) -> tuple[str, Any]:
         matches += [r["run_id"] for r in page["runs"] if r["run_id"].startswith(run_id)]
         offset = page["next_offset"]
     if len(matches) == 1:
-        return matches[0], client.call("GET", f"/v1/runs/{matches[0]}")
+        return matches[0], client.call("GET", f"/v1/runs/{segment(matches[0])}")
     if matches:
         raise ClientError(f"run id prefix {run_id} matches {len(matches)} runs")
     raise ClientError(f"404: no run {run_id}", 404)

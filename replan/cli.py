@@ -13,6 +13,7 @@ import contextlib
 import math
 import os
 import queue
+import re
 import shlex
 import signal
 import sqlite3
@@ -47,6 +48,7 @@ from .store import MemoryStore, SQLiteStore, Store
 from .supervisor import RunHandle, RunState, Supervisor, apply, fold_journal
 from .telemetry import TelemetrySetup, setup_if_asked
 
+_ID = re.compile(r"[A-Za-z0-9_-]+")
 PROMPT = "Approve this change? [y/N/e(dit not supported here)] "
 
 
@@ -121,6 +123,12 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and not value.strip():
             parser.error(f"{args.command}: {name.upper()} cannot be empty")
+        if value is not None and not _ID.fullmatch(value):
+            # Ids are hex and dashes; anything else would reach another URL.
+            parser.error(
+                f"{args.command}: {name.upper()} {value!r} is no id: "
+                "ids hold letters, digits, '-' and '_' only"
+            )
     if (
         args.command in ("show", "runs")
         and not args.db

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -194,6 +195,47 @@ def test_a_malformed_url_is_a_bad_argument(
     err = capsys.readouterr().err
     assert err.startswith("replan: error: 'http://[::1' is not a valid URL")
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["watch", "abc", "--url", "ftp://x"], id="watch"),
+        pytest.param(["runs", "--url", "localhost:8470"], id="no-scheme"),
+    ],
+)
+def test_a_url_of_another_scheme_is_a_bad_argument_at_once(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `watch` retried it for a minute as if the connection had dropped.
+    started = time.monotonic()
+    assert main(argv) == 2
+    assert time.monotonic() - started < 5
+    err = capsys.readouterr().err
+    assert "is not an http:// or https:// URL" in err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["approve", "../runs/RUN/cancel"],
+        ["reject", "g1?x=1"],
+        ["cancel", "a#b"],
+        ["watch", "abc/"],
+        ["show", "../../etc"],
+    ],
+    ids=["dot-dot", "query", "fragment", "slash", "show"],
+)
+def test_an_id_that_would_reach_another_url_is_a_bad_argument(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `approve ../runs/RUN/cancel` cancelled the run: httpx folds the `..`.
+    # Refused before any request (nothing listens on port 9).
+    assert main([*argv, "--url", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert f"{argv[1]!r} is no id" in err
+    assert err.endswith("ids hold letters, digits, '-' and '_' only\n")
 
 
 @pytest.mark.parametrize(
