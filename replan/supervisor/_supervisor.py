@@ -192,7 +192,11 @@ class Supervisor:
         """The open human gates: ``pending()`` and ``await resolve(id, resolution)``."""
         self._task_runner = task_runner
         self._sizes = sizes
-        self._telemetry = Telemetry(tracer_provider, meter_provider)
+        self._telemetry = Telemetry(
+            tracer_provider,
+            meter_provider,
+            provider_name=str(getattr(model, "provider_name", None) or "unknown"),
+        )
         self._pool_options: dict[str, Any] = {
             "mailbox_size": options.mailbox_size,
             "max_restarts": options.max_restarts,

@@ -196,6 +196,8 @@ def serving(
         return
     name, attrs = described
     assert telemetry is not None
+    if attrs.get(n.GEN_AI_OPERATION_NAME) in (n.OP_INVOKE_AGENT, n.OP_PLAN):
+        attrs[n.GEN_AI_PROVIDER_NAME] = telemetry.provider_name
     span = telemetry.tracer.start_span(
         name, context=parent, kind=SpanKind.INTERNAL, attributes=attrs
     )

@@ -53,6 +53,8 @@ class Telemetry:
         capture_content: record prompts and completions on model-call spans
             (truncated); read from
             ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` when omitted.
+        provider_name: the model's provider, set on agent spans as
+            ``gen_ai.provider.name`` (the conventions require it there).
     """
 
     def __init__(
@@ -61,8 +63,11 @@ class Telemetry:
         meter_provider: MeterProvider | None = None,
         *,
         capture_content: bool | None = None,
+        provider_name: str = "unknown",
     ) -> None:
         self.tracer = trace.get_tracer(n.LIBRARY, __version__, tracer_provider)
+        self.provider_name = provider_name
+        """The model's provider (``openai``, ``vllm``...), on agent spans."""
         self.capture_content = (
             capture_content_from_env() if capture_content is None else capture_content
         )

@@ -80,6 +80,7 @@ async def test_each_task_execution_is_an_executor_span_under_the_root(
         assert attr(span, n.GEN_AI_OPERATION_NAME) == "invoke_agent"
         assert attr(span, n.TASK_ATTEMPT) == 1
         assert attr(span, n.TASK_OUTCOME) == "completed"
+        assert attr(span, n.GEN_AI_PROVIDER_NAME) == "scripted"
     (synthesis,) = [s for s in executor if attr(s, n.PURPOSE) == "synthesize"]
     assert tree.parent(synthesis) is root
 
@@ -194,6 +195,7 @@ async def test_the_replan_span_holds_the_revised_plan_and_the_alignment_check(
     (planner,) = tree.children(replan, n.SPAN_PLAN)
     assert attr(planner, n.PURPOSE) == "replan"
     assert attr(planner, n.GEN_AI_OPERATION_NAME) == "plan"
+    assert attr(planner, n.GEN_AI_PROVIDER_NAME) == "scripted"
     (ranker,) = tree.children(replan, "invoke_agent ranker")
     (alignment,) = [e for e in ranker.events if e.name == n.EVENT_EVALUATION]
     assert (alignment.attributes or {})[n.GEN_AI_EVALUATION_NAME] == "goal_alignment"
