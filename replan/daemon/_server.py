@@ -208,9 +208,9 @@ def serve(settings: DaemonSettings) -> None:
     """
     with data_dir_lock(settings):
         daemon = build_daemon(settings)
-        check_journal(settings.journal_path)
         sockets = listen(settings.host, settings.port)
         try:
+            check_journal(settings.journal_path)
             level = settings.log_level.upper()
             logging.basicConfig(
                 level=level,

@@ -288,3 +288,16 @@ def test_a_journal_another_daemon_resumes_from_is_refused_in_one_line(
     err = capsys.readouterr().err
     assert err.startswith("replan: error: store: another supervisor drives runs in ")
     assert err.count("\n") == 1
+
+
+def test_a_busy_port_is_refused_before_a_new_journal_is_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(serve_args(data, port)) == 2
+    assert "is in use" in capsys.readouterr().err
+    assert not (data / "journal.db").exists()
