@@ -291,7 +291,9 @@ def test_a_journal_another_daemon_resumes_from_is_refused_in_one_line(
 
 
 def test_a_busy_port_is_refused_before_a_new_journal_is_made(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    counting_env: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     data = tmp_path / "data"
     with socket.socket() as busy:
