@@ -429,6 +429,12 @@ class RunDriver:
         tasks while the driver may be waiting elsewhere (at a replan gate).
         """
         async with self._journal_lock:
+            if self.state.status.final:
+                # Journaled its end already: a late caller (a tool call's
+                # approval on an executor worker not yet cancelled) must not
+                # append after run_finished, which would revive the run.
+                self._staged, self._staged_state = [], None
+                raise RunEnded(self.state.status, "the run has ended")
             state = self.stage(*specs)
             events, self._staged = self._staged, []
             if events:

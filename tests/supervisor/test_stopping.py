@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from scripts import DelegatingStore, independent, scripted, spec
 
-from replan import MemoryStore, RunHandle, RunStatus, Supervisor, SupervisorError
-from replan.messages import Event
+from replan import (
+    GateError,
+    MemoryStore,
+    ModelRequest,
+    ModelResponse,
+    RunHandle,
+    RunStatus,
+    ScriptedModel,
+    Supervisor,
+    SupervisorError,
+    Synthesis,
+    TaskOutcome,
+    tool,
+)
+from replan.messages import Event, GateOpened, ToolCall
 from replan.store import RunSummary, Store
 
 
@@ -195,3 +211,51 @@ async def test_drain_before_the_supervisor_serves_does_nothing() -> None:
             result = await handle.result()
     assert result.status is RunStatus.COMPLETED
     await sup.drain(0.1)  # stopped: nothing to do either
+
+
+@tool(side_effect=True)
+def _send_email(to: str, idempotency_key: str) -> str:
+    """Email someone."""
+    return "sent"
+
+
+def _emails_first(request: ModelRequest) -> Any:
+    if request.purpose == "synthesize":
+        return Synthesis(output="done")
+    if not request.transcript:
+        call = ToolCall(id="c1", name="_send_email", arguments='{"to": "ana"}')
+        return ModelResponse(tool_calls=[call])
+    return TaskOutcome(success=True, summary="emailed")
+
+
+async def _approve(sup: Supervisor, gate_id: str) -> None:
+    with contextlib.suppress(GateError):  # the run may end first
+        await sup.gates.resolve(gate_id, {"decision": "approve"})
+
+
+async def test_an_approval_answered_as_the_run_is_cancelled_comes_before_its_end() -> (
+    None
+):
+    # The tool call's approval is journaled on an executor worker, which the
+    # cancel reaches only at its next checkpoint: on trio it appended after
+    # run_finished, and gate_resolved set the cancelled run 'running' again.
+    store = MemoryStore()
+    model = ScriptedModel(_emails_first)
+    async with Supervisor(model, store, tools=[_send_email]) as sup:
+        for trial in range(16):
+            handle = await sup.submit(spec(independent(1)))
+            with anyio.fail_after(10):
+                async for event in handle.events():
+                    if isinstance(event, GateOpened):
+                        gate_id = event.request.gate_id
+                        break
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_approve, sup, gate_id)
+                    for _ in range(trial % 4):
+                        await anyio.lowlevel.checkpoint()
+                    tg.start_soon(handle.cancel)
+                result = await handle.result()
+            events = await store.read(handle.run_id)
+            assert events[-1].kind == "run_finished", [e.kind for e in events[-3:]]
+            assert result.status is RunStatus.CANCELLED
+            assert (await sup.replay(handle.run_id)) == result
