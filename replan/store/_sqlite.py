@@ -375,13 +375,16 @@ class SQLiteStore:
         """Remember what a committed append left: the run's seq and row."""
         run_id, summary = item.run_id, item.summary
         item.committed = True
+        if summary.status.final:
+            # Nothing follows a run's end: keep no cache of it, so that a
+            # long-lived store's memory does not grow with every run.
+            self._live.discard(run_id)
+            self._forget(run_id)
+            return
         self._row[run_id] = (summary.status, summary.stop_reason)
         if item.events:
             self._last_seq[run_id] = item.events[-1].seq
-        if summary.status.final:
-            self._live.discard(run_id)
-        else:
-            self._live.add(run_id)
+        self._live.add(run_id)
 
     def _forget(self, run_id: str) -> None:
         """After a failed append: the next one reads the journal again."""

@@ -89,6 +89,26 @@ async def test_the_summary_follows_the_newest_event_between_status_changes(
         ]
 
 
+async def test_a_long_lived_store_keeps_no_cache_of_finished_runs(
+    tmp_path: Path,
+) -> None:
+    # Its per-run caches (the last seq, the row) grew with every run it had
+    # journaled: about 175 bytes a run, for the life of the process.
+    async with SQLiteStore(tmp_path / "j.db") as store:
+        for number in range(50):
+            run_id = f"run-{number}"
+            for seq in range(1, 4):
+                await store.append(run_id, [started(seq)], summary(seq, run_id=run_id))
+            done = summary(4, RunStatus.COMPLETED, run_id=run_id)
+            await store.append(run_id, [started(4)], done)
+        await store.append("live", [started(1)], summary(1, run_id="live"))
+        assert set(store._last_seq) == set(store._row) == {"live"}
+        assert await store.get_run("run-49") == summary(
+            4, RunStatus.COMPLETED, run_id="run-49"
+        )
+        assert [e.seq for e in await store.read("run-7")] == [1, 2, 3, 4]
+
+
 async def test_a_reopened_store_rewrites_the_row_on_its_first_append(
     tmp_path: Path,
 ) -> None:
