@@ -387,7 +387,8 @@ class SQLiteStore:
         self._live.add(run_id)
 
     def _forget(self, run_id: str) -> None:
-        """After a failed append: the next one reads the journal again."""
+        """After a failed append, or the run's end: the next append (if
+        any) reads the journal again."""
         self._last_seq.pop(run_id, None)
         self._row.pop(run_id, None)
 
