@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from chat_server import Reply, chat_server, completion, error
+from chat_server import Logged, Reply, chat_server, completion, error
 
 from replan import (
     ConfigurationError,
@@ -272,6 +272,11 @@ async def test_a_refusal_and_a_content_filter_stop_are_reported_as_such() -> Non
     assert filtered.value.reason == "content_filter"
 
 
+def formats(requests: list[Logged]) -> list[str | None]:
+    """The response_format type each request asked for (None: none)."""
+    return [r.body.get("response_format", {}).get("type") for r in requests]
+
+
 async def test_a_server_without_schema_support_gets_json_mode_with_the_schema() -> None:
     def script(logged):
         if logged.body.get("response_format", {}).get("type") == "json_schema":
@@ -284,7 +289,7 @@ async def test_a_server_without_schema_support_gets_json_mode_with_the_schema() 
             second = await model.generate(plan_request())
         requests = server.chat_requests()
     assert first.output == second.output == PlanProposal(rationale="json mode")
-    assert [r.body.get("response_format", {}).get("type") for r in requests] == [
+    assert formats(requests) == [
         "json_schema",
         "json_object",
         "json_object",
@@ -304,7 +309,7 @@ async def test_a_server_rejecting_both_formats_gets_the_schema_in_the_prompt() -
             second = await model.generate(plan_request())
         requests = server.chat_requests()
     assert first.output == second.output == PlanProposal(rationale="prompt only")
-    assert [r.body.get("response_format", {}).get("type") for r in requests] == [
+    assert formats(requests) == [
         "json_schema",
         "json_object",
         None,
@@ -321,7 +326,7 @@ async def test_a_400_no_format_avoids_raises_it_and_keeps_the_schema_mode() -> N
                 await model.generate(plan_request())
             await model.generate(plan_request())  # a shorter prompt, say
         requests = server.chat_requests()
-    assert [r.body.get("response_format", {}).get("type") for r in requests] == [
+    assert formats(requests) == [
         "json_schema",
         "json_object",
         None,
