@@ -42,14 +42,16 @@ from replan.supervisor import (
 NOW = datetime(2026, 11, 21, tzinfo=UTC)
 
 
-def _state(n_tasks: int = 4, **limits: Any) -> RunState:
+def _state(n_tasks: int = 4, *, chain: bool = True, **limits: Any) -> RunState:
+    """A run of ``n_tasks`` planned tasks, each depending on the one before
+    unless ``chain`` is false."""
     spec = RunSpec(
         goal="g",
         tasks=[
             TaskDraft(
                 key=f"k{i}",
                 description=f"task {i}",
-                depends_on=[f"k{i - 1}"] if i else [],
+                depends_on=[f"k{i - 1}"] if i and chain else [],
             )
             for i in range(n_tasks)
         ],
@@ -211,6 +213,7 @@ def test_clean_results_without_findings_continue_without_the_model() -> None:
         TaskOutcome(success=True, summary="done", findings=["news"]),
         TaskOutcome(success=True, summary="  "),
         TaskOutcome(success=False, reason="broken"),
+        TaskOutcome(success=False, summary="half of it", reason="broken"),
     ],
 )
 def test_findings_empty_results_and_failures_need_the_reviewer(
@@ -254,6 +257,16 @@ def test_milestones_come_every_n_completed_tasks_or_at_flagged_tasks() -> None:
         ),
     )
     assert milestone_due(_finish(s, "t1", OK), "t1")
+
+
+def test_failed_tasks_do_not_count_toward_milestone_every() -> None:
+    state = _state(5, chain=False, milestone_every=2)
+    state = _finish(state, "t1", TaskOutcome(success=False, reason="down"))
+    assert not milestone_due(state, "t1")
+    state = _finish(state, "t2", OK)
+    assert not milestone_due(state, "t2")
+    state = _finish(state, "t3", OK)
+    assert milestone_due(state, "t3")
 
 
 def test_a_transient_failure_puts_the_task_back_without_filling_the_window() -> None:
