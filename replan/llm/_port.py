@@ -53,7 +53,7 @@ class ModelResponse(BaseModel):
     model: str = ""
     latency_s: float = 0.0
     prompt_version: str | None = None
-    """The prompt template used (``planner.replan@1``), for the journal and
+    """The prompt template used (``planner.replan@2``), for the journal and
     telemetry; None when the request's own messages were sent."""
 
 

@@ -75,7 +75,7 @@ class PromptTemplate:
 
     @property
     def label(self) -> str:
-        """``planner.replan@1``: what the journal and telemetry record."""
+        """``planner.replan@2``: what the journal and telemetry record."""
         return f"{self.role}.{self.purpose}@{self.version}"
 
     @property

@@ -6,7 +6,7 @@ outcome (the run goes on with its plan), never an exception.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..messages import (
     AlignmentReply,
@@ -50,39 +50,69 @@ if TYPE_CHECKING:
     from ._run import RunDriver
 
 
+PLAN_ASKS = 2
+"""How often the planner is asked for a plan that is no valid plan (a cycle,
+a key used twice, a dependency on nothing): once more, with the problem named
+in the request's context as ``plan_problem``."""
+
+
 async def first_plan(run: RunDriver) -> None:
-    """Version 1: the spec's fixed tasks, or one planner call."""
+    """Version 1: the spec's fixed tasks, or the planner's plan."""
     spec = run.state.spec
     if spec.tasks is not None:
-        await run.create_plan(
+        # Checked when the spec was built: a valid plan on an empty run.
+        version = run.plan_version(
             spec.tasks, "the task list given with the run", boundary=False
         )
+        run.create_plan(version, boundary=False)
         return
-    reply = await run.plan_proposal("plan", run.base_context())
-    proposal = reply.proposals[0]
-    if not proposal.achievable:
-        raise RunEnded(
-            RunStatus.ABORTED,
-            f"the planner found the goal unachievable: {proposal.rationale}",
-        )
-    if not proposal.tasks:
-        raise RunEnded(RunStatus.FAILED, "the planner proposed no tasks")
-    await run.create_plan(proposal.tasks, proposal.rationale, boundary=False)
+    await _planned(run, "plan", run.base_context())
 
 
 async def boundary(run: RunDriver) -> None:
     """The hybrid boundary: collected results become the synthesis tasks."""
     context = run.base_context()
     context.update(completed=run.completed_context(), findings=run.state.findings())
-    reply = await run.plan_proposal("boundary", context)
-    proposal = reply.proposals[0]
-    if not proposal.achievable:
-        raise RunEnded(
-            RunStatus.ABORTED,
-            f"the planner found the goal unachievable at the boundary: "
-            f"{proposal.rationale}",
-        )
-    await run.create_plan(proposal.tasks, proposal.rationale, boundary=True)
+    await _planned(run, "boundary", context)
+
+
+async def _planned(
+    run: RunDriver, purpose: Literal["plan", "boundary"], context: dict[str, Any]
+) -> None:
+    """Ask the planner for the first plan or the boundary's, and install it.
+
+    An invalid plan is asked for once more (see :data:`PLAN_ASKS`); a second
+    one ends the run ``failed``. So does a first plan without tasks: the goal
+    is achievable, the planner said, yet it planned nothing. (A boundary
+    without tasks is valid: the collection results are synthesized as they
+    are.)
+    """
+    at_boundary = purpose == "boundary"
+    problem = ""
+    for _ in range(PLAN_ASKS):
+        if problem:
+            context = {**context, "plan_problem": problem}
+        proposal = (await run.plan_proposal(purpose, context)).proposals[0]
+        if not proposal.achievable:
+            raise RunEnded(
+                RunStatus.ABORTED,
+                "the planner found the goal unachievable"
+                + (" at the boundary" if at_boundary else "")
+                + f": {proposal.rationale}",
+            )
+        try:
+            if not proposal.tasks and not at_boundary:
+                raise ValueError("the planner proposed no tasks")
+            version = run.plan_version(
+                proposal.tasks, proposal.rationale, boundary=at_boundary
+            )
+        except ValueError as exc:
+            problem = str(exc)
+            continue
+        run.create_plan(version, boundary=at_boundary)
+        return
+    which = "boundary" if at_boundary else "first"
+    raise RunEnded(RunStatus.FAILED, f"the {which} plan is invalid: {problem}")
 
 
 async def review(run: RunDriver) -> None:
@@ -194,21 +224,28 @@ async def _replan(run: RunDriver, verdict: Verdict, resumed: GateInfo | None) ->
         await _refuse(run, verdict, *refusal)
         return
     proposal = await _propose(run, verdict)
-    if not proposal.achievable:
-        await _refuse(
-            run, verdict, ReplanOutcome.ABORTED_INFEASIBLE, proposal.rationale
-        )
-        raise RunEnded(
-            RunStatus.ABORTED,
-            f"the planner found the goal unachievable: {proposal.rationale}",
-        )
-    built_on = run.state.tasks
-    try:
-        version = _version(run, proposal, verdict)
-    except ValueError as exc:
-        reason = f"invalid proposal: {exc}"
-        await _refuse(run, verdict, ReplanOutcome.REFUSED_INVALID, reason)
-        return
+    asked = 1
+    while True:
+        if not proposal.achievable:
+            await _refuse(
+                run, verdict, ReplanOutcome.ABORTED_INFEASIBLE, proposal.rationale
+            )
+            raise RunEnded(
+                RunStatus.ABORTED,
+                f"the planner found the goal unachievable: {proposal.rationale}",
+            )
+        built_on = run.state.tasks
+        try:
+            version = _version(run, proposal, verdict)
+            break
+        except ValueError as exc:
+            if asked == PLAN_ASKS:
+                reason = f"invalid proposal: {exc}"
+                await _refuse(run, verdict, ReplanOutcome.REFUSED_INVALID, reason)
+                return
+            problem = str(exc)
+        asked += 1
+        proposal = await _propose(run, verdict, problem)
     if proposal.tasks:
         context = run.base_context()
         context["proposed"] = proposal.tasks
@@ -287,8 +324,12 @@ def _version(run: RunDriver, proposal: PlanProposal, verdict: Verdict) -> PlanVe
     )
 
 
-async def _propose(run: RunDriver, verdict: Verdict) -> PlanProposal:
-    """The planner's revision; with K > 1 candidates: critique, rank, evolve."""
+async def _propose(run: RunDriver, verdict: Verdict, problem: str = "") -> PlanProposal:
+    """The planner's revision; with K > 1 candidates: critique, rank, evolve.
+
+    ``problem``: why the last revision was no valid plan. The planner alone
+    is asked for one that fixes it.
+    """
     state = run.state
     context = run.base_context()
     context.update(
@@ -299,6 +340,9 @@ async def _propose(run: RunDriver, verdict: Verdict) -> PlanProposal:
         verdict=verdict,
     )
     k = state.spec.limits.replan_candidates
+    if problem:
+        context["plan_problem"] = problem
+        k = 1
     proposals = (await run.plan_proposal("replan", context, candidates=k)).proposals
     if k == 1 or len(proposals) == 1:
         return proposals[0]

@@ -44,12 +44,14 @@ from ..messages import (
     PlanCreated,
     PlanReply,
     PlanRequest,
+    PlanVersion,
     RunFinished,
     RunStatus,
     Synthesis,
     SynthesizeReply,
     SynthesizeRequest,
     Task,
+    TaskDraft,
     TaskFinished,
     TaskOutcome,
     TaskStarted,
@@ -1132,23 +1134,26 @@ class RunDriver:
         request = PlanRequest(purpose=purpose, candidates=candidates, context=context)
         return await self.ask(self.roles.planner, request, PlanReply)
 
-    async def create_plan(self, drafts: Any, reason: str, *, boundary: bool) -> None:
+    def plan_version(
+        self, drafts: list[TaskDraft], reason: str, *, boundary: bool
+    ) -> PlanVersion:
+        """The first plan's version, or the boundary's, built from ``drafts``.
+
+        Raises:
+            ValueError: the drafts are no valid plan on the run as it is.
+        """
         state = self.view
-        phase = "synthesis" if boundary else state.phase
-        try:
-            version = build_version(
-                state,
-                drafts,
-                trigger=None,
-                reason=reason,
-                phase=phase,
-                replace_pending=False,
-            )
-        except ValueError as exc:
-            which = "boundary" if boundary else "first"
-            raise RunEnded(
-                RunStatus.FAILED, f"the {which} plan is invalid: {exc}"
-            ) from None
+        return build_version(
+            state,
+            drafts,
+            trigger=None,
+            reason=reason,
+            phase="synthesis" if boundary else state.phase,
+            replace_pending=False,
+        )
+
+    def create_plan(self, version: PlanVersion, *, boundary: bool) -> None:
+        """Install the first plan, or the boundary's synthesis plan."""
         # Staged: the plan takes effect when its first tasks start, and the
         # dispatch that starts them journals both in one append.
         self.stage((PlanCreated, {"version": version, "boundary": boundary}))

@@ -72,7 +72,7 @@ async def test_a_structured_answer_is_parsed_into_the_requests_output_type() -> 
             response = await model.generate(plan_request())
         [sent] = server.chat_requests()
     assert response.output == proposal
-    assert response.prompt_version == "planner.plan@1"
+    assert response.prompt_version == "planner.plan@2"
     assert response.model == "test-model"
     assert (response.usage.input_tokens, response.usage.output_tokens) == (120, 30)
     assert response.usage.cached_tokens == 20

@@ -52,8 +52,12 @@ def test_every_role_and_purpose_of_the_design_has_a_versioned_template() -> None
         ("reviewer", "critique.explore"),
         ("reviewer", "milestone"),
     ]
+    # The planner's plan, boundary and replan prompts are at version 2: they
+    # name the last answer's problem when an invalid plan is asked for again.
+    second = {("planner", "plan"), ("planner", "boundary"), ("planner", "replan")}
     for role, purpose in REGISTRY.available():
-        assert REGISTRY.get(role, purpose).label == f"{role}.{purpose}@1"
+        version = 2 if (role, purpose) in second else 1
+        assert REGISTRY.get(role, purpose).label == f"{role}.{purpose}@{version}"
 
 
 def test_the_replan_prompt_carries_goal_completed_work_findings_and_trigger() -> None:
@@ -214,7 +218,7 @@ def test_an_explore_request_gets_its_run_kinds_variant_of_a_shared_purpose() -> 
         )
         assert REGISTRY.for_request(role, purpose, {}).label == f"{role}.{purpose}@1"
     # Without a variant of its own, a run kind uses the shared template.
-    assert REGISTRY.for_request("planner", "plan", explore).label == "planner.plan@1"
+    assert REGISTRY.for_request("planner", "plan", explore).label == "planner.plan@2"
     with pytest.raises(MissingPromptError):
         REGISTRY.for_request("planner", "brainstorm", explore)
 
@@ -226,3 +230,21 @@ def test_a_template_without_a_version_is_refused() -> None:
         )
     with pytest.raises(ConfigurationError, match="## system"):
         PromptTemplate.parse("---\nversion: 1\n---\n## user\nb", role="r", purpose="p")
+
+
+@pytest.mark.parametrize("purpose", ["plan", "boundary", "replan"])
+def test_a_planner_prompt_names_the_last_plans_problem_only_when_there_was_one(
+    purpose: str,
+) -> None:
+    context = {"goal": "g", "completed": [], "pending": [], "findings": []}
+    first = REGISTRY.get("planner", purpose).render(context)[1]["content"]
+    again = REGISTRY.get("planner", purpose).render(
+        {**context, "plan_problem": "task 'a' depends on unknown 'b'"}
+    )[1]["content"]
+
+    assert "no valid plan" not in first
+    assert again.startswith(first.rstrip())
+    assert again.rstrip().endswith(
+        "Your last answer was no valid plan: task 'a' depends on unknown 'b'. "
+        "Answer again with a plan that fixes this."
+    )
