@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
@@ -209,7 +208,9 @@ class Supervisor:
         )
         self._roles: Roles | None = None
         self._records: dict[str, RunRecord] = {}
-        self._finished: deque[str] = deque()
+        # Finished runs still in memory, oldest first (a dict: forget() takes
+        # one out of the middle).
+        self._finished: dict[str, None] = {}
         self._keep_finished = options.keep_finished
         self._drivers: dict[str, RunDriver] = {}
         self._task_group: TaskGroup | None = None
@@ -466,9 +467,11 @@ class Supervisor:
                 self._forget_oldest_finished(run_id)
 
     def _forget_oldest_finished(self, run_id: str) -> None:
-        self._finished.append(run_id)
+        self._finished[run_id] = None
         while len(self._finished) > self._keep_finished:
-            self._records.pop(self._finished.popleft(), None)
+            oldest = next(iter(self._finished))
+            del self._finished[oldest]
+            self._records.pop(oldest, None)
 
     async def _approve_tool_call(
         self, run_id: str, task_id: str, call: ToolCall
@@ -591,6 +594,7 @@ class Supervisor:
         record = self._records.get(run_id)
         if record is not None and run_id not in self._drivers:
             del self._records[run_id]
+            self._finished.pop(run_id, None)
 
     def _handle(self, record: RunRecord) -> RunHandle:
         run_id = record.state.run_id

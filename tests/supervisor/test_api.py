@@ -541,6 +541,41 @@ async def test_a_supervisor_forgets_the_oldest_finished_runs_past_keep_finished(
         assert remembered == {handles[2].run_id, handles[3].run_id}
 
 
+async def test_forget_drops_a_finished_run_and_frees_its_keep_finished_place() -> None:
+    async with Supervisor(ScriptedModel(answers()), keep_finished=2) as sup:
+        handles, results = [], []
+        for n in range(2):
+            handles.append(await sup.submit(RunSpec(goal=f"goal {n}")))
+            results.append(await handles[-1].result())
+        await until(lambda: len(sup.handles()) == 2)
+        kept, forgotten = handles
+        sup.forget(forgotten.run_id)
+        with pytest.raises(UnknownRunError):
+            sup.get(forgotten.run_id)
+        assert await sup.replay(forgotten.run_id) == results[1]
+        # The forgotten run holds no place: the next run is kept beside the
+        # first, none is dropped.
+        later = await sup.submit(RunSpec(goal="goal 2"))
+        await later.result()
+        await until(lambda: later.run_id in {h.run_id for h in sup.handles()})
+        assert [h.run_id for h in sup.handles()] == [kept.run_id, later.run_id]
+
+
+async def test_forget_leaves_a_run_that_is_still_going() -> None:
+    release = anyio.Event()
+
+    async def slow(request: ModelRequest) -> TaskOutcome:
+        await release.wait()
+        return TaskOutcome(success=True, summary="ok")
+
+    async with Supervisor(ScriptedModel(answers(slow))) as sup:
+        handle = await sup.submit(RunSpec(goal="g"))
+        sup.forget(handle.run_id)
+        assert sup.get(handle.run_id).run_id == handle.run_id
+        release.set()
+        assert (await handle.result()).status is RunStatus.COMPLETED
+
+
 def test_a_negative_keep_finished_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError) as caught:
         Supervisor(ScriptedModel(answers()), keep_finished=-1)
