@@ -124,6 +124,14 @@ class ReplySlot(Generic[RepT]):
         if self._scope is not None:
             self._scope.cancel()
 
+    def expire(self, error: ActorError) -> None:
+        """The request's deadline passed: cancel the handling (or skip it, if
+        not started) and answer with ``error``, through ``on_done`` too."""
+        self.abandoned = True
+        if self._scope is not None:
+            self._scope.cancel()  # before answering, which unbinds the scope
+        self.fail(error)
+
     def result(self) -> RepT:
         """The reply of an answered slot, or its error raised."""
         if self._error is not None:
@@ -192,14 +200,22 @@ class _Deadlines:
         """Set to wake the timer task (None: no timer task running)."""
         self._next = math.inf
 
-    def add(self, deadline: float, slot: ReplySlot[Any]) -> bool:
-        """Time ``slot`` out at ``deadline``; False if no timer can run."""
+    def add(
+        self, deadline: float, slot: ReplySlot[Any], *, waited: bool = True
+    ) -> bool:
+        """Time ``slot`` out at ``deadline``; False if no timer can run.
+
+        ``waited``: a caller waits for the slot and calls :meth:`finished`
+        when it stops (a posted slot has no waiter; it leaves the heap once
+        answered).
+        """
         task_group = self._pool._task_group
         if task_group is None:
             return False
         heap = self._heap
         heapq.heappush(heap, (deadline, next(self._order), slot))
-        self._pending += 1
+        if waited:
+            self._pending += 1
         if len(heap) > 2 * self._pending + 32:
             self._heap = heap = [e for e in heap if _waiting(e[2])]
             heapq.heapify(heap)
@@ -230,9 +246,7 @@ class _Deadlines:
                 while heap and (heap[0][0] <= now or not _waiting(heap[0][2])):
                     deadline, _, slot = heapq.heappop(heap)
                     if deadline <= now and _waiting(slot):
-                        # Abandon first: answering unbinds the handler.
-                        slot.abandon()
-                        slot.fail(
+                        slot.expire(
                             ActorTimeout(pool.role, "the request's deadline passed")
                         )
                 if not heap or (pool.stop_reason is not None and self._pending == 0):
@@ -431,15 +445,19 @@ class ActorPool(Generic[ReqT, RepT]):
         on_done: Callable[[ReplySlot[RepT]], None],
         *,
         run_id: str | None = None,
+        deadline: float | None = None,
     ) -> ReplySlot[RepT]:
         """Send ``request`` without waiting for the reply.
 
         The worker that answers calls ``on_done`` with the answered slot
         (``slot.result()`` returns the reply or raises the error), so the
         reply reaches its destination without a task waiting for it.
-        ``on_done`` runs on the worker's task: it must not block or raise.
-        Abandoning the returned slot cancels the handling and drops the
-        callback. Waits only while the mailbox is full.
+        ``on_done`` runs on the worker's task (or the pool's timer task): it
+        must not block or raise. Abandoning the returned slot cancels the
+        handling and drops the callback. Waits only while the mailbox is full.
+
+        ``deadline`` (on the anyio clock): past it, the handling is cancelled
+        and ``on_done`` gets the slot answered with :class:`ActorTimeout`.
 
         Raises:
             ActorStopped: the role is stopped.
@@ -447,11 +465,15 @@ class ActorPool(Generic[ReqT, RepT]):
         if self.stop_reason is not None:
             raise ActorStopped(self.role, self.stop_reason)
         slot: ReplySlot[RepT] = ReplySlot(on_done=on_done)
-        envelope = Envelope(request, slot, run_id, None, current_carrier())
+        envelope = Envelope(request, slot, run_id, deadline, current_carrier())
         try:
             await self._enqueue(envelope)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             raise ActorStopped(self.role, self.stop_reason or "stopped") from None
+        if deadline is not None:
+            # Timed by the pool's timer task; a pool that has not started
+            # has no workers either, and post() is for running pools.
+            self._deadlines.add(deadline, slot, waited=False)
         return slot
 
     async def _enqueue(self, envelope: Envelope[ReqT, RepT]) -> None:

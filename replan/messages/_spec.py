@@ -59,6 +59,10 @@ class Limits(Settings):
     """Revisions the planner proposes per replan; more than one are ranked."""
     max_tool_steps: int = Field(default=8, ge=1, le=100)
     """Model calls one task attempt may make in its tool loop."""
+    task_timeout_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    """Seconds one attempt of a plan run's task may take, waits at its tool
+    calls' gates included; a slower attempt is cut short and fails
+    ``transient`` (retried up to ``max_task_attempts``). None: no limit."""
 
 
 class GatePolicy(Settings):

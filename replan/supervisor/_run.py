@@ -114,6 +114,8 @@ class _Done:
     unsecured: bool = False
     """Not in the effect ledger: the driver journals it before it waits on
     anything else, or puts it in the ledger first (see ``_secure``)."""
+    timed_out: bool = False
+    """The attempt passed ``task_timeout_s`` and was cut short."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -871,6 +873,8 @@ class RunDriver:
         self._in_flight -= 1
         if item.unsecured:
             self._unjournaled.append(item)
+        if item.timed_out:
+            self._withdraw_tool_gates_of(item.task_id)
         fields: dict[str, Any] = {"task_id": item.task_id, "outcome": item.outcome}
         usage = execution_usage(item.calls)
         if usage is not None:
@@ -927,6 +931,30 @@ class RunDriver:
         )
         for task in to_start:
             await self._post(state.tasks[task.id])
+
+    def _withdraw_tool_gates_of(self, task_id: str) -> None:
+        """Close the gates a timed-out attempt's tool calls left open.
+
+        The attempt no longer waits for their answers; one that runs again
+        asks again, at a gate of its own. (An answer journaled before the
+        attempt was cut short has closed its gate already.)
+        """
+        for gate in self.view.open_gates:
+            request = gate.request
+            if request.tool_call is not None and request.task_id == task_id:
+                resolution = GateResolution(
+                    decision="reject",
+                    by="supervisor",
+                    note="the attempt that asked passed task_timeout_s; "
+                    "an attempt that runs again asks again",
+                )
+                self.stage(
+                    (
+                        GateResolved,
+                        {"gate_id": request.gate_id, "resolution": resolution},
+                    )
+                )
+                self.gates.close(request.gate_id, "the attempt timed out")
 
     def _withdraw_stale_approvals(self) -> None:
         """A side effect that a replan or ``complete`` superseded needs no answer."""
@@ -1026,8 +1054,12 @@ class RunDriver:
         # execution busy finds every report in the inbox or the ledger.
         self._begin()
         try:
+            timeout = self.limits.task_timeout_s
             slot = await self.roles.executor.post(
-                request, partial(self._reported, task), run_id=state.run_id
+                request,
+                partial(self._reported, task),
+                run_id=state.run_id,
+                deadline=None if timeout is None else anyio.current_time() + timeout,
             )
         except ActorStopped as exc:
             self._inbox.put(_RoleStopped(exc))
@@ -1087,8 +1119,16 @@ class RunDriver:
             outcome = TaskOutcome(
                 success=False, transient=True, reason=f"executor crashed: {exc}"
             )
-        except ActorTimeout as exc:
-            outcome = TaskOutcome(success=False, transient=True, reason=str(exc))
+        except ActorTimeout:
+            # The pool's timer cut the attempt short (task_timeout_s); what
+            # it spent on model calls so far went with it.
+            timeout = self.limits.task_timeout_s
+            outcome = TaskOutcome(
+                success=False,
+                transient=True,
+                reason=f"task_timeout_s: the attempt took longer than {timeout:g}s",
+            )
+            return _Done(task.id, outcome, [], (), task.attempts, False, timed_out=True)
         except ActorStopped as exc:
             return _RoleStopped(exc)
         report = _Done(

@@ -688,6 +688,47 @@ async def test_abandoning_a_posted_request_cancels_it_and_drops_the_callback() -
     assert called == []
 
 
+async def test_a_posted_request_past_its_deadline_is_cancelled_and_calls_back() -> None:
+    script = Script()
+    pool = pool_of(script, workers=1)
+    errors: list[BaseException] = []
+    done = anyio.Event()
+
+    def on_done(slot: ReplySlot[str]) -> None:
+        try:
+            slot.result()
+        except ActorTimeout as exc:
+            errors.append(exc)
+        done.set()
+
+    async with running(pool):
+        await pool.post("forever", on_done, deadline=anyio.current_time() + 0.05)
+        with anyio.fail_after(5):
+            await done.wait()
+            await script.cancelled_event("forever").wait()
+        assert pool.statistics().busy == 0
+        assert await pool.ask("echo:next") == "next"
+    assert len(errors) == 1
+
+
+async def test_a_posted_request_answered_in_time_keeps_its_reply() -> None:
+    script = Script()
+    pool = pool_of(script, workers=1)
+    answered: list[str] = []
+    done = anyio.Event()
+
+    def on_done(slot: ReplySlot[str]) -> None:
+        answered.append(slot.result())
+        done.set()
+
+    async with running(pool):
+        await pool.post("echo:quick", on_done, deadline=anyio.current_time() + 5)
+        with anyio.fail_after(5):
+            await done.wait()
+        await anyio.sleep(0.01)
+    assert answered == ["quick"]
+
+
 async def test_posting_to_a_stopped_pool_raises_actor_stopped() -> None:
     script = Script()
     pool = pool_of(script, workers=1)

@@ -96,6 +96,7 @@ def test_limits_and_the_gate_policy_default_to_the_documented_values() -> None:
         "gate_timeout_s": None,
         "replan_candidates": 1,
         "max_tool_steps": 8,
+        "task_timeout_s": None,
     }
     policy = GatePolicy()
     assert policy.gate_on == {Trigger.SCOPE_SHIFT}

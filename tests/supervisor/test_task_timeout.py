@@ -1,0 +1,175 @@
+"""``Limits.task_timeout_s``: an attempt that takes too long is cut short.
+
+The attempt's handling is cancelled and it fails ``transient``, so it is
+retried up to ``max_task_attempts``; a task whose every attempt times out
+fails and skips its dependents. A tool call's gate the attempt left waiting
+is withdrawn: the next attempt asks again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+from scripts import GOAL, chain, independent, spec
+
+from replan import (
+    ConfigurationError,
+    Limits,
+    MemoryStore,
+    ModelRequest,
+    ModelResponse,
+    RunSpec,
+    RunStatus,
+    ScriptedModel,
+    Supervisor,
+    Synthesis,
+    TaskDraft,
+    TaskOutcome,
+    tool,
+)
+from replan.messages import GateOpened, GateResolved, TaskFinished, ToolCall
+
+TIMEOUT_S = 0.2
+
+
+class Hanging:
+    """An executor whose listed attempts hang (until cancelled); it counts
+    the attempts it saw and the hung ones that were cancelled."""
+
+    def __init__(self, *, hang: set[tuple[str, int]]) -> None:
+        self.hang = hang
+        self.attempts: list[tuple[str, int]] = []
+        self.cancelled: list[tuple[str, int]] = []
+
+    async def __call__(self, request: ModelRequest) -> Any:
+        if request.purpose == "synthesize":
+            return Synthesis(output="done")
+        task = request.context["task"]
+        attempt = (task.key, request.context["attempt"])
+        self.attempts.append(attempt)
+        if attempt in self.hang:
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self.cancelled.append(attempt)
+        return TaskOutcome(success=True, summary=f"{task.key} done")
+
+
+async def run(model: ScriptedModel, run_spec: RunSpec) -> tuple[Any, list[Any]]:
+    store = MemoryStore()
+    with anyio.fail_after(10):
+        async with Supervisor(model, store) as sup:
+            handle = await sup.submit(run_spec)
+            result = await handle.result()
+            events = await store.read(handle.run_id)
+            assert await sup.replay(handle.run_id) == result
+    return result, events
+
+
+def timed(
+    tasks: list[TaskDraft], timeout_s: float = TIMEOUT_S, **limits: Any
+) -> RunSpec:
+    return spec(tasks, task_timeout_s=timeout_s, **limits)
+
+
+async def test_an_attempt_past_task_timeout_s_is_cut_short_and_retried() -> None:
+    executor = Hanging(hang={("s1", 1)})
+
+    result, events = await run(ScriptedModel(executor), timed(independent(2)))
+
+    assert result.status is RunStatus.COMPLETED
+    assert executor.cancelled == [("s1", 1)]
+    assert executor.attempts.count(("s1", 2)) == 1
+    first = next(e for e in events if isinstance(e, TaskFinished) and e.task_id == "t1")
+    assert not first.outcome.success
+    assert first.outcome.transient
+    assert first.outcome.reason == (
+        f"task_timeout_s: the attempt took longer than {TIMEOUT_S:g}s"
+    )
+    assert {t.id: t.attempts for t in result.tasks} == {"t1": 2, "t2": 1}
+
+
+async def test_a_task_whose_every_attempt_times_out_fails_and_skips_dependents() -> (
+    None
+):
+    tasks = [*chain(2), TaskDraft(key="other", description="independent work")]
+    executor = Hanging(hang={("s1", 1), ("s1", 2)})
+
+    result, _ = await run(ScriptedModel(executor), timed(tasks, max_task_attempts=2))
+
+    statuses = {t.key: t.status.value for t in result.tasks}
+    assert statuses == {"s1": "failed", "s2": "skipped", "other": "completed"}
+    assert executor.cancelled == [("s1", 1), ("s1", 2)]
+    assert ("s2", 1) not in executor.attempts
+
+
+async def test_without_task_timeout_s_a_slow_attempt_is_waited_for() -> None:
+    async def slow(request: ModelRequest) -> Any:
+        if request.purpose == "synthesize":
+            return Synthesis(output="done")
+        await anyio.sleep(TIMEOUT_S * 2)
+        return TaskOutcome(success=True, summary="slow but done")
+
+    result, events = await run(ScriptedModel(slow), spec(independent(1)))
+
+    assert result.status is RunStatus.COMPLETED
+    finished = [e for e in events if isinstance(e, TaskFinished)]
+    assert [e.outcome.success for e in finished] == [True]
+
+
+@tool(side_effect=True)
+def _send_email(to: str, idempotency_key: str) -> str:
+    """Email someone."""
+    return "sent"
+
+
+def _emails(request: ModelRequest) -> Any:
+    if request.purpose == "synthesize":
+        return Synthesis(output="done")
+    if not request.transcript:
+        call = ToolCall(id="c1", name="_send_email", arguments='{"to": "ana"}')
+        return ModelResponse(tool_calls=[call])
+    return TaskOutcome(success=True, summary="emailed")
+
+
+async def test_a_tool_calls_gate_left_by_a_timed_out_attempt_is_withdrawn() -> None:
+    store = MemoryStore()
+    async with Supervisor(ScriptedModel(_emails), store, tools=[_send_email]) as sup:
+        # Long enough for the second attempt to finish once approved.
+        handle = await sup.submit(timed(independent(1), timeout_s=1.0))
+        gates: list[str] = []
+        with anyio.fail_after(10):
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    gates.append(event.request.gate_id)
+                    if len(gates) == 2:
+                        break
+            # The first attempt's gate expired with the attempt; the second
+            # attempt asked again, and its answer lets the task finish.
+            assert [g.gate_id for g in sup.gates.pending()] == [gates[1]]
+            await sup.gates.resolve(gates[1], {"decision": "approve"})
+            result = await handle.result()
+        events = await store.read(handle.run_id)
+        assert await sup.replay(handle.run_id) == result
+
+    assert result.status is RunStatus.COMPLETED
+    resolved = {e.gate_id: e.resolution for e in events if isinstance(e, GateResolved)}
+    assert resolved[gates[0]].decision == "reject"
+    assert resolved[gates[0]].by == "supervisor"
+    assert resolved[gates[1]].decision == "approve"
+    assert sup.gates.pending() == []
+
+
+@pytest.mark.parametrize("value", [0, -1, 10**9])
+def test_task_timeout_s_must_be_positive_and_at_most_a_year(value: float) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Limits(task_timeout_s=value)
+    assert caught.value.field == "task_timeout_s"
+
+
+def test_a_run_spec_names_a_bad_task_timeout_s() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        RunSpec(goal=GOAL, limits={"task_timeout_s": "soon"})
+    assert caught.value.field == "limits.task_timeout_s"
