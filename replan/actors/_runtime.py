@@ -196,6 +196,8 @@ class _Deadlines:
         self._order = itertools.count()
         self._pending = 0
         """Requests with a deadline whose callers still wait."""
+        self._kept = 0
+        """Entries the last rebuild of the heap kept."""
         self._timer: anyio.Event | None = None
         """Set to wake the timer task (None: no timer task running)."""
         self._next = math.inf
@@ -216,9 +218,12 @@ class _Deadlines:
         heapq.heappush(heap, (deadline, next(self._order), slot))
         if waited:
             self._pending += 1
-        if len(heap) > 2 * self._pending + 32:
+        if len(heap) > 2 * max(self._pending, self._kept) + 32:
+            # Rebuilt once the heap doubles over what the last rebuild kept
+            # (posted slots are not counted in _pending): amortized O(1).
             self._heap = heap = [e for e in heap if _waiting(e[2])]
             heapq.heapify(heap)
+            self._kept = len(heap)
         if self._timer is None:
             self._timer = self._pool._new_event()
             task_group.start_soon(self._run)
