@@ -22,12 +22,23 @@ class RunMeter:
     def __init__(self, budget: int | None, used: int = 0) -> None:
         self.budget = budget
         self.used = used
+        self._attempts: dict[tuple[str, object], TokenUsage] = {}
+        """Tokens of each task attempt in flight, by (task id, attempt)."""
 
     def left(self) -> int | None:
         return None if self.budget is None else self.budget - self.used
 
-    def charge(self, usage: TokenUsage) -> None:
+    def charge(self, usage: TokenUsage, request: ModelRequest | None = None) -> None:
         self.used += usage.total_tokens
+        if request is not None and request.task_id is not None:
+            key = (request.task_id, request.context.get("attempt"))
+            spent = self._attempts.get(key)
+            self._attempts[key] = usage if spent is None else spent + usage
+
+    def take_attempt(self, task_id: str, attempt: int) -> TokenUsage | None:
+        """The tokens an attempt's model calls used, forgetting them: what a
+        timed-out attempt, whose reply never came, spent."""
+        return self._attempts.pop((task_id, attempt), None)
 
     def spent_reason(self) -> str | None:
         """The stop reason once the budget is spent, else None."""
@@ -62,7 +73,7 @@ class MeteredModel:
             response = await self.model.generate(request)
         except ModelError as exc:
             if exc.usage is not None:
-                meter.charge(exc.usage)
+                meter.charge(exc.usage, request)
             raise
-        meter.charge(response.usage)
+        meter.charge(response.usage, request)
         return response

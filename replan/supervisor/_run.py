@@ -1120,17 +1120,24 @@ class RunDriver:
                 success=False, transient=True, reason=f"executor crashed: {exc}"
             )
         except ActorTimeout:
-            # The pool's timer cut the attempt short (task_timeout_s); what
-            # it spent on model calls so far went with it.
+            # The pool's timer cut the attempt short (task_timeout_s): no
+            # reply tells what its model calls used, the run's meter does.
             timeout = self.limits.task_timeout_s
             outcome = TaskOutcome(
                 success=False,
                 transient=True,
                 reason=f"task_timeout_s: the attempt took longer than {timeout:g}s",
             )
-            return _Done(task.id, outcome, [], (), task.attempts, False, timed_out=True)
+            spent = self.meter.take_attempt(task.id, task.attempts)
+            if spent is not None:
+                calls = [ModelCall(role="executor", purpose="execute", usage=spent)]
+            return _Done(
+                task.id, outcome, calls, (), task.attempts, False, timed_out=True
+            )
         except ActorStopped as exc:
             return _RoleStopped(exc)
+        finally:
+            self.meter.take_attempt(task.id, task.attempts)  # none left behind
         report = _Done(
             task.id, outcome, calls, failures, task.attempts, self.effects is not None
         )

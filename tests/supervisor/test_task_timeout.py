@@ -27,6 +27,7 @@ from replan import (
     Synthesis,
     TaskDraft,
     TaskOutcome,
+    TokenUsage,
     tool,
 )
 from replan.messages import GateOpened, GateResolved, TaskFinished, ToolCall
@@ -160,6 +161,51 @@ async def test_a_tool_calls_gate_left_by_a_timed_out_attempt_is_withdrawn() -> N
     assert resolved[gates[0]].by == "supervisor"
     assert resolved[gates[1]].decision == "approve"
     assert sup.gates.pending() == []
+
+
+@tool
+async def _stall(topic: str) -> str:
+    """Look something up, and never come back."""
+    await anyio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+USAGE = TokenUsage(input_tokens=10, output_tokens=5)
+
+
+def _looks_up(request: ModelRequest) -> Any:
+    if request.purpose == "synthesize":
+        return Synthesis(output="done")
+    if request.context["attempt"] == 1:
+        call = ToolCall(id="c1", name="_stall", arguments='{"topic": "x"}')
+        return ModelResponse(tool_calls=[call], usage=USAGE)
+    return TaskOutcome(success=True, summary="found it without the tool")
+
+
+async def test_the_tokens_a_timed_out_attempt_spent_are_journaled() -> None:
+    usage = USAGE
+    model = ScriptedModel(_looks_up, usage=usage)
+    store = MemoryStore()
+    with anyio.fail_after(10):
+        async with Supervisor(model, store, tools=[_stall]) as sup:
+            handle = await sup.submit(timed(independent(1)))
+            result = await handle.result()
+            events = await store.read(handle.run_id)
+            assert await sup.replay(handle.run_id) == result
+
+    assert result.status is RunStatus.COMPLETED
+    first, second = (e for e in events if isinstance(e, TaskFinished))
+    assert first.outcome.reason is not None
+    assert first.outcome.reason.startswith("task_timeout_s:")
+    # One call of the cut-short attempt (its tool never returned), one of
+    # the retry: the journal has both.
+    assert first.usage == usage
+    assert second.usage == usage
+    assert len(model.calls_for("executor", "execute")) == 2
+    # Both attempts and the synthesis.
+    calls = len(model.calls_for("executor"))
+    assert calls == 3
+    assert result.usage.by_role["executor"].total_tokens == 15 * calls
 
 
 @pytest.mark.parametrize("value", [0, -1, 10**9])
