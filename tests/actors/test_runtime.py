@@ -729,6 +729,32 @@ async def test_a_posted_request_answered_in_time_keeps_its_reply() -> None:
     assert answered == ["quick"]
 
 
+async def test_many_posted_deadlines_rebuild_the_timer_heap_only_now_and_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Posted requests have no waiting caller to count: the heap must still be
+    # rebuilt only as it doubles, not on every new deadline (quadratic).
+    import replan.actors._runtime as runtime
+
+    rebuilds = 0
+    heapify = runtime.heapq.heapify
+
+    def counted(heap: list[object]) -> None:
+        nonlocal rebuilds
+        rebuilds += 1
+        heapify(heap)
+
+    monkeypatch.setattr(runtime.heapq, "heapify", counted)
+    script = Script()
+    pool = pool_of(script, workers=1, mailbox_size=2_000)
+    async with running(pool):
+        far = anyio.current_time() + 60
+        for n in range(2_000):
+            await pool.post(f"hold:{n}", lambda slot: None, deadline=far)
+        assert pool.statistics().mailbox_depth >= 1_990
+    assert 1 <= rebuilds <= 10
+
+
 async def test_posting_to_a_stopped_pool_raises_actor_stopped() -> None:
     script = Script()
     pool = pool_of(script, workers=1)
