@@ -8,6 +8,7 @@ is withdrawn: the next attempt asks again.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -31,6 +32,7 @@ from replan import (
     tool,
 )
 from replan.messages import GateOpened, GateResolved, TaskFinished, ToolCall
+from replan.store import SQLiteStore
 
 TIMEOUT_S = 0.2
 
@@ -89,6 +91,24 @@ async def test_an_attempt_past_task_timeout_s_is_cut_short_and_retried() -> None
     assert first.outcome.reason == (
         f"task_timeout_s: the attempt took longer than {TIMEOUT_S:g}s"
     )
+    assert {t.id: t.attempts for t in result.tasks} == {"t1": 2, "t2": 1}
+
+
+async def test_a_timed_out_attempt_on_a_sqlite_journal_is_retried_and_replayed(
+    tmp_path: Path,
+) -> None:
+    executor = Hanging(hang={("s1", 1)})
+    with anyio.fail_after(10):
+        async with (
+            SQLiteStore(tmp_path / "journal.db") as store,
+            Supervisor(ScriptedModel(executor), store) as sup,
+        ):
+            handle = await sup.submit(timed(independent(2)))
+            result = await handle.result()
+            assert await sup.replay(handle.run_id) == result
+
+    assert result.status is RunStatus.COMPLETED
+    assert executor.cancelled == [("s1", 1)]
     assert {t.id: t.attempts for t in result.tasks} == {"t1": 2, "t2": 1}
 
 
