@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
+from anyio.lowlevel import checkpoint_if_cancelled
 from pydantic_core import PydanticSerializationError
 
 from .._errors import (
@@ -426,13 +427,22 @@ class RunDriver:
         self,
         *specs: tuple[type[Event], dict[str, Any]],
         before_install: Callable[[], None] | None = None,
+        unless_cancelled: bool = False,
     ) -> RunState:
         """Append staged and new events to the journal, then install the state.
 
         Serialized by a lock: approval answers are journaled by their own
         tasks while the driver may be waiting elsewhere (at a replan gate).
+
+        ``unless_cancelled``: raise the cancellation instead, should the
+        caller's task be cancelled by the time it holds the lock (taking the
+        lock is no cancellation point when the lock is free or handed over).
         """
         async with self._journal_lock:
+            if unless_cancelled:
+                # Switches to no other task when not cancelled: nothing can
+                # change between this check and the append below.
+                await checkpoint_if_cancelled()
             if self.state.status.final:
                 # Journaled its end already: a late caller (a tool call's
                 # approval on an executor worker not yet cancelled) must not
@@ -569,9 +579,13 @@ class RunDriver:
         # Listed in the registry once gate_opened is journaled (a gate a
         # person can see survives a crash) and before the state that shows it
         # is installed (whoever reacts to the event can resolve it at once).
+        # A tool call's gate is opened by the attempt's executor worker: an
+        # attempt cut short meanwhile (task_timeout_s) must not open it after
+        # its end is journaled.
         await self.record_events(
             (GateOpened, {"request": request}),
             before_install=lambda: self.gates.open(request, validate),
+            unless_cancelled=request.tool_call is not None,
         )
 
     async def await_gate(
@@ -647,7 +661,10 @@ class RunDriver:
         self, request: GateRequest, resolution: GateResolution
     ) -> None:
         await self.record_events(
-            (GateResolved, {"gate_id": request.gate_id, "resolution": resolution})
+            (GateResolved, {"gate_id": request.gate_id, "resolution": resolution}),
+            # A tool call's answer is journaled by the attempt's worker: an
+            # attempt cut short meanwhile had its gate withdrawn already.
+            unless_cancelled=request.tool_call is not None,
         )
         self.gates.close(request.gate_id)
 
@@ -939,14 +956,15 @@ class RunDriver:
         asks again, at a gate of its own. (An answer journaled before the
         attempt was cut short has closed its gate already.)
         """
+        note = (
+            "the attempt that asked passed task_timeout_s; "
+            "an attempt that runs again asks again"
+        )
         for gate in self.view.open_gates:
             request = gate.request
             if request.tool_call is not None and request.task_id == task_id:
                 resolution = GateResolution(
-                    decision="reject",
-                    by="supervisor",
-                    note="the attempt that asked passed task_timeout_s; "
-                    "an attempt that runs again asks again",
+                    decision="reject", by="supervisor", note=note
                 )
                 self.stage(
                     (
@@ -954,7 +972,10 @@ class RunDriver:
                         {"gate_id": request.gate_id, "resolution": resolution},
                     )
                 )
-                self.gates.close(request.gate_id, "the attempt timed out")
+                # Answered, not closed: a gate worker may hold the request
+                # still; it answers with this, and the attempt's own cleanup
+                # closes the gate.
+                self.gates.withdraw(request.gate_id, note)
 
     def _withdraw_stale_approvals(self) -> None:
         """A side effect that a replan or ``complete`` superseded needs no answer."""

@@ -8,6 +8,9 @@ is withdrawn: the next attempt asks again.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import random
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ from scripts import GOAL, chain, independent, spec
 
 from replan import (
     ConfigurationError,
+    GateError,
     Limits,
     MemoryStore,
     ModelRequest,
@@ -239,3 +243,46 @@ def test_a_run_spec_names_a_bad_task_timeout_s() -> None:
     with pytest.raises(ConfigurationError) as caught:
         RunSpec(goal=GOAL, limits={"task_timeout_s": "soon"})
     assert caught.value.field == "limits.task_timeout_s"
+
+
+async def test_answers_racing_the_timeout_leave_every_gate_resolved_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # People answer tool calls' gates at random moments around the attempts'
+    # timeout. Whichever comes first, each gate is resolved exactly once in
+    # the journal (by the person or withdrawn), no worker crashes, and every
+    # run's journal replays to its result.
+    rnd = random.Random(7)
+    store = MemoryStore()
+    async with Supervisor(ScriptedModel(_emails), store, tools=[_send_email]) as sup:
+        run_spec = timed(independent(2), timeout_s=0.02, max_task_attempts=3)
+        handles = [await sup.submit(run_spec) for _ in range(30)]
+
+        async def answer(gate_id: str, after: float) -> None:
+            await anyio.sleep(after)
+            with contextlib.suppress(GateError):
+                await sup.gates.resolve(gate_id, {"decision": "approve"})
+
+        async def answering() -> None:
+            seen: set[str] = set()
+            while True:
+                for gate in sup.gates.pending():
+                    if gate.gate_id not in seen:
+                        seen.add(gate.gate_id)
+                        tg.start_soon(answer, gate.gate_id, rnd.random() * 0.03)
+                await anyio.sleep(0.002)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(answering)
+                results = [await h.result() for h in handles]
+                tg.cancel_scope.cancel()
+        for handle, result in zip(handles, results, strict=True):
+            events = await store.read(handle.run_id)
+            opened = [e.request.gate_id for e in events if isinstance(e, GateOpened)]
+            resolved = [e.gate_id for e in events if isinstance(e, GateResolved)]
+            assert sorted(opened) == sorted(resolved)
+            assert await sup.replay(handle.run_id) == result
+        assert sup.gates.pending() == []
+    crashes = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert crashes == []
