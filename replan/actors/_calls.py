@@ -15,6 +15,7 @@ from ..messages import (
     ExploreRequest,
     HypothesisBatch,
     ModelCall,
+    TokenUsage,
     ValidationBatch,
 )
 from ..telemetry import model_call, model_call_traced
@@ -54,11 +55,30 @@ async def call_model(
     response = await generate(model, request)
     output = response.output
     if not isinstance(output, output_type):
-        raise ModelError(
-            f"{role}/{purpose}: expected {output_type.__name__}, "
-            f"got {type(output).__name__}"
-        )
+        raise wrong_answer(request, output_type, output, response.usage)
     return output, ModelCall(role=role, purpose=purpose, usage=response.usage)
+
+
+def wrong_answer(
+    request: ModelRequest,
+    expected: type,
+    output: object,
+    usage: TokenUsage | None = None,
+) -> ModelError:
+    """The error for an answer of the wrong type: it says where it happened
+    and keeps the answer's tokens (``usage``, unless the caller counted them
+    already), which were spent all the same."""
+    error = ModelError(
+        f"{request.role}/{request.purpose}: expected {expected.__name__}, "
+        f"got {type(output).__name__}",
+        usage=usage,
+    )
+    error.role, error.purpose, error.task_id = (
+        request.role,
+        request.purpose,
+        request.task_id,
+    )
+    return error
 
 
 async def generate(model: Model, request: ModelRequest) -> ModelResponse:

@@ -26,7 +26,7 @@ from ..messages import (
     ToolExchange,
     ToolResult,
 )
-from ._calls import generate
+from ._calls import generate, wrong_answer
 
 Approver = Callable[[str, str, ToolCall], Awaitable[GateResolution]]
 """``await approve(run_id, task_id, call)``: a person's answer at a gate."""
@@ -61,20 +61,18 @@ class ToolLoop:
         context: dict[str, Any] = request.context
         try:
             for step in range(1, request.max_tool_steps + 1):
-                response = await generate(
-                    self._model,
-                    ModelRequest(
-                        role="executor",
-                        purpose="execute",
-                        output_type=TaskOutcome,
-                        temperature=self._temperature,
-                        run_id=run_id,
-                        task_id=task.id,
-                        context=context,
-                        tools=specs,
-                        transcript=list(transcript),
-                    ),
+                request_sent = ModelRequest(
+                    role="executor",
+                    purpose="execute",
+                    output_type=TaskOutcome,
+                    temperature=self._temperature,
+                    run_id=run_id,
+                    task_id=task.id,
+                    context=context,
+                    tools=specs,
+                    transcript=list(transcript),
                 )
+                response = await generate(self._model, request_sent)
                 calls.append(_call(response.usage))
                 if response.tool_calls and specs:
                     results = [
@@ -86,10 +84,8 @@ class ToolLoop:
                     )
                     continue
                 if not isinstance(response.output, TaskOutcome):
-                    got = type(response.output).__name__
-                    raise ModelError(
-                        f"executor/execute: expected TaskOutcome, got {got}"
-                    )
+                    # Its tokens are in ``calls`` already.
+                    raise wrong_answer(request_sent, TaskOutcome, response.output)
                 return ExecuteReply(outcome=response.output, calls=calls)
         except ModelError as exc:
             if exc.usage is not None:
