@@ -462,6 +462,7 @@ class ActorPool(Generic[ReqT, RepT]):
         handling and drops the callback. Waits only while the mailbox is full.
 
         ``deadline`` (on the anyio clock): past it, the handling is cancelled
+        (or the request is not sent, if the mailbox had no room until then)
         and ``on_done`` gets the slot answered with :class:`ActorTimeout`.
 
         Raises:
@@ -475,6 +476,11 @@ class ActorPool(Generic[ReqT, RepT]):
             await self._enqueue(envelope)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             raise ActorStopped(self.role, self.stop_reason or "stopped") from None
+        except ActorTimeout as exc:
+            # The deadline passed while the mailbox had no room: nothing was
+            # sent, and the callback hears of it as of any timeout.
+            slot.expire(exc)
+            return slot
         if deadline is not None:
             # Timed by the pool's timer task; a pool that has not started
             # has no workers either, and post() is for running pools.

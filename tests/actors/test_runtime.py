@@ -711,6 +711,38 @@ async def test_a_posted_request_past_its_deadline_is_cancelled_and_calls_back() 
     assert len(errors) == 1
 
 
+async def test_a_post_whose_deadline_passes_on_a_full_mailbox_calls_back() -> None:
+    script = Script()
+    pool = pool_of(script, workers=1, mailbox_size=1)
+    errors: list[BaseException] = []
+    done = anyio.Event()
+
+    def on_done(slot: ReplySlot[str]) -> None:
+        try:
+            slot.result()
+        except ActorTimeout as exc:
+            errors.append(exc)
+        done.set()
+
+    outcomes: dict[str, Outcome] = {}
+    async with running(pool) as tg:
+        await enqueue(tg, pool, "hold:first", outcomes)
+        await script.started_event("hold:first").wait()
+        await enqueue(tg, pool, "hold:second", outcomes)  # fills the mailbox
+        # No room until "first" is done: the post waits, then its deadline
+        # passes; it raises nothing, the callback hears of the timeout.
+        slot = await pool.post(
+            "echo:late", on_done, deadline=anyio.current_time() + 0.02
+        )
+        assert slot.done
+        assert done.is_set()
+        script.release("first")
+        script.release("second")
+        assert await pool.ask("echo:next") == "next"
+    assert len(errors) == 1
+    assert "echo:late" not in script.handled
+
+
 async def test_a_posted_request_answered_in_time_keeps_its_reply() -> None:
     script = Script()
     pool = pool_of(script, workers=1)
