@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -95,6 +95,22 @@ def pool_of(script: Script, **options: int | float) -> ActorPool[str, str]:
 
 
 Outcome = str | BaseException
+
+
+def keep_errors(
+    kind: type[BaseException], errors: list[BaseException], done: anyio.Event
+) -> Callable[[ReplySlot[str]], None]:
+    """A post's callback that keeps the answered slot's ``kind`` error and
+    sets ``done``."""
+
+    def on_done(slot: ReplySlot[str]) -> None:
+        try:
+            slot.result()
+        except kind as exc:
+            errors.append(exc)
+        done.set()
+
+    return on_done
 
 
 async def enqueue(
@@ -629,12 +645,7 @@ async def test_post_reports_a_crash_as_an_error_from_the_slot() -> None:
     errors: list[BaseException] = []
     done = anyio.Event()
 
-    def on_done(slot: ReplySlot[str]) -> None:
-        try:
-            slot.result()
-        except ActorCrashed as exc:
-            errors.append(exc)
-        done.set()
+    on_done = keep_errors(ActorCrashed, errors, done)
 
     async with running(pool):
         await pool.post("crash:x", on_done)
@@ -694,12 +705,7 @@ async def test_a_posted_request_past_its_deadline_is_cancelled_and_calls_back() 
     errors: list[BaseException] = []
     done = anyio.Event()
 
-    def on_done(slot: ReplySlot[str]) -> None:
-        try:
-            slot.result()
-        except ActorTimeout as exc:
-            errors.append(exc)
-        done.set()
+    on_done = keep_errors(ActorTimeout, errors, done)
 
     async with running(pool):
         await pool.post("forever", on_done, deadline=anyio.current_time() + 0.05)
@@ -717,12 +723,7 @@ async def test_a_post_whose_deadline_passes_on_a_full_mailbox_calls_back() -> No
     errors: list[BaseException] = []
     done = anyio.Event()
 
-    def on_done(slot: ReplySlot[str]) -> None:
-        try:
-            slot.result()
-        except ActorTimeout as exc:
-            errors.append(exc)
-        done.set()
+    on_done = keep_errors(ActorTimeout, errors, done)
 
     outcomes: dict[str, Outcome] = {}
     async with running(pool) as tg:

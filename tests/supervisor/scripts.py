@@ -24,6 +24,7 @@ from replan import (
     Limits,
     MemoryStore,
     ModelRequest,
+    ModelResponse,
     PlanProposal,
     ReplanOutcome,
     RunResult,
@@ -38,8 +39,9 @@ from replan import (
     TokenUsage,
     Trigger,
     Verdict,
+    tool,
 )
-from replan.messages import Event, MilestoneReviewed, RunStatus
+from replan.messages import Event, MilestoneReviewed, RunStatus, ToolCall
 from replan.store import RunSummary, Store
 
 GOAL = "map the market for solid-state batteries"
@@ -181,6 +183,23 @@ def scripted(
         return table.get((request.role, request.purpose), unexpected)(request)
 
     return ScriptedModel(handler, latency_s=latency_s, usage=usage)
+
+
+@tool(side_effect=True)
+def send_email(to: str, idempotency_key: str) -> str:
+    """Email someone."""
+    return "sent"
+
+
+def emails_first(request: ModelRequest) -> Any:
+    """The executor calls ``send_email`` (a side effect: a gate asks first),
+    then reports success."""
+    if request.purpose == "synthesize":
+        return Synthesis(output="done")
+    if not request.transcript:
+        call = ToolCall(id="c1", name="send_email", arguments='{"to": "ana"}')
+        return ModelResponse(tool_calls=[call])
+    return TaskOutcome(success=True, summary="emailed")
 
 
 # Plans -----------------------------------------------------------------------

@@ -5,28 +5,29 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
-from scripts import DelegatingStore, independent, scripted, spec
+from scripts import (
+    DelegatingStore,
+    emails_first,
+    independent,
+    scripted,
+    send_email,
+    spec,
+)
 
 from replan import (
     GateError,
     MemoryStore,
-    ModelRequest,
-    ModelResponse,
     RunHandle,
     RunStatus,
     ScriptedModel,
     Supervisor,
     SupervisorError,
-    Synthesis,
-    TaskOutcome,
-    tool,
 )
-from replan.messages import Event, GateOpened, ToolCall
+from replan.messages import Event, GateOpened
 from replan.store import RunSummary, Store
 
 
@@ -213,21 +214,6 @@ async def test_drain_before_the_supervisor_serves_does_nothing() -> None:
     await sup.drain(0.1)  # stopped: nothing to do either
 
 
-@tool(side_effect=True)
-def _send_email(to: str, idempotency_key: str) -> str:
-    """Email someone."""
-    return "sent"
-
-
-def _emails_first(request: ModelRequest) -> Any:
-    if request.purpose == "synthesize":
-        return Synthesis(output="done")
-    if not request.transcript:
-        call = ToolCall(id="c1", name="_send_email", arguments='{"to": "ana"}')
-        return ModelResponse(tool_calls=[call])
-    return TaskOutcome(success=True, summary="emailed")
-
-
 async def _approve(sup: Supervisor, gate_id: str) -> None:
     with contextlib.suppress(GateError):  # the run may end first
         await sup.gates.resolve(gate_id, {"decision": "approve"})
@@ -240,8 +226,8 @@ async def test_an_approval_answered_as_the_run_is_cancelled_comes_before_its_end
     # cancel reaches only at its next checkpoint: on trio it appended after
     # run_finished, and gate_resolved set the cancelled run 'running' again.
     store = MemoryStore()
-    model = ScriptedModel(_emails_first)
-    async with Supervisor(model, store, tools=[_send_email]) as sup:
+    model = ScriptedModel(emails_first)
+    async with Supervisor(model, store, tools=[send_email]) as sup:
         for trial in range(16):
             handle = await sup.submit(spec(independent(1)))
             with anyio.fail_after(10):

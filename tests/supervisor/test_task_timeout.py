@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 import pytest
-from scripts import GOAL, chain, independent, spec
+from scripts import GOAL, chain, emails_first, independent, send_email, spec
 
 from replan import (
     ConfigurationError,
@@ -144,24 +144,11 @@ async def test_without_task_timeout_s_a_slow_attempt_is_waited_for() -> None:
     assert [e.outcome.success for e in finished] == [True]
 
 
-@tool(side_effect=True)
-def _send_email(to: str, idempotency_key: str) -> str:
-    """Email someone."""
-    return "sent"
-
-
-def _emails(request: ModelRequest) -> Any:
-    if request.purpose == "synthesize":
-        return Synthesis(output="done")
-    if not request.transcript:
-        call = ToolCall(id="c1", name="_send_email", arguments='{"to": "ana"}')
-        return ModelResponse(tool_calls=[call])
-    return TaskOutcome(success=True, summary="emailed")
-
-
 async def test_a_tool_calls_gate_left_by_a_timed_out_attempt_is_withdrawn() -> None:
     store = MemoryStore()
-    async with Supervisor(ScriptedModel(_emails), store, tools=[_send_email]) as sup:
+    async with Supervisor(
+        ScriptedModel(emails_first), store, tools=[send_email]
+    ) as sup:
         # Long enough for the second attempt to finish once approved.
         handle = await sup.submit(timed(independent(1), timeout_s=1.0))
         gates: list[str] = []
@@ -254,7 +241,9 @@ async def test_answers_racing_the_timeout_leave_every_gate_resolved_once(
     # run's journal replays to its result.
     rnd = random.Random(7)
     store = MemoryStore()
-    async with Supervisor(ScriptedModel(_emails), store, tools=[_send_email]) as sup:
+    async with Supervisor(
+        ScriptedModel(emails_first), store, tools=[send_email]
+    ) as sup:
         run_spec = timed(independent(2), timeout_s=0.02, max_task_attempts=3)
         handles = [await sup.submit(run_spec) for _ in range(30)]
 
