@@ -284,7 +284,8 @@ class ActorPool(Generic[ReqT, RepT]):
         role: the role name (``planner``, ``executor``, ...).
         factory: makes a new actor for each worker (re)start.
         workers: how many requests the role handles at once.
-        mailbox_size: requests that may wait; senders block beyond it.
+        mailbox_size: requests that may wait (at least 1); senders block
+            beyond it.
         max_restarts: crashes tolerated within ``restart_period_s``.
         restart_period_s: the sliding window for ``max_restarts``.
         telemetry: where each request's span goes (under the sender's).
@@ -303,6 +304,11 @@ class ActorPool(Generic[ReqT, RepT]):
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
+        if mailbox_size < 1:
+            # Workers take requests without blocking on the stream, so a
+            # zero-size stream (a rendezvous) could strand a sender that
+            # blocks just after the only idle worker looked.
+            raise ValueError("mailbox_size must be at least 1")
         self.role = role
         self._factory = factory
         self._workers = workers

@@ -2,6 +2,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from types import TracebackType
+from typing import Self
+
+import anyio
 
 from ..messages import EVENT_ADAPTER, Event, RunCompacted, RunStatus, event_json
 from ._port import EffectRecord, JournalConflict, RunSummary
@@ -11,7 +15,9 @@ class MemoryStore:
     """A journal in memory, for tests and throwaway runs.
 
     Events are kept as JSON, exactly as a durable store keeps them, so a test
-    against this store also proves every event survives serialization.
+    against this store also proves every event survives serialization. Once
+    closed it refuses every call with ``anyio.ClosedResourceError``, as the
+    SQLite store does, so that code written against it fails the same way.
     """
 
     def __init__(self) -> None:
@@ -21,10 +27,27 @@ class MemoryStore:
         self._runs: dict[str, RunSummary] = {}
         self._effects: dict[str, dict[tuple[str, int], EffectRecord]] = {}
         self._compacted: set[str] = set()
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise anyio.ClosedResourceError
 
     async def append(
         self, run_id: str, events: Sequence[Event], summary: RunSummary
     ) -> None:
+        self._check_open()
         journal = self._events.setdefault(run_id, [])
         expected = self._base.get(run_id, 0) + len(journal) + 1
         encoded: list[bytes] = []
@@ -39,11 +62,13 @@ class MemoryStore:
         self._runs[run_id] = summary
 
     async def read(self, run_id: str, after: int = 0) -> list[Event]:
+        self._check_open()
         journal = self._events.get(run_id, [])
         start = max(after - self._base.get(run_id, 0), 0)
         return [EVENT_ADAPTER.validate_json(raw) for raw in journal[start:]]
 
     async def get_run(self, run_id: str) -> RunSummary | None:
+        self._check_open()
         return self._runs.get(run_id)
 
     async def list_runs(
@@ -53,6 +78,7 @@ class MemoryStore:
         limit: int = 100,
         offset: int = 0,
     ) -> list[RunSummary]:
+        self._check_open()
         rows = [
             r for r in self._runs.values() if statuses is None or r.status in statuses
         ]
@@ -60,14 +86,16 @@ class MemoryStore:
         return rows[offset : offset + limit]
 
     async def aclose(self) -> None:
-        return None
+        self._closed = True
 
     # Effect ledger --------------------------------------------------------------
 
     async def record_effect(self, run_id: str, record: EffectRecord) -> None:
+        self._check_open()
         self._effects.setdefault(run_id, {})[record.task_id, record.attempt] = record
 
     async def read_effects(self, run_id: str) -> list[EffectRecord]:
+        self._check_open()
         return list(self._effects.get(run_id, {}).values())
 
     # Retention ------------------------------------------------------------------
@@ -75,6 +103,7 @@ class MemoryStore:
     async def finished_before(
         self, before: datetime, *, include_compacted: bool, limit: int
     ) -> list[str]:
+        self._check_open()
         rows = sorted(
             (
                 r
@@ -88,6 +117,7 @@ class MemoryStore:
         return [r.run_id for r in rows[:limit]]
 
     async def compact_run(self, run_id: str, snapshot: RunCompacted) -> None:
+        self._check_open()
         journal = self._events.get(run_id, [])
         last = self._base.get(run_id, 0) + len(journal)
         if snapshot.seq != last:
@@ -101,6 +131,7 @@ class MemoryStore:
         self._compacted.add(run_id)
 
     async def delete_run(self, run_id: str) -> None:
+        self._check_open()
         for table in (self._events, self._base, self._runs, self._effects):
             table.pop(run_id, None)
         self._compacted.discard(run_id)

@@ -363,15 +363,23 @@ async def test_a_deadline_that_passes_while_blocked_on_a_full_mailbox_times_out(
     None
 ):
     script = Script()
-    pool = pool_of(script, workers=1, mailbox_size=0)
+    pool = pool_of(script, workers=1, mailbox_size=1)
     outcomes: dict[str, Outcome] = {}
     async with running(pool) as tg:
         await enqueue(tg, pool, "hold:first", outcomes)
+        await enqueue(tg, pool, "echo:queued", outcomes)  # fills the mailbox
         with pytest.raises(ActorTimeout):
             await pool.ask("echo:late", deadline=anyio.current_time() + 0.02)
         assert pool.statistics().senders_waiting == 0
         script.release("first")
-    assert script.handled == ["hold:first"]
+        await wait_all_tasks_blocked()
+    assert script.handled == ["hold:first", "echo:queued"]
+    assert outcomes == {"hold:first": "first", "echo:queued": "queued"}
+
+
+def test_a_mailbox_must_hold_at_least_one_request() -> None:
+    with pytest.raises(ValueError, match="mailbox_size must be at least 1"):
+        pool_of(Script(), mailbox_size=0)
 
 
 async def test_a_deadline_already_past_times_out_at_once() -> None:

@@ -668,11 +668,19 @@ async def test_closing_twice_is_harmless(tmp_path: Path) -> None:
     await store.aclose()
 
 
-async def test_a_closed_store_refuses_calls(tmp_path: Path) -> None:
-    async with SQLiteStore(tmp_path / "j.db") as store:
-        pass
-    with pytest.raises(anyio.ClosedResourceError):
-        await store.read("run-1")
+async def test_a_closed_store_refuses_calls(store: Store) -> None:
+    await store.append("run-1", [started(1)], summary("run-1", 1))
+    await store.aclose()
+    calls = [
+        store.append("run-1", [started(2)], summary("run-1", 2)),
+        store.read("run-1"),
+        store.get_run("run-1"),
+        store.list_runs(),
+    ]
+    for call in calls:
+        with pytest.raises(anyio.ClosedResourceError):
+            await call
+    await store.aclose()  # closing again is harmless
 
 
 def test_an_unknown_synchronous_level_is_a_configuration_error(
