@@ -187,15 +187,7 @@ class OpenAIModel:
         started = time.perf_counter()
         model = self.model_for(request.role)
         where = f"{self._where} ({model})"
-        version: str | None = None
-        if request.messages:
-            base = list(request.messages)
-        else:
-            template = self.prompts.for_request(
-                request.role, request.purpose, request.context
-            )
-            version = template.label
-            base = template.render(request.context)
+        base, version = self._prompt(request)
         schema, strict = response_schema(request.output_type)
         extra: list[dict[str, Any]] = [*_transcript_messages(request)]
         usage = TokenUsage()
@@ -372,6 +364,29 @@ class OpenAIModel:
         # trickles its answer would still hold the call without this.
         with anyio.fail_after(self.timeout_s):
             return await self.client.chat.completions.create(**kwargs)
+
+    def prompt_messages(self, request: ModelRequest) -> list[dict[str, Any]]:
+        """The chat messages sent for ``request`` on its first try.
+
+        The request's own ``messages``, or its role's prompt rendered from
+        its context, then the tool calls and results so far. (The structured
+        output instruction some modes add, and a re-ask, come on top.)
+        Telemetry records these when content capture is on.
+
+        Raises:
+            MissingPromptError: no template for the role and purpose.
+        """
+        base, _ = self._prompt(request)
+        return base + _transcript_messages(request)
+
+    def _prompt(self, request: ModelRequest) -> tuple[list[dict[str, Any]], str | None]:
+        """The base messages, and the template's label when one was used."""
+        if request.messages:
+            return list(request.messages), None
+        template = self.prompts.for_request(
+            request.role, request.purpose, request.context
+        )
+        return template.render(request.context), template.label
 
     def temperature_for(self, request: ModelRequest) -> float:
         """The temperature sent for ``request``: the role's own setting for

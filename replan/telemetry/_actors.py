@@ -278,6 +278,22 @@ def _content(value: Any) -> str:
     )
 
 
+def _prompt_of(model: object, request: Any) -> list[Any]:
+    """What ``model`` is shown for ``request``, as far as it tells.
+
+    A model with ``prompt_messages(request)`` (``OpenAIModel``) renders its
+    prompt; any other is taken to see the request's messages, or else its
+    structured context.
+    """
+    render = getattr(model, "prompt_messages", None)
+    if callable(render):
+        try:
+            return list(render(request))
+        except Exception:  # the call itself reports a prompt it cannot render
+            pass
+    return request.messages or [{"role": "user", "content": request.context}]
+
+
 def model_call_traced(model: object) -> bool:
     """Would :func:`model_call` make a span here? (False: skip it entirely.)"""
     return (
@@ -320,9 +336,7 @@ def model_call(model: object, request: Any) -> Iterator[Callable[[Any], None]]:
     if request.task_id is not None:
         attrs[n.TASK_ID] = request.task_id
     if telemetry.capture_content:
-        attrs[n.GEN_AI_INPUT_MESSAGES] = _content(
-            request.messages or [{"role": "user", "content": request.context}]
-        )
+        attrs[n.GEN_AI_INPUT_MESSAGES] = _content(_prompt_of(model, request))
     span = telemetry.tracer.start_span(
         n.SPAN_CHAT_PREFIX + model_name, kind=SpanKind.CLIENT, attributes=attrs
     )

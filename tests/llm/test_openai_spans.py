@@ -1,0 +1,115 @@
+"""What a traced OpenAIModel call records when content capture is on."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import pytest
+from chat_server import Logged, Reply, answer_type, chat_server, completion
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+    InMemorySpanExporter,
+)
+
+from replan import (
+    MemoryStore,
+    ModelRequest,
+    RunSpec,
+    ScriptedModel,
+    Supervisor,
+    Synthesis,
+    TaskDraft,
+    TaskOutcome,
+)
+from replan.llm import OpenAIModel
+from replan.telemetry import _names as n
+
+
+def answer(logged: Logged) -> Reply:
+    if answer_type(logged) == "Synthesis":
+        return completion(Synthesis(output="the answer"))
+    return completion(TaskOutcome(success=True, summary="found four makers"))
+
+
+async def test_captured_prompts_are_the_messages_the_endpoint_was_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    spec = RunSpec(
+        goal="Find which battery makers ship solid-state cells",
+        tasks=[TaskDraft(key="search", description="search the trade press")],
+    )
+    with chat_server(answer) as server:
+        model = OpenAIModel("gpt-test", base_url=server.base_url, max_retries=0)
+        async with (
+            model,
+            Supervisor(model, MemoryStore(), tracer_provider=provider) as sup,
+        ):
+            with anyio.fail_after(30):
+                result = await (await sup.submit(spec)).result()
+        sent = [logged.messages for logged in server.chat_requests()]
+    assert result.status == "completed"
+    chats = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
+    assert len(chats) == len(sent) == 2  # the task and the synthesis
+    for chat in chats:
+        captured = json.loads(str((chat.attributes or {})[n.GEN_AI_INPUT_MESSAGES]))
+        # The rendered prompt (system and user turns), not the raw context.
+        assert [m["role"] for m in captured] == ["system", "user"]
+        # Sent as captured, bar the format instruction ending the system turn.
+        assert any(
+            captured[1] == messages[1]
+            and messages[0]["content"].startswith(captured[0]["content"])
+            for messages in sent
+        )
+    executor = next(
+        s
+        for s in chats
+        if (s.attributes or {})[n.GEN_AI_AGENT_NAME] == "executor"
+        and (s.attributes or {})[n.PURPOSE] == "execute"
+    )
+    prompt = str((executor.attributes or {})[n.GEN_AI_INPUT_MESSAGES])
+    assert "You are the executor of a supervised agent" in prompt
+    assert "search the trade press" in prompt
+
+
+class UnrenderableModel(ScriptedModel):
+    """A model whose prompt cannot be rendered for telemetry."""
+
+    def prompt_messages(self, request: ModelRequest) -> list[dict[str, Any]]:
+        raise KeyError("no template")
+
+
+async def test_a_prompt_that_cannot_be_rendered_is_captured_as_the_context(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    model = UnrenderableModel(
+        lambda r: (
+            TaskOutcome(success=True, summary="done")
+            if r.purpose == "execute"
+            else Synthesis(output="the answer")
+        )
+    )
+    spec = RunSpec(
+        goal="Find which battery makers ship solid-state cells",
+        tasks=[TaskDraft(key="search", description="search the trade press")],
+    )
+    async with Supervisor(model, MemoryStore(), tracer_provider=provider) as sup:
+        with anyio.fail_after(10):
+            result = await (await sup.submit(spec)).result()
+    assert result.status == "completed"
+    chats = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
+    assert len(chats) == 2
+    for chat in chats:
+        captured = json.loads(str((chat.attributes or {})[n.GEN_AI_INPUT_MESSAGES]))
+        assert captured[0]["role"] == "user"
+        assert captured[0]["content"]["goal"] == spec.goal
