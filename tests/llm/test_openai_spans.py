@@ -27,6 +27,23 @@ from replan import (
 from replan.llm import OpenAIModel
 from replan.telemetry import _names as n
 
+SPEC = RunSpec(
+    goal="Find which battery makers ship solid-state cells",
+    tasks=[TaskDraft(key="search", description="search the trade press")],
+)
+
+
+@pytest.fixture
+def traced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[TracerProvider, InMemorySpanExporter]:
+    """A tracer provider keeping its spans, with content capture on."""
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
 
 def answer(logged: Logged) -> Reply:
     if answer_type(logged) == "Synthesis":
@@ -35,16 +52,9 @@ def answer(logged: Logged) -> Reply:
 
 
 async def test_captured_prompts_are_the_messages_the_endpoint_was_sent(
-    monkeypatch: pytest.MonkeyPatch,
+    traced: tuple[TracerProvider, InMemorySpanExporter],
 ) -> None:
-    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    spec = RunSpec(
-        goal="Find which battery makers ship solid-state cells",
-        tasks=[TaskDraft(key="search", description="search the trade press")],
-    )
+    provider, exporter = traced
     with chat_server(answer) as server:
         model = OpenAIModel("gpt-test", base_url=server.base_url, max_retries=0)
         async with (
@@ -52,7 +62,7 @@ async def test_captured_prompts_are_the_messages_the_endpoint_was_sent(
             Supervisor(model, MemoryStore(), tracer_provider=provider) as sup,
         ):
             with anyio.fail_after(30):
-                result = await (await sup.submit(spec)).result()
+                result = await (await sup.submit(SPEC)).result()
         sent = [logged.messages for logged in server.chat_requests()]
     assert result.status == "completed"
     chats = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
@@ -86,12 +96,9 @@ class UnrenderableModel(ScriptedModel):
 
 
 async def test_a_prompt_that_cannot_be_rendered_is_captured_as_the_context(
-    monkeypatch: pytest.MonkeyPatch,
+    traced: tuple[TracerProvider, InMemorySpanExporter],
 ) -> None:
-    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider, exporter = traced
     model = UnrenderableModel(
         lambda r: (
             TaskOutcome(success=True, summary="done")
@@ -99,17 +106,13 @@ async def test_a_prompt_that_cannot_be_rendered_is_captured_as_the_context(
             else Synthesis(output="the answer")
         )
     )
-    spec = RunSpec(
-        goal="Find which battery makers ship solid-state cells",
-        tasks=[TaskDraft(key="search", description="search the trade press")],
-    )
     async with Supervisor(model, MemoryStore(), tracer_provider=provider) as sup:
         with anyio.fail_after(10):
-            result = await (await sup.submit(spec)).result()
+            result = await (await sup.submit(SPEC)).result()
     assert result.status == "completed"
     chats = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
     assert len(chats) == 2
     for chat in chats:
         captured = json.loads(str((chat.attributes or {})[n.GEN_AI_INPUT_MESSAGES]))
         assert captured[0]["role"] == "user"
-        assert captured[0]["content"]["goal"] == spec.goal
+        assert captured[0]["content"]["goal"] == SPEC.goal
