@@ -85,13 +85,6 @@ def _interned(names: set[str]) -> set[str]:
     return shared
 
 
-def share_fields_sets(models: Iterable[BaseModel]) -> None:
-    """Let frozen models built alike share one fields-set object (memory)."""
-    for model in models:
-        fields_set = _interned(model.__pydantic_fields_set__)
-        object.__setattr__(model, "__pydantic_fields_set__", fields_set)
-
-
 class Settings(Frozen):
     """A frozen model whose construction errors are configuration errors.
 

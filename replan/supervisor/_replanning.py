@@ -281,7 +281,7 @@ async def _after_proposal(
             reason = f"rejected by {resolution.by}" + (
                 f": {resolution.note}" if resolution.note else ""
             )
-            rejected = version.model_copy(update={"rejected_reason": reason})
+            rejected = version.evolve(rejected_reason=reason)
             await _refuse(
                 run, verdict, ReplanOutcome.REJECTED_BY_HUMAN, reason, proposed=rejected
             )
@@ -302,7 +302,7 @@ async def _after_proposal(
             reason = f"the plan no longer fits the run: {exc}"
             await _refuse(run, verdict, ReplanOutcome.REFUSED_INVALID, reason)
             return
-    version = version.model_copy(update={"approved_by": approved_by})
+    version = version.evolve(approved_by=approved_by)
     record = ReplanRecord(
         trigger=verdict.trigger,
         outcome=ReplanOutcome.APPLIED,

@@ -110,6 +110,19 @@ class RunState(Frozen):
                 out.extend(result.findings)
         return out
 
+    def last_findings(self, count: int) -> list[str]:
+        """The last ``count`` of :meth:`findings`, reading no further back."""
+        out: list[str] = []
+        if count <= 0:
+            return out
+        for task_id in reversed(self.completion_order):
+            result = self.tasks[task_id].result
+            if result is not None and result.findings:
+                out[:0] = result.findings[-(count - len(out)) :]
+                if len(out) >= count:
+                    break
+        return out
+
     def result(self) -> RunResult:
         return RunResult(
             run_id=self.run_id,

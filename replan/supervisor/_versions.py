@@ -10,8 +10,24 @@ from ..messages import (
     Trigger,
     check_drafts,
 )
-from ..messages._base import share_fields_sets
 from ._state import Phase, RunState
+
+_NEW_TASK = Task(
+    id="-",
+    key="-",
+    description="-",
+    depends_on=[],
+    phase="main",
+    milestone=False,
+    requires_approval=False,
+    version=1,
+)
+"""What every new task is evolved from: the fields a version sets are those a
+validated ``Task(...)`` with them would have, and their values come from
+drafts that were validated already. Evolving skips validating them again,
+and every new task shares this one's fields-set object (they live as long
+as the run, in every version)."""
+FINDINGS_AT_REPLAN = 3
 
 
 def build_version(
@@ -53,7 +69,7 @@ def build_version(
     version_no = len(state.versions) + 1
     ids = {d.key: f"t{state.task_count + i + 1}" for i, d in enumerate(drafts)}
     new_tasks = [
-        Task(
+        _NEW_TASK.evolve(
             id=ids[d.key],
             key=d.key,
             description=d.description,
@@ -65,7 +81,6 @@ def build_version(
         )
         for d in drafts
     ]
-    share_fields_sets(new_tasks)  # kept for the run's life, in every version
     gone = set(removed)
     return PlanVersion(
         version=version_no,
@@ -76,7 +91,7 @@ def build_version(
         removed=removed,
         added=[t.id for t in new_tasks],
         preserved=[t.id for t in live if t.id not in gone],
-        findings_at_replan=state.findings()[-3:],
+        findings_at_replan=state.last_findings(FINDINGS_AT_REPLAN),
     )
 
 

@@ -7,12 +7,15 @@ from itertools import product
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from replan import (
     Alignment,
     Limits,
     ReplanOutcome,
     RunSpec,
+    Task,
     TaskDraft,
     TaskOutcome,
     TaskStatus,
@@ -309,3 +312,67 @@ def test_apply_rejects_events_out_of_order() -> None:
     state = _state(2)
     with pytest.raises(ValueError, match="expected event seq"):
         apply(state, TaskStarted(seq=state.seq + 2, at=NOW, task_id="t1", attempt=1))
+
+
+def test_new_tasks_are_what_validating_them_would_build() -> None:
+    state = _finish(_state(2), "t1", OK)
+    drafts = [
+        TaskDraft(key="a", description="first", depends_on=["t1"], milestone=True),
+        TaskDraft(
+            key="b", description="second", depends_on=["a"], requires_approval=True
+        ),
+    ]
+    version = build_version(
+        state,
+        drafts,
+        trigger=Trigger.CONTRADICTION,
+        reason="r",
+        phase="synthesis",
+        replace_pending=True,
+    )
+    built = version.tasks_after[-2:]
+    validated = [
+        Task(
+            id="t3",
+            key="a",
+            description="first",
+            depends_on=["t1"],
+            phase="synthesis",
+            milestone=True,
+            requires_approval=False,
+            version=2,
+        ),
+        Task(
+            id="t4",
+            key="b",
+            description="second",
+            depends_on=["t3"],
+            phase="synthesis",
+            milestone=False,
+            requires_approval=True,
+            version=2,
+        ),
+    ]
+    assert built == validated
+    for task, expected in zip(built, validated, strict=True):
+        assert task.model_fields_set == expected.model_fields_set
+        assert task.model_dump_json() == expected.model_dump_json()
+    # Each task has a list of its own: a draft's list is never shared.
+    assert built[0].depends_on is not drafts[0].depends_on
+
+
+@given(
+    st.lists(st.lists(st.sampled_from("abcdefgh"), max_size=4), min_size=1, max_size=8),
+    st.integers(min_value=0, max_value=12),
+)
+def test_last_findings_are_the_tail_of_all_findings(
+    per_task: list[list[str]], count: int
+) -> None:
+    state = _state(len(per_task), chain=False)
+    # Completed in reverse plan order, so completion order is not plan order.
+    for index in reversed(range(len(per_task))):
+        outcome = TaskOutcome(success=True, findings=per_task[index])
+        state = _finish(state, f"t{index + 1}", outcome)
+
+    everything = state.findings()
+    assert state.last_findings(count) == (everything[-count:] if count else [])
