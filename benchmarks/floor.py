@@ -62,22 +62,15 @@ from w1_replan_loop import one_run as w1_run
 from replan import Supervisor
 from replan.messages import Event, event_json
 from replan.store import MemoryStore, RunSummary
+from replan.store._sqlite import _SCHEMA_V1
+
+EVENTS_TABLE = _SCHEMA_V1[0]
+"""The journal's own ``events`` table."""
 
 REPETITIONS = 21
 ROUND_TRIPS = 29
 """Model-backed actor calls in a W1 run."""
 W1_TARGET_US = 120.0
-
-_SCHEMA = """
-    CREATE TABLE events (
-        run_id  TEXT    NOT NULL,
-        seq     INTEGER NOT NULL,
-        type    TEXT    NOT NULL,
-        payload TEXT    NOT NULL,
-        at      TEXT    NOT NULL,
-        PRIMARY KEY (run_id, seq)
-    )
-"""
 
 
 class _Recording(MemoryStore):
@@ -132,7 +125,7 @@ class Journal:
         self.conn.execute("PRAGMA journal_mode = WAL")
         self.conn.execute("PRAGMA synchronous = NORMAL")
         self.conn.execute("PRAGMA wal_autocheckpoint = 0")
-        self.conn.execute(_SCHEMA)
+        self.conn.execute(EVENTS_TABLE)
 
     def commit(self, sql: str, values: list[object]) -> None:
         # One statement outside a transaction: committed when it returns.

@@ -331,26 +331,25 @@ def test_new_tasks_are_what_validating_them_would_build() -> None:
         replace_pending=True,
     )
     built = version.tasks_after[-2:]
+    common: dict[str, Any] = {"phase": "synthesis", "version": 2}
     validated = [
         Task(
             id="t3",
             key="a",
             description="first",
             depends_on=["t1"],
-            phase="synthesis",
             milestone=True,
             requires_approval=False,
-            version=2,
+            **common,
         ),
         Task(
             id="t4",
             key="b",
             description="second",
             depends_on=["t3"],
-            phase="synthesis",
             milestone=False,
             requires_approval=True,
-            version=2,
+            **common,
         ),
     ]
     assert built == validated
