@@ -6,7 +6,6 @@ sender's W3C context, and :func:`serving` starts the actor's span as its child.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -15,7 +14,6 @@ from typing import Any
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
-from pydantic_core import to_jsonable_python
 
 from .._errors import ModelError
 from ..messages import (
@@ -32,6 +30,7 @@ from ..messages import (
     TokenUsage,
 )
 from . import _names as n
+from ._content import input_messages, output_messages
 from ._telemetry import Telemetry, truncate
 
 _ACTIVE: ContextVar[Telemetry | None] = ContextVar("replan_telemetry", default=None)
@@ -272,12 +271,6 @@ def _model_name(model: object, role: str) -> str:
     return name if isinstance(name, str) and name else "unknown"
 
 
-def _content(value: Any) -> str:
-    return truncate(
-        json.dumps(to_jsonable_python(value, fallback=str), ensure_ascii=False)
-    )
-
-
 def _prompt_of(model: object, request: Any) -> list[Any]:
     """What ``model`` is shown for ``request``, as far as it tells.
 
@@ -336,7 +329,7 @@ def model_call(model: object, request: Any) -> Iterator[Callable[[Any], None]]:
     if request.task_id is not None:
         attrs[n.TASK_ID] = request.task_id
     if telemetry.capture_content:
-        attrs[n.GEN_AI_INPUT_MESSAGES] = _content(_prompt_of(model, request))
+        attrs[n.GEN_AI_INPUT_MESSAGES] = input_messages(_prompt_of(model, request))
     span = telemetry.tracer.start_span(
         n.SPAN_CHAT_PREFIX + model_name, kind=SpanKind.CLIENT, attributes=attrs
     )
@@ -347,10 +340,7 @@ def model_call(model: object, request: Any) -> Iterator[Callable[[Any], None]]:
             if response.model:
                 span.set_attribute(n.GEN_AI_RESPONSE_MODEL, response.model)
             if telemetry.capture_content:
-                span.set_attribute(
-                    n.GEN_AI_OUTPUT_MESSAGES,
-                    _content([{"role": "assistant", "content": response.output}]),
-                )
+                span.set_attribute(n.GEN_AI_OUTPUT_MESSAGES, output_messages(response))
 
         try:
             yield answered

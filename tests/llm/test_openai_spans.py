@@ -69,14 +69,26 @@ async def test_captured_prompts_are_the_messages_the_endpoint_was_sent(
     assert len(chats) == len(sent) == 2  # the task and the synthesis
     for chat in chats:
         captured = json.loads(str((chat.attributes or {})[n.GEN_AI_INPUT_MESSAGES]))
-        # The rendered prompt (system and user turns), not the raw context.
+        # The rendered prompt (system and user turns), not the raw context,
+        # each turn one text part, as the GenAI conventions lay messages out.
         assert [m["role"] for m in captured] == ["system", "user"]
+        assert all([p["type"] for p in m["parts"]] == ["text"] for m in captured)
+        system, user = (m["parts"][0]["content"] for m in captured)
         # Sent as captured, bar the format instruction ending the system turn.
         assert any(
-            captured[1] == messages[1]
-            and messages[0]["content"].startswith(captured[0]["content"])
+            user == messages[1]["content"] and messages[0]["content"].startswith(system)
             for messages in sent
         )
+        output = json.loads(str((chat.attributes or {})[n.GEN_AI_OUTPUT_MESSAGES]))
+        assert output[0]["role"] == "assistant"
+        assert output[0]["finish_reason"] == "stop"
+        answers = (
+            Synthesis(output="the answer"),
+            TaskOutcome(success=True, summary="found four makers"),
+        )
+        assert output[0]["parts"][0]["content"] in [
+            a.model_dump_json() for a in answers
+        ]
     executor = next(
         s
         for s in chats
@@ -115,4 +127,7 @@ async def test_a_prompt_that_cannot_be_rendered_is_captured_as_the_context(
     for chat in chats:
         captured = json.loads(str((chat.attributes or {})[n.GEN_AI_INPUT_MESSAGES]))
         assert captured[0]["role"] == "user"
-        assert captured[0]["content"]["goal"] == SPEC.goal
+        # The structured context, as the JSON text of one text part.
+        (part,) = captured[0]["parts"]
+        assert part["type"] == "text"
+        assert json.loads(part["content"])["goal"] == SPEC.goal

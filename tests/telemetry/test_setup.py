@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -125,6 +126,9 @@ async def test_prompts_and_completions_are_captured_only_when_asked_and_truncate
         prompt = attr(chat, n.GEN_AI_INPUT_MESSAGES)
         assert "map the market" in prompt
         assert len(prompt) <= CONTENT_LIMIT
+        # Shortened inside its texts: still the conventions' JSON array.
+        (message,) = json.loads(prompt)
+        assert message["parts"][0]["content"].endswith("…")
         assert attr(chat, n.GEN_AI_OUTPUT_MESSAGES)
 
 
