@@ -28,6 +28,7 @@ drafts that were validated already. Evolving skips validating them again,
 and every new task shares this one's fields-set object (they live as long
 as the run, in every version)."""
 FINDINGS_AT_REPLAN = 3
+"""How many of the latest findings a version keeps (``findings_at_replan``)."""
 
 
 def build_version(

@@ -28,7 +28,8 @@ from ._telemetry import CONTENT_LIMIT, truncate
 _SHORTENINGS = 8
 """Rounds of shortening before the JSON is cut as a string."""
 _ESCAPE_ROOM = 8
-"""Characters cut beyond the overflow: room for the ellipsis and escapes."""
+"""Characters kept free per shortened text: its ellipsis and the rounding of
+its cut."""
 
 
 def input_messages(messages: Iterable[Any]) -> str:
