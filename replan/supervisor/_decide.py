@@ -6,6 +6,7 @@ one of a closed set of outcomes; none does I/O, so each is tested exhaustively.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Literal
 
 from ..messages import (
@@ -21,18 +22,26 @@ from ._state import RunState
 
 def ready_tasks(state: RunState) -> list[Task]:
     """Pending tasks whose dependencies have all completed, in plan order."""
-    # Plain loops: the run loop asks after every report, over every task.
+    return list(iter_ready(state))
+
+
+def iter_ready(state: RunState) -> Iterator[Task]:
+    """:func:`ready_tasks` one at a time, for a caller that may stop early.
+
+    The run loop asks after every report; with ``max_concurrency`` tasks to
+    start it stops at the first ones, instead of listing every ready task of
+    a plan that may hold thousands.
+    """
+    # Plain loops: this walks the plan after every report.
     tasks = state.tasks
     pending, completed = TaskStatus.PENDING, TaskStatus.COMPLETED
-    ready = []
     for task in tasks.values():
         if task.status is pending:
             for dep in task.depends_on:
                 if tasks[dep].status is not completed:
                     break
             else:
-                ready.append(task)
-    return ready
+                yield task
 
 
 def contract_rules(state: RunState) -> bool:
@@ -62,8 +71,13 @@ def milestone_due(state: RunState, task_id: str) -> bool:
     task = state.tasks[task_id]
     if task.milestone and task.status is TaskStatus.COMPLETED:
         return True
+    every = state.spec.limits.milestone_every
+    if len(state.window) < every:
+        # Too few tasks finished since the last review for enough of them
+        # to have completed: no need to count (the window may be long).
+        return False
     completed = sum(state.tasks[t].status is TaskStatus.COMPLETED for t in state.window)
-    return completed >= state.spec.limits.milestone_every
+    return completed >= every
 
 
 def phase_gate(state: RunState) -> Literal["boundary", "stay"]:

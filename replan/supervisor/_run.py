@@ -66,10 +66,10 @@ from ..telemetry import RunTrace, Telemetry
 from ._budget import RunMeter
 from ._decide import (
     budget_spent,
+    iter_ready,
     milestone_due,
     phase_done,
     phase_gate,
-    ready_tasks,
 )
 from ._gates import GateRegistry, Validator
 from ._handle import RunRecord
@@ -805,7 +805,7 @@ class RunDriver:
                         await boundary(self)
                         continue
                     return await self._synthesize()
-                if ready_tasks(state):
+                if next(iter_ready(state), None) is not None:
                     raise RunEnded(
                         RunStatus.LIMIT_REACHED,
                         f"max_task_executions: {state.task_executions} task "
@@ -928,7 +928,7 @@ class RunDriver:
         budget = self.limits.max_task_executions - state.task_executions
         to_start: list[Task] = []
         gated = {g.request.task_id for g in state.open_gates}
-        for task in ready_tasks(state):
+        for task in iter_ready(state):
             if task.requires_approval and not task.approved:
                 if task.id not in gated:
                     await self._request_approval(tg, task)
