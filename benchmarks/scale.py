@@ -24,6 +24,7 @@ from typing import Any
 
 import anyio
 from _common import (
+    BenchModel,
     check_repetitions,
     median,
     now,
@@ -38,7 +39,6 @@ from replan import (
     RunResult,
     RunSpec,
     RunStatus,
-    ScriptedModel,
     Supervisor,
     Synthesis,
     TaskDraft,
@@ -59,16 +59,6 @@ def answer(request: ModelRequest) -> Any:
     if request.purpose == "synthesize":
         return _SYNTHESIS
     raise AssertionError(f"the scale run asks no {request.role}/{request.purpose}")
-
-
-class _Forgetful(ScriptedModel):
-    """Keeps no record of its calls (thousands of them)."""
-
-    async def generate(self, request: ModelRequest) -> Any:
-        try:
-            return await super().generate(request)
-        finally:
-            self.calls.clear()
 
 
 def spec(tasks: int) -> RunSpec:
@@ -95,7 +85,7 @@ async def one_run(run_spec: RunSpec, tasks: int) -> float:
     """One run on a fresh supervisor and journal; microseconds per task."""
     async with (
         sqlite_journal() as store,
-        Supervisor(model=_Forgetful(answer), store=store) as sup,
+        Supervisor(model=BenchModel(answer), store=store) as sup,
     ):
         settle()
         started = now()
