@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ._base import Frozen
+from ._base import Frozen, _interned
 from ._explore import DiscoveryBrief
 from ._plan import PlanVersion, ReplanRecord
 from ._task import Task
@@ -48,14 +48,32 @@ class TokenUsage(Frozen):
         return self.input_tokens + self.output_tokens
 
     def __add__(self, other: TokenUsage) -> TokenUsage:
-        # Sums of valid counts are valid: no need to validate them again.
-        return self.evolve(
-            input_tokens=self.input_tokens + other.input_tokens,
-            output_tokens=self.output_tokens + other.output_tokens,
-            cached_tokens=self.cached_tokens + other.cached_tokens,
-            calls=self.calls + other.calls,
-            cost=self.cost + other.cost,
+        # Sums of valid counts are valid: no need to validate them again. A
+        # run adds one per finished task and model call, so the sum is built
+        # as evolve() would build it, without a copy of either operand.
+        total = object.__new__(TokenUsage)
+        object.__setattr__(
+            total,
+            "__dict__",
+            {
+                "kind": "token_usage",
+                "input_tokens": self.input_tokens + other.input_tokens,
+                "output_tokens": self.output_tokens + other.output_tokens,
+                "cached_tokens": self.cached_tokens + other.cached_tokens,
+                "calls": self.calls + other.calls,
+                "cost": self.cost + other.cost,
+            },
         )
+        object.__setattr__(total, "__pydantic_fields_set__", _SUM_FIELDS)
+        object.__setattr__(total, "__pydantic_extra__", None)
+        object.__setattr__(total, "__pydantic_private__", None)
+        return total
+
+
+_SUM_FIELDS = _interned(
+    {"input_tokens", "output_tokens", "cached_tokens", "calls", "cost"}
+)
+"""The fields a sum of usages sets (one set object for every sum)."""
 
 
 class Usage(Frozen):

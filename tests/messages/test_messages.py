@@ -228,3 +228,42 @@ def _a_task_in_a_cycle(graph: dict[str, list[str]]) -> str | None:
     except graphlib.CycleError as cycle:
         return str(cycle.args[1][0])
     return None
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(min_value=0, max_value=10**9),
+            st.integers(min_value=0, max_value=10**9),
+            st.integers(min_value=0, max_value=10**9),
+            st.integers(min_value=0, max_value=10**6),
+            st.floats(min_value=0, max_value=1e6),
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_a_sum_of_usages_is_the_usage_validation_would_build(
+    counts: list[tuple[int, int, int, int, float]],
+) -> None:
+    usages = [
+        TokenUsage(input_tokens=i, output_tokens=o, cached_tokens=c, calls=n, cost=cost)
+        for i, o, c, n, cost in counts
+    ]
+
+    total = usages[0]
+    for usage in usages[1:]:
+        total = total + usage
+
+    expected = TokenUsage(
+        input_tokens=sum(u.input_tokens for u in usages),
+        output_tokens=sum(u.output_tokens for u in usages),
+        cached_tokens=sum(u.cached_tokens for u in usages),
+        calls=sum(u.calls for u in usages),
+        cost=total.cost,  # float sums depend on their order; checked below
+    )
+    assert total == expected
+    assert total.cost == pytest.approx(sum(u.cost for u in usages))
+    # Every field is there (a field added to TokenUsage must be summed too).
+    assert total.__dict__.keys() == TokenUsage().__dict__.keys()
+    assert TokenUsage.model_validate_json(total.model_dump_json()) == total
