@@ -50,7 +50,8 @@ class TokenUsage(Frozen):
     def __add__(self, other: TokenUsage) -> TokenUsage:
         # Sums of valid counts are valid: no need to validate them again. A
         # run adds one per finished task and model call, so the sum is built
-        # as evolve() would build it, without a copy of either operand.
+        # directly (its fields set names the five counts), copying neither
+        # operand.
         total = object.__new__(TokenUsage)
         object.__setattr__(
             total,
