@@ -610,11 +610,13 @@ class _Checkpointer:
     def committed(self, appends: int = 1) -> bool:
         """Count a commit of ``appends`` appends (a group commit's are
         counted one by one, so the WAL grows by as much between rounds);
-        True when the writer should finish a round now."""
+        True when the writer should finish a round now. Every append counts,
+        the one whose commit finishes a round too: a round starts every
+        :data:`CHECKPOINT_EVERY` appends exactly."""
+        self._commits += appends
         if self._round_done:
             self._round_done = False
             return True
-        self._commits += appends
         if self._commits < CHECKPOINT_EVERY:
             return False
         self._commits = 0
