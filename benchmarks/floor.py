@@ -10,8 +10,8 @@ exactly those, with nothing of replan around them:
   do; ``await send()`` costs one more), with no envelope, reply slot,
   supervision or pydantic message;
 * **journal**: the events a real W1 run journals (taken from one, run
-  first with a ``MemoryStore``), in the same 31 groups, serialized with
-  ``event_json`` and committed as ``SQLiteStore`` commits them: one
+  first with a ``MemoryStore``), in the same 31 groups, made into rows and
+  committed by ``SQLiteStore``'s own functions for them: one
   multi-row ``INSERT`` per append, WAL, ``synchronous=NORMAL``, a fresh
   file per repetition (W1 starts each repetition on a fresh file too).
 
@@ -60,9 +60,9 @@ from _common import (
 from w1_replan_loop import one_run as w1_run
 
 from replan import Supervisor
-from replan.messages import Event, event_json
+from replan.messages import Event
 from replan.store import MemoryStore, RunSummary
-from replan.store._sqlite import _SCHEMA_V1
+from replan.store._sqlite import _SCHEMA_V1, _event_row, _flat, _insert_rows
 
 EVENTS_TABLE = _SCHEMA_V1[0]
 """The journal's own ``events`` table."""
@@ -98,21 +98,9 @@ async def w1_appends() -> tuple[str, list[list[Event]]]:
 
 
 def rows_of(run_id: str, events: Sequence[Event]) -> list[object]:
-    """The parameters of one append's multi-row INSERT."""
-    values: list[object] = []
-    for event in events:
-        values += (
-            run_id,
-            event.seq,
-            event.kind,
-            event_json(event).decode(),
-            event.at.isoformat(timespec="microseconds"),
-        )
-    return values
-
-
-def insert_sql(rows: int) -> str:
-    return "INSERT INTO events VALUES " + ", ".join(["(?, ?, ?, ?, ?)"] * rows)
+    """The parameters of one append's multi-row INSERT, as the store builds
+    them."""
+    return _flat([_event_row(run_id, event) for event in events])
 
 
 class Journal:
@@ -144,7 +132,7 @@ async def one_run(
     serialize: bool,
 ) -> float:
     """One W1-shaped run of the chosen parts; wall microseconds per task."""
-    sqls = [insert_sql(len(events)) for events in appends]
+    sqls = [_insert_rows(len(events)) for events in appends]
     ready = [rows_of(run_id, events) for events in appends]
     request_send, request_receive = anyio.create_memory_object_stream[int](1)
     reply_send, reply_receive = anyio.create_memory_object_stream[int](1)
