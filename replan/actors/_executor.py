@@ -16,6 +16,7 @@ from ..messages import (
     Task,
     TaskOutcome,
 )
+from ..store import ToolEffectLedger
 from ._calls import call_model
 from ._runtime import ActorContext
 from ._tool_loop import Approver, ToolLoop
@@ -44,7 +45,8 @@ class Executor:
     """Runs one task (a user function or the model) and writes the synthesis.
 
     With the model, a task is a tool loop (see ``ToolLoop``): the model may
-    call ``tools`` before it answers; side-effect tools wait for ``approver``.
+    call ``tools`` before it answers; side-effect tools wait for ``approver``
+    and are recorded in ``effects``.
     """
 
     def __init__(
@@ -54,11 +56,12 @@ class Executor:
         temperature: float,
         tools: Mapping[str, Tool] | None = None,
         approver: Approver | None = None,
+        effects: ToolEffectLedger | None = None,
     ) -> None:
         self._model = model
         self._task_runner = task_runner
         self._temperature = temperature
-        self._loop = ToolLoop(model, tools or {}, approver, temperature)
+        self._loop = ToolLoop(model, tools or {}, approver, temperature, effects)
 
     async def handle(
         self, request: ExecuteRequest | SynthesizeRequest, ctx: ActorContext

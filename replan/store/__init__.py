@@ -11,6 +11,8 @@ from ._port import JournalCorrupt as JournalCorrupt
 from ._port import JournalRetention as JournalRetention
 from ._port import RunSummary as RunSummary
 from ._port import Store as Store
+from ._port import ToolEffectLedger as ToolEffectLedger
+from ._port import ToolEffectRecord as ToolEffectRecord
 from ._sqlite import SQLiteStore as SQLiteStore
 
 __all__ = (
@@ -24,4 +26,6 @@ __all__ = (
     "RunSummary",
     "SQLiteStore",
     "Store",
+    "ToolEffectLedger",
+    "ToolEffectRecord",
 )

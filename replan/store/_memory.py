@@ -8,7 +8,7 @@ from typing import Self
 import anyio
 
 from ..messages import EVENT_ADAPTER, Event, RunCompacted, RunStatus, event_json
-from ._port import EffectRecord, JournalConflict, RunSummary
+from ._port import EffectRecord, JournalConflict, RunSummary, ToolEffectRecord
 
 
 class MemoryStore:
@@ -26,6 +26,7 @@ class MemoryStore:
         """Seq before a run's first kept event (non-zero once compacted)."""
         self._runs: dict[str, RunSummary] = {}
         self._effects: dict[str, dict[tuple[str, int], EffectRecord]] = {}
+        self._tool_effects: dict[str, dict[tuple[str, str], ToolEffectRecord]] = {}
         self._compacted: set[str] = set()
         self._closed = False
 
@@ -98,6 +99,17 @@ class MemoryStore:
         self._check_open()
         return list(self._effects.get(run_id, {}).values())
 
+    async def record_tool_effect(self, run_id: str, record: ToolEffectRecord) -> None:
+        self._check_open()
+        self._tool_effects.setdefault(run_id, {})[record.task_id, record.key] = record
+
+    async def read_tool_effects(
+        self, run_id: str, task_id: str
+    ) -> list[ToolEffectRecord]:
+        self._check_open()
+        records = self._tool_effects.get(run_id, {}).values()
+        return [r for r in records if r.task_id == task_id]
+
     # Retention ------------------------------------------------------------------
 
     async def finished_before(
@@ -128,10 +140,17 @@ class MemoryStore:
         self._events[run_id] = [event_json(snapshot)]
         self._base[run_id] = last - 1
         self._effects.pop(run_id, None)
+        self._tool_effects.pop(run_id, None)
         self._compacted.add(run_id)
 
     async def delete_run(self, run_id: str) -> None:
         self._check_open()
-        for table in (self._events, self._base, self._runs, self._effects):
+        for table in (
+            self._events,
+            self._base,
+            self._runs,
+            self._effects,
+            self._tool_effects,
+        ):
             table.pop(run_id, None)
         self._compacted.discard(run_id)

@@ -4,7 +4,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from .._errors import JournalConflict as JournalConflict
 from .._errors import JournalCorrupt as JournalCorrupt
@@ -128,6 +128,45 @@ class EffectLedger(Protocol):
         ...
 
 
+class ToolEffectRecord(BaseModel):
+    """A side-effect tool call that ran and returned, under its key.
+
+    The executor writes it as soon as the tool returns, before the model sees
+    the result. When a task is retried, or its attempt is run again after a
+    crash, and the model makes the same call again (same tool, same
+    arguments), the recorded result is used instead of asking for approval
+    and running the tool a second time.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    """The idempotency key the tool ran with: ``RUN:TASK:s<step>c<index>``,
+    with ``-2``, ``-3``... appended when a different call had already used
+    that key."""
+    task_id: str
+    tool: str
+    arguments: JsonValue
+    """The call's validated arguments, as JSON values."""
+    content: str
+    """What the tool returned."""
+
+
+@runtime_checkable
+class ToolEffectLedger(Protocol):
+    """A store that keeps the side-effect tool calls that ran."""
+
+    async def record_tool_effect(self, run_id: str, record: ToolEffectRecord) -> None:
+        """Keep ``record`` durably (replacing one with the same task and key)."""
+        ...
+
+    async def read_tool_effects(
+        self, run_id: str, task_id: str
+    ) -> list[ToolEffectRecord]:
+        """The calls recorded for the run's task, in the order they ran."""
+        ...
+
+
 @runtime_checkable
 class JournalRetention(Protocol):
     """A store that can fold or drop old finished runs."""
@@ -139,7 +178,8 @@ class JournalRetention(Protocol):
         ...
 
     async def compact_run(self, run_id: str, snapshot: RunCompacted) -> None:
-        """Replace the run's events by ``snapshot`` and drop its effect records.
+        """Replace the run's events by ``snapshot`` and drop its effect records
+        (tool effects included).
 
         Raises:
             JournalConflict: the journal moved on since ``snapshot`` was made.
@@ -147,5 +187,5 @@ class JournalRetention(Protocol):
         ...
 
     async def delete_run(self, run_id: str) -> None:
-        """Forget the run: its events, summary and effect records."""
+        """Forget the run: its events, summary, effect and tool effect records."""
         ...

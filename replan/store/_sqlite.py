@@ -14,17 +14,25 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, TypeVar
 
 import anyio
 import anyio.lowlevel
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .._errors import ConfigurationError
 from ..messages import EVENT_ADAPTER, Event, RunCompacted, RunStatus, event_json
-from ._port import EffectRecord, JournalConflict, JournalCorrupt, RunSummary
+from ._port import (
+    EffectRecord,
+    JournalConflict,
+    JournalCorrupt,
+    RunSummary,
+    ToolEffectRecord,
+)
 
-SCHEMA_VERSION = 2
+_Record = TypeVar("_Record", bound=BaseModel)
+
+SCHEMA_VERSION = 3
 """The layout this module writes, kept in ``PRAGMA user_version``."""
 
 _SCHEMA_V1 = (
@@ -69,6 +77,20 @@ _SCHEMA_V2 = (
     "CREATE INDEX runs_by_update ON runs (updated_at)",
 )
 
+# Version 3: the side-effect tool calls that ran, by idempotency key (a task
+# retried or run again after a crash reuses their results).
+_SCHEMA_V3 = (
+    """
+    CREATE TABLE tool_effects (
+        run_id  TEXT NOT NULL,
+        task_id TEXT NOT NULL,
+        key     TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        PRIMARY KEY (run_id, task_id, key)
+    )
+    """,
+)
+
 _LAST_SEQ = "SELECT coalesce(max(seq), 0) FROM events WHERE run_id = ?"
 _INSERT_EVENT = (
     "INSERT INTO events (run_id, seq, type, payload, at) VALUES (?, ?, ?, ?, ?)"
@@ -111,6 +133,14 @@ _RECORD_EFFECT = (
     "VALUES (?, ?, ?, ?)"
 )
 _READ_EFFECTS = "SELECT payload FROM effects WHERE run_id = ? ORDER BY rowid"
+_RECORD_TOOL_EFFECT = (
+    "INSERT OR REPLACE INTO tool_effects (run_id, task_id, key, payload) "
+    "VALUES (?, ?, ?, ?)"
+)
+_READ_TOOL_EFFECTS = (
+    "SELECT payload FROM tool_effects WHERE run_id = ? AND task_id = ? ORDER BY rowid"
+)
+_RUN_TABLES = ("events", "effects", "tool_effects", "runs")
 _FINAL = tuple(str(s) for s in RunStatus if s.final)
 _FINISHED_BEFORE = f"""
     SELECT run_id FROM runs
@@ -454,14 +484,34 @@ class SQLiteStore:
         )
 
     async def read_effects(self, run_id: str) -> list[EffectRecord]:
-        rows = self._connection().execute(_READ_EFFECTS, (run_id,)).fetchall()
-        records: list[EffectRecord] = []
-        for payload in rows:
-            try:
-                records.append(EffectRecord.model_validate_json(payload[0]))
-            except (ValueError, TypeError) as exc:
-                raise self._corrupt(run_id, "effect record", exc) from None
-        return records
+        return self._records(EffectRecord, "effect record", _READ_EFFECTS, run_id)
+
+    async def record_tool_effect(self, run_id: str, record: ToolEffectRecord) -> None:
+        self._writable().execute(
+            _RECORD_TOOL_EFFECT,
+            (run_id, record.task_id, record.key, record.model_dump_json()),
+        )
+
+    async def read_tool_effects(
+        self, run_id: str, task_id: str
+    ) -> list[ToolEffectRecord]:
+        return self._records(
+            ToolEffectRecord, "tool effect record", _READ_TOOL_EFFECTS, run_id, task_id
+        )
+
+    def _records(
+        self, model: type[_Record], what: str, query: str, run_id: str, *more: str
+    ) -> list[_Record]:
+        """The payloads ``query`` selects for the run, validated as ``model``.
+
+        Raises:
+            JournalCorrupt: a payload is not a valid ``model``.
+        """
+        rows = self._connection().execute(query, (run_id, *more)).fetchall()
+        try:
+            return [model.model_validate_json(payload) for (payload,) in rows]
+        except (ValueError, TypeError) as exc:
+            raise self._corrupt(run_id, what, exc) from None
 
     # Retention ------------------------------------------------------------------
 
@@ -489,6 +539,7 @@ class SQLiteStore:
                 (run_id, snapshot.seq, snapshot.kind, payload, _to_text(snapshot.at)),
             )
             conn.execute("DELETE FROM effects WHERE run_id = ?", (run_id,))
+            conn.execute("DELETE FROM tool_effects WHERE run_id = ?", (run_id,))
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -501,7 +552,7 @@ class SQLiteStore:
         self._live.discard(run_id)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for table in ("events", "effects", "runs"):
+            for table in _RUN_TABLES:
                 conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             conn.execute("COMMIT")
         except BaseException:
@@ -879,6 +930,9 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
                 conn.execute(statement)
         if version <= 1:
             for statement in _SCHEMA_V2:
+                conn.execute(statement)
+        if version <= 2:
+            for statement in _SCHEMA_V3:
                 conn.execute(statement)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")

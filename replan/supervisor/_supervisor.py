@@ -41,7 +41,7 @@ from ..messages import (
     ToolCall,
 )
 from ..messages._base import Settings
-from ..store import DriverLease, EffectLedger, MemoryStore, Store
+from ..store import DriverLease, EffectLedger, MemoryStore, Store, ToolEffectLedger
 from ..telemetry import Telemetry
 from ._budget import MeteredModel, RunMeter
 from ._gates import GateRegistry
@@ -362,6 +362,8 @@ class Supervisor:
     def _build_roles(self) -> Roles:
         model, runner = self._metered, self._task_runner
         tools, approve = self._tools, self._approve_tool_call
+        store = self.store
+        effects = store if isinstance(store, ToolEffectLedger) else None
         executor_t, evolver_t = self._temperatures
         opts = self._pool_options
         size = self._sizes
@@ -371,7 +373,7 @@ class Supervisor:
             ),
             executor=ActorPool(
                 "executor",
-                lambda: Executor(model, runner, executor_t, tools, approve),
+                lambda: Executor(model, runner, executor_t, tools, approve, effects),
                 workers=size["executor"],
                 **opts,
             ),

@@ -529,7 +529,7 @@ async def test_the_database_is_in_wal_mode_with_a_schema_version(
         pass
     with closing(sqlite3.connect(tmp_path / "j.db")) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert conn.execute("PRAGMA user_version").fetchone() == (2,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (3,)
 
 
 async def test_a_database_from_a_newer_schema_is_refused(tmp_path: Path) -> None:

@@ -19,10 +19,13 @@ from replan.store import (
     EffectLedger,
     EffectRecord,
     JournalConflict,
+    JournalCorrupt,
     JournalRetention,
     MemoryStore,
     SQLiteStore,
     Store,
+    ToolEffectLedger,
+    ToolEffectRecord,
 )
 from replan.supervisor import replay, snapshot
 
@@ -56,7 +59,54 @@ async def test_both_stores_are_effect_ledgers_and_support_retention(
     store: Store,
 ) -> None:
     assert isinstance(store, EffectLedger)
+    assert isinstance(store, ToolEffectLedger)
     assert isinstance(store, JournalRetention)
+
+
+def sent(key: str, to: str = "ana") -> ToolEffectRecord:
+    return ToolEffectRecord(
+        key=key,
+        task_id="t1",
+        tool="send_email",
+        arguments={"to": to, "cc": [to, None, 1.5]},
+        content=f"sent to {to}",
+    )
+
+
+async def test_tool_effects_are_read_by_run_and_task_in_the_order_they_ran(
+    store: Store,
+) -> None:
+    assert isinstance(store, ToolEffectLedger)
+    first, other = sent("run-1:t1:s1c0"), sent("run-1:t1:s1c1", to="bo")
+    elsewhere = sent("run-1:t2:s1c0").model_copy(update={"task_id": "t2"})
+    for record in (first, elsewhere, other):
+        await store.record_tool_effect("run-1", record)
+    assert await store.read_tool_effects("run-1", "t1") == [first, other]
+    assert await store.read_tool_effects("run-1", "t2") == [elsewhere]
+    assert await store.read_tool_effects("run-2", "t1") == []
+    again = sent(first.key, to="cy")
+    await store.record_tool_effect("run-1", again)
+    assert again in await store.read_tool_effects("run-1", "t1")
+    assert first not in await store.read_tool_effects("run-1", "t1")
+
+
+async def test_tool_effects_survive_reopening_the_journal(tmp_path: Path) -> None:
+    record = sent("run-1:t1:s1c0")
+    async with SQLiteStore(tmp_path / "j.db") as store:
+        await store.record_tool_effect("run-1", record)
+    async with SQLiteStore(tmp_path / "j.db") as store:
+        assert await store.read_tool_effects("run-1", "t1") == [record]
+
+
+async def test_a_damaged_tool_effect_is_journal_corrupt(tmp_path: Path) -> None:
+    async with SQLiteStore(tmp_path / "j.db") as store:
+        await store.record_tool_effect("run-1", sent("k"))
+    with closing(sqlite3.connect(tmp_path / "j.db")) as conn:
+        conn.execute("UPDATE tool_effects SET payload = '{\"key\": 1}'")
+        conn.commit()
+    async with SQLiteStore(tmp_path / "j.db") as store:
+        with pytest.raises(JournalCorrupt, match="run-1"):
+            await store.read_tool_effects("run-1", "t1")
 
 
 async def test_the_ledger_keeps_one_record_per_attempt(store: Store) -> None:
@@ -87,7 +137,10 @@ async def test_a_compacted_run_replays_to_the_same_result(
         FAR_FUTURE, include_compacted=False, limit=10
     ) == [run_id]
 
+    assert isinstance(store, ToolEffectLedger)
+    await store.record_tool_effect(run_id, sent("k"))
     await store.compact_run(run_id, snapshot(before, len(events)))
+    assert await store.read_tool_effects(run_id, "t1") == []
 
     (compacted,) = await store.read(run_id)
     assert compacted.kind == "run_compacted"
@@ -139,7 +192,12 @@ async def test_a_deleted_run_is_gone_with_its_ledger(store: Store) -> None:
     done = EffectRecord(task_id="t1", attempt=1, outcome=TaskOutcome(success=True))
     await store.record_effect(run_id, done)
     await store.record_effect(kept, done)
+    assert isinstance(store, ToolEffectLedger)
+    await store.record_tool_effect(run_id, sent("k"))
+    await store.record_tool_effect(kept, sent("k"))
     await store.delete_run(run_id)
+    assert await store.read_tool_effects(run_id, "t1") == []
+    assert await store.read_tool_effects(kept, "t1") == [sent("k")]
     assert await store.read(run_id) == []
     assert await store.get_run(run_id) is None
     assert await store.read_effects(run_id) == []
@@ -183,4 +241,31 @@ async def test_a_version_1_journal_is_migrated_to_the_ledger_schema(
         await store.record_effect("run-1", record)
         assert await store.read_effects("run-1") == [record]
     with closing(sqlite3.connect(path)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (2,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (3,)
+
+
+async def test_a_version_2_journal_gains_the_tool_effects_and_keeps_its_runs(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.db"
+    from replan.store._sqlite import _SCHEMA_V1, _SCHEMA_V2
+
+    with closing(sqlite3.connect(path)) as conn:
+        for statement in (*_SCHEMA_V1, *_SCHEMA_V2):
+            conn.execute(statement)
+        conn.execute("PRAGMA user_version = 2")
+        conn.commit()
+    async with SQLiteStore(path) as store:
+        run_id = await finished_demo_run(store)
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("DROP TABLE tool_effects")
+        conn.execute("PRAGMA user_version = 2")
+        conn.commit()
+    async with SQLiteStore(path) as store:
+        summary = await store.get_run(run_id)
+        assert summary is not None
+        assert summary.status is RunStatus.COMPLETED
+        await store.record_tool_effect(run_id, sent("k"))
+        assert await store.read_tool_effects(run_id, "t1") == [sent("k")]
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (3,)

@@ -1,0 +1,244 @@
+"""Side-effect tool calls run once: a retry or a resumed attempt that makes
+the same call again gets the recorded result, not a second effect."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from scripts import chain, scripted, spec
+
+from replan import (
+    GateResolution,
+    MemoryStore,
+    ModelRequest,
+    ModelResponse,
+    RunHandle,
+    RunStatus,
+    Supervisor,
+    TaskOutcome,
+    Tool,
+    tool,
+)
+from replan.messages import Event, GateOpened, TaskInterrupted, ToolCall, ToolResult
+from replan.store import SQLiteStore, Store
+
+Steps = Callable[[int, int], list[dict[str, str]] | None]
+"""``steps(attempt, step)``: the emails the model sends at that step, or None
+to answer (success from the last attempt, a transient failure before)."""
+
+
+class Outbox:
+    """A side-effect tool that counts what it really did."""
+
+    def __init__(self, *, fail_first: int = 0) -> None:
+        self.sent: list[tuple[str, str]] = []
+        """(recipient, idempotency key) of each email sent."""
+        self.fail_first = fail_first
+        self.ran = anyio.Event()
+
+    def tool(self) -> Tool:
+        @tool(side_effect=True)
+        def send_email(to: str, idempotency_key: str) -> str:
+            """Email someone."""
+            if self.fail_first:
+                self.fail_first -= 1
+                raise ConnectionError("the mail server hung up")
+            self.sent.append((to, idempotency_key))
+            self.ran.set()
+            return f"sent to {to}"
+
+        return send_email
+
+
+class Executor:
+    """An executor model that sends emails step by step, per attempt."""
+
+    def __init__(self, emails: dict[tuple[int, int], list[str]], attempts: int) -> None:
+        self.emails = emails
+        self.attempts = attempts
+        self.seen: dict[int, list[ToolResult]] = {}
+        """The tool results each attempt's model saw, in order."""
+
+    def __call__(self, request: ModelRequest) -> Any:
+        attempt = request.context["attempt"]
+        step = len(request.transcript) + 1
+        self.seen[attempt] = [r for x in request.transcript for r in x.results]
+        recipients = self.emails.get((attempt, step))
+        if recipients is not None:
+            calls = [
+                ToolCall(id=f"c{i}", name="send_email", arguments=f'{{"to": "{to}"}}')
+                for i, to in enumerate(recipients)
+            ]
+            return ModelResponse(tool_calls=calls)
+        if attempt < self.attempts:
+            return TaskOutcome(success=False, transient=True, reason="flaky")
+        return TaskOutcome(success=True, summary="emailed")
+
+
+async def approve_every_gate(sup: Supervisor, handle: RunHandle) -> list[str]:
+    """Approve each gate the run opens; the ids of the gates, in order."""
+    opened: list[str] = []
+    async for event in handle.events():
+        if isinstance(event, GateOpened):
+            opened.append(event.request.gate_id)
+            await sup.gates.resolve(
+                event.request.gate_id, GateResolution(decision="approve", by="ana")
+            )
+    return opened
+
+
+async def run_approving(
+    executor: Executor, outbox: Outbox, store: Store
+) -> tuple[RunStatus, list[str], list[Event]]:
+    model = scripted(execute=executor)
+    with anyio.fail_after(10):
+        async with Supervisor(model, store, tools=[outbox.tool()]) as sup:
+            handle = await sup.submit(spec(chain(1), max_task_attempts=3))
+            gates = await approve_every_gate(sup, handle)
+            result = await handle.result()
+            events = await store.read(handle.run_id)
+    return result.status, gates, events
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    journal: Store = (
+        MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "j.db")
+    )
+    yield journal
+    await journal.aclose()
+
+
+def keys(outbox: Outbox) -> list[str]:
+    """The sent emails' keys without the run id."""
+    return [key.split(":", 1)[1] for _, key in outbox.sent]
+
+
+async def test_a_retried_task_gets_the_result_of_the_email_it_already_sent(
+    store: Store,
+) -> None:
+    outbox = Outbox()
+    executor = Executor({(1, 1): ["ana"], (2, 1): ["ana"]}, attempts=2)
+    status, gates, _ = await run_approving(executor, outbox, store)
+    assert status is RunStatus.COMPLETED
+    assert keys(outbox) == ["t1:s1c0"]
+    assert len(gates) == 1  # the retry asked no one: the email had been sent
+    [again] = executor.seen[2]
+    assert (again.content, again.error) == ("sent to ana", False)
+
+
+async def test_a_different_call_in_the_same_place_is_a_new_effect_with_its_own_key(
+    store: Store,
+) -> None:
+    outbox = Outbox()
+    executor = Executor({(1, 1): ["ana"], (2, 1): ["bo"]}, attempts=2)
+    status, gates, _ = await run_approving(executor, outbox, store)
+    assert status is RunStatus.COMPLETED
+    assert outbox.sent[0][0] == "ana"
+    assert outbox.sent[1][0] == "bo"
+    # The key ana's email used is not handed to bo's: the mail system would
+    # take it for a repeat and drop it.
+    assert keys(outbox) == ["t1:s1c0", "t1:s1c0-2"]
+    assert len(gates) == 2
+
+
+async def test_a_call_made_twice_runs_twice_and_a_retry_matches_each_once(
+    store: Store,
+) -> None:
+    outbox = Outbox()
+    emails = {
+        (1, 1): ["ana"],
+        (1, 2): ["ana"],
+        (2, 1): ["ana", "ana"],
+        (2, 2): ["ana"],
+        (3, 1): ["ana", "ana", "ana"],
+    }
+    status, gates, _ = await run_approving(Executor(emails, attempts=3), outbox, store)
+    assert status is RunStatus.COMPLETED
+    # Two in the first attempt; the second matched those two and sent a
+    # third; the third attempt matched all three.
+    assert keys(outbox) == ["t1:s1c0", "t1:s2c0", "t1:s2c0-2"]
+    assert len(gates) == 3
+
+
+async def test_a_call_that_failed_runs_again_on_retry_under_the_same_key(
+    store: Store,
+) -> None:
+    outbox = Outbox(fail_first=1)
+    executor = Executor({(1, 1): ["ana"], (2, 1): ["ana"]}, attempts=2)
+    status, gates, _ = await run_approving(executor, outbox, store)
+    assert status is RunStatus.COMPLETED
+    [failed] = executor.seen[1]
+    assert failed.error
+    assert "ConnectionError" in failed.content
+    # Whether the failed call did anything is unknown: it runs again, and
+    # the key tells the mail system it is the same email.
+    assert keys(outbox) == ["t1:s1c0"]
+    assert len(gates) == 2
+
+
+@asynccontextmanager
+async def journal(kind: str, path: Path, memory: MemoryStore) -> AsyncIterator[Store]:
+    """The same journal each time it is opened: a file, or one memory store."""
+    if kind == "memory":
+        yield memory
+        return
+    async with SQLiteStore(path) as store:
+        yield store
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_an_email_sent_before_a_crash_is_not_sent_again_on_resume(
+    kind: str, tmp_path: Path
+) -> None:
+    outbox = Outbox()
+    memory = MemoryStore()
+    stuck = anyio.Event()
+
+    async def first_attempt(request: ModelRequest) -> Any:
+        if not request.transcript:
+            call = ToolCall(id="c1", name="send_email", arguments='{"to": "ana"}')
+            return ModelResponse(tool_calls=[call])
+        stuck.set()  # the email went; the process dies before the task ends
+        await anyio.sleep_forever()
+
+    with anyio.fail_after(10):
+        async with (
+            journal(kind, tmp_path / "j.db", memory) as store,
+            Supervisor(
+                scripted(execute=first_attempt), store, tools=[outbox.tool()]
+            ) as sup,
+        ):
+            handle = await sup.submit(spec(chain(1)))
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    await sup.gates.resolve(
+                        event.request.gate_id, GateResolution(decision="approve")
+                    )
+                    break
+            await stuck.wait()
+        assert keys(outbox) == ["t1:s1c0"]
+
+        executor = Executor({(2, 1): ["ana"]}, attempts=2)
+        async with (
+            journal(kind, tmp_path / "j.db", memory) as store,
+            Supervisor(
+                scripted(execute=executor), store, tools=[outbox.tool()], resume=True
+            ) as sup,
+        ):
+            result = await sup.get(handle.run_id).result()
+            assert sup.gates.pending() == []
+            events = await store.read(handle.run_id)
+
+    assert result.status is RunStatus.COMPLETED
+    assert keys(outbox) == ["t1:s1c0"]  # sent once, before the crash
+    [seen] = executor.seen[2]
+    assert (seen.content, seen.error) == ("sent to ana", False)
+    assert [e.task_id for e in events if isinstance(e, TaskInterrupted)] == ["t1"]
+    assert sum(isinstance(e, GateOpened) for e in events) == 1
+    await memory.aclose()
