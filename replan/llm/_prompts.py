@@ -73,9 +73,16 @@ class PromptTemplate:
 
     def render(self, context: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The chat messages for ``context``."""
+        return self._render(context, {})
+
+    def _render(
+        self, context: Mapping[str, Any], texts: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        """The chat messages, with ``texts[name]`` for ``{{name}}`` where
+        given instead of its value's rendering (a shortened list)."""
         return [
-            {"role": "system", "content": _fill(self.system, context)},
-            {"role": "user", "content": _fill(self.user, context)},
+            {"role": "system", "content": _fill(self.system, context, texts)},
+            {"role": "user", "content": _fill(self.user, context, texts)},
         ]
 
     @classmethod
@@ -171,13 +178,15 @@ class PromptRegistry:
         self.register(PromptTemplate.parse(text, role=role, purpose=purpose))
 
 
-def _fill(text: str, context: Mapping[str, Any]) -> str:
+def _fill(text: str, context: Mapping[str, Any], texts: Mapping[str, str]) -> str:
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return texts[name] if name in texts else render_value(context.get(name))
+
     kept = []
     for line in text.split("\n"):
         names = _PLACEHOLDER.findall(line)
         if names and not any(name in context for name in names):
             continue
-        kept.append(
-            _PLACEHOLDER.sub(lambda m: render_value(context.get(m.group(1))), line)
-        )
+        kept.append(_PLACEHOLDER.sub(value, line))
     return "\n".join(kept)

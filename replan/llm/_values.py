@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -37,14 +38,8 @@ def render_value(value: Any) -> str:
             return _verdict_text(value)
         case PlanProposal():
             return _proposal_text(value)
-        case list() if all(isinstance(v, Task) for v in value):
-            return "\n".join(line for t in value for line in _task_lines(t))
-        case list() if all(isinstance(v, TaskDraft) for v in value):
-            return "\n".join(_draft_line(n, d) for n, d in enumerate(value, start=1))
-        case list() if all(isinstance(v, Critique) for v in value):
-            return "\n".join(_critique_text(c) for c in value)
-        case list() if all(isinstance(v, str) for v in value):
-            return "\n".join(f"- {' '.join(v.split())}" for v in value)
+        case list():
+            return list_text(value).text()
         case dict() if all(isinstance(v, TaskOutcome | None) for v in value.values()):
             lines: list[str] = []
             for key, outcome in value.items():
@@ -57,6 +52,41 @@ def render_value(value: Any) -> str:
             return value.model_dump_json(exclude={"kind"})
         case _:
             return json.dumps(value, default=str, ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ListText:
+    """A list as prompt text, one rendered entry per item, oldest first.
+
+    The whole list reads ``opening + separator.join(entries) + closing``
+    (what :func:`render_value` gives); the entries from ``start`` on read
+    the same way, so a list can be shortened without rendering it again.
+    """
+
+    entries: tuple[str, ...]
+    separator: str = "\n"
+    opening: str = ""
+    closing: str = ""
+
+    def text(self, start: int = 0) -> str:
+        """The entries from ``start`` on, opened and closed."""
+        return self.opening + self.separator.join(self.entries[start:]) + self.closing
+
+
+def list_text(value: list[Any]) -> ListText:
+    """``value`` as :class:`ListText`: tasks with their results, drafts
+    numbered from 1, critiques and strings as bullets, anything else as the
+    items of a JSON array."""
+    if all(isinstance(v, Task) for v in value):
+        return ListText(tuple("\n".join(_task_lines(t)) for t in value))
+    if all(isinstance(v, TaskDraft) for v in value):
+        return ListText(tuple(_draft_line(n, d) for n, d in enumerate(value, start=1)))
+    if all(isinstance(v, Critique) for v in value):
+        return ListText(tuple(_critique_text(c) for c in value))
+    if all(isinstance(v, str) for v in value):
+        return ListText(tuple(f"- {' '.join(v.split())}" for v in value))
+    items = (json.dumps(v, default=str, ensure_ascii=False) for v in value)
+    return ListText(tuple(items), ", ", "[", "]")
 
 
 def _task_lines(task: Task) -> list[str]:
