@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
+import pytest
+from chat_server import chat_server, completion
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replan import Task, TaskDraft, TaskOutcome, Trigger, Verdict
-from replan.llm import PromptRegistry, PromptTemplate, render_value
+from replan import (
+    ConfigurationError,
+    ModelRequest,
+    Task,
+    TaskDraft,
+    TaskOutcome,
+    Trigger,
+    Verdict,
+)
+from replan.llm import OpenAIModel, PromptRegistry, PromptTemplate, render_value
 from replan.llm._budget import fit_prompt, omission_note, prompt_chars
 from replan.messages import TaskStatus
 
@@ -257,3 +268,130 @@ def test_a_fitted_prompt_fits_or_has_every_list_left_out_and_keeps_suffixes(
     assert fitted.chars <= budget or everything_left_out
     if prompt_chars(RANDOM.render(context)) <= budget:
         assert fitted.omitted == {}
+
+
+# Through OpenAIModel, to a real Chat Completions server ---------------------------
+
+
+def milestone_request(findings: int, **fields: Any) -> ModelRequest:
+    return ModelRequest(
+        role="reviewer",
+        purpose="milestone",
+        output_type=Verdict,
+        run_id="r1",
+        context={
+            "goal": GOAL,
+            "milestone_index": 3,
+            "completed": [done(n) for n in range(20)],
+            "findings": [
+                f"finding {n:04d}: cell maker {n} ships pouch cells to one customer"
+                for n in range(findings)
+            ],
+            "pending": [pending(20)],
+        },
+        **fields,
+    )
+
+
+async def test_a_long_history_reaches_the_server_within_the_budget_newest_first(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    request = milestone_request(2_000)
+    template = PromptRegistry().get("reviewer", "milestone")
+    assert prompt_chars(template.render(request.context)) > 130_000
+    with chat_server() as server:
+        server.reply(completion(Verdict(decision="continue")))
+        async with OpenAIModel("gpt-test", base_url=server.base_url) as model:
+            assert model.max_prompt_chars == 100_000  # on by default
+            with caplog.at_level(logging.DEBUG, logger="replan.llm"):
+                response = await model.generate(request)
+            rendered = model.prompt_messages(request)
+        [sent] = server.chat_requests()
+
+    assert response.output == Verdict(decision="continue")
+    system, user = sent.messages
+    assert user == rendered[1]
+    assert system["content"].startswith(rendered[0]["content"])
+    assert len(rendered[0]["content"]) + len(user["content"]) <= 100_000
+    text = user["content"]
+    kept = text.count("\n- finding ")
+    assert f"({2_000 - kept} earlier entries left out to fit the prompt)" in text
+    assert "- finding 1999: cell maker 1999" in text
+    assert "finding 0000" not in text
+    assert "t0 [completed] work of t0" in text  # the short list stays whole
+    [record] = caplog.records
+    assert record.levelno == logging.DEBUG
+    assert record.getMessage() == (
+        f"reviewer.milestone@1 prompt of run r1: left out the oldest "
+        f"{2_000 - kept} of 2000 findings to fit 100000 characters"
+    )
+
+
+async def test_without_a_budget_the_whole_history_is_sent() -> None:
+    with chat_server() as server:
+        server.reply(completion(Verdict(decision="continue")))
+        async with OpenAIModel(
+            "gpt-test", base_url=server.base_url, max_prompt_chars=None
+        ) as model:
+            await model.generate(milestone_request(2_000))
+        [sent] = server.chat_requests()
+    text = sent.messages[1]["content"]
+    assert "left out" not in text
+    assert text.count("\n- finding ") == 2_000
+
+
+async def test_a_requests_own_messages_are_sent_whole_whatever_the_budget(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    mine = [{"role": "user", "content": "every finding so far: " + "x" * 50_000}]
+    with chat_server() as server:
+        server.reply(completion(Verdict(decision="continue")))
+        async with OpenAIModel(
+            "gpt-test", base_url=server.base_url, max_prompt_chars=1_000
+        ) as model:
+            with caplog.at_level(logging.DEBUG, logger="replan.llm"):
+                await model.generate(milestone_request(2_000, messages=mine))
+        [sent] = server.chat_requests()
+    assert sent.messages[1:] == mine
+    assert caplog.records == []
+
+
+async def test_a_goal_longer_than_the_budget_is_sent_whole_without_the_lists(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    goal = "Map every maker of solid-state cells and what they ship. " * 40
+    request = milestone_request(50)
+    request = request.model_copy(update={"context": {**request.context, "goal": goal}})
+    with chat_server() as server:
+        server.reply(completion(Verdict(decision="continue")))
+        async with OpenAIModel(
+            "gpt-test", base_url=server.base_url, max_prompt_chars=1_000
+        ) as model:
+            with caplog.at_level(logging.DEBUG, logger="replan.llm"):
+                await model.generate(request)
+        [sent] = server.chat_requests()
+    text = sent.messages[1]["content"]
+    assert f"Goal:\n{goal}\n" in text
+    assert (
+        f"Completed tasks and their results:\n{omission_note(20)}\n\n"
+        f"Findings so far, oldest first:\n{omission_note(50)}\n\n"
+        f"Pending tasks:\n{omission_note(1)}"
+    ) in text
+    [record] = caplog.records
+    assert "20 of 20 completed, 50 of 50 findings, 1 of 1 pending" in (
+        record.getMessage()
+    )
+    assert "; still 4" in record.getMessage()
+
+
+@pytest.mark.parametrize("chars", [999, 0, -5])
+def test_a_budget_below_a_thousand_characters_is_refused(chars: int) -> None:
+    with pytest.raises(ConfigurationError, match="at least 1000") as caught:
+        OpenAIModel("m", base_url="http://127.0.0.1:9/v1", max_prompt_chars=chars)
+    assert caught.value.field == "max_prompt_chars"
+    assert (
+        OpenAIModel(
+            "m", base_url="http://127.0.0.1:9/v1", max_prompt_chars=1_000
+        ).max_prompt_chars
+        == 1_000
+    )
