@@ -13,8 +13,8 @@ The longest lists give way first: every list is held to one size limit in
 the prompt, the largest at which the prompt fits. A list within the limit
 stays whole, so a short one (the pending tasks, a few critiques) is left as
 it is while the history shrinks, and the lists that are cut end up about the
-same size. Each list's entries are rendered once; the limit is then found by
-binary search on lengths alone, never by rendering the prompt again.
+same size. Each list's entries are rendered once and the limit is found by
+bisection on their lengths; the prompt is rendered once more, as cut.
 """
 
 from __future__ import annotations
@@ -59,14 +59,14 @@ def fit_prompt(
         for key, count in uses.items()
         if isinstance(value := context.get(key), list) and value
     ]
-    scalars = size - sum(cut.room(0) for cut in cuts)
+    rest = size - sum(cut.room(0) for cut in cuts)  # what is never cut
 
     def cut_to(limit: int) -> list[int]:
         return [cut.dropped_for(limit) for cut in cuts]
 
     def fits(dropped: list[int]) -> bool:
         rooms = (cut.room(d) for cut, d in zip(cuts, dropped, strict=True))
-        return scalars + sum(rooms) <= max_chars
+        return rest + sum(rooms) <= max_chars
 
     if not fits(cut_to(0)):
         dropped = [cut.total for cut in cuts]  # only scalars left: send them
