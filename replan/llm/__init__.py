@@ -15,13 +15,13 @@ from ._pricing import PriceTable as PriceTable
 from ._prompts import MissingPromptError as MissingPromptError
 from ._prompts import PromptRegistry as PromptRegistry
 from ._prompts import PromptTemplate as PromptTemplate
-from ._prompts import render_value as render_value
 from ._scripted import ScriptedModel as ScriptedModel
 from ._scripted import ScriptHandler as ScriptHandler
 from ._tools import Tool as Tool
 from ._tools import ToolArgumentsError as ToolArgumentsError
 from ._tools import ToolSpec as ToolSpec
 from ._tools import tool as tool
+from ._values import render_value as render_value
 
 if TYPE_CHECKING:
     from ._openai import OpenAIModel as OpenAIModel

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from .._errors import (
     ModelRefusal,
 )
 from ..messages import TokenUsage, ToolCall
+from ._budget import FittedPrompt, fit_prompt
 from ._port import ModelRequest, ModelResponse
 from ._pricing import ModelPrice, PriceTable, priced
 from ._prompts import PromptRegistry
@@ -47,6 +49,16 @@ _FALLBACK: dict[str, StructuredOutput] = {
 TEMPERATURE_ROLES = ("executor", "evolver")
 """Roles whose temperature may be set; planner, reviewer and ranker stay at 0."""
 LOCAL_KEY = "not-needed"
+MAX_PROMPT_CHARS = 100_000
+"""The default prompt budget: about 25,000 tokens at some four characters a
+token, which leaves a 32k-token context window room for the output format
+and the answer, and is well inside the 128k of hosted models."""
+MIN_PROMPT_CHARS = 1_000
+"""The smallest budget taken: the shipped roles' instructions alone take 350
+to 1,700 characters, so a smaller one is a slip (tokens for characters?),
+not a budget any prompt could keep."""
+
+logger = logging.getLogger("replan.llm")
 
 
 class OpenAIModel:
@@ -66,12 +78,19 @@ class OpenAIModel:
         max_retries, backoff_s, max_backoff_s: see ``BackoffPolicy``.
         timeout_s: seconds one HTTP request may take.
         max_output_tokens: sent as ``max_tokens`` when given.
+        max_prompt_chars: the most characters a rendered prompt (system and
+            user turns together) may take; None for no bound. The oldest
+            entries of its longest lists (completed tasks, findings) are
+            left out first, with a line saying how many; see
+            :data:`MAX_PROMPT_CHARS` for the default. A request's own
+            ``messages``, the output format and the tool loop come on top.
         provider_name: reported to telemetry (``openai``, ``vllm``...).
         client: an ``AsyncOpenAI`` to use instead of building one (it is not
             closed by :meth:`aclose`).
 
     Raises:
-        ConfigurationError: no model name, or no key for OpenAI itself.
+        ConfigurationError: no model name, no key for OpenAI itself, or an
+            option out of range.
     """
 
     def __init__(
@@ -90,6 +109,7 @@ class OpenAIModel:
         max_backoff_s: float = 30.0,
         timeout_s: float = 120.0,
         max_output_tokens: int | None = None,
+        max_prompt_chars: int | None = MAX_PROMPT_CHARS,
         provider_name: str = "openai",
         client: openai.AsyncOpenAI | None = None,
     ) -> None:
@@ -111,6 +131,11 @@ class OpenAIModel:
             raise ConfigurationError("max_retries", "must not be negative")
         if timeout_s <= 0:
             raise ConfigurationError("timeout_s", "must be positive")
+        if max_prompt_chars is not None and max_prompt_chars < MIN_PROMPT_CHARS:
+            raise ConfigurationError(
+                "max_prompt_chars",
+                f"must be at least {MIN_PROMPT_CHARS} (or None for no bound)",
+            )
         self.name = name
         self.provider_name = provider_name
         self.models = dict(models or {})
@@ -123,6 +148,7 @@ class OpenAIModel:
         self.retry = BackoffPolicy(max_retries, backoff_s, max_backoff_s)
         self.max_output_tokens = max_output_tokens
         self.timeout_s = timeout_s
+        self.max_prompt_chars = max_prompt_chars
         self._owns_client = client is None
         if client is None:
             url = base_url or os.environ.get("OPENAI_BASE_URL") or None
@@ -187,7 +213,7 @@ class OpenAIModel:
         started = time.perf_counter()
         model = self.model_for(request.role)
         where = f"{self._where} ({model})"
-        base, version = self._prompt(request)
+        base, version = self._prompt(request, log=True)
         schema, strict = response_schema(request.output_type)
         extra: list[dict[str, Any]] = [*_transcript_messages(request)]
         usage = TokenUsage()
@@ -379,14 +405,44 @@ class OpenAIModel:
         base, _ = self._prompt(request)
         return base + _transcript_messages(request)
 
-    def _prompt(self, request: ModelRequest) -> tuple[list[dict[str, Any]], str | None]:
-        """The base messages, and the template's label when one was used."""
+    def _prompt(
+        self, request: ModelRequest, *, log: bool = False
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """The base messages, and the template's label when one was used.
+
+        With ``log``, what the prompt budget left out is logged (once per
+        request: telemetry renders the prompt again without it).
+        """
         if request.messages:
             return list(request.messages), None
         template = self.prompts.for_request(
             request.role, request.purpose, request.context
         )
-        return template.render(request.context), template.label
+        fitted = fit_prompt(template, request.context, self.max_prompt_chars)
+        if log and fitted.omitted:
+            self._log_omitted(request, template.label, fitted)
+        return fitted.messages, template.label
+
+    def _log_omitted(
+        self, request: ModelRequest, label: str, fitted: FittedPrompt
+    ) -> None:
+        if not logger.isEnabledFor(logging.DEBUG):
+            return
+        left_out = ", ".join(
+            f"{count} of {len(request.context[key])} {key}"
+            for key, count in fitted.omitted.items()
+        )
+        over = ""
+        if self.max_prompt_chars is not None and fitted.chars > self.max_prompt_chars:
+            over = f"; still {fitted.chars} characters, with only scalars left"
+        logger.debug(
+            "%s prompt of run %s: left out the oldest %s to fit %s characters%s",
+            label,
+            request.run_id or "-",
+            left_out,
+            self.max_prompt_chars,
+            over,
+        )
 
     def temperature_for(self, request: ModelRequest) -> float:
         """The temperature sent for ``request``: the role's own setting for

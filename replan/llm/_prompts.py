@@ -25,7 +25,6 @@ The registry is open: :meth:`PromptRegistry.register` and
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -33,18 +32,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
 from .._errors import ConfigurationError
-from ..messages import (
-    Critique,
-    PlanProposal,
-    Task,
-    TaskDraft,
-    TaskOutcome,
-    Trigger,
-    Verdict,
-)
+from ._values import render_value
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 _SECTION = re.compile(r"^## (system|user)\s*$", re.M)
@@ -84,9 +73,16 @@ class PromptTemplate:
 
     def render(self, context: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The chat messages for ``context``."""
+        return self._render(context, {})
+
+    def _render(
+        self, context: Mapping[str, Any], texts: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        """The chat messages, with ``texts[name]`` for ``{{name}}`` where
+        given instead of its value's rendering (a shortened list)."""
         return [
-            {"role": "system", "content": _fill(self.system, context)},
-            {"role": "user", "content": _fill(self.user, context)},
+            {"role": "system", "content": _fill(self.system, context, texts)},
+            {"role": "user", "content": _fill(self.user, context, texts)},
         ]
 
     @classmethod
@@ -182,115 +178,15 @@ class PromptRegistry:
         self.register(PromptTemplate.parse(text, role=role, purpose=purpose))
 
 
-def _fill(text: str, context: Mapping[str, Any]) -> str:
+def _fill(text: str, context: Mapping[str, Any], texts: Mapping[str, str]) -> str:
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return texts[name] if name in texts else render_value(context.get(name))
+
     kept = []
     for line in text.split("\n"):
         names = _PLACEHOLDER.findall(line)
         if names and not any(name in context for name in names):
             continue
-        kept.append(
-            _PLACEHOLDER.sub(lambda m: render_value(context.get(m.group(1))), line)
-        )
+        kept.append(_PLACEHOLDER.sub(value, line))
     return "\n".join(kept)
-
-
-# Rendering context values ----------------------------------------------------
-
-
-def render_value(value: Any) -> str:
-    """A context value as prompt text; ``(none)`` for nothing."""
-    if value is None or (isinstance(value, str | list | dict) and not value):
-        return "(none)"
-    match value:
-        case str():
-            return value
-        case bool() | int() | float():
-            return str(value)
-        case Trigger():
-            return value.value
-        case Task():
-            return "\n".join(_task_lines(value))
-        case TaskOutcome():
-            return "\n".join(_outcome_lines(value, ""))
-        case Verdict():
-            return _verdict_text(value)
-        case PlanProposal():
-            return _proposal_text(value)
-        case list() if all(isinstance(v, Task) for v in value):
-            return "\n".join(line for t in value for line in _task_lines(t))
-        case list() if all(isinstance(v, TaskDraft) for v in value):
-            return "\n".join(_draft_line(n, d) for n, d in enumerate(value, start=1))
-        case list() if all(isinstance(v, Critique) for v in value):
-            return "\n".join(_critique_text(c) for c in value)
-        case list() if all(isinstance(v, str) for v in value):
-            return "\n".join(f"- {' '.join(v.split())}" for v in value)
-        case dict() if all(isinstance(v, TaskOutcome | None) for v in value.values()):
-            lines: list[str] = []
-            for key, outcome in value.items():
-                lines.append(f"{key}:")
-                lines.extend(
-                    _outcome_lines(outcome, "  ") if outcome else ["  (no result)"]
-                )
-            return "\n".join(lines)
-        case BaseModel():
-            return value.model_dump_json(exclude={"kind"})
-        case _:
-            return json.dumps(value, default=str, ensure_ascii=False)
-
-
-def _task_lines(task: Task) -> list[str]:
-    head = f"{task.id} [{task.status.value}] {task.description}"
-    if task.depends_on:
-        head += f" (after {', '.join(task.depends_on)})"
-    if task.milestone:
-        head += " [milestone]"
-    lines = [head]
-    if task.result is not None:
-        lines.extend(_outcome_lines(task.result, "    "))
-    return lines
-
-
-def _outcome_lines(outcome: TaskOutcome, indent: str) -> list[str]:
-    if not outcome.success:
-        return [f"{indent}failed: {outcome.reason or 'no reason given'}"]
-    lines = [f"{indent}result: {outcome.summary or '(empty)'}"]
-    lines.extend(f"{indent}finding: {f}" for f in outcome.findings)
-    return lines
-
-
-def _draft_line(n: int, draft: TaskDraft) -> str:
-    line = f"{n}. {draft.key}: {draft.description}"
-    if draft.depends_on:
-        line += f" (after {', '.join(draft.depends_on)})"
-    if draft.requires_approval:
-        line += " [side effect]"
-    return line
-
-
-def _proposal_text(proposal: PlanProposal) -> str:
-    lines = [f"rationale: {proposal.rationale or '(none)'}"]
-    if not proposal.achievable:
-        lines.append("achievable: no")
-    lines.append("tasks:")
-    lines.extend(
-        "  " + _draft_line(n, d) for n, d in enumerate(proposal.tasks, start=1)
-    )
-    return "\n".join(lines)
-
-
-def _verdict_text(verdict: Verdict) -> str:
-    lines = [f"decision: {verdict.decision}"]
-    if verdict.trigger is not None:
-        lines.append(f"trigger: {verdict.trigger.value}")
-    lines.append(f"confidence: {verdict.confidence:g}")
-    lines.append(f"corroborating sources: {verdict.corroborating_sources}")
-    if verdict.affected_tasks:
-        lines.append(f"affected tasks: {', '.join(verdict.affected_tasks)}")
-    if verdict.rationale:
-        lines.append(f"rationale: {verdict.rationale}")
-    return "\n".join(lines)
-
-
-def _critique_text(critique: Critique) -> str:
-    scores = ", ".join(f"{k} {v:g}" for k, v in sorted(critique.scores.items()))
-    return f"- scores: {scores or '(none)'}; critique: {critique.critique}"

@@ -1,0 +1,160 @@
+"""A size budget for rendered prompts: the oldest list entries give way first.
+
+A long run's context carries every completed task and finding, so its
+reviewer, planner, ranker and evolver prompts grow with the run. Only list
+values are shortened, from the oldest end (lists are oldest first), and a
+shortened list opens with a line saying how many entries were left out, so
+the model knows that something is missing. Scalars (the goal, a verdict, a
+candidate plan) are never cut: a prompt that does not fit even with every
+list left out is sent with its lists left out, and the provider's answer
+says it is too long.
+
+The longest lists give way first: every list is held to one size limit in
+the prompt, the largest at which the prompt fits. A list within the limit
+stays whole, so a short one (the pending tasks, a few critiques) is left as
+it is while the history shrinks, and the lists that are cut end up about the
+same size. Each list's entries are rendered once and the limit is found by
+bisection on their lengths; the prompt is rendered once more, as cut.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Any
+
+from ._prompts import _PLACEHOLDER, PromptTemplate
+from ._values import ListText, list_text
+
+
+@dataclass(frozen=True, slots=True)
+class FittedPrompt:
+    """A template's chat messages, shortened to fit a budget where needed."""
+
+    messages: list[dict[str, Any]]
+    omitted: dict[str, int]
+    """Entries left out, by context key; empty when the prompt fit whole."""
+    chars: int
+    """The length of every message's content, together."""
+
+
+def fit_prompt(
+    template: PromptTemplate, context: Mapping[str, Any], max_chars: int | None
+) -> FittedPrompt:
+    """``template`` rendered from ``context`` within ``max_chars`` characters
+    (None: no bound).
+
+    A prompt that fits is exactly ``template.render(context)``.
+    """
+    messages = template.render(context)
+    size = prompt_chars(messages)
+    if max_chars is None or size <= max_chars:
+        return FittedPrompt(messages, {}, size)
+    uses = Counter(_PLACEHOLDER.findall(template.system + template.user))
+    cuts = [
+        _Cut(key, list_text(value), count)
+        for key, count in uses.items()
+        if isinstance(value := context.get(key), list) and value
+    ]
+    rest = size - sum(cut.room(0) for cut in cuts)  # what is never cut
+
+    def cut_to(limit: int) -> list[int]:
+        return [cut.dropped_for(limit) for cut in cuts]
+
+    def fits(dropped: list[int]) -> bool:
+        rooms = (cut.room(d) for cut, d in zip(cuts, dropped, strict=True))
+        return rest + sum(rooms) <= max_chars
+
+    if not fits(cut_to(0)):
+        dropped = [cut.total for cut in cuts]  # only scalars left: send them
+    else:
+        # The largest limit that fits: fits(cut_to(low)), not fits(cut_to(high)).
+        low, high = 0, max(cut.room(0) for cut in cuts)
+        while high - low > 1:
+            middle = (low + high) // 2
+            if fits(cut_to(middle)):
+                low = middle
+            else:
+                high = middle
+        dropped = cut_to(low)
+    texts = {cut.key: cut.text(d) for cut, d in zip(cuts, dropped, strict=True) if d}
+    messages = template._render(context, texts)
+    omitted = {cut.key: d for cut, d in zip(cuts, dropped, strict=True) if d}
+    return FittedPrompt(messages, omitted, prompt_chars(messages))
+
+
+def prompt_chars(messages: list[dict[str, Any]]) -> int:
+    """The length of the messages' text contents, together."""
+    return sum(len(m["content"]) for m in messages if isinstance(m["content"], str))
+
+
+def omission_note(count: int) -> str:
+    """The line that stands for ``count`` entries left out of a list."""
+    entries = "entry" if count == 1 else "entries"
+    return f"({count} earlier {entries} left out to fit the prompt)"
+
+
+@dataclass(frozen=True, slots=True)
+class _Cut:
+    """One list value of the context, to be shortened from its oldest end."""
+
+    key: str
+    rendered: ListText
+    uses: int
+    """How often the template shows the list."""
+    _ends: list[int] = field(init=False)
+    """Where each entry ends in the entries laid end to end (0 first)."""
+
+    def __post_init__(self) -> None:
+        ends = list(accumulate(map(len, self.rendered.entries), initial=0))
+        object.__setattr__(self, "_ends", ends)
+
+    @property
+    def total(self) -> int:
+        return len(self.rendered.entries)
+
+    def room(self, dropped: int) -> int:
+        """The characters the list takes in the prompt, every use counted,
+        with its ``dropped`` oldest entries left out."""
+        rendered, total = self.rendered, self.total
+        if dropped == total:
+            return self.uses * len(omission_note(total))
+        length = (
+            self._ends[total]
+            - self._ends[dropped]
+            + len(rendered.separator) * (total - dropped - 1)
+            + len(rendered.opening)
+            + len(rendered.closing)
+        )
+        if dropped:
+            length += len(omission_note(dropped)) + 1  # the note's own line
+        return self.uses * length
+
+    def dropped_for(self, limit: int) -> int:
+        """How many entries to leave out to take at most ``limit`` characters:
+        none when the list fits whole, else as few as will do, else all.
+
+        Once one entry is out, every further one shortens the list (an entry
+        and its separator outweigh the note's extra digit), so the search is
+        a bisection. A list shorter whole than its note alone stays whole.
+        """
+        whole = self.room(0)
+        if whole <= max(limit, self.room(self.total)):
+            return 0
+        cuts = range(1, self.total + 1)
+        return 1 + min(
+            bisect_left(cuts, -limit, key=lambda d: -self.room(d)), self.total - 1
+        )
+
+    def text(self, dropped: int) -> str:
+        """The list with its ``dropped`` oldest entries left out: the note,
+        then the entries kept."""
+        if not dropped:
+            return self.rendered.text()
+        note = omission_note(dropped)
+        if dropped == self.total:
+            return note
+        return f"{note}\n{self.rendered.text(dropped)}"
