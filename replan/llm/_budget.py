@@ -1,20 +1,21 @@
 """A size budget for rendered prompts: the oldest list entries give way first.
 
 A long run's context carries every completed task and finding, so its
-reviewer, planner, ranker and evolver prompts grow with the run. Only list
-values are shortened, from the oldest end (lists are oldest first), and a
-shortened list opens with a line saying how many entries were left out, so
-the model knows that something is missing. Scalars (the goal, a verdict, a
-candidate plan) are never cut: a prompt that does not fit even with every
-list left out is sent with its lists left out, and the provider's answer
-says it is too long.
+reviewer, planner, ranker and evolver prompts grow with the run. Only that
+history is shortened (the lists under :data:`HISTORY_KEYS`), from the oldest
+end (lists are oldest first), and a shortened list opens with a line saying
+how many entries were left out, so the model knows that something is
+missing. Everything else is sent whole: the goal, the requester's
+background, the pending tasks a reviewer names in ``affected_tasks``, the
+proposed tasks a ranker answers one by one. A prompt that does not fit even
+with its history left out is sent so, and the provider's answer says it is
+too long.
 
-The longest lists give way first: every list is held to one size limit in
-the prompt, the largest at which the prompt fits. A list within the limit
-stays whole, so a short one (the pending tasks, a few critiques) is left as
-it is while the history shrinks, and the lists that are cut end up about the
-same size. Each list's entries are rendered once and the limit is found by
-bisection on their lengths; the prompt is rendered once more, as cut.
+The longest of those lists give way first: each is held to one size limit
+in the prompt, the largest at which the prompt fits. A list within the limit
+stays whole, and the lists that are cut end up about the same size. Each
+list's entries are rendered once and the limit is found by bisection on
+their lengths; the prompt is rendered once more, as cut.
 """
 
 from __future__ import annotations
@@ -24,10 +25,14 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any
+from typing import Any, Final
 
 from ._prompts import _PLACEHOLDER, PromptTemplate
 from ._values import ListText, list_text
+
+HISTORY_KEYS: Final = frozenset({"completed", "findings"})
+"""The context lists a prompt over its budget may shorten: the run's
+history, completed tasks and findings."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,10 +47,13 @@ class FittedPrompt:
 
 
 def fit_prompt(
-    template: PromptTemplate, context: Mapping[str, Any], max_chars: int | None
+    template: PromptTemplate,
+    context: Mapping[str, Any],
+    max_chars: int | None,
+    keys: frozenset[str] = HISTORY_KEYS,
 ) -> FittedPrompt:
     """``template`` rendered from ``context`` within ``max_chars`` characters
-    (None: no bound).
+    (None: no bound), shortening the lists under ``keys`` only.
 
     A prompt that fits is exactly ``template.render(context)``.
     """
@@ -57,7 +65,7 @@ def fit_prompt(
     cuts = [
         _Cut(key, list_text(value), count)
         for key, count in uses.items()
-        if isinstance(value := context.get(key), list) and value
+        if key in keys and isinstance(value := context.get(key), list) and value
     ]
     rest = size - sum(cut.room(0) for cut in cuts)  # what is never cut
 
@@ -69,7 +77,7 @@ def fit_prompt(
         return rest + sum(rooms) <= max_chars
 
     if not fits(cut_to(0)):
-        dropped = [cut.total for cut in cuts]  # only scalars left: send them
+        dropped = [cut.total for cut in cuts]  # only what is never cut is left
     else:
         # The largest limit that fits: fits(cut_to(low)), not fits(cut_to(high)).
         low, high = 0, max(cut.room(0) for cut in cuts)

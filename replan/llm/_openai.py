@@ -79,9 +79,9 @@ class OpenAIModel:
         timeout_s: seconds one HTTP request may take.
         max_output_tokens: sent as ``max_tokens`` when given.
         max_prompt_chars: the most characters a rendered prompt (system and
-            user turns together) may take; None for no bound. The oldest
-            entries of its longest lists (completed tasks, findings) are
-            left out first, with a line saying how many; see
+            user turns together) may take; None for no bound. Only the run's
+            history is shortened: the oldest completed tasks and findings
+            are left out, with a line saying how many; see
             :data:`MAX_PROMPT_CHARS` for the default. A request's own
             ``messages``, the output format and the tool loop come on top.
         provider_name: reported to telemetry (``openai``, ``vllm``...).
@@ -434,7 +434,7 @@ class OpenAIModel:
         )
         over = ""
         if self.max_prompt_chars is not None and fitted.chars > self.max_prompt_chars:
-            over = f"; still {fitted.chars} characters, with only scalars left"
+            over = f"; still {fitted.chars} characters, with no history left"
         logger.debug(
             "%s prompt of run %s: left out the oldest %s to fit %s characters%s",
             label,

@@ -129,28 +129,45 @@ def test_the_longest_lists_are_cut_and_short_ones_stay_whole() -> None:
     assert abs(len(completed) - len(findings)) < 300
 
 
-def test_a_prompt_too_long_anyway_keeps_its_scalars_and_leaves_every_list_out() -> None:
+def test_a_prompt_too_long_anyway_is_sent_with_its_history_left_out() -> None:
     goal = "a goal far longer than the budget " * 200
     context = {**replan_context(tasks=5, findings=40), "goal": goal}
     template = REGISTRY.get("planner", "replan")
     fitted = fit_prompt(template, context, 2_000)
 
-    assert fitted.omitted == {
-        "context": 1,
-        "completed": 5,
-        "findings": 40,
-        "pending": 2,
-    }
+    assert fitted.omitted == {"completed": 5, "findings": 40}
     assert fitted.chars == prompt_chars(fitted.messages) > 2_000
     text = user_text(fitted.messages)
     assert f"Original goal, verbatim:\n{goal}\n" in text
     assert (
-        f"Background the requester gave:\n{omission_note(1)}\n\n"
         "Completed tasks and their results (never change these):\n"
         f"{omission_note(5)}\n\nFindings so far, oldest first:\n{omission_note(40)}\n"
-        f"\nPending tasks your revision replaces:\n{omission_note(2)}\n"
+        "\nPending tasks your revision replaces:\nt5 [pending] planned t5\nt6 [pending]"
     ) in text
     assert "contradiction" in text  # the trigger and the verdict stay
+
+
+def test_only_the_history_is_cut_however_long_the_other_lists() -> None:
+    # The ranker answers one boolean per proposed task, and a reviewer names
+    # pending tasks in affected_tasks: neither list may lose an entry.
+    drafts = [
+        TaskDraft(key=f"k{n}", description=f"step {n} " * 10) for n in range(1, 501)
+    ]
+    template = REGISTRY.get("ranker", "alignment")
+    context = {"goal": GOAL, "proposed": drafts, "context": ["background " * 500]}
+    fitted = fit_prompt(template, context, 10_000)
+    assert fitted.omitted == {}
+    assert fitted.messages == template.render(context)
+
+    reviewer = REGISTRY.get("reviewer", "milestone")
+    context = replan_context(tasks=20, findings=100)
+    context["pending"] = [
+        t.model_copy(update={"description": "long pending task " * 40})
+        for t in context["pending"] * 200
+    ]
+    fitted = fit_prompt(reviewer, {**context, "milestone_index": 3}, 30_000)
+    assert set(fitted.omitted) == {"completed", "findings"}
+    assert user_text(fitted.messages).count("long pending task") == 400 * 40
 
 
 def test_shortened_drafts_keep_their_numbers() -> None:
@@ -158,7 +175,9 @@ def test_shortened_drafts_keep_their_numbers() -> None:
         TaskDraft(key=f"k{n}", description=f"step {n} " * 10) for n in range(1, 501)
     ]
     template = REGISTRY.get("ranker", "alignment")
-    fitted = fit_prompt(template, {"goal": GOAL, "proposed": drafts}, 10_000)
+    fitted = fit_prompt(
+        template, {"goal": GOAL, "proposed": drafts}, 10_000, frozenset({"proposed"})
+    )
 
     dropped = fitted.omitted["proposed"]
     text = user_text(fitted.messages)
@@ -169,7 +188,9 @@ def test_shortened_drafts_keep_their_numbers() -> None:
 def test_a_shortened_list_of_other_values_is_still_a_json_array() -> None:
     evidence = [{"id": f"e{n}", "text": f"observation {n} " * 5} for n in range(300)]
     template = PromptTemplate("test", "json", 1, "Judge.", "Evidence:\n{{evidence}}")
-    fitted = fit_prompt(template, {"evidence": evidence}, 5_000)
+    fitted = fit_prompt(
+        template, {"evidence": evidence}, 5_000, frozenset({"evidence"})
+    )
 
     dropped = fitted.omitted["evidence"]
     note, array = user_text(fitted.messages).removeprefix("Evidence:\n").split("\n", 1)
@@ -356,7 +377,7 @@ async def test_a_requests_own_messages_are_sent_whole_whatever_the_budget(
     assert caplog.records == []
 
 
-async def test_a_goal_longer_than_the_budget_is_sent_whole_without_the_lists(
+async def test_a_goal_longer_than_the_budget_is_sent_whole_without_the_history(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     goal = "Map every maker of solid-state cells and what they ship. " * 40
@@ -375,12 +396,10 @@ async def test_a_goal_longer_than_the_budget_is_sent_whole_without_the_lists(
     assert (
         f"Completed tasks and their results:\n{omission_note(20)}\n\n"
         f"Findings so far, oldest first:\n{omission_note(50)}\n\n"
-        f"Pending tasks:\n{omission_note(1)}"
+        "Pending tasks:\nt20 [pending] planned t20"
     ) in text
     [record] = caplog.records
-    assert "20 of 20 completed, 50 of 50 findings, 1 of 1 pending" in (
-        record.getMessage()
-    )
+    assert "20 of 20 completed, 50 of 50 findings to fit" in (record.getMessage())
     assert "; still 4" in record.getMessage()
 
 
