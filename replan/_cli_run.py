@@ -69,11 +69,24 @@ def add_run_parser(commands: Any) -> None:
         default=3,
         help="retries per model call on 429/5xx/timeouts (default 3)",
     )
+    add_prompt_budget(run)
     for field, (flag, kind, text) in LIMIT_FLAGS.items():
         run.add_argument(flag, dest=field, type=kind, default=None, help=text)
     run.add_argument("--yes", action="store_true", help="approve every gate")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--db", metavar="PATH", help="journal the run in this SQLite file")
+
+
+def add_prompt_budget(parser: argparse.ArgumentParser) -> None:
+    """``--max-prompt-chars``: the model's prompt budget (see ``OpenAIModel``)."""
+    parser.add_argument(
+        "--max-prompt-chars",
+        type=whole_number(1_000),
+        default=100_000,
+        metavar="N",
+        help="longest prompt in characters; the oldest history is left out "
+        "beyond it (default 100000)",
+    )
 
 
 def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
@@ -112,6 +125,7 @@ async def run_goal(console: Any, args: argparse.Namespace) -> int:
             args.model,
             base_url=args.base_url,
             max_retries=args.retries,
+            max_prompt_chars=args.max_prompt_chars,
             structured_output=args.structured_output,
             provider_name=args.provider or _provider(args.base_url),
         )

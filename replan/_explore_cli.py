@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import _render
-from ._cli_run import unreachable_message, whole_number
+from ._cli_run import add_prompt_budget, unreachable_message, whole_number
 from ._demo_explore import explore_demo_model, explore_demo_spec
 from ._errors import ConfigurationError
 from ._render_explore import brief_lines
@@ -22,7 +22,12 @@ if TYPE_CHECKING:
 DEMO_MODEL = "scripted:demo"
 
 
-def make_model(name: str | None, base_url: str | None, retries: int = 3) -> Model:
+def make_model(
+    name: str | None,
+    base_url: str | None,
+    retries: int = 3,
+    max_prompt_chars: int = 100_000,
+) -> Model:
     """The model ``--model NAME`` (and ``--base-url``) names.
 
     ``scripted:demo`` answers offline with the explore demo's script.
@@ -43,7 +48,10 @@ def make_model(name: str | None, base_url: str | None, retries: int = 3) -> Mode
 
     try:
         return OpenAIModel(
-            name.removeprefix("openai:"), base_url=base_url, max_retries=retries
+            name.removeprefix("openai:"),
+            base_url=base_url,
+            max_retries=retries,
+            max_prompt_chars=max_prompt_chars,
         )
     except ConfigurationError as exc:
         raise CommandError(f"{exc.field}: {exc.problem}", code=2) from None
@@ -77,6 +85,7 @@ def add_explore_parser(commands: argparse._SubParsersAction) -> None:  # type: i
         default=3,
         help="retries per model call on 429/5xx/timeouts (default 3)",
     )
+    add_prompt_budget(explore)
     explore.add_argument(
         "--domain", default="", help="the domain, for the safety screen"
     )
@@ -123,7 +132,7 @@ def explore_spec_from(args: argparse.Namespace) -> RunSpec:
 async def explore(console: Console, args: argparse.Namespace) -> int:
     """``replan explore``: run one explore run and print its brief."""
     spec = explore_spec_from(args)
-    model = make_model(args.model, args.base_url, args.retries)
+    model = make_model(args.model, args.base_url, args.retries, args.max_prompt_chars)
     return await _run(console, model, spec, yes=args.yes, as_json=args.json, db=args.db)
 
 

@@ -136,3 +136,41 @@ def test_a_limit_that_is_no_usable_number_is_refused(
     )
     assert code == 2
     assert capsys.readouterr().err.splitlines()[-1].startswith(expected)
+
+
+def test_max_prompt_chars_leaves_the_oldest_findings_out_of_the_review(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    findings = [f"finding {n:03d}: " + "a maker ships cells " * 4 for n in range(200)]
+
+    def many_findings(logged: Logged) -> Reply:
+        if answer_type(logged) == "TaskOutcome":
+            return completion(TaskOutcome(success=True, summary="s", findings=findings))
+        return script(logged)
+
+    with chat_server(many_findings) as server:
+        code = main(
+            ["run", "Who ships solid-state cells?", "--model", "m", "--base-url",
+             server.base_url, "--max-prompt-chars", "6000", "--yes", "--json"]
+        )  # fmt: skip
+        sent = server.chat_requests()
+    assert code == 0, capsys.readouterr().err
+    reviews = [r for r in sent if answer_type(r) == "Verdict"]
+    assert reviews
+    for review in reviews:
+        [system, user] = [m["content"] for m in review.messages[:2]]
+        # The output format's instruction comes on top of the budget.
+        system = system.split("\n\nReply with one JSON object")[0]
+        assert len(system) + len(user) <= 6000
+        assert "left out to fit the prompt" in user
+        assert "finding 199: " in user  # the newest stay
+        assert "finding 000: " not in user
+
+
+def test_a_prompt_budget_below_a_thousand_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["run", "x", "--model", "m", "--max-prompt-chars", "999"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "replan: error: argument --max-prompt-chars: must be at least 1000: '999'"
+    )
