@@ -36,7 +36,11 @@ def build_model(settings: DaemonSettings) -> Model:
             if not rest:
                 raise ConfigurationError("model", "use openai:<model name>")
             # Key and endpoint from OPENAI_API_KEY / OPENAI_BASE_URL.
-            return OpenAIModel(rest, provider_name=settings.model_provider)
+            return OpenAIModel(
+                rest,
+                provider_name=settings.model_provider,
+                max_prompt_chars=settings.model_max_prompt_chars,
+            )
     raise ConfigurationError(
         "model",
         f"unknown model {settings.model!r}; use scripted:demo, "

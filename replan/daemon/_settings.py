@@ -56,6 +56,9 @@ class DaemonSettings(BaseSettings):
     model_provider: str = "openai"
     """For ``openai:<name>``: the server behind ``OPENAI_BASE_URL`` as telemetry
     names it (``openai``, ``vllm``, ``ollama``, ``litellm``...)."""
+    model_max_prompt_chars: int = Field(default=100_000, ge=1_000)
+    """For ``openai:<name>``: the prompt budget in characters (see
+    ``OpenAIModel.max_prompt_chars``)."""
     model_latency_s: float = Field(default=0.0, ge=0.0, le=3600.0)
     """Simulated seconds per call, for the scripted models."""
     default_limits: Limits = Field(default_factory=Limits)

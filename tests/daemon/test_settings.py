@@ -95,3 +95,20 @@ def test_serve_reports_bad_settings_in_one_line(
     assert err.startswith("replan: error: api_key:")
     assert "OPENAI_API_KEY" in err
     assert len(err.splitlines()) == 1
+
+
+def test_an_openai_model_takes_its_prompt_budget_from_the_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from replan.daemon._models import build_model
+    from replan.llm import OpenAIModel
+
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("REPLAN_MODEL_MAX_PROMPT_CHARS", "5000")
+    model = build_model(load_settings(None, model="openai:m"))
+    assert isinstance(model, OpenAIModel)
+    assert model.max_prompt_chars == 5000
+    monkeypatch.setenv("REPLAN_MODEL_MAX_PROMPT_CHARS", "10")
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings(None)
+    assert caught.value.field == "model_max_prompt_chars"
