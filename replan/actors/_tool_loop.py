@@ -7,25 +7,30 @@ side-effect tool runs only after a person approved the call at a human gate,
 with an idempotency key ``run_id:task_id:s<step>c<index>`` that a retry of
 the task reuses.
 
-With a tool effect ledger (both stores are), a side-effect call that ran is
-recorded with its key as soon as it returns. When a retry of the task, or its
-attempt run again after a crash, makes a call that already ran for the task
-(same tool, same arguments), the recorded result goes to the model: no gate,
-and the tool does not run again. The n-th identical call of an attempt is
-matched with the n-th record of it, so a call the model really makes twice
-still runs twice. A new call whose key a different call already used gets
-the key with ``-2`` (``-3``...) appended: the system acted on must not take
-it for a repeat.
+With a tool effect ledger (both stores are), a side-effect call is recorded
+(tool, validated arguments, key) before the tool runs, and its result as
+soon as it returns. When a retry of the task, or its attempt run again after
+a crash, makes a call that returned before (same tool, same arguments), the
+recorded result goes to the model: no gate, and the tool does not run again.
+The n-th identical call of an attempt matches the n-th record of it, so a
+call the model really makes twice still runs twice. A call recorded as
+started that never returned (it raised, or the process stopped) may have
+acted: the same call made again runs again, after approval, under the same
+key. A new call gets the key of its step and position unless a different
+call took it, then ``-2`` (``-3``...) appended, so the system acted on never
+takes it for a repeat.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from pydantic import BaseModel, JsonValue
+from pydantic import BaseModel
 
 from .._errors import ModelError
 from ..llm import Model, ModelRequest, Tool, ToolArgumentsError
@@ -42,6 +47,8 @@ from ..messages import (
 )
 from ..store import ToolEffectLedger, ToolEffectRecord
 from ._calls import generate, wrong_answer
+
+logger = logging.getLogger("replan.actors")
 
 Approver = Callable[[str, str, ToolCall], Awaitable[GateResolution]]
 """``await approve(run_id, task_id, call)``: a person's answer at a gate."""
@@ -75,11 +82,8 @@ class _Attempt:
         self._loop = loop
         self._request = request
         self._run_id = run_id
-        self._ran: list[ToolEffectRecord] | None = None
-        """The task's recorded calls not yet matched in this attempt (read
-        at its first side-effect call)."""
-        self._keys: set[str] = set()
-        """Every key the task's side-effect calls used."""
+        self._used: set[str] = set()
+        """The keys this attempt's side-effect calls ran under or matched."""
 
     async def run(self) -> ExecuteReply:
         loop, request, run_id = self._loop, self._request, self._run_id
@@ -153,61 +157,121 @@ class _Attempt:
             return failed(f"invalid arguments: {exc}")
         key = f"{self._run_id}:{task_id}:s{step}c{index}"
         if tool.side_effect:
-            if loop.approver is None:
-                return failed("side effects need approval, and no one can give it")
-            values = arguments.model_dump(mode="json")
-            ran = await self._ran_before(task_id, call.name, values)
-            if ran is not None:
-                return ToolResult(call_id=call.id, name=call.name, content=ran.content)
-            resolution = await loop.approver(self._run_id, task_id, call)
-            if resolution.decision != "approve":
-                note = f": {resolution.note}" if resolution.note else ""
-                return failed(f"the call was not approved by {resolution.by}{note}")
-            key = self._free(key)
+            return await self._side_effect(call, tool, arguments, task_id, key)
         try:
             content = await tool.run(arguments, idempotency_key=key)
         except Exception as exc:
-            # Not recorded: whether a side effect happened is unknown, so a
-            # retry runs the call again, under the same key.
             return failed(f"{type(exc).__name__}: {exc}")
-        if tool.side_effect and loop.effects is not None:
+        return ToolResult(call_id=call.id, name=call.name, content=content)
+
+    async def _side_effect(
+        self, call: ToolCall, tool: Tool, arguments: BaseModel, task_id: str, key: str
+    ) -> ToolResult:
+        """Run a side-effect call once: its recorded result if it returned
+        before, else a person's approval, then the tool under its key."""
+
+        def failed(text: str) -> ToolResult:
+            return ToolResult(call_id=call.id, name=call.name, content=text, error=True)
+
+        loop, run_id = self._loop, self._run_id
+        if loop.approver is None:
+            return failed("side effects need approval, and no one can give it")
+        effects = loop.effects
+        before = await self._recorded(task_id, call.name, arguments)
+        if before is not None and before.content is not None:
+            self._used.add(before.key)
+            return ToolResult(call_id=call.id, name=call.name, content=before.content)
+        resolution = await loop.approver(run_id, task_id, call)
+        if resolution.decision != "approve":
+            note = f": {resolution.note}" if resolution.note else ""
+            return failed(f"the call was not approved by {resolution.by}{note}")
+        record: ToolEffectRecord | None = None
+        if effects is not None:
+            # Read again: the wait for a person may have been long.
+            records = await effects.read_tool_effects(run_id, task_id)
+            before = self._match(records, call.name, arguments)
+            if before is not None and before.content is not None:
+                self._used.add(before.key)
+                return ToolResult(
+                    call_id=call.id, name=call.name, content=before.content
+                )
+            if before is not None:
+                # The same call ran and its outcome is unknown (it raised,
+                # or the process stopped): again under its key.
+                key = before.key
+            else:
+                key = _free(key, {r.key for r in records} | self._used)
             record = ToolEffectRecord(
                 key=key,
                 task_id=task_id,
                 tool=call.name,
-                arguments=values,
-                content=content,
+                arguments=arguments.model_dump(mode="json"),
             )
-            self._keys.add(key)
+            try:
+                # Before the tool runs: the key is taken from now on.
+                await effects.record_tool_effect(run_id, record)
+            except Exception as exc:
+                logger.warning("tool call %s not run: %s", key, exc)
+                return failed(f"the call could not be recorded before it ran: {exc}")
+        self._used.add(key)
+        try:
+            content = await tool.run(arguments, idempotency_key=key)
+        except Exception as exc:
+            # Recorded as started only: whether it acted is unknown, so the
+            # same call made again runs again under the same key.
+            return failed(f"{type(exc).__name__}: {exc}")
+        if effects is not None and record is not None:
+            done = record.model_copy(update={"content": content})
             # Shielded: the effect happened; a cancellation now must not
             # leave it unrecorded.
             with anyio.CancelScope(shield=True):
-                await loop.effects.record_tool_effect(self._run_id, record)
+                try:
+                    await effects.record_tool_effect(run_id, done)
+                except Exception as exc:
+                    # The started record keeps the key: a repeat runs under it.
+                    logger.warning("tool call %s ran but is not recorded: %s", key, exc)
         return ToolResult(call_id=call.id, name=call.name, content=content)
 
-    async def _ran_before(
-        self, task_id: str, tool: str, arguments: JsonValue
+    async def _recorded(
+        self, task_id: str, tool: str, arguments: BaseModel
     ) -> ToolEffectRecord | None:
-        """The first recorded run of this call not yet matched in this
-        attempt, taken off the list; None if the call is new."""
+        """The task's first record of this very call not yet used by this
+        attempt, or None (and None without a ledger)."""
         effects = self._loop.effects
         if effects is None:
             return None
-        if self._ran is None:
-            self._ran = await effects.read_tool_effects(self._run_id, task_id)
-            self._keys.update(r.key for r in self._ran)
-        for i, record in enumerate(self._ran):
-            if record.tool == tool and record.arguments == arguments:
-                return self._ran.pop(i)
+        records = await effects.read_tool_effects(self._run_id, task_id)
+        return self._match(records, tool, arguments)
+
+    def _match(
+        self, records: list[ToolEffectRecord], tool: str, arguments: BaseModel
+    ) -> ToolEffectRecord | None:
+        """The first record of ``tool`` called with ``arguments`` whose key
+        this attempt has not used. Arguments are compared as validated
+        values, read back through the tool's own argument model (so a set
+        matches whatever order it was stored in)."""
+        spec = self._loop.tools.get(tool)
+        if spec is None:
+            return None
+        for record in records:
+            if record.tool != tool or record.key in self._used:
+                continue
+            try:
+                recorded = spec.parse(json.dumps(record.arguments))
+            except ToolArgumentsError:
+                continue  # the tool's arguments changed since
+            if recorded == arguments:
+                return record
         return None
 
-    def _free(self, key: str) -> str:
-        """``key``, or ``key-2``, ``key-3``... if a different call used it."""
-        candidate, n = key, 1
-        while candidate in self._keys:
-            n += 1
-            candidate = f"{key}-{n}"
-        return candidate
+
+def _free(key: str, taken: set[str]) -> str:
+    """``key``, or ``key-2``, ``key-3``... the first no other call took."""
+    candidate, n = key, 1
+    while candidate in taken:
+        n += 1
+        candidate = f"{key}-{n}"
+    return candidate
 
 
 def _call(usage: TokenUsage) -> ModelCall:

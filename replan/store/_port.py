@@ -129,27 +129,29 @@ class EffectLedger(Protocol):
 
 
 class ToolEffectRecord(BaseModel):
-    """A side-effect tool call that ran and returned, under its key.
+    """A side-effect tool call: recorded before the tool runs, and again with
+    its result once it returns.
 
-    The executor writes it as soon as the tool returns, before the model sees
-    the result. When a task is retried, or its attempt is run again after a
-    crash, and the model makes the same call again (same tool, same
+    When a task is retried, or its attempt is run again after a crash, and
+    the model makes a call that returned before (same tool, same
     arguments), the recorded result is used instead of asking for approval
-    and running the tool a second time.
+    and running the tool a second time. A call recorded only as started
+    (``content`` None) may or may not have acted; made again, it runs again
+    under the same key.
     """
 
     model_config = ConfigDict(frozen=True)
 
     key: str
     """The idempotency key the tool ran with: ``RUN:TASK:s<step>c<index>``,
-    with ``-2``, ``-3``... appended when a different call had already used
-    that key."""
+    with ``-2``, ``-3``... appended when a different call had taken that
+    key."""
     task_id: str
     tool: str
     arguments: JsonValue
     """The call's validated arguments, as JSON values."""
-    content: str
-    """What the tool returned."""
+    content: str | None = None
+    """What the tool returned; None while it is not known to have returned."""
 
 
 @runtime_checkable
@@ -157,7 +159,8 @@ class ToolEffectLedger(Protocol):
     """A store that keeps the side-effect tool calls that ran."""
 
     async def record_tool_effect(self, run_id: str, record: ToolEffectRecord) -> None:
-        """Keep ``record`` durably (replacing one with the same task and key)."""
+        """Keep ``record`` durably, replacing one with the same task and key
+        (the started call's record by the same call's result)."""
         ...
 
     async def read_tool_effects(

@@ -3,6 +3,7 @@ the same call again gets the recorded result, not a second effect."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,7 +26,7 @@ from replan import (
     tool,
 )
 from replan.messages import Event, GateOpened, TaskInterrupted, ToolCall, ToolResult
-from replan.store import SQLiteStore, Store
+from replan.store import SQLiteStore, Store, ToolEffectLedger, ToolEffectRecord
 
 Steps = Callable[[int, int], list[dict[str, str]] | None]
 """``steps(attempt, step)``: the emails the model sends at that step, or None
@@ -166,20 +167,130 @@ async def test_a_call_made_twice_runs_twice_and_a_retry_matches_each_once(
     assert len(gates) == 3
 
 
-async def test_a_call_that_failed_runs_again_on_retry_under_the_same_key(
+async def test_a_call_that_raised_keeps_its_key_for_the_same_call_only(
     store: Store,
 ) -> None:
+    # ana's email raised: it may have gone out. The retry sends bo first, in
+    # ana's place (a new key: the mail system must not drop bo's as a repeat
+    # of ana's), then ana again, one step later, under ana's key.
     outbox = Outbox(fail_first=1)
-    executor = Executor({(1, 1): ["ana"], (2, 1): ["ana"]}, attempts=2)
+    emails = {(1, 1): ["ana"], (2, 1): ["bo"], (2, 2): ["ana"]}
+    executor = Executor(emails, attempts=2)
     status, gates, _ = await run_approving(executor, outbox, store)
     assert status is RunStatus.COMPLETED
     [failed] = executor.seen[1]
     assert failed.error
     assert "ConnectionError" in failed.content
-    # Whether the failed call did anything is unknown: it runs again, and
-    # the key tells the mail system it is the same email.
-    assert keys(outbox) == ["t1:s1c0"]
+    assert outbox.sent[0][0] == "bo"
+    assert outbox.sent[1][0] == "ana"
+    assert keys(outbox) == ["t1:s1c0-2", "t1:s1c0"]
+    assert len(gates) == 3
+
+
+async def test_a_set_argument_matches_in_any_order(store: Store) -> None:
+    ran: list[list[str]] = []
+
+    @tool(side_effect=True)
+    def notify(channels: set[str]) -> str:
+        """Notify on some channels."""
+        ran.append(sorted(channels))
+        return "notified"
+
+    assert isinstance(store, ToolEffectLedger)
+    ledger = store
+
+    async def execute(request: ModelRequest) -> Any:
+        attempt = request.context["attempt"]
+        if not request.transcript:
+            if attempt == 2:
+                # As another process could have stored it: another order.
+                [record] = await ledger.read_tool_effects(request.run_id or "", "t1")
+                assert isinstance(record.arguments, dict)
+                assert isinstance(record.arguments["channels"], list)
+                shuffled = {"channels": record.arguments["channels"][::-1]}
+                await ledger.record_tool_effect(
+                    request.run_id or "",
+                    record.model_copy(update={"arguments": shuffled}),
+                )
+            arguments = '{"channels": ["sms", "push", "mail"]}'
+            return ModelResponse(
+                tool_calls=[ToolCall(id="c1", name="notify", arguments=arguments)]
+            )
+        if attempt == 1:
+            return TaskOutcome(success=False, transient=True, reason="flaky")
+        return TaskOutcome(success=True, summary="notified")
+
+    with anyio.fail_after(10):
+        async with Supervisor(scripted(execute=execute), store, tools=[notify]) as sup:
+            handle = await sup.submit(spec(chain(1), max_task_attempts=2))
+            gates = await approve_every_gate(sup, handle)
+            result = await handle.result()
+    assert result.status is RunStatus.COMPLETED
+    assert ran == [["mail", "push", "sms"]]
+    assert len(gates) == 1
+
+
+async def test_an_attempt_past_its_timeout_and_the_next_one_share_no_key(
+    store: Store,
+) -> None:
+    # Attempt 1's email to ana is slow (a sync tool in a worker thread, not
+    # cancellable): the task passes task_timeout_s and attempt 2 runs while
+    # ana's is still being sent. Attempt 2 emails bo: a key of its own, and
+    # ana's late result does not replace bo's record. Attempt 3 makes bo's
+    # call again and gets its result.
+    release = threading.Event()
+    sent: list[tuple[str, str]] = []
+
+    @tool(side_effect=True)
+    def send_email(to: str, idempotency_key: str) -> str:
+        """Email someone."""
+        sent.append((to, idempotency_key.split(":", 1)[1]))
+        if to == "ana":
+            release.wait(5)
+        else:
+            release.set()
+        return f"sent to {to}"
+
+    assert isinstance(store, ToolEffectLedger)
+    ledger = store
+    record = ledger.record_tool_effect
+    ana_recorded = anyio.Event()
+
+    async def record_and_tell(run_id: str, effect: ToolEffectRecord) -> None:
+        await record(run_id, effect)
+        if effect.content == "sent to ana":
+            ana_recorded.set()
+
+    ledger.record_tool_effect = record_and_tell  # type: ignore[method-assign,assignment]
+
+    async def execute(request: ModelRequest) -> Any:
+        attempt = request.context["attempt"]
+        if not request.transcript:
+            to = "ana" if attempt == 1 else "bo"
+            call = ToolCall(id="c1", name="send_email", arguments=f'{{"to": "{to}"}}')
+            return ModelResponse(tool_calls=[call])
+        if attempt == 2:
+            await ana_recorded.wait()
+            return TaskOutcome(success=False, transient=True, reason="flaky")
+        return TaskOutcome(success=True, summary="emailed")
+
+    with anyio.fail_after(10):
+        async with Supervisor(
+            scripted(execute=execute), store, tools=[send_email]
+        ) as sup:
+            handle = await sup.submit(
+                spec(chain(1), max_task_attempts=3, task_timeout_s=0.3)
+            )
+            gates = await approve_every_gate(sup, handle)
+            result = await handle.result()
+            records = await ledger.read_tool_effects(handle.run_id, "t1")
+    assert result.status is RunStatus.COMPLETED
+    assert sent == [("ana", "t1:s1c0"), ("bo", "t1:s1c0-2")]
     assert len(gates) == 2
+    assert sorted((r.key.split(":", 1)[1], r.content) for r in records) == [
+        ("t1:s1c0", "sent to ana"),
+        ("t1:s1c0-2", "sent to bo"),
+    ]
 
 
 @asynccontextmanager
@@ -242,3 +353,34 @@ async def test_an_email_sent_before_a_crash_is_not_sent_again_on_resume(
     assert [e.task_id for e in events if isinstance(e, TaskInterrupted)] == ["t1"]
     assert sum(isinstance(e, GateOpened) for e in events) == 1
     await memory.aclose()
+
+
+@pytest.mark.parametrize("failing", ["started", "finished"])
+async def test_a_record_that_cannot_be_written_never_costs_an_unrecorded_effect(
+    failing: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before the tool runs, no record means no run; after it, the result
+    # still reaches the model and the started record keeps the key.
+    store = MemoryStore()
+    record = store.record_tool_effect
+
+    async def flaky_record(run_id: str, effect: ToolEffectRecord) -> None:
+        if (effect.content is None) == (failing == "started"):
+            raise OSError("disk full")
+        await record(run_id, effect)
+
+    store.record_tool_effect = flaky_record  # type: ignore[method-assign,assignment]
+    outbox = Outbox()
+    executor = Executor({(1, 1): ["ana"]}, attempts=1)
+    status, _, _ = await run_approving(executor, outbox, store)
+    [seen] = executor.seen[1]
+    assert status is RunStatus.COMPLETED
+    if failing == "started":
+        assert outbox.sent == []
+        assert seen.error
+        assert "could not be recorded before it ran: disk full" in seen.content
+    else:
+        assert keys(outbox) == ["t1:s1c0"]
+        assert (seen.content, seen.error) == ("sent to ana", False)
+        assert "ran but is not recorded: disk full" in caplog.text
+    await store.aclose()
