@@ -81,12 +81,25 @@ def add_prompt_budget(parser: argparse.ArgumentParser) -> None:
     """``--max-prompt-chars``: the model's prompt budget (see ``OpenAIModel``)."""
     parser.add_argument(
         "--max-prompt-chars",
-        type=whole_number(1_000),
+        type=prompt_budget,
         default=100_000,
         metavar="N",
         help="longest prompt in characters; the oldest history is left out "
-        "beyond it (default 100000)",
+        "beyond it (default 100000; 0: no bound)",
     )
+
+
+def prompt_budget(text: str) -> int | None:
+    """An argparse type: a prompt budget of at least 1000 characters, or 0
+    (None: no bound)."""
+    value = whole_number(0)(text)
+    if value == 0:
+        return None
+    if value < 1_000:
+        raise argparse.ArgumentTypeError(
+            f"must be at least 1000, or 0 for no bound: {text!r}"
+        )
+    return value
 
 
 def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:

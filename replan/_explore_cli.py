@@ -26,7 +26,7 @@ def make_model(
     name: str | None,
     base_url: str | None,
     retries: int = 3,
-    max_prompt_chars: int = 100_000,
+    max_prompt_chars: int | None = 100_000,
 ) -> Model:
     """The model ``--model NAME`` (and ``--base-url``) names.
 

@@ -39,7 +39,7 @@ def build_model(settings: DaemonSettings) -> Model:
             return OpenAIModel(
                 rest,
                 provider_name=settings.model_provider,
-                max_prompt_chars=settings.model_max_prompt_chars,
+                max_prompt_chars=settings.model_max_prompt_chars or None,
             )
     raise ConfigurationError(
         "model",

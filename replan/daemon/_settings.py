@@ -56,9 +56,9 @@ class DaemonSettings(BaseSettings):
     model_provider: str = "openai"
     """For ``openai:<name>``: the server behind ``OPENAI_BASE_URL`` as telemetry
     names it (``openai``, ``vllm``, ``ollama``, ``litellm``...)."""
-    model_max_prompt_chars: int = Field(default=100_000, ge=1_000)
-    """For ``openai:<name>``: the prompt budget in characters (see
-    ``OpenAIModel.max_prompt_chars``)."""
+    model_max_prompt_chars: int = Field(default=100_000, ge=0)
+    """For ``openai:<name>``: the prompt budget in characters, at least 1000
+    (see ``OpenAIModel.max_prompt_chars``); 0 for no bound."""
     model_latency_s: float = Field(default=0.0, ge=0.0, le=3600.0)
     """Simulated seconds per call, for the scripted models."""
     default_limits: Limits = Field(default_factory=Limits)
@@ -85,6 +85,13 @@ class DaemonSettings(BaseSettings):
     @classmethod
     def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         return refuse_boolean_number(cls, value, info)
+
+    @field_validator("model_max_prompt_chars")
+    @classmethod
+    def _a_usable_budget(cls, chars: int) -> int:
+        if 0 < chars < 1_000:
+            raise ValueError("must be at least 1000, or 0 for no bound")
+        return chars
 
     @field_validator("workers")
     @classmethod

@@ -11,10 +11,13 @@ proposed tasks a ranker answers one by one. A prompt that does not fit even
 with its history left out is sent so, and the provider's answer says it is
 too long.
 
-The longest of those lists give way first: each is held to one size limit
-in the prompt, the largest at which the prompt fits. A list within the limit
-stays whole, and the lists that are cut end up about the same size. Each
-list's entries are rendered once and the limit is found by bisection on
+First, an entry that alone takes more than half the room the history has
+(a task's result of a hundred thousand characters, say) is cut short, with
+:data:`ENTRY_MARK` at its end, so that it does not take every older entry
+with it. Then the longest lists give way first: each is held to one size
+limit in the prompt, the largest at which the prompt fits. A list within the
+limit stays whole, and the lists that are cut end up about the same size.
+Each list's entries are rendered once and the limit is found by bisection on
 their lengths; the prompt is rendered once more, as cut.
 """
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Any, Final
 
@@ -42,6 +45,8 @@ class FittedPrompt:
     messages: list[dict[str, Any]]
     omitted: dict[str, int]
     """Entries left out, by context key; empty when the prompt fit whole."""
+    shortened: dict[str, int]
+    """Entries cut short (see :data:`ENTRY_MARK`), by context key."""
     chars: int
     """The length of every message's content, together."""
 
@@ -60,7 +65,7 @@ def fit_prompt(
     messages = template.render(context)
     size = prompt_chars(messages)
     if max_chars is None or size <= max_chars:
-        return FittedPrompt(messages, {}, size)
+        return FittedPrompt(messages, {}, {}, size)
     uses = Counter(_PLACEHOLDER.findall(template.system + template.user))
     cuts = [
         _Cut(key, list_text(value), count)
@@ -68,6 +73,10 @@ def fit_prompt(
         if key in keys and isinstance(value := context.get(key), list) and value
     ]
     rest = size - sum(cut.room(0) for cut in cuts)  # what is never cut
+    # No one entry may take more than half the room the history has: a huge
+    # newest result is cut short rather than dropped with all before it.
+    cap = max((max_chars - rest) // 2, MIN_ENTRY_CHARS)
+    cuts = [cut.capped(cap) for cut in cuts]
 
     def cut_to(limit: int) -> list[int]:
         return [cut.dropped_for(limit) for cut in cuts]
@@ -76,7 +85,9 @@ def fit_prompt(
         rooms = (cut.room(d) for cut, d in zip(cuts, dropped, strict=True))
         return rest + sum(rooms) <= max_chars
 
-    if not fits(cut_to(0)):
+    if fits([0] * len(cuts)):
+        dropped = [0] * len(cuts)  # cutting the longest entries short was enough
+    elif not fits(cut_to(0)):
         dropped = [cut.total for cut in cuts]  # only what is never cut is left
     else:
         # The largest limit that fits: fits(cut_to(low)), not fits(cut_to(high)).
@@ -88,10 +99,12 @@ def fit_prompt(
             else:
                 high = middle
         dropped = cut_to(low)
-    texts = {cut.key: cut.text(d) for cut, d in zip(cuts, dropped, strict=True) if d}
+    pairs = list(zip(cuts, dropped, strict=True))
+    texts = {cut.key: cut.text(d) for cut, d in pairs if d or cut.shortened}
     messages = template._render(context, texts)
-    omitted = {cut.key: d for cut, d in zip(cuts, dropped, strict=True) if d}
-    return FittedPrompt(messages, omitted, prompt_chars(messages))
+    omitted = {cut.key: d for cut, d in pairs if d}
+    shortened = {cut.key: cut.shortened for cut, d in pairs if cut.shortened}
+    return FittedPrompt(messages, omitted, shortened, prompt_chars(messages))
 
 
 def prompt_chars(messages: list[dict[str, Any]]) -> int:
@@ -105,6 +118,12 @@ def omission_note(count: int) -> str:
     return f"({count} earlier {entries} left out to fit the prompt)"
 
 
+ENTRY_MARK: Final = " [...cut short to fit the prompt]"
+"""Ends an entry that alone took more than half the history's room."""
+MIN_ENTRY_CHARS: Final = 1_000
+"""Entries up to this long are never cut short, only left out."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Cut:
     """One list value of the context, to be shortened from its oldest end."""
@@ -113,6 +132,8 @@ class _Cut:
     rendered: ListText
     uses: int
     """How often the template shows the list."""
+    shortened: int = 0
+    """How many of its entries were cut short (see :meth:`capped`)."""
     _ends: list[int] = field(init=False)
     """Where each entry ends in the entries laid end to end (0 first)."""
 
@@ -123,6 +144,19 @@ class _Cut:
     @property
     def total(self) -> int:
         return len(self.rendered.entries)
+
+    def capped(self, cap: int) -> _Cut:
+        """The list with each entry longer than ``cap`` cut to it, the mark
+        at its end (not the items of a JSON array: they would not parse)."""
+        rendered = self.rendered
+        if rendered.opening or all(len(e) <= cap for e in rendered.entries):
+            return self
+        keep = cap - len(ENTRY_MARK)
+        entries = tuple(
+            e if len(e) <= cap else e[:keep] + ENTRY_MARK for e in rendered.entries
+        )
+        short = sum(len(e) > cap for e in rendered.entries)
+        return _Cut(self.key, replace(rendered, entries=entries), self.uses, short)
 
     def room(self, dropped: int) -> int:
         """The characters the list takes in the prompt, every use counted,

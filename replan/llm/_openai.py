@@ -419,27 +419,40 @@ class OpenAIModel:
             request.role, request.purpose, request.context
         )
         fitted = fit_prompt(template, request.context, self.max_prompt_chars)
-        if log and fitted.omitted:
+        if log and (fitted.omitted or fitted.shortened):
             self._log_omitted(request, template.label, fitted)
         return fitted.messages, template.label
 
     def _log_omitted(
         self, request: ModelRequest, label: str, fitted: FittedPrompt
     ) -> None:
-        if not logger.isEnabledFor(logging.DEBUG):
+        # Expected in a long run's reviews and replans; the synthesis, which
+        # writes the run's answer, missing results deserves a warning.
+        level = logging.WARNING if request.purpose == "synthesize" else logging.DEBUG
+        if not logger.isEnabledFor(level):
             return
         left_out = ", ".join(
-            f"{count} of {len(request.context[key])} {key}"
+            f"the oldest {count} of {len(request.context[key])} {key}"
             for key, count in fitted.omitted.items()
+        )
+        cut = ", ".join(f"{n} of {key}" for key, n in fitted.shortened.items())
+        changes = "; ".join(
+            part
+            for part in (
+                f"left out {left_out}" if left_out else "",
+                f"cut short {cut}" if cut else "",
+            )
+            if part
         )
         over = ""
         if self.max_prompt_chars is not None and fitted.chars > self.max_prompt_chars:
             over = f"; still {fitted.chars} characters, with no history left"
-        logger.debug(
-            "%s prompt of run %s: left out the oldest %s to fit %s characters%s",
+        logger.log(
+            level,
+            "%s prompt of run %s: %s to fit %s characters%s",
             label,
             request.run_id or "-",
-            left_out,
+            changes,
             self.max_prompt_chars,
             over,
         )

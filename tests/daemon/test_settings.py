@@ -108,7 +108,12 @@ def test_an_openai_model_takes_its_prompt_budget_from_the_settings(
     model = build_model(load_settings(None, model="openai:m"))
     assert isinstance(model, OpenAIModel)
     assert model.max_prompt_chars == 5000
-    monkeypatch.setenv("REPLAN_MODEL_MAX_PROMPT_CHARS", "10")
-    with pytest.raises(ConfigurationError) as caught:
-        load_settings(None)
-    assert caught.value.field == "model_max_prompt_chars"
+    monkeypatch.setenv("REPLAN_MODEL_MAX_PROMPT_CHARS", "0")
+    unbounded = build_model(load_settings(None, model="openai:m"))
+    assert isinstance(unbounded, OpenAIModel)
+    assert unbounded.max_prompt_chars is None
+    for chars in ("999", "-1"):
+        monkeypatch.setenv("REPLAN_MODEL_MAX_PROMPT_CHARS", chars)
+        with pytest.raises(ConfigurationError) as caught:
+            load_settings(None)
+        assert caught.value.field == "model_max_prompt_chars"

@@ -172,5 +172,29 @@ def test_a_prompt_budget_below_a_thousand_is_refused(
 ) -> None:
     assert main(["run", "x", "--model", "m", "--max-prompt-chars", "999"]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "replan: error: argument --max-prompt-chars: must be at least 1000: '999'"
+        "replan: error: argument --max-prompt-chars: "
+        "must be at least 1000, or 0 for no bound: '999'"
     )
+
+
+def test_a_prompt_budget_of_zero_sends_the_whole_history(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    findings = [f"finding {n:03d}: " + "a maker ships cells " * 4 for n in range(200)]
+
+    def many_findings(logged: Logged) -> Reply:
+        if answer_type(logged) == "TaskOutcome":
+            return completion(TaskOutcome(success=True, summary="s", findings=findings))
+        return script(logged)
+
+    with chat_server(many_findings) as server:
+        code = main(
+            ["run", "Who ships solid-state cells?", "--model", "m", "--base-url",
+             server.base_url, "--max-prompt-chars", "0", "--yes", "--json"]
+        )  # fmt: skip
+        sent = server.chat_requests()
+    assert code == 0, capsys.readouterr().err
+    [review, *_] = [r for r in sent if answer_type(r) == "Verdict"]
+    user = review.messages[1]["content"]
+    assert "left out to fit the prompt" not in user
+    assert "finding 000: " in user

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from replan import (
     ConfigurationError,
     ModelRequest,
+    Synthesis,
     Task,
     TaskDraft,
     TaskOutcome,
@@ -21,7 +22,7 @@ from replan import (
     Verdict,
 )
 from replan.llm import OpenAIModel, PromptRegistry, PromptTemplate, render_value
-from replan.llm._budget import fit_prompt, omission_note, prompt_chars
+from replan.llm._budget import ENTRY_MARK, fit_prompt, omission_note, prompt_chars
 from replan.messages import TaskStatus
 
 REGISTRY = PromptRegistry()
@@ -212,6 +213,36 @@ def test_a_list_the_template_shows_twice_counts_twice() -> None:
     assert user.endswith("- finding 499")
 
 
+def test_a_huge_newest_result_is_cut_short_not_dropped_with_all_before_it() -> None:
+    template = REGISTRY.get("executor", "synthesize")
+    huge = "the newest result, at length " * 4_000  # ~120,000 characters
+    completed = [done(n, f"result {n}") for n in range(5)] + [done(5, huge)]
+    fitted = fit_prompt(template, {"goal": GOAL, "completed": completed}, 100_000)
+
+    assert fitted.chars <= 100_000
+    assert fitted.omitted == {}
+    assert fitted.shortened == {"completed": 1}
+    text = user_text(fitted.messages)
+    for n in range(5):
+        assert f"t{n} [completed] work of t{n}\n    result: result {n}\n" in text
+    assert f"t5 [completed] work of t5\n    result: {huge[:1_000]}" in text
+    assert ENTRY_MARK in text
+    assert huge not in text
+
+
+def test_the_items_of_a_json_array_are_left_out_never_cut_short() -> None:
+    evidence = [{"id": f"e{n}", "text": "x" * 3_000} for n in range(10)]
+    template = PromptTemplate("test", "json", 1, "Judge.", "Evidence:\n{{evidence}}")
+    keys = frozenset({"evidence"})
+    fitted = fit_prompt(template, {"evidence": evidence}, 8_000, keys)
+    assert fitted.shortened == {}
+    dropped = fitted.omitted["evidence"]
+    text = user_text(fitted.messages).removeprefix("Evidence:\n")
+    note, array = text.split("\n", 1)
+    assert note == omission_note(dropped)
+    assert json.loads(array) == evidence[dropped:]
+
+
 # A property over random lists and budgets ---------------------------------------
 
 RANDOM = PromptTemplate(
@@ -399,7 +430,10 @@ async def test_a_goal_longer_than_the_budget_is_sent_whole_without_the_history(
         "Pending tasks:\nt20 [pending] planned t20"
     ) in text
     [record] = caplog.records
-    assert "20 of 20 completed, 50 of 50 findings to fit" in (record.getMessage())
+    assert (
+        "left out the oldest 20 of 20 completed, the oldest 50 of 50 findings to fit"
+        in record.getMessage()
+    )
     assert "; still 4" in record.getMessage()
 
 
@@ -413,4 +447,31 @@ def test_a_budget_below_a_thousand_characters_is_refused(chars: int) -> None:
             "m", base_url="http://127.0.0.1:9/v1", max_prompt_chars=1_000
         ).max_prompt_chars
         == 1_000
+    )
+
+
+async def test_a_synthesis_that_loses_results_is_logged_as_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    completed = [done(n, f"result {n} " * 100) for n in range(300)]
+    request = ModelRequest(
+        role="executor",
+        purpose="synthesize",
+        output_type=Synthesis,
+        run_id="r1",
+        context={"goal": GOAL, "completed": completed},
+    )
+    with chat_server() as server:
+        server.reply(completion(Synthesis(output="the answer")))
+        async with OpenAIModel(
+            "gpt-test", base_url=server.base_url, max_prompt_chars=20_000
+        ) as model:
+            with caplog.at_level(logging.WARNING, logger="replan.llm"):
+                await model.generate(request)
+        [sent] = server.chat_requests()
+    assert "t299 [completed]" in sent.messages[1]["content"]
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING
+    assert record.getMessage().startswith(
+        "executor.synthesize@1 prompt of run r1: left out the oldest "
     )
