@@ -187,6 +187,14 @@ class Supervisor:
         self._meters: dict[str, RunMeter] = {}
         self._metered = MeteredModel(model, self._meters)
         self.store: Store = store if store is not None else MemoryStore()
+        if not isinstance(self.store, ToolEffectLedger) and any(
+            t.side_effect for t in self._tools.values()
+        ):
+            logger.warning(
+                "%r keeps no tool effects (replan.store.ToolEffectLedger): a "
+                "side-effect call of a task retried or resumed runs again",
+                self.store,
+            )
         self.gates = GateRegistry()
         """The open human gates: ``pending()`` and ``await resolve(id, resolution)``."""
         self._task_runner = task_runner

@@ -3,6 +3,7 @@ the same call again gets the recorded result, not a second effect."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -384,3 +385,19 @@ async def test_a_record_that_cannot_be_written_never_costs_an_unrecorded_effect(
         assert (seen.content, seen.error) == ("sent to ana", False)
         assert "ran but is not recorded: disk full" in caplog.text
     await store.aclose()
+
+
+async def test_a_store_without_tool_effects_is_named_in_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from scripts import DelegatingStore
+
+    plain = DelegatingStore(MemoryStore())
+    with caplog.at_level(logging.WARNING, logger="replan.supervisor"):
+        async with Supervisor(scripted(), plain, tools=[Outbox().tool()]):
+            pass
+        async with Supervisor(scripted(), MemoryStore(), tools=[Outbox().tool()]):
+            pass
+    [record] = caplog.records
+    assert "keeps no tool effects" in record.getMessage()
+    assert "DelegatingStore" in record.getMessage()
