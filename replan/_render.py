@@ -6,6 +6,7 @@ and tests can read them directly.
 
 from __future__ import annotations
 
+import json
 import textwrap
 from collections.abc import Iterable
 from typing import assert_never
@@ -36,6 +37,7 @@ from .messages import (
     UsageRecorded,
 )
 from .messages._explore_events import ExploreEvent
+from .store import ToolEffectRecord
 from .supervisor import RunState
 
 WIDTH = 88
@@ -276,7 +278,24 @@ def outcome_lines(state: RunState) -> list[str]:
     return lines
 
 
-def run_report(state: RunState) -> list[str]:
+def side_effect_lines(records: Iterable[ToolEffectRecord]) -> list[str]:
+    """The side-effect tool calls a run made: task, tool, arguments, key and
+    what the tool returned (or that it never returned)."""
+    lines = ["side effects"]
+    for record in records:
+        call = f"{record.tool} {json.dumps(record.arguments, ensure_ascii=False)}"
+        lines.extend(wrap(call, "  ", hang=f"{record.task_id:<4}"))
+        lines.append(f"      key {record.key}")
+        if record.content is None:
+            lines.append("      (no result recorded: it may have acted)")
+        else:
+            lines.extend(wrap(record.content, "      ", hang="-> "))
+    return lines
+
+
+def run_report(
+    state: RunState, side_effects: Iterable[ToolEffectRecord] = ()
+) -> list[str]:
     """Everything ``replan show`` prints about a run; its open gates by the
     full ids ``replan approve`` takes."""
     result = state.result()
@@ -295,6 +314,9 @@ def run_report(state: RunState) -> list[str]:
         lines.extend(task_lines(task, "  ", status=True))
     for info in state.open_gates:
         lines += ["", *gate_lines(info.request, "", full_id=True)]
+    effects = list(side_effects)
+    if effects:
+        lines += ["", *side_effect_lines(effects)]
     lines.append("")
     if result.brief is not None:
         from ._render_explore import brief_lines

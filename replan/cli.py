@@ -639,18 +639,23 @@ async def show(console: Console, run_id: str, *, db: str, as_json: bool) -> int:
     try:
         full_id = await _find_run(store, run_id, db)
         events = await store.read(full_id)
+        if not events:
+            raise CommandError(f"run {full_id} has no events in {db}")
+        try:
+            state = fold_journal(full_id, events)
+            effects = [
+                record
+                for task_id in state.tasks
+                for record in await store.read_tool_effects(full_id, task_id)
+            ]
+        except JournalCorrupt as exc:
+            raise CommandError(f"{db}: {exc}") from None
     finally:
         await store.aclose()
-    if not events:
-        raise CommandError(f"run {full_id} has no events in {db}")
-    try:
-        state = fold_journal(full_id, events)
-    except JournalCorrupt as exc:
-        raise CommandError(f"{db}: {exc}") from None
     if as_json:
         console.emit([state.result().model_dump_json(indent=2)])
     else:
-        console.emit(_render.run_report(state))
+        console.emit(_render.run_report(state, effects))
     return 0
 
 

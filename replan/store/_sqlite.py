@@ -495,9 +495,17 @@ class SQLiteStore:
     async def read_tool_effects(
         self, run_id: str, task_id: str
     ) -> list[ToolEffectRecord]:
+        if self.read_only and not self._has_tool_effects():
+            return []  # a journal of an older replan, opened to be read
         return self._records(
             ToolEffectRecord, "tool effect record", _READ_TOOL_EFFECTS, run_id, task_id
         )
+
+    def _has_tool_effects(self) -> bool:
+        found = self._connection().execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tool_effects'"
+        )
+        return found.fetchone() is not None
 
     def _records(
         self, model: type[_Record], what: str, query: str, run_id: str, *more: str

@@ -4,10 +4,12 @@ the same call again gets the recorded result, not a second effect."""
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from subprocess import CompletedProcess
 from typing import Any
 
 import anyio
@@ -401,3 +403,52 @@ async def test_a_store_without_tool_effects_is_named_in_a_warning(
     [record] = caplog.records
     assert "keeps no tool effects" in record.getMessage()
     assert "DelegatingStore" in record.getMessage()
+
+
+async def replan_show(run_id: str, db: Path) -> CompletedProcess[bytes]:
+    """``replan show RUN_ID --db DB``, as a user runs it."""
+    command = [sys.executable, "-m", "replan", "show", run_id, "--db", str(db)]
+    return await anyio.run_process(command, check=False)
+
+
+async def test_replan_show_lists_the_side_effects_a_run_made(tmp_path: Path) -> None:
+    outbox = Outbox(fail_first=1)
+    executor = Executor({(1, 1): ["ana"], (2, 1): ["bo"]}, attempts=2)
+    async with SQLiteStore(tmp_path / "j.db") as store:
+        status, _, events = await run_approving(executor, outbox, store)
+    assert status is RunStatus.COMPLETED
+    run_id = events[0].run_id
+    shown = await replan_show(run_id, tmp_path / "j.db")
+    assert (shown.returncode, shown.stderr) == (0, b"")
+    out = shown.stdout.decode()
+    section = out[out.index("side effects\n") :].split("\n\n")[0]
+    assert section.splitlines() == [
+        "side effects",
+        '  t1  send_email {"to": "ana"}',
+        f"      key {run_id}:t1:s1c0",
+        "      (no result recorded: it may have acted)",
+        '  t1  send_email {"to": "bo"}',
+        f"      key {run_id}:t1:s1c0-2",
+        "      -> sent to bo",
+    ]
+
+
+async def test_replan_show_reads_a_journal_from_before_tool_effects(
+    tmp_path: Path,
+) -> None:
+    import sqlite3
+    from contextlib import closing
+
+    async with SQLiteStore(tmp_path / "j.db") as store:
+        status, _, events = await run_approving(
+            Executor({(1, 1): ["ana"]}, attempts=1), Outbox(), store
+        )
+    with closing(sqlite3.connect(tmp_path / "j.db")) as conn:
+        conn.execute("DROP TABLE tool_effects")
+        conn.execute("PRAGMA user_version = 2")
+        conn.commit()
+    shown = await replan_show(events[0].run_id, tmp_path / "j.db")
+    assert (shown.returncode, shown.stderr, status) == (0, b"", RunStatus.COMPLETED)
+    out = shown.stdout.decode()
+    assert "tasks\n  t1  completed" in out
+    assert "side effects" not in out
