@@ -574,6 +574,13 @@ def _add_serve(commands: Any) -> None:
         "--model-latency", type=_seconds, metavar="SECONDS", help="scripted models"
     )
     serve.add_argument(
+        "--tool",
+        action="append",
+        dest="tools",
+        metavar="MODULE:NAME",
+        help="an executor tool, or a list of them (repeat for more)",
+    )
+    serve.add_argument(
         "--workers",
         action="append",
         metavar="ROLE=N",
@@ -616,6 +623,7 @@ def serve(args: argparse.Namespace) -> int:
             data_dir=args.data_dir,
             model=args.model,
             model_latency_s=args.model_latency,
+            tools=args.tools,
             workers=workers,
             max_active_runs=args.max_active_runs,
             drain_grace_s=args.drain_grace,

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Callable
+from typing import Any
 
 from .._demo import demo_model
 from .._errors import ConfigurationError
-from ..llm import Model, OpenAIModel
+from ..llm import Model, OpenAIModel, Tool
+from ..llm._tools import as_tools
 from ._settings import DaemonSettings
 
 
@@ -76,3 +79,33 @@ def _imported(path: str, settings: DaemonSettings) -> Model:
             "model", f"{path} returned {type(model).__name__}, not a model"
         )
     return model
+
+
+def build_tools(settings: DaemonSettings) -> list[Tool]:
+    """The executor's tools the ``tools`` setting names (``module:name``
+    each: a tool, a function, or a list or tuple of them).
+
+    Raises:
+        ConfigurationError: a path cannot be imported, names no tool, or
+            two tools share a name (field ``tools``).
+    """
+    found: list[Tool | Callable[..., Any]] = []
+    for path in settings.tools:
+        module_name, _, name = path.partition(":")
+        if not module_name or not name:
+            raise ConfigurationError("tools", f"use module:name, not {path!r}")
+        try:
+            value = getattr(importlib.import_module(module_name), name)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigurationError("tools", f"cannot import {path}: {exc}") from None
+        items = list(value) if isinstance(value, list | tuple) else [value]
+        for item in items:
+            if not (isinstance(item, Tool) or callable(item)):
+                raise ConfigurationError(
+                    "tools", f"{path}: {type(item).__name__} is not a tool"
+                )
+            found.append(item)
+    try:
+        return list(as_tools(found).values())
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError("tools", str(exc)) from None

@@ -31,7 +31,7 @@ from ..telemetry import setup_if_asked
 from ._app import create_app
 from ._listen import listen
 from ._lock import data_dir_lock
-from ._models import build_model
+from ._models import build_model, build_tools
 from ._service import Daemon
 from ._settings import DaemonSettings
 from ._token import resolve_token
@@ -82,6 +82,7 @@ def build_daemon(settings: DaemonSettings) -> Daemon:
     """
     token = resolve_token(settings)
     model = build_model(settings)
+    tools = build_tools(settings)
     if token.generated_into is not None:
         print(
             f"replan: generated an API token (kept in {token.generated_into}, "
@@ -89,7 +90,7 @@ def build_daemon(settings: DaemonSettings) -> Daemon:
             file=sys.stderr,
             flush=True,
         )
-    return Daemon(settings=settings, token=token, model=model)
+    return Daemon(settings=settings, token=token, model=model, tools=tools)
 
 
 class Shutdown:

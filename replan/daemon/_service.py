@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import anyio
 
 from .._errors import SupervisorError, UnknownRunError
-from ..llm import Model
+from ..llm import Model, Tool
 from ..store import SQLiteStore
 from ..supervisor import RunState, Supervisor, fold_journal
 from ._retention import retention_loop
@@ -38,6 +38,8 @@ class Daemon:
     settings: DaemonSettings
     token: Token
     model: Model
+    tools: list[Tool] = field(default_factory=list)
+    """The executor's tools (the ``tools`` setting)."""
     counters: Counters = field(default_factory=Counters)
     submitting: int = 0
     """Submissions accepted and not yet journaled (they count as active)."""
@@ -83,7 +85,11 @@ class Daemon:
                 stack.push_async_callback(aclose)
             store = await stack.enter_async_context(SQLiteStore(settings.journal_path))
             supervisor = Supervisor(
-                self.model, store, workers=settings.workers, resume=True
+                self.model,
+                store,
+                workers=settings.workers,
+                tools=self.tools,
+                resume=True,
             )
             await stack.enter_async_context(supervisor)
             tasks = await stack.enter_async_context(anyio.create_task_group())

@@ -61,6 +61,10 @@ class DaemonSettings(BaseSettings):
     (see ``OpenAIModel.max_prompt_chars``); 0 for no bound."""
     model_latency_s: float = Field(default=0.0, ge=0.0, le=3600.0)
     """Simulated seconds per call, for the scripted models."""
+    tools: list[str] = Field(default_factory=list)
+    """The executor's tools, each ``module:name``: a tool (``@replan.tool``),
+    a plain function, or a list of them. A side-effect tool's calls wait at
+    a gate answered over ``POST /v1/gates/{id}``."""
     default_limits: Limits = Field(default_factory=Limits)
     """Limits of runs submitted without their own (fields they set win)."""
     workers: dict[str, int] = Field(default_factory=dict)

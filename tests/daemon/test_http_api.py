@@ -657,3 +657,61 @@ def test_submissions_past_max_active_runs_get_429_until_a_run_ends(
             submit(client)  # a place is free again
     finally:
         process.close()
+
+
+def test_a_side_effect_tool_call_waits_for_its_gate_over_http(tmp_path: Path) -> None:
+    outbox = tmp_path / "outbox"
+    process = DaemonProcess(
+        tmp_path / "data",
+        "--model",
+        "python:mail_tools:model",
+        "--tool",
+        "mail_tools:send_email",
+        env={"REPLAN_TEST_OUTBOX": str(outbox)},
+    ).start()
+    try:
+        with process.client() as client:
+            run_id = submit(client, gate_policy=NO_GATE)
+            (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+            assert not outbox.exists()  # nothing sent before a person agrees
+            assert gate["task_id"] == "t1"
+            assert gate["tool_call"]["name"] == "send_email"
+            assert json.loads(gate["tool_call"]["arguments"]) == {"to": "ana"}
+            answer = client.post(
+                f"/v1/gates/{gate['gate_id']}",
+                json={"decision": "approve", "by": "erin"},
+            )
+            assert answer.status_code == 200, answer.text
+            view = finished(client, run_id)
+    finally:
+        process.close()
+    assert view["status"] == "completed"
+    assert outbox.read_text() == f"ana {run_id}:t1:s1c0\n"
+
+
+@pytest.mark.parametrize(
+    ("tool", "problem"),
+    [
+        ("nowhere:send", "replan: error: tools: cannot import nowhere:send: "),
+        ("mail_tools", "replan: error: tools: use module:name, not 'mail_tools'"),
+        ("mail_tools:NOT_A_TOOL", "replan: error: tools: mail_tools:NOT_A_TOOL: int"),
+    ],
+)
+def test_a_tool_the_daemon_cannot_use_is_one_line_naming_it(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tool: str,
+    problem: str,
+) -> None:
+    from daemon_process import HERE, free_port
+
+    from replan.cli import main
+
+    monkeypatch.syspath_prepend(str(HERE))
+    port = str(free_port())
+    code = main(["serve", "--tool", tool, "--data-dir", str(tmp_path), "--port", port])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(problem)
+    assert len(err.splitlines()) == 1
