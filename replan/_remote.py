@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from . import _render
 from ._client import Client, ClientError, segment
+from .store import ToolEffectRecord
 from .supervisor import RunState, apply, replay
 
 COMMANDS = ("submit", "watch", "approve", "reject", "cancel")
@@ -228,7 +229,11 @@ def show(args: argparse.Namespace) -> int:
     if args.json:
         print(state.result().model_dump_json(indent=2))
     else:
-        for line in _render.run_report(state):
+        effects = [
+            ToolEffectRecord.model_validate(record)
+            for record in view.get("side_effects", [])
+        ]
+        for line in _render.run_report(state, effects):
             print(line)
     return 0
 

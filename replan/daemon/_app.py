@@ -192,6 +192,7 @@ def _v1(daemon: Daemon) -> APIRouter:
             total_usage=state.usage.total,
             result=state.result(),
             gates=list(state.gates.values()),
+            side_effects=await daemon.side_effects(state),
         )
 
     @router.get("/runs/{run_id}/versions", response_model=VersionList)

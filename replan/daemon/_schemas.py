@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..messages import GateInfo, GateRequest, PlanVersion, RunResult, RunStatus
 from ..messages import TokenUsage as TokenUsage
-from ..store import RunSummary
+from ..store import RunSummary, ToolEffectRecord
 
 
 class _Body(BaseModel):
@@ -53,6 +53,9 @@ class RunView(_Body):
     total_usage: TokenUsage
     result: RunResult
     gates: list[GateInfo] = Field(default_factory=list)
+    side_effects: list[ToolEffectRecord] = Field(default_factory=list)
+    """The side-effect tool calls the run made: key, tool, arguments, and
+    what the tool returned (None: it never returned, and may have acted)."""
 
 
 class VersionList(_Body):

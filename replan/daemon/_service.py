@@ -11,7 +11,7 @@ import anyio
 
 from .._errors import SupervisorError, UnknownRunError
 from ..llm import Model, Tool
-from ..store import SQLiteStore
+from ..store import SQLiteStore, ToolEffectRecord
 from ..supervisor import RunState, Supervisor, fold_journal
 from ._retention import retention_loop
 from ._settings import DaemonSettings
@@ -170,3 +170,12 @@ class Daemon:
         if not events:
             raise UnknownRunError(run_id)
         return fold_journal(run_id, events)
+
+    async def side_effects(self, state: RunState) -> list[ToolEffectRecord]:
+        """The side-effect tool calls the run made, task by task."""
+        store = self.store
+        return [
+            record
+            for task_id in state.tasks
+            for record in await store.read_tool_effects(state.run_id, task_id)
+        ]

@@ -659,7 +659,13 @@ def test_submissions_past_max_active_runs_get_429_until_a_run_ends(
         process.close()
 
 
-def test_a_side_effect_tool_call_waits_for_its_gate_over_http(tmp_path: Path) -> None:
+def test_a_side_effect_tool_call_waits_for_its_gate_over_http(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from replan.cli import main
+
     outbox = tmp_path / "outbox"
     process = DaemonProcess(
         tmp_path / "data",
@@ -683,10 +689,29 @@ def test_a_side_effect_tool_call_waits_for_its_gate_over_http(tmp_path: Path) ->
             )
             assert answer.status_code == 200, answer.text
             view = finished(client, run_id)
+        monkeypatch.setenv("REPLAN_URL", process.url)
+        monkeypatch.setenv("REPLAN_API_TOKEN", process.token or "")
+        capsys.readouterr()
+        assert main(["show", run_id]) == 0
+        remote_report = capsys.readouterr().out
+        journal = str(process.data_dir / "journal.db")
+        assert main(["show", run_id, "--db", journal]) == 0
+        local_report = capsys.readouterr().out
     finally:
         process.close()
     assert view["status"] == "completed"
     assert outbox.read_text() == f"ana {run_id}:t1:s1c0\n"
+    assert view["side_effects"] == [
+        {
+            "key": f"{run_id}:t1:s1c0",
+            "task_id": "t1",
+            "tool": "send_email",
+            "arguments": {"to": "ana"},
+            "content": "sent to ana",
+        }
+    ]
+    assert remote_report == local_report
+    assert "side effects\n  t1  send_email" in remote_report
 
 
 @pytest.mark.parametrize(
