@@ -70,6 +70,14 @@ def add_run_parser(commands: Any) -> None:
         help="retries per model call on 429/5xx/timeouts (default 3)",
     )
     add_prompt_budget(run)
+    run.add_argument(
+        "--tool",
+        action="append",
+        dest="tools",
+        metavar="MODULE:NAME",
+        help="an executor tool, or a list of them (repeat for more); a "
+        "side-effect tool's calls ask at a gate",
+    )
     for field, (flag, kind, text) in LIMIT_FLAGS.items():
         run.add_argument(flag, dest=field, type=kind, default=None, help=text)
     run.add_argument("--yes", action="store_true", help="approve every gate")
@@ -125,6 +133,7 @@ async def run_goal(console: Any, args: argparse.Namespace) -> int:
     """Run ``args.goal`` and print its progress, summary, usage and cost."""
     from .cli import CommandError, supervise
     from .llm import OpenAIModel  # here: openai takes a while to import
+    from .llm._tools import import_tools
 
     limits = {f: getattr(args, f) for f in LIMIT_FLAGS if getattr(args, f) is not None}
     try:
@@ -142,12 +151,14 @@ async def run_goal(console: Any, args: argparse.Namespace) -> int:
             structured_output=args.structured_output,
             provider_name=args.provider or _provider(args.base_url),
         )
+        tools = import_tools(args.tools or [])
     except ConfigurationError as exc:
         raise CommandError(_flag_message(exc), code=2) from None
     result = await supervise(
         console,
         model,
         spec,
+        tools=tools,
         yes=args.yes,
         as_json=args.json,
         db=args.db,
@@ -184,6 +195,8 @@ def _flag_message(exc: ConfigurationError) -> str:
         return "no API key: set OPENAI_API_KEY or pass --base-url for a local server"
     if exc.field == "model":
         return "no model: pass --model NAME or set REPLAN_MODEL"
+    if exc.field == "tools":
+        return f"--tool: {exc.problem}"
     name = exc.field.removeprefix("limits.")
     if name in LIMIT_FLAGS:
         return f"{LIMIT_FLAGS[name][0]}: {exc.problem}"

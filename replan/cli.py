@@ -35,7 +35,7 @@ from ._demo import demo_model, demo_spec
 from ._errors import ConfigurationError, JournalCorrupt
 from ._explore_cli import add_explore_parser, explore, explore_demo
 from ._version import __version__
-from .llm import Model
+from .llm import Model, Tool
 from .messages import (
     GateOpened,
     GateRequest,
@@ -392,6 +392,7 @@ async def supervise(
     as_json: bool,
     db: str | None,
     report: Callable[[RunState, RunResult], list[str]],
+    tools: Sequence[Tool] = (),
 ) -> RunResult:
     """Run ``spec`` on a supervisor of its own: follow it live, answer its
     gates, then print the ``RunResult`` as JSON or the ``report`` lines.
@@ -405,7 +406,9 @@ async def supervise(
             aclose = getattr(model, "aclose", None)
             if aclose is not None:
                 stack.push_async_callback(aclose)
-            sup = await stack.enter_async_context(Supervisor(model=model, store=store))
+            sup = await stack.enter_async_context(
+                Supervisor(model=model, store=store, tools=tools)
+            )
             handle = await sup.submit(spec)
             await _follow(sup, handle, console, yes=yes)
             result = await handle.result()

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
-from typing import Any
 
 from .._demo import demo_model
 from .._errors import ConfigurationError
 from ..llm import Model, OpenAIModel, Tool
-from ..llm._tools import as_tools
+from ..llm._tools import import_tools
 from ._settings import DaemonSettings
 
 
@@ -82,30 +80,10 @@ def _imported(path: str, settings: DaemonSettings) -> Model:
 
 
 def build_tools(settings: DaemonSettings) -> list[Tool]:
-    """The executor's tools the ``tools`` setting names (``module:name``
-    each: a tool, a function, or a list or tuple of them).
+    """The executor's tools the ``tools`` setting names (see ``import_tools``).
 
     Raises:
         ConfigurationError: a path cannot be imported, names no tool, or
             two tools share a name (field ``tools``).
     """
-    found: list[Tool | Callable[..., Any]] = []
-    for path in settings.tools:
-        module_name, _, name = path.partition(":")
-        if not module_name or not name:
-            raise ConfigurationError("tools", f"use module:name, not {path!r}")
-        try:
-            value = getattr(importlib.import_module(module_name), name)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigurationError("tools", f"cannot import {path}: {exc}") from None
-        items = list(value) if isinstance(value, list | tuple) else [value]
-        for item in items:
-            if not (isinstance(item, Tool) or callable(item)):
-                raise ConfigurationError(
-                    "tools", f"{path}: {type(item).__name__} is not a tool"
-                )
-            found.append(item)
-    try:
-        return list(as_tools(found).values())
-    except (TypeError, ValueError) as exc:
-        raise ConfigurationError("tools", str(exc)) from None
+    return import_tools(settings.tools)

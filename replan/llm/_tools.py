@@ -10,13 +10,16 @@ task is retried.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, get_type_hints, overload
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from .._errors import ConfigurationError
 
 KEY_PARAMETER = "idempotency_key"
 
@@ -157,6 +160,36 @@ def as_tools(tools: list[Tool | Callable[..., Any]]) -> dict[str, Tool]:
             raise ValueError(f"two tools are named {t.name!r}")
         registry[t.name] = t
     return registry
+
+
+def import_tools(paths: Sequence[str]) -> list[Tool]:
+    """The tools ``paths`` name, ``module:name`` each: a tool, a function,
+    or a list or tuple of them (what ``replan run --tool`` and ``replan
+    serve --tool`` take).
+
+    Raises:
+        ConfigurationError: a path cannot be imported, names no tool, or two
+            tools share a name (field ``tools``).
+    """
+    found: list[Tool | Callable[..., Any]] = []
+    for path in paths:
+        module_name, _, name = path.partition(":")
+        if not module_name or not name:
+            raise ConfigurationError("tools", f"use module:name, not {path!r}")
+        try:
+            value = getattr(importlib.import_module(module_name), name)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigurationError("tools", f"cannot import {path}: {exc}") from None
+        for item in list(value) if isinstance(value, list | tuple) else [value]:
+            if not (isinstance(item, Tool) or callable(item)):
+                raise ConfigurationError(
+                    "tools", f"{path}: {type(item).__name__} is not a tool"
+                )
+            found.append(item)
+    try:
+        return list(as_tools(found).values())
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError("tools", str(exc)) from None
 
 
 def as_text(result: Any) -> str:

@@ -198,3 +198,56 @@ def test_a_prompt_budget_of_zero_sends_the_whole_history(
     user = review.messages[1]["content"]
     assert "left out to fit the prompt" not in user
     assert "finding 000: " in user
+
+
+def test_run_takes_tools_and_a_side_effect_call_is_approved_with_yes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import cli_tools
+
+    cli_tools.SENT.clear()
+
+    def with_email(logged: Logged) -> Reply:
+        text = logged.text
+        first = "scan the trade press" in text and "sent to ana" not in text
+        if answer_type(logged) == "TaskOutcome" and first:
+            return completion(tool_calls=[("c1", "send_email", {"to": "ana"})])
+        return script(logged)
+
+    with chat_server(with_email) as server:
+        code = main(
+            ["run", "Who ships solid-state cells?", "--model", "m", "--base-url",
+             server.base_url, "--tool", "cli_tools:TOOLS", "--yes", "--json"]
+        )  # fmt: skip
+        sent = server.chat_requests()
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    run_id = json.loads(captured.out)["run_id"]
+    assert [f"{run_id}:t1:s1c0"] == cli_tools.SENT
+    offered = {t["function"]["name"] for t in sent[1].body.get("tools", [])}
+    assert offered == {"send_email", "search"}
+    assert any("sent to ana" in r.text for r in sent)  # the result reached the model
+
+
+@pytest.mark.parametrize(
+    ("tool", "problem"),
+    [
+        ("nowhere:send", "replan: error: --tool: cannot import nowhere:send: "),
+        ("cli_tools", "replan: error: --tool: use module:name, not 'cli_tools'"),
+        ("cli_tools:SENT", "replan: error: --tool: cli_tools:SENT: str is not a tool"),
+    ],
+)
+def test_a_tool_run_cannot_use_is_one_line_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], tool: str, problem: str
+) -> None:
+    import cli_tools
+
+    cli_tools.SENT[:] = ["a key"]
+    code = main(
+        ["run", "x", "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
+         "--tool", tool]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(problem)
+    assert len(err.splitlines()) == 1
