@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
@@ -16,6 +17,7 @@ from pydantic import (
 )
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -61,10 +63,11 @@ class DaemonSettings(BaseSettings):
     (see ``OpenAIModel.max_prompt_chars``); 0 for no bound."""
     model_latency_s: float = Field(default=0.0, ge=0.0, le=3600.0)
     """Simulated seconds per call, for the scripted models."""
-    tools: list[str] = Field(default_factory=list)
+    tools: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """The executor's tools, each ``module:name``: a tool (``@replan.tool``),
     a plain function, or a list of them. A side-effect tool's calls wait at
-    a gate answered over ``POST /v1/gates/{id}``."""
+    a gate answered over ``POST /v1/gates/{id}``. ``REPLAN_TOOLS`` takes
+    them separated by commas, or as a JSON list."""
     default_limits: Limits = Field(default_factory=Limits)
     """Limits of runs submitted without their own (fields they set win)."""
     workers: dict[str, int] = Field(default_factory=dict)
@@ -96,6 +99,18 @@ class DaemonSettings(BaseSettings):
         if 0 < chars < 1_000:
             raise ValueError("must be at least 1000, or 0 for no bound")
         return chars
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _tool_list(cls, tools: Any) -> Any:
+        if not isinstance(tools, str):
+            return tools
+        if tools.lstrip().startswith("["):
+            try:
+                return json.loads(tools)
+            except ValueError as exc:
+                raise ValueError(f"not a JSON list: {exc}") from None
+        return [t.strip() for t in tools.split(",") if t.strip()]
 
     @field_validator("workers")
     @classmethod
@@ -156,7 +171,8 @@ def load_settings(
         return DaemonSettings(**given)
     except ValidationError as exc:
         raise ConfigurationError.from_validation(exc) from None
-    except ValueError as exc:  # a TOML syntax error
-        raise ConfigurationError("config", f"{path}: {exc}") from None
+    except ValueError as exc:  # a TOML syntax error, a REPLAN_* not parsed
+        where = path if path is not None else "the REPLAN_* variables"
+        raise ConfigurationError("config", f"{where}: {exc}") from None
     finally:
         _config_file.reset(token)

@@ -117,3 +117,32 @@ def test_an_openai_model_takes_its_prompt_budget_from_the_settings(
         with pytest.raises(ConfigurationError) as caught:
             load_settings(None)
         assert caught.value.field == "model_max_prompt_chars"
+
+
+@pytest.mark.parametrize(
+    ("variable", "tools"),
+    [
+        ('["kit:search", "kit:mail"]', ["kit:search", "kit:mail"]),
+        ("kit:search, kit:mail", ["kit:search", "kit:mail"]),
+        ("kit:search", ["kit:search"]),
+        ("", []),
+    ],
+)
+def test_replan_tools_takes_a_json_list_or_commas(
+    monkeypatch: pytest.MonkeyPatch, variable: str, tools: list[str]
+) -> None:
+    monkeypatch.setenv("REPLAN_TOOLS", variable)
+    assert load_settings(None).tools == tools
+
+
+def test_a_tools_file_setting_and_a_broken_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "replan.toml"
+    config.write_text('tools = ["kit:search"]\n')
+    assert load_settings(config).tools == ["kit:search"]
+    monkeypatch.setenv("REPLAN_TOOLS", "[kit:search")
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings(config)
+    assert caught.value.field == "tools"
+    assert "not a JSON list" in caught.value.problem
