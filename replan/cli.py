@@ -654,11 +654,7 @@ async def show(console: Console, run_id: str, *, db: str, as_json: bool) -> int:
             raise CommandError(f"run {full_id} has no events in {db}")
         try:
             state = fold_journal(full_id, events)
-            effects = [
-                record
-                for task_id in state.tasks
-                for record in await store.read_tool_effects(full_id, task_id)
-            ]
+            effects = await store.read_tool_effects(full_id)
         except JournalCorrupt as exc:
             raise CommandError(f"{db}: {exc}") from None
     finally:

@@ -172,10 +172,5 @@ class Daemon:
         return fold_journal(run_id, events)
 
     async def side_effects(self, state: RunState) -> list[ToolEffectRecord]:
-        """The side-effect tool calls the run made, task by task."""
-        store = self.store
-        return [
-            record
-            for task_id in state.tasks
-            for record in await store.read_tool_effects(state.run_id, task_id)
-        ]
+        """The side-effect tool calls the run made, in the order they ran."""
+        return await self.store.read_tool_effects(state.run_id)

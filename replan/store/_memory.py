@@ -104,11 +104,11 @@ class MemoryStore:
         self._tool_effects.setdefault(run_id, {})[record.task_id, record.key] = record
 
     async def read_tool_effects(
-        self, run_id: str, task_id: str
+        self, run_id: str, task_id: str | None = None
     ) -> list[ToolEffectRecord]:
         self._check_open()
         records = self._tool_effects.get(run_id, {}).values()
-        return [r for r in records if r.task_id == task_id]
+        return [r for r in records if task_id in (None, r.task_id)]
 
     # Retention ------------------------------------------------------------------
 

@@ -164,9 +164,10 @@ class ToolEffectLedger(Protocol):
         ...
 
     async def read_tool_effects(
-        self, run_id: str, task_id: str
+        self, run_id: str, task_id: str | None = None
     ) -> list[ToolEffectRecord]:
-        """The calls recorded for the run's task, in the order they ran."""
+        """The calls recorded for the run's task (every task's when
+        ``task_id`` is None), in the order they were first recorded."""
         ...
 
 

@@ -133,12 +133,17 @@ _RECORD_EFFECT = (
     "VALUES (?, ?, ?, ?)"
 )
 _READ_EFFECTS = "SELECT payload FROM effects WHERE run_id = ? ORDER BY rowid"
-_RECORD_TOOL_EFFECT = (
-    "INSERT OR REPLACE INTO tool_effects (run_id, task_id, key, payload) "
-    "VALUES (?, ?, ?, ?)"
-)
+# An upsert, not INSERT OR REPLACE: the row keeps its rowid, so records
+# read back in the order their calls were first recorded.
+_RECORD_TOOL_EFFECT = """
+    INSERT INTO tool_effects (run_id, task_id, key, payload) VALUES (?, ?, ?, ?)
+    ON CONFLICT (run_id, task_id, key) DO UPDATE SET payload = excluded.payload
+"""
 _READ_TOOL_EFFECTS = (
     "SELECT payload FROM tool_effects WHERE run_id = ? AND task_id = ? ORDER BY rowid"
+)
+_READ_RUN_TOOL_EFFECTS = (
+    "SELECT payload FROM tool_effects WHERE run_id = ? ORDER BY rowid"
 )
 _RUN_TABLES = ("events", "effects", "tool_effects", "runs")
 _FINAL = tuple(str(s) for s in RunStatus if s.final)
@@ -493,10 +498,14 @@ class SQLiteStore:
         )
 
     async def read_tool_effects(
-        self, run_id: str, task_id: str
+        self, run_id: str, task_id: str | None = None
     ) -> list[ToolEffectRecord]:
         if self.read_only and not self._has_tool_effects():
             return []  # a journal of an older replan, opened to be read
+        if task_id is None:
+            return self._records(
+                ToolEffectRecord, "tool effect record", _READ_RUN_TOOL_EFFECTS, run_id
+            )
         return self._records(
             ToolEffectRecord, "tool effect record", _READ_TOOL_EFFECTS, run_id, task_id
         )

@@ -269,3 +269,16 @@ async def test_a_version_2_journal_gains_the_tool_effects_and_keeps_its_runs(
         assert await store.read_tool_effects(run_id, "t1") == [sent("k")]
     with closing(sqlite3.connect(path)) as conn:
         assert conn.execute("PRAGMA user_version").fetchone() == (3,)
+
+
+async def test_tool_effects_keep_their_first_place_when_they_are_finished(
+    store: Store,
+) -> None:
+    assert isinstance(store, ToolEffectLedger)
+    first, second = sent("run-1:t1:s1c0"), sent("run-1:t2:s1c0", to="bo")
+    second = second.model_copy(update={"task_id": "t2"})
+    started = [r.model_copy(update={"content": None}) for r in (first, second)]
+    for record in (*started, second, first):
+        await store.record_tool_effect("run-1", record)
+    assert await store.read_tool_effects("run-1") == [first, second]
+    assert await store.read_tool_effects("run-1", "t2") == [second]
