@@ -367,3 +367,41 @@ def test_an_explore_run_resumes_at_its_review_gate_after_sigterm(
     calls = before["total_usage"]["calls"]
     assert done["total_usage"]["calls"] == calls + 1
     assert journal_kinds(data, run_id).count("gate_opened") == 1
+
+
+def test_kill_9_after_a_side_effect_ran_does_not_run_it_again(tmp_path: Path) -> None:
+    outbox = tmp_path / "outbox"
+    data = tmp_path / "data"
+    tools = ("--model", "python:mail_tools:model", "--tool", "mail_tools:send_email")
+    env = {"REPLAN_TEST_OUTBOX": str(outbox)}
+    first = DaemonProcess(data, *tools, env={**env, "REPLAN_TEST_HOLD_S": "60"})
+    first.start()
+    try:
+        with first.client() as client:
+            run_id = submit(client, gate_policy={"gate_on": []})
+            (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+            answer = client.post(
+                f"/v1/gates/{gate['gate_id']}", json={"decision": "approve"}
+            )
+            assert answer.status_code == 200, answer.text
+            wait_for(lambda: outbox.exists() and outbox.read_text())
+            # The email went; the task holds before it answers: kill there.
+            wait_for(lambda: view(client, run_id)["side_effects"][0]["content"])
+        first.kill()
+    finally:
+        first.close()
+
+    second = DaemonProcess(data, *tools, env=env).start()
+    try:
+        with second.client() as client:
+            (done,) = all_finished(client, [run_id])
+            gates = client.get("/v1/gates").json()["gates"]
+    finally:
+        second.close()
+    assert done["status"] == "completed"
+    assert outbox.read_text() == f"ana {run_id}:t1:s1c0\n"  # once, before the kill
+    assert gates == []
+    kinds = journal_kinds(data, run_id)
+    assert kinds.count("gate_opened") == 1  # not asked again after the restart
+    assert "task_interrupted" in kinds
+    assert done["side_effects"][0]["content"] == "sent to ana"
