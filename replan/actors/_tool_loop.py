@@ -83,7 +83,8 @@ class _Attempt:
         self._request = request
         self._run_id = run_id
         self._used: set[str] = set()
-        """The keys this attempt's side-effect calls ran under or matched."""
+        """The keys of the calls this attempt ran or matched (not those that
+        raised: made again, they run again under the same key)."""
 
     async def run(self) -> ExecuteReply:
         loop, request, run_id = self._loop, self._request, self._run_id
@@ -218,7 +219,9 @@ class _Attempt:
             content = await tool.run(arguments, idempotency_key=key)
         except Exception as exc:
             # Recorded as started only: whether it acted is unknown, so the
-            # same call made again runs again under the same key.
+            # same call made again, in this attempt or a later one, runs
+            # again under the same key.
+            self._used.discard(key)
             return failed(f"{type(exc).__name__}: {exc}")
         if effects is not None and record is not None:
             done = record.model_copy(update={"content": content})

@@ -190,6 +190,20 @@ async def test_a_call_that_raised_keeps_its_key_for_the_same_call_only(
     assert len(gates) == 3
 
 
+async def test_a_call_that_raised_and_is_made_again_in_the_attempt_keeps_its_key(
+    store: Store,
+) -> None:
+    outbox = Outbox(fail_first=1)
+    executor = Executor({(1, 1): ["ana"], (1, 2): ["ana"]}, attempts=1)
+    status, gates, _ = await run_approving(executor, outbox, store)
+    assert status is RunStatus.COMPLETED
+    [failed, sent] = executor.seen[1]
+    assert failed.error
+    assert (sent.content, sent.error) == ("sent to ana", False)
+    assert keys(outbox) == ["t1:s1c0"]  # the mail system can tell it is a repeat
+    assert len(gates) == 2
+
+
 async def test_a_set_argument_matches_in_any_order(store: Store) -> None:
     ran: list[list[str]] = []
 
