@@ -46,6 +46,7 @@ from ..messages import (
     ToolResult,
 )
 from ..store import ToolEffectLedger, ToolEffectRecord
+from ..telemetry import tool_call
 from ._calls import generate, wrong_answer
 
 logger = logging.getLogger("replan.actors")
@@ -159,11 +160,7 @@ class _Attempt:
         key = f"{self._run_id}:{task_id}:s{step}c{index}"
         if tool.side_effect:
             return await self._side_effect(call, tool, arguments, task_id, key)
-        try:
-            content = await tool.run(arguments, idempotency_key=key)
-        except Exception as exc:
-            return failed(f"{type(exc).__name__}: {exc}")
-        return ToolResult(call_id=call.id, name=call.name, content=content)
+        return await _traced_run(call, tool, arguments, key)
 
     async def _side_effect(
         self, call: ToolCall, tool: Tool, arguments: BaseModel, task_id: str, key: str
@@ -180,8 +177,7 @@ class _Attempt:
         effects = loop.effects
         before = await self._recorded(task_id, call.name, arguments)
         if before is not None and before.content is not None:
-            self._used.add(before.key)
-            return ToolResult(call_id=call.id, name=call.name, content=before.content)
+            return self._reused(call, tool, before)
         resolution = await loop.approver(run_id, task_id, call)
         if resolution.decision != "approve":
             note = f": {resolution.note}" if resolution.note else ""
@@ -192,10 +188,7 @@ class _Attempt:
             records = await effects.read_tool_effects(run_id, task_id)
             before = self._match(records, call.name, arguments)
             if before is not None and before.content is not None:
-                self._used.add(before.key)
-                return ToolResult(
-                    call_id=call.id, name=call.name, content=before.content
-                )
+                return self._reused(call, tool, before)
             if before is not None:
                 # The same call ran and its outcome is unknown (it raised,
                 # or the process stopped): again under its key.
@@ -215,14 +208,14 @@ class _Attempt:
                 logger.warning("tool call %s not run: %s", key, exc)
                 return failed(f"the call could not be recorded before it ran: {exc}")
         self._used.add(key)
-        try:
-            content = await tool.run(arguments, idempotency_key=key)
-        except Exception as exc:
+        result = await _traced_run(call, tool, arguments, key)
+        if result.error:
             # Recorded as started only: whether it acted is unknown, so the
             # same call made again, in this attempt or a later one, runs
             # again under the same key.
             self._used.discard(key)
-            return failed(f"{type(exc).__name__}: {exc}")
+            return result
+        content = result.content
         if effects is not None and record is not None:
             done = record.model_copy(update={"content": content})
             # Shielded: the effect happened; a cancellation now must not
@@ -233,7 +226,17 @@ class _Attempt:
                 except Exception as exc:
                     # The started record keeps the key: a repeat runs under it.
                     logger.warning("tool call %s ran but is not recorded: %s", key, exc)
-        return ToolResult(call_id=call.id, name=call.name, content=content)
+        return result
+
+    def _reused(
+        self, call: ToolCall, tool: Tool, record: ToolEffectRecord
+    ) -> ToolResult:
+        """The recorded result of a side-effect call that ran before."""
+        assert record.content is not None
+        self._used.add(record.key)
+        with tool_call(call, tool.spec.description, True, record.key) as done:
+            done("reused", record.content, None)
+        return ToolResult(call_id=call.id, name=call.name, content=record.content)
 
     async def _recorded(
         self, task_id: str, tool: str, arguments: BaseModel
@@ -266,6 +269,23 @@ class _Attempt:
             if recorded == arguments:
                 return record
         return None
+
+
+async def _traced_run(
+    call: ToolCall, tool: Tool, arguments: BaseModel, key: str
+) -> ToolResult:
+    """Run the tool in its ``execute_tool`` span; an exception it raises
+    becomes an error result for the model."""
+    spec = tool.spec
+    with tool_call(call, spec.description, spec.side_effect, key) as done:
+        try:
+            content = await tool.run(arguments, idempotency_key=key)
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            done("failed", text, exc)
+            return ToolResult(call_id=call.id, name=call.name, content=text, error=True)
+        done("ran", content, None)
+    return ToolResult(call_id=call.id, name=call.name, content=content)
 
 
 def _free(key: str, taken: set[str]) -> str:

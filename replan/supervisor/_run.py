@@ -791,6 +791,7 @@ class RunDriver:
         if not self.state.versions:
             await first_plan(self)
         while True:
+            self.trace.sync()
             await self._dispatch(tg)
             # After the dispatch, which journals what is staged: a ``complete``
             # verdict staged by a review has superseded its tasks only then.
@@ -826,6 +827,7 @@ class RunDriver:
                         items = await self._inbox.take()
             finally:
                 self._collecting = False
+            self.trace.sync()
             try:
                 for index, item in enumerate(items):
                     await self._take(item, later=items[index + 1 :])

@@ -10,6 +10,7 @@ from ._actors import ActorSpan as ActorSpan
 from ._actors import model_call as model_call
 from ._actors import model_call_traced as model_call_traced
 from ._actors import serving as serving
+from ._actors import tool_call as tool_call
 from ._openai import instrument_openai as instrument_openai
 from ._openai import openai_instrumented as openai_instrumented
 from ._propagation import attached as attached
@@ -38,4 +39,5 @@ __all__ = (
     "serving",
     "setup",
     "setup_if_asked",
+    "tool_call",
 )

@@ -28,6 +28,7 @@ from ..messages import (
     ReviewReply,
     SynthesizeRequest,
     TokenUsage,
+    ToolCall,
 )
 from . import _names as n
 from ._content import input_messages, output_messages
@@ -349,3 +350,61 @@ def model_call(model: object, request: Any) -> Iterator[Callable[[Any], None]]:
             if exc.usage is not None:
                 _spent(span, exc.usage)
             raise
+
+
+# Tool calls ------------------------------------------------------------------------
+
+
+ToolDone = Callable[[str, str, BaseException | None], None]
+"""``done(outcome, content, error)``: how a tool call ended, for its span."""
+
+
+def _tool_ignore(outcome: str, content: str, error: BaseException | None) -> None:
+    return None
+
+
+@contextmanager
+def tool_call(
+    call: ToolCall, description: str, side_effect: bool, key: str
+) -> Iterator[ToolDone]:
+    """An ``execute_tool <name>`` span around one tool call of the executor.
+
+    Yields a function to call with the outcome (``ran``, ``failed``,
+    ``reused``), what the model reads, and the tool's exception if it
+    raised. No span outside a recording actor span. The span covers the
+    tool's run only, never a wait for a person's approval (which may be
+    unbounded).
+    """
+    telemetry = _ACTIVE.get()
+    if telemetry is None or not trace.get_current_span().is_recording():
+        yield _tool_ignore
+        return
+    attrs: dict[str, AttributeValue] = {
+        n.GEN_AI_OPERATION_NAME: n.OP_EXECUTE_TOOL,
+        n.GEN_AI_TOOL_NAME: call.name,
+        n.GEN_AI_TOOL_CALL_ID: call.id,
+        n.GEN_AI_TOOL_TYPE: "function",
+        n.TOOL_SIDE_EFFECT: side_effect,
+        n.TOOL_IDEMPOTENCY_KEY: key,
+    }
+    if description:
+        attrs[n.GEN_AI_TOOL_DESCRIPTION] = truncate(description)
+    if telemetry.capture_content:
+        attrs[n.GEN_AI_TOOL_CALL_ARGUMENTS] = truncate(call.arguments)
+    span = telemetry.tracer.start_span(
+        n.SPAN_TOOL_PREFIX + call.name, kind=SpanKind.INTERNAL, attributes=attrs
+    )
+    with current(span):
+
+        def done(outcome: str, content: str, error: BaseException | None) -> None:
+            span.set_attribute(n.TOOL_OUTCOME, outcome)
+            if telemetry.capture_content:
+                span.set_attribute(n.GEN_AI_TOOL_CALL_RESULT, truncate(content))
+            if error is not None:
+                span.record_exception(error)
+                span.set_status(
+                    Status(StatusCode.ERROR, f"{type(error).__name__}: {error}")
+                )
+                span.set_attribute(n.ERROR_TYPE, type(error).__qualname__)
+
+        yield done

@@ -139,6 +139,12 @@ class RunTrace:
         self._suspended_root: SpanContext | None = None
         self._suspended_replan: SpanContext | None = None
         self._token: object | None = None
+        self._driver: int | None = None
+        """The driver's task: the only one whose context :meth:`_refresh`
+        changes (a token is detached in the context it was made in)."""
+        self._stale = False
+        """A span changed in another task (a tool call's gate waits in the
+        executor's): the driver's context catches up at :meth:`sync`."""
         self._segment = 0
         self._started: dict[str, datetime] = {}
 
@@ -176,6 +182,7 @@ class RunTrace:
             self._refresh(final=True)
 
     def _begin(self) -> None:
+        self._driver = anyio.get_current_task().id
         state = self._state
         links: list[Link] = []
         submitter = trace.get_current_span().get_span_context()
@@ -193,14 +200,25 @@ class RunTrace:
         """Make the innermost open span current in the driver's task.
 
         With none open (suspended), no span is current: what the driver asks
-        meanwhile is not parented to whoever submitted the run.
+        meanwhile is not parented to whoever submitted the run. Called from
+        another task (an executor worker whose tool call waited at a gate),
+        it leaves that task's context alone and the driver's to :meth:`sync`.
         """
+        if anyio.get_current_task().id != self._driver:
+            self._stale = True
+            return
+        self._stale = False
         if self._token is not None:
             context.detach(self._token)  # type: ignore[arg-type]
             self._token = None
         if not final:
             span = self._replan or self._root or trace.INVALID_SPAN
             self._token = context.attach(trace.set_span_in_context(span))
+
+    def sync(self) -> None:
+        """In the driver's task: make current what changed in another."""
+        if self._stale:
+            self._refresh()
 
     def _child_context(self) -> context.Context:
         parent = self._replan or self._root
@@ -298,18 +316,21 @@ class RunTrace:
         if request.expires_at is not None or not self.recording or not self._root:
             yield
             return
-        gate = self._t.tracer.start_span(
-            n.SPAN_GATE,
-            context=self._child_context(),
-            attributes={
-                n.GEN_AI_CONVERSATION_ID: self._state.run_id,
-                n.GEN_AI_AGENT_NAME: "human_gate",
-                n.GATE_ID: request.gate_id,
-                n.GATE_REASON: truncate(request.reason),
-                n.GATE_OUTCOME: n.SUSPENDED,
-            },
-        )
-        gate.end()
+        if request.tool_call is None:
+            # A tool call's gate is recorded by the human-gate actor, under
+            # the executor span that waits for it.
+            gate = self._t.tracer.start_span(
+                n.SPAN_GATE,
+                context=self._child_context(),
+                attributes={
+                    n.GEN_AI_CONVERSATION_ID: self._state.run_id,
+                    n.GEN_AI_AGENT_NAME: "human_gate",
+                    n.GATE_ID: request.gate_id,
+                    n.GATE_REASON: truncate(request.reason),
+                    n.GATE_OUTCOME: n.SUSPENDED,
+                },
+            )
+            gate.end()
         await self.suspend(f"gate {request.gate_id} waits for a person, no timeout")
         yield
         self.resume()

@@ -1,0 +1,170 @@
+"""Each tool call the executor makes is an ``execute_tool`` span."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+    InMemorySpanExporter,
+)
+from opentelemetry.trace import SpanKind, StatusCode
+from scripts import chain, scripted, spec
+from spans import Tree, attr
+
+from replan import (
+    GateResolution,
+    MemoryStore,
+    ModelRequest,
+    ModelResponse,
+    RunStatus,
+    Supervisor,
+    TaskOutcome,
+    tool,
+)
+from replan.messages import GateOpened, ToolCall
+from replan.telemetry import _names as n
+
+APPROVAL_DELAY_S = 0.3
+
+
+@tool
+def search(query: str) -> str:
+    """Search the trade press."""
+    return f"two makers ship ({query})"
+
+
+@tool(side_effect=True)
+def send_email(to: str, idempotency_key: str) -> str:
+    """Email someone."""
+    if to == "nobody":
+        raise ConnectionError("no such mailbox")
+    return f"sent to {to}"
+
+
+def calls(*names_and_args: tuple[str, str]) -> ModelResponse:
+    return ModelResponse(
+        tool_calls=[
+            ToolCall(id=f"c{i}", name=name, arguments=args)
+            for i, (name, args) in enumerate(names_and_args)
+        ]
+    )
+
+
+def execute(request: ModelRequest) -> Any:
+    """Attempt 1: search, email ana and nobody, then a transient failure;
+    attempt 2: email ana again (its recorded result), then success."""
+    attempt, step = request.context["attempt"], len(request.transcript) + 1
+    match attempt, step:
+        case 1, 1:
+            return calls(
+                ("search", '{"query": "solid-state"}'),
+                ("send_email", '{"to": "ana"}'),
+                ("send_email", '{"to": "nobody"}'),
+            )
+        case 1, _:
+            return TaskOutcome(success=False, transient=True, reason="flaky")
+        case 2, 1:
+            return calls(("send_email", '{"to": "ana"}'))
+    return TaskOutcome(success=True, summary="emailed")
+
+
+async def traced_run(provider: TracerProvider) -> RunStatus:
+    """Run the script, approving each gate after a pause."""
+    with anyio.fail_after(10):
+        async with Supervisor(
+            scripted(execute=execute),
+            MemoryStore(),
+            tools=[search, send_email],
+            tracer_provider=provider,
+        ) as sup:
+            handle = await sup.submit(spec(chain(1), max_task_attempts=2))
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    await anyio.sleep(APPROVAL_DELAY_S)
+                    await sup.gates.resolve(
+                        event.request.gate_id, GateResolution(decision="approve")
+                    )
+            result = await handle.result()
+    return result.status
+
+
+def tool_spans(exporter: InMemorySpanExporter) -> tuple[Tree, list[Any]]:
+    tree = Tree(exporter.get_finished_spans())
+    spans = [s for s in tree.spans if s.name.startswith(n.SPAN_TOOL_PREFIX)]
+    return tree, sorted(spans, key=lambda s: s.start_time or 0)
+
+
+async def test_every_tool_call_is_a_span_under_its_executor_span(
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert await traced_run(provider) is RunStatus.COMPLETED
+    # The approvals (no timeout) suspended the run's trace from an executor
+    # worker's task: no context is left attached to the wrong task.
+    assert not [r for r in caplog.records if r.name == "opentelemetry.context"]
+    tree, spans = tool_spans(exporter)
+    gates = tree.named(n.SPAN_GATE)
+    assert len(gates) == 2  # one per gate: ana's and nobody's emails
+    for gate in gates:
+        parent = tree.parent(gate)
+        assert parent is not None
+        assert parent.name == "invoke_agent executor"
+    for chat in tree.named("chat scripted"):
+        parent = tree.parent(chat)
+        assert parent is not None
+        assert parent.name.startswith("invoke_agent ")
+    assert [(s.name, attr(s, n.TOOL_OUTCOME)) for s in spans] == [
+        ("execute_tool search", "ran"),
+        ("execute_tool send_email", "ran"),
+        ("execute_tool send_email", "failed"),
+        ("execute_tool send_email", "reused"),
+    ]
+    searched, sent, failed, reused = spans
+    for span in spans:
+        assert span.kind is SpanKind.INTERNAL
+        assert attr(span, n.GEN_AI_OPERATION_NAME) == "execute_tool"
+        assert attr(span, n.GEN_AI_TOOL_TYPE) == "function"
+        executor = tree.parent(span)
+        assert executor is not None
+        assert executor.name == "invoke_agent executor"
+        # Arguments and results are content: not recorded unless asked for.
+        assert n.GEN_AI_TOOL_CALL_ARGUMENTS not in (span.attributes or {})
+        assert n.GEN_AI_TOOL_CALL_RESULT not in (span.attributes or {})
+    assert attr(searched, n.GEN_AI_TOOL_NAME) == "search"
+    assert attr(searched, n.GEN_AI_TOOL_CALL_ID) == "c0"
+    assert attr(searched, n.GEN_AI_TOOL_DESCRIPTION) == "Search the trade press."
+    assert attr(searched, n.TOOL_SIDE_EFFECT) is False
+    assert attr(sent, n.TOOL_SIDE_EFFECT) is True
+    assert attr(sent, n.TOOL_IDEMPOTENCY_KEY).endswith(":t1:s1c1")
+    assert attr(reused, n.TOOL_IDEMPOTENCY_KEY) == attr(sent, n.TOOL_IDEMPOTENCY_KEY)
+    assert failed.status.status_code is StatusCode.ERROR
+    assert attr(failed, n.ERROR_TYPE) == "ConnectionError"
+    assert sent.status.status_code is StatusCode.UNSET
+    # A span covers the tool's run, never the wait for a person's approval.
+    assert sent.end_time is not None
+    assert sent.start_time is not None
+    assert (sent.end_time - sent.start_time) / 1e9 < APPROVAL_DELAY_S
+
+
+async def test_with_content_capture_a_tool_span_holds_its_arguments_and_result(
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    started = time.monotonic()
+    assert await traced_run(provider) is RunStatus.COMPLETED
+    assert time.monotonic() - started >= 2 * APPROVAL_DELAY_S
+    _, [searched, sent, failed, reused] = tool_spans(exporter)
+    assert attr(searched, n.GEN_AI_TOOL_CALL_ARGUMENTS) == '{"query": "solid-state"}'
+    assert attr(searched, n.GEN_AI_TOOL_CALL_RESULT) == "two makers ship (solid-state)"
+    assert attr(sent, n.GEN_AI_TOOL_CALL_RESULT) == "sent to ana"
+    assert attr(failed, n.GEN_AI_TOOL_CALL_RESULT) == (
+        "ConnectionError: no such mailbox"
+    )
+    assert attr(reused, n.GEN_AI_TOOL_CALL_RESULT) == "sent to ana"
