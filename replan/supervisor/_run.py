@@ -144,7 +144,13 @@ class _Ended:
     end: RunEnded
 
 
-_Report = _Done | _Answered | _RoleStopped | _Fatal | _Ended
+@dataclass(frozen=True, slots=True)
+class _ToolGate:
+    """An attempt's tool call began waiting at a gate with no timeout: the
+    driver looks again whether anything but people can move the run on."""
+
+
+_Report = _Done | _Answered | _RoleStopped | _Fatal | _Ended | _ToolGate
 """What reaches the driver's inbox."""
 
 
@@ -341,6 +347,8 @@ class RunDriver:
         """Tokens used as responses arrive (the model wrapper checks it)."""
         self._gate_seq = len(record.state.gates)
         self._in_flight = 0
+        self._tool_gates = 0
+        """Attempts in flight whose tool call waits at a gate with no timeout."""
         self._awaiting_approval: set[str] = set()
         self._cancel_requested = False
         self._staged: list[Event] = []
@@ -817,13 +825,17 @@ class RunDriver:
             # together share one append with the starts that follow them.
             self._collecting = True
             try:
-                if self._in_flight or self.limits.gate_timeout_s is not None:
+                # Attempts waiting at a tool call's gate with no timeout move
+                # only when a person answers.
+                moving = self._in_flight - self._tool_gates
+                if moving or self.limits.gate_timeout_s is not None:
                     items = await self._inbox.take()
                 else:
-                    # Only approvals without a timeout can move the run on now.
-                    # Their gates' spans come first, inside the run's span.
+                    # Only people can move the run on now (approvals, tool
+                    # calls' gates, none with a timeout). Task approvals'
+                    # gate spans come first, inside the run's span.
                     await self._approvals_taken()
-                    async with self.trace.idle("waiting for approvals, no timeout"):
+                    async with self.trace.idle("waiting for people, no timeout"):
                         items = await self._inbox.take()
             finally:
                 self._collecting = False
@@ -883,6 +895,8 @@ class RunDriver:
             )
         if isinstance(item, _Answered):
             self._awaiting_approval.discard(item.request.gate_id)
+            return
+        if isinstance(item, _ToolGate):
             return
         if isinstance(item, _Ended):
             raise item.end
@@ -1050,6 +1064,10 @@ class RunDriver:
         except ConfigurationError as exc:  # the model's call, not a person's
             note = f"the tool call cannot be journaled: {exc}"
             return GateResolution(decision="reject", by="supervisor", note=note)
+        untimed = request.expires_at is None
+        if untimed:
+            self._tool_gates += 1
+            self._inbox.put(_ToolGate())
         try:
             return await self.await_gate(request, approval_check)
         except RunEnded as end:
@@ -1058,6 +1076,9 @@ class RunDriver:
                 # cannot go on without them.
                 self._inbox.put(_Ended(end))
             return GateResolution(decision="reject", by="supervisor", note=end.reason)
+        finally:
+            if untimed:
+                self._tool_gates -= 1
 
     async def _post(self, task: Task) -> None:
         """Send one attempt to the executor pool; its report comes back

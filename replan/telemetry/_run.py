@@ -313,24 +313,30 @@ class RunTrace:
         the root's context, and continues in a new trace linked to it once
         the gate is answered.
         """
-        if request.expires_at is not None or not self.recording or not self._root:
+        if (
+            request.expires_at is not None
+            or request.tool_call is not None
+            or not self.recording
+            or not self._root
+        ):
+            # A tool call's gate holds up its attempt only: the driver
+            # suspends the trace once nothing but people can move the run
+            # on (see idle), and the human-gate actor records the gate under
+            # the executor span that waits.
             yield
             return
-        if request.tool_call is None:
-            # A tool call's gate is recorded by the human-gate actor, under
-            # the executor span that waits for it.
-            gate = self._t.tracer.start_span(
-                n.SPAN_GATE,
-                context=self._child_context(),
-                attributes={
-                    n.GEN_AI_CONVERSATION_ID: self._state.run_id,
-                    n.GEN_AI_AGENT_NAME: "human_gate",
-                    n.GATE_ID: request.gate_id,
-                    n.GATE_REASON: truncate(request.reason),
-                    n.GATE_OUTCOME: n.SUSPENDED,
-                },
-            )
-            gate.end()
+        gate = self._t.tracer.start_span(
+            n.SPAN_GATE,
+            context=self._child_context(),
+            attributes={
+                n.GEN_AI_CONVERSATION_ID: self._state.run_id,
+                n.GEN_AI_AGENT_NAME: "human_gate",
+                n.GATE_ID: request.gate_id,
+                n.GATE_REASON: truncate(request.reason),
+                n.GATE_OUTCOME: n.SUSPENDED,
+            },
+        )
+        gate.end()
         await self.suspend(f"gate {request.gate_id} waits for a person, no timeout")
         yield
         self.resume()

@@ -12,8 +12,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
 from opentelemetry.trace import SpanKind, StatusCode
-from scripts import chain, scripted, spec
-from spans import Tree, attr
+from scripts import chain, independent, scripted, spec
+from spans import Tree, attr, until
 
 from replan import (
     GateResolution,
@@ -23,6 +23,7 @@ from replan import (
     RunStatus,
     Supervisor,
     TaskOutcome,
+    TaskStatus,
     tool,
 )
 from replan.messages import GateOpened, ToolCall
@@ -168,3 +169,54 @@ async def test_with_content_capture_a_tool_span_holds_its_arguments_and_result(
         "ConnectionError: no such mailbox"
     )
     assert attr(reused, n.GEN_AI_TOOL_CALL_RESULT) == "sent to ana"
+
+
+async def test_a_tool_calls_gate_suspends_the_trace_only_once_nothing_else_runs(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    # t1 waits at its email's gate (no timeout) while t2 runs: t2's spans are
+    # in the run's trace, which is suspended only once t2 is done and only
+    # a person can move the run on.
+    store = MemoryStore()
+    gate_open = anyio.Event()
+
+    async def two_tasks(request: ModelRequest) -> Any:
+        task = request.context["task"]
+        if task.id == "t1" and not request.transcript:
+            return calls(("send_email", '{"to": "ana"}'))
+        if task.id == "t2":
+            await gate_open.wait()
+        return TaskOutcome(success=True, summary="done")
+
+    with anyio.fail_after(10):
+        async with Supervisor(
+            scripted(execute=two_tasks),
+            store,
+            tools=[send_email],
+            tracer_provider=provider,
+        ) as sup:
+            handle = await sup.submit(spec(independent(2), max_concurrency=2))
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    gate_id = event.request.gate_id
+                    break
+            gate_open.set()
+            await until(lambda: handle.state.suspended_trace is not None)
+            assert handle.state.tasks["t2"].status is TaskStatus.COMPLETED
+            while_waiting = Tree(exporter.get_finished_spans())
+            await sup.gates.resolve(gate_id, GateResolution(decision="approve"))
+            result = await handle.result()
+    assert result.status is RunStatus.COMPLETED
+    root = while_waiting.one(n.SPAN_RUN)
+    assert attr(root, n.RUN_OUTCOME) == "suspended"
+    t2 = [
+        s
+        for s in while_waiting.named("invoke_agent executor")
+        if attr(s, n.TASK_ID) == "t2"
+    ]
+    assert len(t2) == 1
+    assert while_waiting.parent(t2[0]) is root
+    tree = Tree(exporter.get_finished_spans())
+    first, second = sorted(tree.named(n.SPAN_RUN), key=lambda s: s.start_time or 0)
+    assert second.links[0].context.span_id == first.context.span_id  # type: ignore[union-attr]
+    assert attr(second, n.RUN_OUTCOME) == "completed"
