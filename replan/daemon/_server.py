@@ -80,9 +80,11 @@ def build_daemon(settings: DaemonSettings) -> Daemon:
     Raises:
         ConfigurationError: a setting cannot be used (names the field).
     """
-    token = resolve_token(settings)
+    # The model and tools first: a first start that fails on them must not
+    # leave behind a generated token it never showed.
     model = build_model(settings)
     tools = build_tools(settings)
+    token = resolve_token(settings)
     if token.generated_into is not None:
         print(
             f"replan: generated an API token (kept in {token.generated_into}, "

@@ -172,7 +172,8 @@ def load_settings(
     except ValidationError as exc:
         raise ConfigurationError.from_validation(exc) from None
     except ValueError as exc:  # a TOML syntax error, a REPLAN_* not parsed
-        where = path if path is not None else "the REPLAN_* variables"
+        from_env = path is None or "EnvSettingsSource" in str(exc)
+        where = "the REPLAN_* variables" if from_env else path
         raise ConfigurationError("config", f"{where}: {exc}") from None
     finally:
         _config_file.reset(token)

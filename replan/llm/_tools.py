@@ -10,7 +10,6 @@ task is retried.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Sequence
@@ -20,6 +19,7 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from .._errors import ConfigurationError
+from .._importing import import_module
 
 KEY_PARAMETER = "idempotency_key"
 
@@ -177,9 +177,12 @@ def import_tools(paths: Sequence[str]) -> list[Tool]:
         if not module_name or not name:
             raise ConfigurationError("tools", f"use module:name, not {path!r}")
         try:
-            value = getattr(importlib.import_module(module_name), name)
+            value = getattr(import_module(module_name), name)
         except (ImportError, AttributeError) as exc:
             raise ConfigurationError("tools", f"cannot import {path}: {exc}") from None
+        except Exception as exc:  # raised by the module as it was imported
+            problem = f"importing {module_name} raised {type(exc).__name__}: {exc}"
+            raise ConfigurationError("tools", problem) from None
         for item in list(value) if isinstance(value, list | tuple) else [value]:
             if not (isinstance(item, Tool) or callable(item)):
                 raise ConfigurationError(

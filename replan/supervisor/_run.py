@@ -347,8 +347,9 @@ class RunDriver:
         """Tokens used as responses arrive (the model wrapper checks it)."""
         self._gate_seq = len(record.state.gates)
         self._in_flight = 0
-        self._tool_gates = 0
-        """Attempts in flight whose tool call waits at a gate with no timeout."""
+        self._tool_gates: dict[str, str] = {}
+        """Tool calls' gates with no timeout that attempts in flight wait at:
+        gate id -> task id. Each change wakes the driver (``_ToolGate``)."""
         self._awaiting_approval: set[str] = set()
         self._cancel_requested = False
         self._staged: list[Event] = []
@@ -827,7 +828,7 @@ class RunDriver:
             try:
                 # Attempts waiting at a tool call's gate with no timeout move
                 # only when a person answers.
-                moving = self._in_flight - self._tool_gates
+                moving = self._in_flight - len(self._tool_gates)
                 if moving or self.limits.gate_timeout_s is not None:
                     items = await self._inbox.take()
                 else:
@@ -976,6 +977,10 @@ class RunDriver:
             "the attempt that asked passed task_timeout_s; "
             "an attempt that runs again asks again"
         )
+        # Its worker may not have left the gate yet: the attempt waits no more.
+        for gate_id, waiting in list(self._tool_gates.items()):
+            if waiting == task_id:
+                del self._tool_gates[gate_id]
         for gate in self.view.open_gates:
             request = gate.request
             if request.tool_call is not None and request.task_id == task_id:
@@ -1066,7 +1071,7 @@ class RunDriver:
             return GateResolution(decision="reject", by="supervisor", note=note)
         untimed = request.expires_at is None
         if untimed:
-            self._tool_gates += 1
+            self._tool_gates[request.gate_id] = task_id
             self._inbox.put(_ToolGate())
         try:
             return await self.await_gate(request, approval_check)
@@ -1077,8 +1082,10 @@ class RunDriver:
                 self._inbox.put(_Ended(end))
             return GateResolution(decision="reject", by="supervisor", note=end.reason)
         finally:
-            if untimed:
-                self._tool_gates -= 1
+            # Answered or withdrawn: the driver looks again (not when a
+            # timeout's report took the gate off already).
+            if untimed and self._tool_gates.pop(request.gate_id, None) is not None:
+                self._inbox.put(_ToolGate())
 
     async def _post(self, task: Task) -> None:
         """Send one attempt to the executor pool; its report comes back

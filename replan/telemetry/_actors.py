@@ -407,4 +407,8 @@ def tool_call(
                 )
                 span.set_attribute(n.ERROR_TYPE, type(error).__qualname__)
 
-        yield done
+        try:
+            yield done
+        except BaseException:
+            span.set_attribute(n.TOOL_OUTCOME, "cancelled")
+            raise

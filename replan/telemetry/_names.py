@@ -127,8 +127,9 @@ GATE_OUTCOME: Final = "replan.gate.outcome"
 TOOL_SIDE_EFFECT: Final = "replan.tool.side_effect"
 TOOL_IDEMPOTENCY_KEY: Final = "replan.tool.idempotency_key"
 TOOL_OUTCOME: Final = "replan.tool.outcome"
-"""``ran``, ``failed`` (the tool raised) or ``reused`` (a side-effect call
-that had run before: its recorded result, the tool not run again)."""
+"""``ran``, ``failed`` (the tool raised), ``reused`` (a side-effect call
+that had run before: its recorded result, the tool not run again) or
+``cancelled`` (the attempt was cut short while the tool ran)."""
 
 SUSPEND_REASON: Final = "replan.suspend.reason"
 LIMIT_NAME: Final = "replan.limit"

@@ -142,9 +142,12 @@ class RunTrace:
         self._driver: int | None = None
         """The driver's task: the only one whose context :meth:`_refresh`
         changes (a token is detached in the context it was made in)."""
+        self._resolved_meanwhile: list[dict[str, AttributeValue]] = []
+        """``replan.gate.resolved`` events of gates answered while the trace
+        was suspended, for the root it resumes in."""
         self._stale = False
-        """A span changed in another task (a tool call's gate waits in the
-        executor's): the driver's context catches up at :meth:`sync`."""
+        """The open spans changed in a task other than the driver's: the
+        driver's context catches up at :meth:`sync`."""
         self._segment = 0
         self._started: dict[str, datetime] = {}
 
@@ -200,9 +203,10 @@ class RunTrace:
         """Make the innermost open span current in the driver's task.
 
         With none open (suspended), no span is current: what the driver asks
-        meanwhile is not parented to whoever submitted the run. Called from
-        another task (an executor worker whose tool call waited at a gate),
-        it leaves that task's context alone and the driver's to :meth:`sync`.
+        meanwhile is not parented to whoever submitted the run. Should it be
+        called from another task, it leaves that task's context alone (a
+        token must be detached in the context it was made in) and the
+        driver's to catch up at :meth:`sync`.
         """
         if anyio.get_current_task().id != self._driver:
             self._stale = True
@@ -395,6 +399,9 @@ class RunTrace:
                 links=[Link(self._suspended_replan, {n.LINK_KIND: "resumes"})],
             )
             self._suspended_replan = None
+        for attrs in self._resolved_meanwhile:
+            self._root.add_event(n.EVENT_GATE_RESOLVED, attrs)
+        self._resolved_meanwhile.clear()
         self._refresh()
 
     # Journaled events ---------------------------------------------------------------
@@ -437,16 +444,18 @@ class RunTrace:
                         self._t.gate_wait.record(
                             waited, {n.GATE_DECISION: resolution.decision}
                         )
+                        attrs: dict[str, AttributeValue] = {
+                            n.GATE_ID: gate_id,
+                            n.GATE_DECISION: resolution.decision,
+                            n.GATE_DECIDED_BY: resolution.by,
+                        }
                         span = self._replan or self._root
                         if span is not None and self.recording:
-                            span.add_event(
-                                n.EVENT_GATE_RESOLVED,
-                                {
-                                    n.GATE_ID: gate_id,
-                                    n.GATE_DECISION: resolution.decision,
-                                    n.GATE_DECIDED_BY: resolution.by,
-                                },
-                            )
+                            span.add_event(n.EVENT_GATE_RESOLVED, attrs)
+                        elif self._suspended_root is not None:
+                            # Answered while the trace is suspended (a tool
+                            # call's gate): on the root the run resumes in.
+                            self._resolved_meanwhile.append(attrs)
                 case RunFinished():
                     self._finished(event, state)
                 case _:

@@ -734,9 +734,12 @@ def test_a_tool_the_daemon_cannot_use_is_one_line_naming_it(
     from replan.cli import main
 
     monkeypatch.syspath_prepend(str(HERE))
+    monkeypatch.delenv("REPLAN_API_TOKEN", raising=False)
     port = str(free_port())
     code = main(["serve", "--tool", tool, "--data-dir", str(tmp_path), "--port", port])
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith(problem)
     assert len(err.splitlines()) == 1
+    # A first start that fails leaves no token behind that it never showed.
+    assert not (tmp_path / "api-token").exists()

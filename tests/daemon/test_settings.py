@@ -146,3 +146,19 @@ def test_a_tools_file_setting_and_a_broken_variable(
         load_settings(config)
     assert caught.value.field == "tools"
     assert "not a JSON list" in caught.value.problem
+
+
+def test_a_broken_variable_is_not_blamed_on_the_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "replan.toml"
+    config.write_text("port = 9001\n")
+    monkeypatch.setenv("REPLAN_WORKERS", "{bad")
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings(config)
+    assert caught.value.problem.startswith("the REPLAN_* variables: ")
+    config.write_text("port = [\n")
+    monkeypatch.delenv("REPLAN_WORKERS")
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings(config)
+    assert caught.value.problem.startswith(f"{config}: ")

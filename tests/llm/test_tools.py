@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import anyio
@@ -92,3 +93,38 @@ def test_untyped_parameters_and_duplicate_names_are_configuration_errors() -> No
     with pytest.raises(ConfigurationError) as caught:
         Supervisor(model=ScriptedModel(lambda r: None), tools=[a, Tool(a)])
     assert caught.value.field == "tools"
+
+
+def test_tools_named_by_path_are_found_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from replan.llm._tools import import_tools
+
+    (tmp_path / "desk_tools.py").write_text(
+        "from replan import tool\n\n\n"
+        "@tool\ndef lookup(word: str) -> str:\n"
+        '    """Look a word up."""\n'
+        "    return word\n\n\n"
+        "def plain(query: str) -> str:\n"
+        '    """Search."""\n'
+        "    return query\n\n\n"
+        "BOTH = [lookup, plain]\n"
+    )
+    (tmp_path / "broken_tools.py").write_text("raise RuntimeError('boom at import')\n")
+    monkeypatch.chdir(tmp_path)
+    # As the console script starts: the working directory is not on the path.
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".")])
+    monkeypatch.delitem(sys.modules, "desk_tools", raising=False)
+    tools = import_tools(["desk_tools:BOTH"])
+    assert [t.name for t in tools] == ["lookup", "plain"]
+    assert sys.path[-1] == str(tmp_path)  # appended: it shadows nothing
+    with pytest.raises(ConfigurationError) as caught:
+        import_tools(["broken_tools:x"])
+    assert caught.value.field == "tools"
+    assert caught.value.problem == (
+        "importing broken_tools raised RuntimeError: boom at import"
+    )
+    with pytest.raises(ConfigurationError, match="two tools are named 'lookup'"):
+        import_tools(["desk_tools:lookup", "desk_tools:BOTH"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -22,11 +23,13 @@ from replan import (
     ModelResponse,
     RunStatus,
     Supervisor,
+    Task,
+    TaskDraft,
     TaskOutcome,
     TaskStatus,
     tool,
 )
-from replan.messages import GateOpened, ToolCall
+from replan.messages import GateOpened, ToolCall, TraceSuspended
 from replan.telemetry import _names as n
 
 APPROVAL_DELAY_S = 0.3
@@ -220,3 +223,95 @@ async def test_a_tool_calls_gate_suspends_the_trace_only_once_nothing_else_runs(
     first, second = sorted(tree.named(n.SPAN_RUN), key=lambda s: s.start_time or 0)
     assert second.links[0].context.span_id == first.context.span_id  # type: ignore[union-attr]
     assert attr(second, n.RUN_OUTCOME) == "completed"
+
+
+async def test_the_run_resumes_tracing_as_soon_as_a_tool_calls_gate_is_answered(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    async def slow_after_the_email(request: ModelRequest) -> Any:
+        if not request.transcript:
+            return calls(("send_email", '{"to": "ana"}'))
+        await anyio.sleep(0.3)  # the attempt works on after the answer
+        return TaskOutcome(success=True, summary="emailed")
+
+    with anyio.fail_after(10):
+        async with Supervisor(
+            scripted(execute=slow_after_the_email),
+            MemoryStore(),
+            tools=[send_email],
+            tracer_provider=provider,
+        ) as sup:
+            handle = await sup.submit(spec(chain(1)))
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    await until(lambda: handle.state.suspended_trace is not None)
+                    await sup.gates.resolve(
+                        event.request.gate_id, GateResolution(decision="approve")
+                    )
+            result = await handle.result()
+    assert result.status is RunStatus.COMPLETED
+    tree = Tree(exporter.get_finished_spans())
+    first, second = sorted(tree.named(n.SPAN_RUN), key=lambda s: s.start_time or 0)
+    assert attr(first, n.RUN_OUTCOME) == "suspended"
+    assert attr(second, n.RUN_OUTCOME) == "completed"
+    # The run's trace went on while the attempt worked, not only after it.
+    assert second.start_time is not None
+    assert second.end_time is not None
+    assert (second.end_time - second.start_time) / 1e9 >= 0.25
+    # The answer, journaled while the trace was suspended, is on the new root.
+    assert [e.name for e in second.events if e.name == n.EVENT_GATE_RESOLVED] == [
+        n.EVENT_GATE_RESOLVED
+    ]
+
+
+async def test_an_attempt_timed_out_at_its_tool_gate_is_no_longer_counted_as_waiting(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    # t1 waits at its gate and passes task_timeout_s; t3 waits at another
+    # gate: once t1 is out, only a person can move the run on again, and the
+    # run's trace is suspended again (it resumed when t1's report came).
+    async def three_tasks(request: ModelRequest) -> Any:
+        task = request.context["task"]
+        if request.transcript:
+            return TaskOutcome(success=True, summary="emailed")
+        if task.id == "t2":
+            await anyio.sleep(0.5)
+            return TaskOutcome(success=True, summary="done")
+        return calls(("send_email", f'{{"to": "{task.id}"}}'))
+
+    def t1_failed(tasks: Mapping[str, Task]) -> bool:
+        return "t1" in tasks and tasks["t1"].status is TaskStatus.FAILED
+
+    def suspended_roots() -> int:
+        return sum(
+            attr(s, n.RUN_OUTCOME) == "suspended"
+            for s in exporter.get_finished_spans()
+            if s.name == n.SPAN_RUN
+        )
+
+    drafts = [
+        TaskDraft(key="s1", description="one"),
+        TaskDraft(key="s2", description="two"),
+        TaskDraft(key="s3", description="three", depends_on=["s2"]),
+    ]
+    limits = {"max_concurrency": 3, "task_timeout_s": 0.8, "max_task_attempts": 1}
+    with anyio.fail_after(10):
+        async with Supervisor(
+            scripted(execute=three_tasks),
+            MemoryStore(),
+            tools=[send_email],
+            tracer_provider=provider,
+        ) as sup:
+            handle = await sup.submit(spec(drafts, **limits))
+            await until(lambda: t1_failed(handle.state.tasks))
+            # Suspended once t1 and t3 both waited at their gates, then again
+            # once t1's timeout had resumed the trace (t3's gate, opened at
+            # ~0.5 s, passes its own timeout only at ~1.3 s).
+            await until(lambda: suspended_roots() >= 2)
+            approve = GateResolution(decision="approve")
+            for gate in sup.gates.pending():
+                await sup.gates.resolve(gate.gate_id, approve)
+            await handle.result()
+            events = await sup.store.read(handle.run_id)
+    reasons = {e.reason for e in events if isinstance(e, TraceSuspended)}
+    assert reasons == {"waiting for people, no timeout"}
