@@ -146,8 +146,9 @@ class _Ended:
 
 @dataclass(frozen=True, slots=True)
 class _ToolGate:
-    """An attempt's tool call began waiting at a gate with no timeout: the
-    driver looks again whether anything but people can move the run on."""
+    """An attempt's tool call began or ended waiting at a gate with no
+    timeout: the driver looks again whether anything but people can move
+    the run on."""
 
 
 _Report = _Done | _Answered | _RoleStopped | _Fatal | _Ended | _ToolGate
