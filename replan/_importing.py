@@ -6,6 +6,9 @@ import importlib
 import os
 import sys
 from types import ModuleType
+from typing import Any
+
+from ._errors import ConfigurationError
 
 
 def import_module(name: str) -> ModuleType:
@@ -24,3 +27,23 @@ def import_module(name: str) -> ModuleType:
     if here not in sys.path and "" not in sys.path:
         sys.path.append(here)
     return importlib.import_module(name)
+
+
+def import_named(path: str, field: str, usage: str) -> Any:
+    """What ``module:name`` names.
+
+    Raises:
+        ConfigurationError: on ``field``: ``path`` is not ``module:name``
+            (the problem is ``usage``), the module or name cannot be
+            imported, or the module raised as it was imported.
+    """
+    module_name, _, name = path.partition(":")
+    if not module_name or not name:
+        raise ConfigurationError(field, usage)
+    try:
+        return getattr(import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(field, f"cannot import {path}: {exc}") from None
+    except Exception as exc:  # raised by the module as it was imported
+        problem = f"importing {module_name} raised {type(exc).__name__}: {exc}"
+        raise ConfigurationError(field, problem) from None

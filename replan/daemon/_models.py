@@ -6,7 +6,7 @@ import inspect
 
 from .._demo import demo_model
 from .._errors import ConfigurationError
-from .._importing import import_module
+from .._importing import import_named
 from ..llm import Model, OpenAIModel, Tool
 from ..llm._tools import import_tools
 from ._settings import DaemonSettings
@@ -50,16 +50,7 @@ def build_model(settings: DaemonSettings) -> Model:
 
 
 def _imported(path: str, settings: DaemonSettings) -> Model:
-    module_name, _, name = path.partition(":")
-    if not module_name or not name:
-        raise ConfigurationError("model", "use python:<module>:<name>")
-    try:
-        found = getattr(import_module(module_name), name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError("model", f"cannot import {path}: {exc}") from None
-    except Exception as exc:  # raised by the module as it was imported
-        problem = f"importing {module_name} raised {type(exc).__name__}: {exc}"
-        raise ConfigurationError("model", problem) from None
+    found = import_named(path, "model", "use python:<module>:<name>")
     if isinstance(found, Model):
         return found
     not_a_model = f"{path} is not a model, nor a function of the settings returning one"

@@ -19,7 +19,7 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from .._errors import ConfigurationError
-from .._importing import import_module
+from .._importing import import_named
 
 KEY_PARAMETER = "idempotency_key"
 
@@ -173,16 +173,7 @@ def import_tools(paths: Sequence[str]) -> list[Tool]:
     """
     found: list[Tool | Callable[..., Any]] = []
     for path in paths:
-        module_name, _, name = path.partition(":")
-        if not module_name or not name:
-            raise ConfigurationError("tools", f"use module:name, not {path!r}")
-        try:
-            value = getattr(import_module(module_name), name)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigurationError("tools", f"cannot import {path}: {exc}") from None
-        except Exception as exc:  # raised by the module as it was imported
-            problem = f"importing {module_name} raised {type(exc).__name__}: {exc}"
-            raise ConfigurationError("tools", problem) from None
+        value = import_named(path, "tools", f"use module:name, not {path!r}")
         for item in list(value) if isinstance(value, list | tuple) else [value]:
             if not (isinstance(item, Tool) or callable(item)):
                 raise ConfigurationError(

@@ -138,9 +138,9 @@ def test_a_limit_that_is_no_usable_number_is_refused(
     assert capsys.readouterr().err.splitlines()[-1].startswith(expected)
 
 
-def test_max_prompt_chars_leaves_the_oldest_findings_out_of_the_review(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def run_with_findings(max_prompt_chars: str) -> tuple[int, list[Logged]]:
+    """``replan run`` whose tasks report 200 findings each, with a prompt
+    budget; its exit status and the requests the server got."""
     findings = [f"finding {n:03d}: " + "a maker ships cells " * 4 for n in range(200)]
 
     def many_findings(logged: Logged) -> Reply:
@@ -151,9 +151,16 @@ def test_max_prompt_chars_leaves_the_oldest_findings_out_of_the_review(
     with chat_server(many_findings) as server:
         code = main(
             ["run", "Who ships solid-state cells?", "--model", "m", "--base-url",
-             server.base_url, "--max-prompt-chars", "6000", "--yes", "--json"]
+             server.base_url, "--max-prompt-chars", max_prompt_chars, "--yes",
+             "--json"]
         )  # fmt: skip
-        sent = server.chat_requests()
+        return code, server.chat_requests()
+
+
+def test_max_prompt_chars_leaves_the_oldest_findings_out_of_the_review(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, sent = run_with_findings("6000")
     assert code == 0, capsys.readouterr().err
     reviews = [r for r in sent if answer_type(r) == "Verdict"]
     assert reviews
@@ -180,19 +187,7 @@ def test_a_prompt_budget_below_a_thousand_is_refused(
 def test_a_prompt_budget_of_zero_sends_the_whole_history(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    findings = [f"finding {n:03d}: " + "a maker ships cells " * 4 for n in range(200)]
-
-    def many_findings(logged: Logged) -> Reply:
-        if answer_type(logged) == "TaskOutcome":
-            return completion(TaskOutcome(success=True, summary="s", findings=findings))
-        return script(logged)
-
-    with chat_server(many_findings) as server:
-        code = main(
-            ["run", "Who ships solid-state cells?", "--model", "m", "--base-url",
-             server.base_url, "--max-prompt-chars", "0", "--yes", "--json"]
-        )  # fmt: skip
-        sent = server.chat_requests()
+    code, sent = run_with_findings("0")
     assert code == 0, capsys.readouterr().err
     [review, *_] = [r for r in sent if answer_type(r) == "Verdict"]
     user = review.messages[1]["content"]
