@@ -716,8 +716,12 @@ async def test_a_posted_request_past_its_deadline_is_cancelled_and_calls_back() 
     on_done = keep_errors(ActorTimeout, errors, done)
 
     async with running(pool):
-        await pool.post("forever", on_done, deadline=anyio.current_time() + 0.05)
+        # Long enough for the worker to take the request even on a loaded
+        # machine: what is tested is the cancellation of a running handler.
+        await pool.post("forever", on_done, deadline=anyio.current_time() + 0.5)
         with anyio.fail_after(5):
+            await script.started_event("forever").wait()
+            assert not done.is_set()
             await done.wait()
             await script.cancelled_event("forever").wait()
         assert pool.statistics().busy == 0
