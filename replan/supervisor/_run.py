@@ -62,7 +62,7 @@ from ..messages import (
     UsageRecorded,
 )
 from ..store import EffectLedger, EffectRecord, RunSummary, Store
-from ..telemetry import RunTrace, Telemetry
+from ..telemetry import RunTrace, Telemetry, actor_span_suspended
 from ._budget import RunMeter
 from ._decide import (
     budget_spent,
@@ -1070,10 +1070,23 @@ class RunDriver:
         except ConfigurationError as exc:  # the model's call, not a person's
             note = f"the tool call cannot be journaled: {exc}"
             return GateResolution(decision="reject", by="supervisor", note=note)
-        untimed = request.expires_at is None
-        if untimed:
-            self._tool_gates[request.gate_id] = task_id
-            self._inbox.put(_ToolGate())
+        if request.expires_at is not None:
+            return await self._tool_call_answer(request)
+        # No timeout: the attempt waits without bound. The driver counts it
+        # as held by a person, and the executor's span ends while it waits.
+        self._tool_gates[request.gate_id] = task_id
+        self._inbox.put(_ToolGate())
+        reason = f"gate {request.gate_id} waits for a person, no timeout"
+        with actor_span_suspended(reason, self.trace.live_context):
+            try:
+                return await self._tool_call_answer(request)
+            finally:
+                # Answered or withdrawn: the driver looks again (not when a
+                # timeout's report took the gate off already).
+                if self._tool_gates.pop(request.gate_id, None) is not None:
+                    self._inbox.put(_ToolGate())
+
+    async def _tool_call_answer(self, request: GateRequest) -> GateResolution:
         try:
             return await self.await_gate(request, approval_check)
         except RunEnded as end:
@@ -1082,11 +1095,6 @@ class RunDriver:
                 # cannot go on without them.
                 self._inbox.put(_Ended(end))
             return GateResolution(decision="reject", by="supervisor", note=end.reason)
-        finally:
-            # Answered or withdrawn: the driver looks again (not when a
-            # timeout's report took the gate off already).
-            if untimed and self._tool_gates.pop(request.gate_id, None) is not None:
-                self._inbox.put(_ToolGate())
 
     async def _post(self, task: Task) -> None:
         """Send one attempt to the executor pool; its report comes back

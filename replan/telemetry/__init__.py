@@ -7,6 +7,7 @@ applications, the CLI and the daemon. Names live in ``_names``.
 from __future__ import annotations
 
 from ._actors import ActorSpan as ActorSpan
+from ._actors import actor_span_suspended as actor_span_suspended
 from ._actors import model_call as model_call
 from ._actors import model_call_traced as model_call_traced
 from ._actors import serving as serving
@@ -28,6 +29,7 @@ __all__ = (
     "RunTrace",
     "Telemetry",
     "TelemetrySetup",
+    "actor_span_suspended",
     "attached",
     "current_carrier",
     "instrument_openai",

@@ -12,7 +12,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import context, propagate, trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from .._errors import ModelError
@@ -156,15 +156,97 @@ def describe_reply(span: Span, reply: object) -> None:
 
 
 class ActorSpan:
-    """The span of one request being handled; record the answer with :meth:`replied`."""
+    """The span of one request being handled; record the answer with :meth:`replied`.
 
-    __slots__ = ("span",)
+    An unbounded wait inside the handler (a tool call's gate with no
+    timeout) splits it: :func:`actor_span_suspended` ends it ``suspended``
+    and goes on in a new span of the same name, linked to the old one.
+    """
 
-    def __init__(self, span: Span) -> None:
+    __slots__ = ("_attrs", "_name", "_telemetry", "_token", "span")
+
+    def __init__(
+        self,
+        span: Span,
+        telemetry: Telemetry | None = None,
+        name: str = "",
+        attrs: dict[str, AttributeValue] | None = None,
+    ) -> None:
         self.span = span
+        self._telemetry = telemetry
+        self._name = name
+        self._attrs = attrs or {}
+        self._token: object | None = None
+        """The context this span's split attached (detached at the end)."""
 
     def replied(self, reply: object) -> None:
         describe_reply(self.span, reply)
+
+    def _make_current(self, span: Span, parent: context.Context | None) -> None:
+        # In the handler's task, over the context it started with: the
+        # tokens stay last-in first-out.
+        if self._token is not None:
+            context.detach(self._token)  # type: ignore[arg-type]
+        self._token = context.attach(trace.set_span_in_context(span, parent))
+
+    def suspend(self, reason: str) -> SpanContext | None:
+        """End the span ``suspended``. Until :meth:`resume` it stays current
+        as a context only: what the wait sends (the gate's request) is
+        traced under it, and nothing records a span in this task."""
+        span = self.span
+        if not span.is_recording():
+            return None
+        span.set_attribute(n.ACTOR_OUTCOME, n.SUSPENDED)
+        span.set_attribute(n.SUSPEND_REASON, truncate(reason))
+        span.end()
+        ended = span.get_span_context()
+        self.span = trace.INVALID_SPAN
+        self._make_current(trace.NonRecordingSpan(ended), None)
+        return ended
+
+    def resume(self, old: SpanContext, parent: context.Context) -> None:
+        """Go on in a new span under ``parent``, linked to the suspended one."""
+        assert self._telemetry is not None
+        self.span = self._telemetry.tracer.start_span(
+            self._name,
+            context=parent,
+            kind=SpanKind.INTERNAL,
+            attributes=self._attrs,
+            links=[Link(old, {n.LINK_KIND: "resumes"})],
+        )
+        self._make_current(self.span, None)
+
+    def close(self) -> None:
+        if self._token is not None:
+            context.detach(self._token)  # type: ignore[arg-type]
+            self._token = None
+
+
+_SERVING: ContextVar[ActorSpan | None] = ContextVar("replan_actor_span", default=None)
+"""The actor span of the request being handled in this task, if recorded."""
+
+
+@contextmanager
+def actor_span_suspended(
+    reason: str, parent: Callable[[], context.Context | None]
+) -> Iterator[None]:
+    """Around an unbounded wait inside an actor's handler (its own task).
+
+    The handler's span ends ``suspended`` as the wait begins, so that no
+    span is held open across it. When the wait is over, the handler goes on
+    in a new span of the same name under ``parent()`` (the run's root as it
+    is then: the run's trace may have been suspended and resumed meanwhile),
+    linked to the old one; with no parent to go on under, untraced. Cut
+    short, the handler ends with the suspended span.
+    """
+    actor = _SERVING.get()
+    old = actor.suspend(reason) if actor is not None else None
+    yield
+    if actor is None or old is None:
+        return
+    under = parent()
+    if under is not None:
+        actor.resume(old, under)
 
 
 @contextmanager
@@ -207,12 +289,39 @@ def serving(
         span.set_attribute(n.GATE_OUTCOME, n.SUSPENDED)
         span.end()
         span = trace.INVALID_SPAN
+    if not span.is_recording():
+        active = _ACTIVE.set(telemetry)
+        try:
+            with current(span, parent):
+                yield None
+        finally:
+            _ACTIVE.reset(active)
+        return
+    actor = ActorSpan(span, telemetry, name, attrs)
     active = _ACTIVE.set(telemetry)
+    serving_token = _SERVING.set(actor)
+    token = context.attach(trace.set_span_in_context(span, parent))
     try:
-        with current(span, parent):
-            yield ActorSpan(span) if span.is_recording() else None
+        yield actor
+    except Exception as exc:
+        _failed(actor.span, exc)
+        actor.span.set_attribute(n.ACTOR_OUTCOME, "crashed")
+        raise
+    except BaseException:
+        actor.span.set_attribute(n.ACTOR_OUTCOME, "cancelled")
+        raise
     finally:
+        actor.close()
+        context.detach(token)
+        actor.span.end()
+        _SERVING.reset(serving_token)
         _ACTIVE.reset(active)
+
+
+def _failed(span: Span, exc: BaseException) -> None:
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+    span.set_attribute(n.ERROR_TYPE, type(exc).__qualname__)
 
 
 @contextmanager
@@ -227,9 +336,7 @@ def current(span: Span, parent: context.Context | None = None) -> Iterator[Span]
     try:
         yield span
     except Exception as exc:
-        span.record_exception(exc)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-        span.set_attribute(n.ERROR_TYPE, type(exc).__qualname__)
+        _failed(span, exc)
         span.set_attribute(n.ACTOR_OUTCOME, "crashed")
         raise
     except BaseException:

@@ -145,6 +145,8 @@ class RunTrace:
         self._resolved_meanwhile: list[dict[str, AttributeValue]] = []
         """``replan.gate.resolved`` events of gates answered while the trace
         was suspended, for the root it resumes in."""
+        self._idle = False
+        """Suspended by :meth:`idle`: only people could move the run."""
         self._stale = False
         """The open spans changed in a task other than the driver's: the
         driver's context catches up at :meth:`sync`."""
@@ -352,8 +354,33 @@ class RunTrace:
             yield
             return
         await self.suspend(reason)
-        yield
+        self._idle = True
+        try:
+            yield
+        finally:
+            self._idle = False
         self.resume()
+
+    def live_context(self) -> context.Context | None:
+        """The context an attempt goes on in after a person answered its
+        tool call's gate (from the attempt's task).
+
+        The run's root; if the trace is suspended because only people could
+        move the run, the answer moves it, so the trace resumes now. If the
+        driver itself waits at a gate, the trace stays suspended and the
+        attempt goes on under the suspended root, as attempts in flight do.
+        None when the run is not traced or its trace has ended.
+        """
+        if not self.recording:
+            return None
+        if self._root is None and self._idle:
+            self.resume()
+        if self._root is not None:
+            return trace.set_span_in_context(self._root, context.Context())
+        if self._suspended_root is not None:
+            suspended = trace.NonRecordingSpan(self._suspended_root)
+            return trace.set_span_in_context(suspended, context.Context())
+        return None
 
     async def suspend(self, reason: str) -> None:
         """End the open spans ``suspended`` and journal the root's context."""

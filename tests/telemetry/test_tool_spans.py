@@ -13,7 +13,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
 from opentelemetry.trace import SpanKind, StatusCode
-from scripts import chain, independent, scripted, spec
+from scripts import (
+    chain,
+    first_then_continue,
+    independent,
+    replan_verdict,
+    scripted,
+    spec,
+)
 from spans import Tree, attr, until
 
 from replan import (
@@ -27,6 +34,7 @@ from replan import (
     TaskDraft,
     TaskOutcome,
     TaskStatus,
+    Trigger,
     tool,
 )
 from replan.messages import GateOpened, ToolCall, TraceSuspended
@@ -315,3 +323,242 @@ async def test_an_attempt_timed_out_at_its_tool_gate_is_no_longer_counted_as_wai
             events = await sup.store.read(handle.run_id)
     reasons = {e.reason for e in events if isinstance(e, TraceSuspended)}
     assert reasons == {"waiting for people, no timeout"}
+
+
+def executor_spans(tree: Tree, task_id: str) -> list[Any]:
+    spans = [
+        s
+        for s in tree.named("invoke_agent executor")
+        if (s.attributes or {}).get(n.TASK_ID) == task_id
+    ]
+    return sorted(spans, key=lambda s: s.start_time or 0)
+
+
+async def test_an_attempt_at_an_untimed_tool_gate_holds_no_span_open(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    # The attempt's executor span ends `suspended` as its gate opens; once a
+    # person answers, the attempt goes on in a new executor span in the run's
+    # resumed trace, linked to the one that waited.
+    async def email_then_done(request: ModelRequest) -> Any:
+        if not request.transcript:
+            return calls(("send_email", '{"to": "ana"}'))
+        return TaskOutcome(success=True, summary="emailed")
+
+    with anyio.fail_after(10):
+        async with Supervisor(
+            scripted(execute=email_then_done),
+            MemoryStore(),
+            tools=[send_email],
+            tracer_provider=provider,
+        ) as sup:
+            handle = await sup.submit(spec(chain(1)))
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    gate_id = event.request.gate_id
+                    break
+            await until(lambda: handle.state.suspended_trace is not None)
+            # The gate's span, once a gate worker has taken the request.
+            await until(lambda: Tree(exporter.get_finished_spans()).named(n.SPAN_GATE))
+            while_waiting = Tree(exporter.get_finished_spans())
+            await sup.gates.resolve(gate_id, GateResolution(decision="approve"))
+            result = await handle.result()
+    assert result.status is RunStatus.COMPLETED
+    # While the person had not answered, every span of the attempt had ended.
+    [waited] = executor_spans(while_waiting, "t1")
+    assert attr(waited, n.ACTOR_OUTCOME) == "suspended"
+    assert gate_id in attr(waited, n.SUSPEND_REASON)
+    assert n.TASK_OUTCOME not in (waited.attributes or {})
+    [gate] = while_waiting.named(n.SPAN_GATE)
+    assert while_waiting.parent(gate) is waited
+    tree = Tree(exporter.get_finished_spans())
+    first_root, second_root = sorted(
+        tree.named(n.SPAN_RUN), key=lambda s: s.start_time or 0
+    )
+    assert tree.parent(waited) is first_root
+    _, went_on = executor_spans(tree, "t1")
+    assert tree.parent(went_on) is second_root
+    assert went_on.context is not None
+    assert waited.context is not None
+    assert went_on.context.trace_id != waited.context.trace_id
+    [link] = went_on.links
+    assert link.context.span_id == waited.context.span_id
+    assert attr(went_on, n.TASK_ATTEMPT) == 1
+    assert attr(went_on, n.TASK_OUTCOME) == "completed"
+    assert n.ACTOR_OUTCOME not in (went_on.attributes or {})
+    # The tool's run and the model's next answer are spans of the new one.
+    [sent] = tree.named("execute_tool send_email")
+    assert tree.parent(sent) is went_on
+    chats = [tree.parent(s) for s in tree.named("chat scripted")]
+    assert waited in chats
+    assert went_on in chats
+
+
+async def test_an_attempt_answered_while_the_run_moves_goes_on_in_the_same_trace(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    # t2 still runs when t1's gate is answered: the run's trace was never
+    # suspended, and t1 goes on in a new executor span under the same root.
+    answered = anyio.Event()
+
+    async def two_tasks(request: ModelRequest) -> Any:
+        task = request.context["task"]
+        if task.id == "t1" and not request.transcript:
+            return calls(("send_email", '{"to": "ana"}'))
+        if task.id == "t2":
+            await answered.wait()
+        return TaskOutcome(success=True, summary="done")
+
+    with anyio.fail_after(10):
+        async with Supervisor(
+            scripted(execute=two_tasks),
+            MemoryStore(),
+            tools=[send_email],
+            tracer_provider=provider,
+        ) as sup:
+            handle = await sup.submit(spec(independent(2), max_concurrency=2))
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    await sup.gates.resolve(
+                        event.request.gate_id, GateResolution(decision="reject")
+                    )
+                    break
+            await until(
+                lambda: (
+                    len(executor_spans(Tree(exporter.get_finished_spans()), "t1")) == 2
+                )
+            )
+            answered.set()
+            result = await handle.result()
+            events = await sup.store.read(handle.run_id)
+    assert result.status is RunStatus.COMPLETED
+    assert not [e for e in events if isinstance(e, TraceSuspended)]
+    tree = Tree(exporter.get_finished_spans())
+    root = tree.one(n.SPAN_RUN)
+    waited, went_on = executor_spans(tree, "t1")
+    assert attr(waited, n.ACTOR_OUTCOME) == "suspended"
+    assert tree.parent(waited) is root
+    assert tree.parent(went_on) is root
+    assert attr(went_on, n.TASK_OUTCOME) == "completed"
+    [t2] = executor_spans(tree, "t2")
+    assert tree.parent(t2) is root
+
+
+async def test_an_attempt_answered_while_the_run_waits_at_a_gate_stays_in_its_trace(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    # The run's trace is suspended at a scope-shift gate (no timeout) when
+    # t1's tool call is answered: the answer does not resume the run's
+    # trace (the run still waits for a person), and t1 goes on under the
+    # suspended root, as attempts in flight there do.
+    async def execute(request: ModelRequest) -> Any:
+        task = request.context["task"]
+        if task.id == "t1" and not request.transcript:
+            return calls(("send_email", '{"to": "ana"}'))
+        summary = "the market moved" if task.id == "t2" else "done"
+        return TaskOutcome(success=True, summary=summary, findings=[summary])
+
+    drafts = [
+        TaskDraft(key="s1", description="email"),
+        TaskDraft(key="s2", description="survey", milestone=True),
+        TaskDraft(key="s3", description="report", depends_on=["s2"]),
+    ]
+    shift = first_then_continue(replan_verdict(Trigger.SCOPE_SHIFT))
+    with anyio.fail_after(10):
+        async with Supervisor(
+            scripted(execute=execute, milestone=shift),
+            MemoryStore(),
+            tools=[send_email],
+            tracer_provider=provider,
+        ) as sup:
+            handle = await sup.submit(spec(drafts, max_concurrency=2))
+            await until(lambda: len(sup.gates.pending()) == 2)
+            await until(lambda: handle.state.suspended_trace is not None)
+            [tool_gate] = [g for g in sup.gates.pending() if g.tool_call is not None]
+            [replan_gate] = [g for g in sup.gates.pending() if g.tool_call is None]
+            await sup.gates.resolve(
+                tool_gate.gate_id, GateResolution(decision="approve")
+            )
+
+            def t1_done() -> bool:
+                return (
+                    len(executor_spans(Tree(exporter.get_finished_spans()), "t1")) == 2
+                )
+
+            await until(t1_done)
+            # Its report waits for the driver, which waits for the person.
+            during = Tree(exporter.get_finished_spans())
+            await sup.gates.resolve(
+                replan_gate.gate_id, GateResolution(decision="approve")
+            )
+            result = await handle.result()
+    assert result.status is RunStatus.COMPLETED
+    [suspended_root] = during.named(n.SPAN_RUN)
+    assert attr(suspended_root, n.RUN_OUTCOME) == "suspended"
+    waited, went_on = executor_spans(during, "t1")
+    assert during.parent(waited) is suspended_root
+    assert during.parent(went_on) is suspended_root
+    assert attr(went_on, n.TASK_OUTCOME) == "completed"
+    tree = Tree(exporter.get_finished_spans())
+    assert len(tree.named(n.SPAN_RUN)) == 2
+
+
+async def test_a_tool_gate_with_a_timeout_keeps_the_attempt_in_one_span(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    # A bounded wait: the executor span covers it, with the gate's span.
+    async def email_then_done(request: ModelRequest) -> Any:
+        if not request.transcript:
+            return calls(("send_email", '{"to": "ana"}'))
+        return TaskOutcome(success=True, summary="emailed")
+
+    with anyio.fail_after(10):
+        async with Supervisor(
+            scripted(execute=email_then_done),
+            MemoryStore(),
+            tools=[send_email],
+            tracer_provider=provider,
+        ) as sup:
+            handle = await sup.submit(spec(chain(1), gate_timeout_s=30))
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    await anyio.sleep(0.1)
+                    await sup.gates.resolve(
+                        event.request.gate_id, GateResolution(decision="approve")
+                    )
+                    break
+            result = await handle.result()
+    assert result.status is RunStatus.COMPLETED
+    tree = Tree(exporter.get_finished_spans())
+    [executor] = executor_spans(tree, "t1")
+    assert n.ACTOR_OUTCOME not in (executor.attributes or {})
+    assert attr(executor, n.TASK_OUTCOME) == "completed"
+    [gate] = tree.named(n.SPAN_GATE)
+    assert tree.parent(gate) is executor
+    assert attr(gate, n.GATE_DECISION) == "approve"
+    assert tree.parent(tree.one("execute_tool send_email")) is executor
+
+
+async def test_an_attempt_cut_short_at_its_tool_gate_ends_with_its_suspended_span(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    async def email(request: ModelRequest) -> Any:
+        return calls(("send_email", '{"to": "ana"}'))
+
+    limits = {"task_timeout_s": 0.3, "max_task_attempts": 1}
+    with anyio.fail_after(10):
+        async with Supervisor(
+            scripted(execute=email),
+            MemoryStore(),
+            tools=[send_email],
+            tracer_provider=provider,
+        ) as sup:
+            handle = await sup.submit(spec(chain(1), **limits))
+            result = await handle.result()
+    [task] = result.tasks
+    assert task.status is TaskStatus.FAILED
+    assert "task_timeout_s" in (task.result.reason if task.result else "")
+    tree = Tree(exporter.get_finished_spans())
+    [waited] = executor_spans(tree, "t1")
+    assert attr(waited, n.ACTOR_OUTCOME) == "suspended"
+    assert not tree.named("execute_tool send_email")
