@@ -325,6 +325,22 @@ async def test_an_attempt_timed_out_at_its_tool_gate_is_no_longer_counted_as_wai
     assert reasons == {"waiting for people, no timeout"}
 
 
+def email_then_done(request: ModelRequest) -> Any:
+    if not request.transcript:
+        return calls(("send_email", '{"to": "ana"}'))
+    return TaskOutcome(success=True, summary="emailed")
+
+
+def emailing(execute: Any, provider: TracerProvider) -> Supervisor:
+    """A supervisor whose executor has ``send_email`` and answers ``execute``."""
+    return Supervisor(
+        scripted(execute=execute),
+        MemoryStore(),
+        tools=[send_email],
+        tracer_provider=provider,
+    )
+
+
 def executor_spans(tree: Tree, task_id: str) -> list[Any]:
     spans = [
         s
@@ -340,18 +356,8 @@ async def test_an_attempt_at_an_untimed_tool_gate_holds_no_span_open(
     # The attempt's executor span ends `suspended` as its gate opens; once a
     # person answers, the attempt goes on in a new executor span in the run's
     # resumed trace, linked to the one that waited.
-    async def email_then_done(request: ModelRequest) -> Any:
-        if not request.transcript:
-            return calls(("send_email", '{"to": "ana"}'))
-        return TaskOutcome(success=True, summary="emailed")
-
     with anyio.fail_after(10):
-        async with Supervisor(
-            scripted(execute=email_then_done),
-            MemoryStore(),
-            tools=[send_email],
-            tracer_provider=provider,
-        ) as sup:
+        async with emailing(email_then_done, provider) as sup:
             handle = await sup.submit(spec(chain(1)))
             async for event in handle.events():
                 if isinstance(event, GateOpened):
@@ -410,12 +416,7 @@ async def test_an_attempt_answered_while_the_run_moves_goes_on_in_the_same_trace
         return TaskOutcome(success=True, summary="done")
 
     with anyio.fail_after(10):
-        async with Supervisor(
-            scripted(execute=two_tasks),
-            MemoryStore(),
-            tools=[send_email],
-            tracer_provider=provider,
-        ) as sup:
+        async with emailing(two_tasks, provider) as sup:
             handle = await sup.submit(spec(independent(2), max_concurrency=2))
             async for event in handle.events():
                 if isinstance(event, GateOpened):
@@ -507,18 +508,8 @@ async def test_a_tool_gate_with_a_timeout_keeps_the_attempt_in_one_span(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
     # A bounded wait: the executor span covers it, with the gate's span.
-    async def email_then_done(request: ModelRequest) -> Any:
-        if not request.transcript:
-            return calls(("send_email", '{"to": "ana"}'))
-        return TaskOutcome(success=True, summary="emailed")
-
     with anyio.fail_after(10):
-        async with Supervisor(
-            scripted(execute=email_then_done),
-            MemoryStore(),
-            tools=[send_email],
-            tracer_provider=provider,
-        ) as sup:
+        async with emailing(email_then_done, provider) as sup:
             handle = await sup.submit(spec(chain(1), gate_timeout_s=30))
             async for event in handle.events():
                 if isinstance(event, GateOpened):
@@ -547,12 +538,7 @@ async def test_an_attempt_cut_short_at_its_tool_gate_ends_with_its_suspended_spa
 
     limits = {"task_timeout_s": 0.3, "max_task_attempts": 1}
     with anyio.fail_after(10):
-        async with Supervisor(
-            scripted(execute=email),
-            MemoryStore(),
-            tools=[send_email],
-            tracer_provider=provider,
-        ) as sup:
+        async with emailing(email, provider) as sup:
             handle = await sup.submit(spec(chain(1), **limits))
             result = await handle.result()
     [task] = result.tasks
