@@ -215,14 +215,14 @@ class OpenAIModel:
         where = f"{self._where} ({model})"
         base, version = self._prompt(request, log=True)
         schema, strict = response_schema(request.output_type)
-        extra: list[dict[str, Any]] = [*_transcript_messages(request)]
+        transcript = _transcript_messages(request)
+        reask: list[dict[str, Any]] = []
         usage = TokenUsage()
-        reasked = False
         auto = self.structured_output == "auto"
         mode = self._auto_mode if auto else self.structured_output
         refused: openai.BadRequestError | None = None
         while True:
-            messages = base + extra
+            messages = base + transcript + reask
 
             async def create(
                 mode: StructuredOutput = mode, messages: list[Any] = messages
@@ -303,13 +303,14 @@ class OpenAIModel:
                     model=completion.model or model,
                     latency_s=time.perf_counter() - started,
                     prompt_version=version,
+                    reask=reask,
                 )
             raw = message.content or ""
             try:
                 output = parse_output(raw, request.output_type)
             except ValidationError as exc:
                 problems = describe_errors(exc)
-                if reasked:
+                if reask:
                     raise ModelOutputError(
                         f"{where}: the {request.role}'s answer is not a valid "
                         f"{request.output_type.__name__}, even after a re-ask:\n"
@@ -325,8 +326,7 @@ class OpenAIModel:
                         usage=usage,
                         raw_output=raw,
                     ) from None
-                reasked = True
-                extra += [
+                reask += [
                     {"role": "assistant", "content": raw},
                     {
                         "role": "user",
@@ -342,6 +342,7 @@ class OpenAIModel:
                 model=completion.model or model,
                 latency_s=time.perf_counter() - started,
                 prompt_version=version,
+                reask=reask,
             )
 
     async def _create(

@@ -55,6 +55,10 @@ class ModelResponse(BaseModel):
     prompt_version: str | None = None
     """The prompt template used (``planner.replan@2``), for the journal and
     telemetry; None when the request's own messages were sent."""
+    reask: list[dict[str, Any]] = Field(default_factory=list)
+    """The chat turns a re-ask added after the prompt (the invalid answer
+    and the request to answer again), for telemetry; empty when the first
+    answer was used."""
 
 
 @runtime_checkable

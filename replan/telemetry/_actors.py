@@ -436,8 +436,10 @@ def model_call(model: object, request: Any) -> Iterator[Callable[[Any], None]]:
         attrs[n.GEN_AI_CONVERSATION_ID] = request.run_id
     if request.task_id is not None:
         attrs[n.TASK_ID] = request.task_id
+    prompt: list[Any] = []
     if telemetry.capture_content:
-        attrs[n.GEN_AI_INPUT_MESSAGES] = input_messages(_prompt_of(model, request))
+        prompt = _prompt_of(model, request)
+        attrs[n.GEN_AI_INPUT_MESSAGES] = input_messages(prompt)
     span = telemetry.tracer.start_span(
         n.SPAN_CHAT_PREFIX + model_name, kind=SpanKind.CLIENT, attributes=attrs
     )
@@ -448,6 +450,12 @@ def model_call(model: object, request: Any) -> Iterator[Callable[[Any], None]]:
             if response.model:
                 span.set_attribute(n.GEN_AI_RESPONSE_MODEL, response.model)
             if telemetry.capture_content:
+                reask = getattr(response, "reask", None)
+                if reask:
+                    # What the answer replied to: the prompt and the re-ask.
+                    span.set_attribute(
+                        n.GEN_AI_INPUT_MESSAGES, input_messages(prompt + reask)
+                    )
                 span.set_attribute(n.GEN_AI_OUTPUT_MESSAGES, output_messages(response))
 
         try:

@@ -131,3 +131,56 @@ async def test_a_prompt_that_cannot_be_rendered_is_captured_as_the_context(
         (part,) = captured[0]["parts"]
         assert part["type"] == "text"
         assert json.loads(part["content"])["goal"] == SPEC.goal
+
+
+async def test_a_reasked_answer_is_captured_with_the_turns_it_replied_to(
+    traced: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    # The task's first answer does not validate; the chat span of that call
+    # shows the prompt, the invalid answer and the re-ask, then the answer.
+    def invalid_once(logged: Logged) -> Reply:
+        if answer_type(logged) == "TaskOutcome" and len(logged.messages) == 2:
+            return completion({"succeeded": "maybe"})
+        return answer(logged)
+
+    provider, exporter = traced
+    with chat_server(invalid_once) as server:
+        model = OpenAIModel("gpt-test", base_url=server.base_url, max_retries=0)
+        async with (
+            model,
+            Supervisor(model, MemoryStore(), tracer_provider=provider) as sup,
+        ):
+            with anyio.fail_after(30):
+                result = await (await sup.submit(SPEC)).result()
+        sent = [logged.messages for logged in server.chat_requests()]
+    assert result.status == "completed"
+    assert [len(messages) for messages in sent] == [2, 4, 2]
+    reasked = sent[1]
+    [executor] = [
+        s
+        for s in exporter.get_finished_spans()
+        if s.name.startswith("chat ") and (s.attributes or {})[n.PURPOSE] == "execute"
+    ]
+    attributes = executor.attributes or {}
+    captured = json.loads(str(attributes[n.GEN_AI_INPUT_MESSAGES]))
+    assert [m["role"] for m in captured] == ["system", "user", "assistant", "user"]
+    assert [m["parts"][0]["content"] for m in captured[2:]] == [
+        m["content"] for m in reasked[2:]
+    ]
+    assert "succeeded" in captured[2]["parts"][0]["content"]
+    assert "could not be used" in captured[3]["parts"][0]["content"]
+    output = json.loads(str(attributes[n.GEN_AI_OUTPUT_MESSAGES]))
+    assert json.loads(output[0]["parts"][0]["content"])["summary"] == (
+        "found four makers"
+    )
+    # A first answer that validates adds no turns.
+    [synthesis] = [
+        s
+        for s in exporter.get_finished_spans()
+        if s.name.startswith("chat ")
+        and (s.attributes or {})[n.PURPOSE] == "synthesize"
+    ]
+    synthesis_input = json.loads(
+        str((synthesis.attributes or {})[n.GEN_AI_INPUT_MESSAGES])
+    )
+    assert len(synthesis_input) == 2
