@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.lowlevel import checkpoint_if_cancelled
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -671,7 +672,24 @@ class ActorPool(Generic[ReqT, RepT]):
                     )
                 )
                 return True
-            except BaseException:
+            except BaseException as exc:
+                if not scope.cancel_called and await _stray_cancellation(exc):
+                    # asyncio: the handler let out a CancelledError that no
+                    # cancellation sent (it awaited a future or a task that
+                    # something else cancelled). A crash of the handler like
+                    # any other, not a stop of the role.
+                    logger.error("%s handler crashed: %r", role, exc)
+                    slot.fail(
+                        ActorCrashed(
+                            ActorFailure(
+                                role=role,
+                                error_type=type(exc).__name__,
+                                message="the handler raised a cancellation "
+                                "that nothing had asked for",
+                            )
+                        )
+                    )
+                    return True
                 # The caller gave up (our scope swallows that cancellation
                 # and _serve opens a new one), or the pool is shutting down.
                 slot.fail(
@@ -690,6 +708,23 @@ class ActorPool(Generic[ReqT, RepT]):
 
 
 _UNTRACED = nullcontext()
+
+
+async def _stray_cancellation(exc: BaseException) -> bool:
+    """Is ``exc`` a cancellation exception no cancel scope around us sent?
+
+    Only asyncio code can raise one (``asyncio.CancelledError`` is an
+    ordinary exception to construct; ``trio.Cancelled`` is not). A real
+    cancellation is level-triggered: the next checkpoint raises it again.
+    """
+    cancelled = anyio.get_cancelled_exc_class()
+    if not isinstance(exc, cancelled):
+        return False
+    try:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+    except cancelled:
+        return False
+    return True
 
 
 def _caller_gone(role: str, deadline: float | None) -> ActorError:

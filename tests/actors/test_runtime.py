@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio  # noqa: TID251 - a stray asyncio.CancelledError, asyncio only
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -74,6 +75,11 @@ class ScriptedActor:
                 return arg
             if verb == "forever":
                 await anyio.sleep_forever()
+            if verb == "stray":
+                # asyncio code awaiting a future something else cancelled.
+                future = asyncio.get_running_loop().create_future()
+                future.cancel()
+                await future
             raise AssertionError(f"unknown request {request}")
         except anyio.get_cancelled_exc_class():
             script.cancelled_event(request).set()
@@ -176,6 +182,28 @@ async def test_a_crash_returns_a_typed_failure_and_the_worker_is_replaced() -> N
         assert await pool.ask("whoami") == "2"
         assert pool.statistics().restarts == 1
         assert not pool.stopped
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_handler_letting_out_a_stray_cancellation_is_a_crash_not_a_stop() -> (
+    None
+):
+    # Only asyncio code can raise a cancellation no scope sent.
+    script = Script()
+    pool = pool_of(script, workers=2)
+    async with running(pool):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pool.ask, "hold:other")
+            await wait_all_tasks_blocked()
+            with pytest.raises(ActorCrashed) as caught:
+                await pool.ask("stray")
+            assert caught.value.failure.error_type == "CancelledError"
+            # The request in flight on the other worker is not touched.
+            script.release("other")
+        assert "other" not in {k.partition(":")[2] for k in script.cancelled}
+        assert not pool.stopped
+        assert pool.statistics().restarts == 1
+        assert await pool.ask("echo:next") == "next"
 
 
 async def test_too_many_crashes_stop_the_role_and_queued_requests_get_stopped() -> None:
