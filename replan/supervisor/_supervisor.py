@@ -526,6 +526,9 @@ class Supervisor:
         if state.status.final:
             self._records[run_id] = record
             record.install(state, events)
+            # Counted with the runs that finished here: a supervisor that
+            # looks up old results this way stays bounded too.
+            self._forget_oldest_finished(run_id)
             return self._handle(record)
         # Registered only once it can be driven: a run refused here (the
         # lease, an unreadable ledger) is not left held with no driver.

@@ -541,6 +541,23 @@ async def test_a_supervisor_forgets_the_oldest_finished_runs_past_keep_finished(
         assert remembered == {handles[2].run_id, handles[3].run_id}
 
 
+async def test_finished_runs_taken_up_by_resume_count_toward_keep_finished() -> None:
+    store = MemoryStore()
+    async with Supervisor(ScriptedModel(answers()), store) as first:
+        run_ids = []
+        for n in range(4):
+            handle = await first.submit(RunSpec(goal=f"goal {n}"))
+            await handle.result()
+            run_ids.append(handle.run_id)
+    async with Supervisor(ScriptedModel(answers()), store, keep_finished=2) as sup:
+        for run_id in run_ids:
+            resumed = await sup.resume(run_id)
+            assert (await resumed.result()).status is RunStatus.COMPLETED
+        assert [h.run_id for h in sup.handles()] == run_ids[2:]
+        with pytest.raises(UnknownRunError):
+            sup.get(run_ids[0])
+
+
 async def test_forget_drops_a_finished_run_and_frees_its_keep_finished_place() -> None:
     async with Supervisor(ScriptedModel(answers()), keep_finished=2) as sup:
         handles, results = [], []
