@@ -10,6 +10,7 @@ task is retried.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Sequence
@@ -61,14 +62,20 @@ class Tool:
         description: str | None = None,
         side_effect: bool = False,
     ) -> None:
+        if isinstance(fn, type) or not callable(fn):
+            raise TypeError(f"a tool is a function, not {type(fn).__name__}")
+        named, annotated = _described(fn)
         self.fn = fn
-        self.name = name or fn.__name__
-        doc = inspect.getdoc(fn) or ""
+        given = name or getattr(named, "__name__", None)
+        if not isinstance(given, str) or not given:
+            raise TypeError(f"{fn!r} has no name: give the tool one (name=...)")
+        self.name = given
+        doc = inspect.getdoc(named) or ""
         self.description = (
             description if description is not None else doc.split("\n\n")[0]
         )
         self.side_effect = side_effect
-        self._model, self._packed = _arguments_model(fn, self.name)
+        self._model, self._packed = _arguments_model(fn, annotated, self.name)
         self.takes_key = KEY_PARAMETER in inspect.signature(fn).parameters
         self.spec = ToolSpec(
             name=self.name,
@@ -195,14 +202,41 @@ def as_text(result: Any) -> str:
     return json.dumps(result, default=str)
 
 
+def _described(fn: Callable[..., Any]) -> tuple[Any, Callable[..., Any]]:
+    """What names and documents ``fn``, and what holds its annotations:
+    the function itself, the one a ``functools.partial`` wraps, or a
+    callable object's class and its ``__call__``."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.isroutine(fn):
+        return fn, fn
+    return type(fn), type(fn).__call__
+
+
+def _bound_keywords(fn: Callable[..., Any]) -> set[str]:
+    """The arguments a ``functools.partial`` fixed by keyword: not the
+    model's to choose."""
+    bound: set[str] = set()
+    while isinstance(fn, functools.partial):
+        bound.update(fn.keywords)
+        fn = fn.func
+    return bound
+
+
 def _arguments_model(
-    fn: Callable[..., Any], name: str
+    fn: Callable[..., Any], annotated: Callable[..., Any], name: str
 ) -> tuple[type[BaseModel], str | None]:
     """The pydantic model of the arguments, and the parameter that takes it
     whole (when the function has one pydantic model parameter)."""
-    hints = get_type_hints(fn, include_extras=True)
+    try:
+        hints = get_type_hints(annotated, include_extras=True)
+    except Exception as exc:  # an annotation that names nothing importable
+        raise TypeError(f"tool {name}: its annotations cannot be read: {exc}") from None
+    bound = _bound_keywords(fn)
     params = [
-        p for p in inspect.signature(fn).parameters.values() if p.name != KEY_PARAMETER
+        p
+        for p in inspect.signature(fn).parameters.values()
+        if p.name != KEY_PARAMETER and p.name not in bound
     ]
     if len(params) == 1:
         hint = hints.get(params[0].name)

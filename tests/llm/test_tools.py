@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Annotated
 
@@ -92,6 +93,45 @@ def test_untyped_parameters_and_duplicate_names_are_configuration_errors() -> No
 
     with pytest.raises(ConfigurationError) as caught:
         Supervisor(model=ScriptedModel(lambda r: None), tools=[a, Tool(a)])
+    assert caught.value.field == "tools"
+
+
+async def test_a_partial_is_a_tool_of_the_arguments_it_leaves_open() -> None:
+    async def search(query: str, index: str, idempotency_key: str) -> str:
+        """Search one index."""
+        return f"{query} in {index} ({idempotency_key})"
+
+    t = Tool(functools.partial(search, index="news"))
+    assert t.spec.name == "search"
+    assert t.spec.description == "Search one index."
+    # The bound argument is the application's, not the model's.
+    assert set(t.spec.parameters["properties"]) == {"query"}
+    with pytest.raises(ToolArgumentsError, match="index"):
+        t.parse('{"query": "cells", "index": "secrets"}')
+    assert await t.run(t.parse('{"query": "cells"}'), idempotency_key="k") == (
+        "cells in news (k)"
+    )
+
+
+async def test_a_callable_object_is_a_tool_named_after_its_class() -> None:
+    class Lookup:
+        """Look a maker up."""
+
+        def __call__(self, maker: str) -> str:
+            return maker.upper()
+
+    t = Tool(Lookup())
+    assert (t.spec.name, t.spec.description) == ("Lookup", "Look a maker up.")
+    assert t.spec.parameters["required"] == ["maker"]
+    assert await t.run(t.parse('{"maker": "qs"}'), idempotency_key="k") == "QS"
+
+
+@pytest.mark.parametrize("item", [42, "search", Order])
+def test_what_is_no_function_is_refused_as_a_tool(item: object) -> None:
+    with pytest.raises(TypeError, match="a tool is a function"):
+        Tool(item)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError) as caught:
+        Supervisor(model=ScriptedModel(lambda r: None), tools=[item])  # type: ignore[list-item]
     assert caught.value.field == "tools"
 
 
