@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -355,7 +356,17 @@ class Supervisor:
         supervisor stops, and unfinished runs wait in the journal for
         :meth:`resume`. On a supervisor that is not serving (not started
         yet, or stopping or stopped) it does nothing.
+
+        Raises:
+            ConfigurationError: ``grace_s`` is no number of seconds (NaN, a
+                string), before anything changes (field ``grace_s``).
         """
+        if (
+            isinstance(grace_s, bool)
+            or not isinstance(grace_s, int | float)
+            or math.isnan(grace_s)
+        ):
+            raise ConfigurationError("grace_s", f"a number of seconds, not {grace_s!r}")
         if self._task_group is None:
             return
         self._stopping = True

@@ -19,6 +19,7 @@ from scripts import (
 )
 
 from replan import (
+    ConfigurationError,
     GateError,
     MemoryStore,
     RunHandle,
@@ -212,6 +213,21 @@ async def test_drain_before_the_supervisor_serves_does_nothing() -> None:
             result = await handle.result()
     assert result.status is RunStatus.COMPLETED
     await sup.drain(0.1)  # stopped: nothing to do either
+
+
+@pytest.mark.parametrize("grace_s", [float("nan"), "10", None, True])
+async def test_a_drain_with_no_grace_in_seconds_is_refused_before_it_starts(
+    grace_s: object,
+) -> None:
+    async with Supervisor(scripted()) as sup:
+        with pytest.raises(ConfigurationError) as caught:
+            await sup.drain(grace_s)  # type: ignore[arg-type]
+        assert caught.value.field == "grace_s"
+        # Nothing was held: the supervisor serves on as before.
+        with anyio.fail_after(10):
+            handle = await sup.submit(spec(independent(2)))
+            result = await handle.result()
+    assert result.status is RunStatus.COMPLETED
 
 
 async def _approve(sup: Supervisor, gate_id: str) -> None:
