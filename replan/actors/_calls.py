@@ -146,7 +146,8 @@ async def explore_call(
     """One explore model call, asked once more when the answer is malformed.
 
     A second malformed answer is reported in ``errors`` rather than raised:
-    an explore run records it and goes on without that answer.
+    an explore run records it and goes on without that answer. A fatal model
+    error (rejected credentials) is raised: it ends the run.
     """
     output_type = _EXPLORE_OUTPUTS[request.purpose]
     if request.temperature is not None:
@@ -170,6 +171,8 @@ async def explore_call(
         except (TransientModelError, BudgetExhausted):
             raise
         except MALFORMED as exc:
+            if isinstance(exc, ModelError) and exc.fatal:
+                raise  # rejected credentials: no later call will do better
             errors.append(f"{role}/{request.purpose}: malformed output: {_brief(exc)}")
             usage = exc.usage if isinstance(exc, ModelError) else None
             if usage is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 from explore_scripts import (
@@ -16,8 +18,10 @@ from replan import (
     ConfigurationError,
     Critique,
     MemoryStore,
+    ModelAuthenticationError,
     ModelError,
     ModelOutputError,
+    ModelRequest,
     RunSpec,
     RunStatus,
     ScriptedModel,
@@ -326,6 +330,23 @@ async def test_the_tokens_of_a_rejected_answer_count_toward_the_runs_usage() -> 
     # Two reviewers, each asked twice for H2; the accepted calls cost nothing.
     assert reviewer.input_tokens == 4 * 10
     assert outcome.replayed == outcome.result
+
+
+async def test_rejected_credentials_end_an_explore_run_after_one_call() -> None:
+    def rejected(request: ModelRequest) -> Any:
+        raise ModelAuthenticationError(
+            "the endpoint rejected the credentials (401): check OPENAI_API_KEY"
+        )
+
+    script = ExploreScript(generated=STRONG, broken={"hypotheses": rejected})
+    outcome = await run_explore(explore_spec(max_iterations=10), script)
+    result = outcome.result
+    assert result.status is RunStatus.FAILED
+    assert "OPENAI_API_KEY" in (result.stop_reason or "")
+    # Asked once: neither re-asked as a malformed answer nor retried.
+    assert purposes(outcome.model)["planner/hypotheses"] == 1
+    assert [f.error_type for f in result.model_failures] == ["ModelAuthenticationError"]
+    assert outcome.replayed == result
 
 
 async def test_a_wrong_type_or_a_model_error_is_recorded_not_raised() -> None:
