@@ -23,6 +23,7 @@ from .._errors import (
     ConfigurationError,
     GateAlreadyResolved,
     GateError,
+    JournalCorrupt,
     ResolutionRefused,
     SupervisorError,
     UnknownRunError,
@@ -410,6 +411,14 @@ def _handle_errors(app: FastAPI) -> None:
         for name, value in (exc.headers or {}).items():
             response.headers[name] = value
         return response
+
+    @app.exception_handler(JournalCorrupt)
+    async def unreadable(request: Request, exc: JournalCorrupt) -> JSONResponse:
+        # A damaged row (the file was damaged or edited by hand): the run is
+        # left as it is, as the resume left it; no request can change that.
+        logger.warning("%s: %s", request.url.path, exc)
+        detail = f"{exc}; the journal holds the run but cannot be read back"
+        return _problem(409, detail, "run_id")
 
     @app.exception_handler(SupervisorError)
     async def unavailable(request: Request, exc: SupervisorError) -> JSONResponse:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.lowlevel
 
-from ..store import JournalConflict
+from ..store import JournalConflict, JournalCorrupt
 from ..supervisor import fold_journal, snapshot
 
 if TYPE_CHECKING:
@@ -42,21 +42,31 @@ async def apply_retention(daemon: Daemon) -> int:
     cutoff = datetime.now(UTC) - timedelta(seconds=settings.retention_age_s)
     deleting = settings.retention == "delete"
     handled = 0
+    # Runs whose journal cannot be read back are logged once and left as
+    # they are, as a resume leaves them: one must not hold up the others.
+    unreadable = daemon.unreadable
     while True:
+        limit = BATCH + len(unreadable)
         run_ids = await store.finished_before(
-            cutoff, include_compacted=deleting, limit=BATCH
+            cutoff, include_compacted=deleting, limit=limit
         )
         before = handled
         for run_id in run_ids:
             if deleting:
                 await store.delete_run(run_id)
                 daemon.counters.deleted += 1
+            elif run_id in unreadable:
+                continue
             else:
-                events = await store.read(run_id)
                 try:
-                    await store.compact_run(
-                        run_id, snapshot(fold_journal(run_id, events), len(events))
-                    )
+                    events = await store.read(run_id)
+                    state = fold_journal(run_id, events)
+                except JournalCorrupt as exc:
+                    logger.error("run %s is not compacted: %s", run_id, exc)
+                    unreadable.add(run_id)
+                    continue
+                try:
+                    await store.compact_run(run_id, snapshot(state, len(events)))
                 except JournalConflict:
                     continue
                 daemon.counters.compacted += 1
@@ -64,5 +74,5 @@ async def apply_retention(daemon: Daemon) -> int:
                 daemon._supervisor.forget(run_id)
             handled += 1
             await anyio.lowlevel.checkpoint()
-        if len(run_ids) < BATCH or handled == before:
+        if len(run_ids) < limit or handled == before:
             return handled

@@ -43,6 +43,8 @@ class Daemon:
     counters: Counters = field(default_factory=Counters)
     submitting: int = 0
     """Submissions accepted and not yet journaled (they count as active)."""
+    unreadable: set[str] = field(default_factory=set)
+    """Finished runs retention found it cannot read back (left as they are)."""
     _supervisor: Supervisor | None = None
     _store: SQLiteStore | None = None
     _draining: bool = False
