@@ -26,14 +26,23 @@ class Token:
         return hmac.compare_digest(presented.encode(), self.value.encode())
 
 
+MIN_LENGTH = 16
+"""The shortest token the API accepts."""
+
 _HEADER_CHARACTERS = (
     "use printable ASCII characters only, without spaces: clients send the "
     "token in an HTTP header, which cannot carry others the same way"
 )
 
 
-def _carried_by_a_header(value: str) -> bool:
-    return all("!" <= character <= "~" for character in value)
+def _unusable(value: str) -> str | None:
+    """What makes ``value`` no token, or None (the rule for a configured
+    token and a token file alike)."""
+    if len(value) < MIN_LENGTH:
+        return f"use at least {MIN_LENGTH} characters"
+    if not all("!" <= character <= "~" for character in value):
+        return _HEADER_CHARACTERS
+    return None
 
 
 def resolve_token(settings: DaemonSettings) -> Token:
@@ -47,10 +56,9 @@ def resolve_token(settings: DaemonSettings) -> Token:
     """
     if settings.api_token is not None:
         value = settings.api_token.get_secret_value()
-        if len(value) < 16:
-            raise ConfigurationError("api_token", "use at least 16 characters")
-        if not _carried_by_a_header(value):
-            raise ConfigurationError("api_token", _HEADER_CHARACTERS)
+        problem = _unusable(value)
+        if problem is not None:
+            raise ConfigurationError("api_token", problem)
         return Token(value)
     if not settings.loopback:
         raise ConfigurationError(
@@ -69,12 +77,16 @@ def _read_or_create(path: Path) -> Token:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        value = path.read_text().strip()
-        if not value:
-            raise ConfigurationError("data_dir", f"{path} is empty") from None
-        if not _carried_by_a_header(value):
+        problem: str | None
+        try:
+            value = path.read_text(encoding="utf-8").strip()
+        except UnicodeDecodeError:
+            value, problem = "", _HEADER_CHARACTERS
+        else:
+            problem = "it is empty" if not value else _unusable(value)
+        if problem is not None:
             raise ConfigurationError(
-                "data_dir", f"{path}: {_HEADER_CHARACTERS}"
+                "data_dir", f"{path}: {problem} (delete it for a new token)"
             ) from None
         return Token(value)
     value = secrets.token_urlsafe(32)

@@ -302,6 +302,28 @@ def test_a_token_an_http_header_cannot_carry_is_refused_at_start(
     assert kept.value.field == "data_dir"
 
 
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("abc\n", "at least 16 characters"),
+        ("\n", "it is empty"),
+        (b"\xff\xfe-abcdefghijklmnop", "printable ASCII"),
+    ],
+)
+def test_a_token_file_is_held_to_the_rule_of_a_configured_token(
+    tmp_path: Path, content: str | bytes, problem: str
+) -> None:
+    token_file = tmp_path / "api-token"
+    if isinstance(content, bytes):
+        token_file.write_bytes(content)
+    else:
+        token_file.write_text(content)
+    with pytest.raises(ConfigurationError, match=problem) as kept:
+        resolve_token(DaemonSettings(data_dir=tmp_path))
+    assert kept.value.field == "data_dir"
+    assert "delete it for a new token" in str(kept.value)
+
+
 def test_a_generated_token_is_kept_private_and_printed_once(tmp_path: Path) -> None:
     data = tmp_path / "data"
     first = DaemonProcess(data, token=None).start()
