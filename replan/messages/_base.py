@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 import types
 from collections.abc import Iterable
 from typing import Any, Self, Union, get_args, get_origin
@@ -177,6 +178,27 @@ def _encodable(text: str) -> bool:
 
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
+
+
+def json_problem(value: dict[Any, Any]) -> tuple[str, str] | None:
+    """The path (``a.1.b``) and problem of the first item of ``value`` that
+    is no JSON value (a non-finite number, a key that is no string, an
+    object JSON has no form for), or None."""
+    stack: list[tuple[str, object]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    return path or "(keys)", f"key {key!r} is not a string"
+                stack.append((_join(path, key), child))
+        elif isinstance(item, list | tuple):
+            stack.extend((_join(path, str(i)), child) for i, child in enumerate(item))
+        elif isinstance(item, float) and not math.isfinite(item):
+            return path, f"not a finite number ({item})"
+        elif item is not None and not isinstance(item, str | int | float):
+            return path, f"a {type(item).__name__} is not a JSON value"
+    return None
 
 
 def json_depth(value: object) -> int:

@@ -5,7 +5,7 @@ from typing import Literal
 from pydantic import Field, JsonValue, field_validator, model_validator
 
 from .._errors import ConfigurationError
-from ._base import Settings, json_depth
+from ._base import Settings, json_depth, json_problem
 from ._explore import ExploreSettings, SafetyPolicy
 from ._plan import Trigger
 from ._task import TaskDraft
@@ -103,6 +103,17 @@ class RunSpec(Settings):
         if not goal.strip():
             raise ValueError("the goal must not be blank")
         return goal
+
+    @field_validator("metadata", mode="before")
+    @classmethod
+    def _metadata_is_json(cls, metadata: object) -> object:
+        # Checked here, not by JsonValue's own union, whose errors name
+        # its members (``metadata.a.float``), not the body's fields.
+        if isinstance(metadata, dict):
+            problem = json_problem(metadata)
+            if problem is not None:
+                raise ConfigurationError(*problem)
+        return metadata
 
     @field_validator("metadata")
     @classmethod

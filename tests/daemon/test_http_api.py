@@ -523,6 +523,22 @@ def test_metadata_nested_past_the_limit_is_a_422_naming_the_metadata(
     assert runs == []
 
 
+def test_a_number_json_cannot_hold_in_metadata_is_named_by_its_path(
+    daemon: DaemonProcess,
+) -> None:
+    bodies = [
+        b'{"goal": "g", "metadata": {"a": [1, {"b": 1e400}]}}',
+        # A key that is also the name of a JSON type.
+        b'{"goal": "g", "metadata": {"float": -1e999}}',
+    ]
+    with daemon.client() as client:
+        headers = {"content-type": "application/json"}
+        answers = [client.post("/v1/runs", content=b, headers=headers) for b in bodies]
+    assert [a.status_code for a in answers] == [422, 422]
+    assert [a.json()["field"] for a in answers] == ["metadata.a.1.b", "metadata.float"]
+    assert "not a finite number" in answers[0].json()["detail"]
+
+
 def test_metadata_at_the_depth_limit_is_streamed_back_and_survives_a_restart(
     tmp_path: Path,
 ) -> None:

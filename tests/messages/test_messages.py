@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import graphlib
 import typing
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -267,3 +268,21 @@ def test_a_sum_of_usages_is_the_usage_validation_would_build(
     # Every field is there (a field added to TokenUsage must be summed too).
     assert total.__dict__.keys() == TokenUsage().__dict__.keys()
     assert TokenUsage.model_validate_json(total.model_dump_json()) == total
+
+
+@pytest.mark.parametrize(
+    ("metadata", "field", "problem"),
+    [
+        ({"a": [1, {"b": float("inf")}]}, "metadata.a.1.b", "not a finite number"),
+        ({"float": float("nan")}, "metadata.float", "not a finite number"),
+        ({"when": {"day": date(2026, 11, 26)}}, "metadata.when.day", "a date"),
+        ({"ids": {1: "one"}}, "metadata.ids", "key 1 is not a string"),
+    ],
+)
+def test_metadata_that_is_no_json_is_refused_naming_its_path(
+    metadata: dict[str, Any], field: str, problem: str
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        RunSpec(goal="g", metadata=metadata)
+    assert caught.value.field == field
+    assert problem in caught.value.problem
