@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from opentelemetry import context, propagate, trace
+from opentelemetry import context, trace
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
@@ -32,6 +32,7 @@ from ..messages import (
 )
 from . import _names as n
 from ._content import input_messages, output_messages
+from ._propagation import carried_context
 from ._telemetry import Telemetry, truncate
 
 _ACTIVE: ContextVar[Telemetry | None] = ContextVar("replan_telemetry", default=None)
@@ -263,7 +264,7 @@ def serving(
     is not sampled. A gate without a timeout gets an ``await approval`` span
     that ends as it opens: no span is held open across an unbounded wait.
     """
-    parent = propagate.extract(carrier)
+    parent = carried_context(carrier)
     described = None
     if telemetry is not None:
         sender = trace.get_current_span(parent).get_span_context()

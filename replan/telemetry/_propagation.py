@@ -1,9 +1,32 @@
+"""The trace context an envelope carries, through the application's propagator.
+
+``opentelemetry.propagate`` reads ``OTEL_PROPAGATORS`` when it is imported,
+and raises ValueError when the variable names a propagator that is not
+installed. So that no variable can break ``import replan``, it is imported
+here, on first use, and nowhere else; :func:`replan.telemetry.setup` reports
+such a value as a ``ConfigurationError`` before anything runs.
+"""
+
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-from opentelemetry import context, propagate, trace
+from opentelemetry import context, trace
+
+if TYPE_CHECKING:
+    from opentelemetry.propagators.textmap import TextMapPropagator
+
+logger = logging.getLogger("replan.telemetry")
+
+_global_textmap: Callable[[], TextMapPropagator] | None = None
+"""``propagate.get_global_textmap`` after the first use (or the fallback):
+called each time, since the application may set another one later."""
+_first_use_lock = threading.Lock()
 
 
 def current_carrier() -> dict[str, str]:
@@ -15,8 +38,13 @@ def current_carrier() -> dict[str, str]:
     if not trace.get_current_span().get_span_context().is_valid:
         return {}
     carrier: dict[str, str] = {}
-    propagate.inject(carrier)
+    propagator().inject(carrier)
     return carrier
+
+
+def carried_context(carrier: dict[str, str]) -> context.Context:
+    """The context an envelope carried (what ``propagate.extract`` returns)."""
+    return propagator().extract(carrier)
 
 
 @contextmanager
@@ -25,8 +53,62 @@ def attached(carrier: dict[str, str]) -> Iterator[None]:
     if not carrier:
         yield
         return
-    token = context.attach(propagate.extract(carrier))
+    token = context.attach(carried_context(carrier))
     try:
         yield
     finally:
         context.detach(token)
+
+
+def propagator() -> TextMapPropagator:
+    """The application's propagator: ``OTEL_PROPAGATORS``, or the one it set
+    with ``propagate.set_global_textmap``.
+
+    When ``OTEL_PROPAGATORS`` cannot be used (and ``setup()`` did not run to
+    say so), runs still propagate W3C trace context and baggage, with one
+    warning on the ``replan.telemetry`` logger.
+    """
+    get = _global_textmap
+    if get is None:
+        get = _first_use()
+    return get()
+
+
+def installed_propagators() -> Callable[[], TextMapPropagator]:
+    """Import ``opentelemetry.propagate``; return its ``get_global_textmap``.
+
+    Raises:
+        ValueError: ``OTEL_PROPAGATORS`` names a propagator that is not
+            installed; a propagator that fails to load raises its own error.
+    """
+    from opentelemetry import propagate
+
+    return propagate.get_global_textmap
+
+
+def _first_use() -> Callable[[], TextMapPropagator]:
+    global _global_textmap
+    with _first_use_lock:
+        if _global_textmap is None:
+            try:
+                _global_textmap = installed_propagators()
+            except Exception as exc:  # whatever a propagator's loading raised
+                _global_textmap = _w3c_fallback(exc)
+        return _global_textmap
+
+
+def _w3c_fallback(exc: Exception) -> Callable[[], TextMapPropagator]:
+    from opentelemetry.baggage.propagation import W3CBaggagePropagator
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.trace.propagation.tracecontext import (
+        TraceContextTextMapPropagator,
+    )
+
+    logger.warning(
+        "OTEL_PROPAGATORS=%r cannot be used (%s): trace context is propagated "
+        "as W3C tracecontext and baggage",
+        os.environ.get("OTEL_PROPAGATORS", ""),
+        exc,
+    )
+    w3c = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
+    return lambda: w3c

@@ -10,7 +10,9 @@ The SDK is imported only when :func:`setup` runs::
 
 Variables read (besides those the SDK and the exporters read themselves:
 ``OTEL_TRACES_SAMPLER``/``_ARG``, ``OTEL_SPAN_*_LIMIT``, ``OTEL_BSP_*``,
-``OTEL_EXPORTER_OTLP_ENDPOINT``, ``_HEADERS``, ``_TIMEOUT``...):
+``OTEL_EXPORTER_OTLP_ENDPOINT``, ``_HEADERS``, ``_TIMEOUT``...; the values
+the SDK would refuse, or drop for its default with a logged error, are
+checked first, and are a ``ConfigurationError`` naming the variable):
 
 * ``OTEL_SDK_DISABLED=true``: configure nothing.
 * ``OTEL_SERVICE_NAME``: default ``replan`` (``OTEL_RESOURCE_ATTRIBUTES`` too).
@@ -18,6 +20,8 @@ Variables read (besides those the SDK and the exporters read themselves:
   or ``none`` (a comma-separated list is allowed).
 * ``OTEL_EXPORTER_OTLP_PROTOCOL`` (or the ``_TRACES_`` / ``_METRICS_``
   variants): ``http/protobuf`` (default, port 4318) or ``grpc`` (port 4317).
+* ``OTEL_PROPAGATORS``: checked even when nothing is exported, as runs
+  propagate their context with it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,14 @@ from typing import TYPE_CHECKING, Self, TextIO
 from opentelemetry import metrics, trace
 
 from .._errors import ConfigurationError
+from ._environment import (
+    Environ,
+    check_sdk_variables,
+    propagator_problem,
+    protocol,
+    refused_by_sdk,
+)
+from ._propagation import installed_propagators
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
@@ -41,10 +53,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
 
-Environ = os._Environ[str]
-
 DEFAULT_SERVICE_NAME = "replan"
-PROTOCOLS = ("http/protobuf", "grpc")
 EXPORTERS = ("otlp", "console", "none")
 
 
@@ -137,6 +146,9 @@ def setup(
             or OTLP is asked for without the ``replan[otel]`` extra.
     """
     env = os.environ
+    # Runs propagate their context through the API, configured or not:
+    # checked even with the SDK disabled.
+    check_propagators()
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return TelemetrySetup(configured=False)
     if set_global and _providers_already_set():
@@ -149,22 +161,28 @@ def setup(
         # record for nothing: leave the no-op API in place.
         return TelemetrySetup(configured=False)
 
+    check_sdk_variables(env, traces, metric_names)
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
 
-    resource = _resource()
-    # Sampler and span limits come from OTEL_TRACES_SAMPLER(_ARG) and
-    # OTEL_SPAN_*_LIMIT: the SDK reads them when given none here.
-    # The providers' own exit hooks would wait on a collector that is down
-    # for as long as the SDK retries, even after a bounded shutdown(): the
-    # one hook registered below flushes only what shutdown() has not.
-    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-    for name in traces:
-        _add_span_exporter(tracer_provider, name, env, console)
-    readers = [_metric_reader(name, env, console) for name in metric_names]
-    meter_provider = MeterProvider(
-        resource=resource, metric_readers=readers, shutdown_on_exit=False
-    )
+    try:
+        resource = _resource()
+        # Sampler and span limits come from OTEL_TRACES_SAMPLER(_ARG) and
+        # OTEL_SPAN_*_LIMIT: the SDK reads them when given none here.
+        # The providers' own exit hooks would wait on a collector that is down
+        # for as long as the SDK retries, even after a bounded shutdown(): the
+        # one hook registered below flushes only what shutdown() has not.
+        tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        for name in traces:
+            _add_span_exporter(tracer_provider, name, env, console)
+        readers = [_metric_reader(name, env, console) for name in metric_names]
+        meter_provider = MeterProvider(
+            resource=resource, metric_readers=readers, shutdown_on_exit=False
+        )
+    except ConfigurationError:
+        raise
+    except ValueError as exc:  # a value the checks above do not know of
+        raise refused_by_sdk(exc) from None
     if set_global:
         trace.set_tracer_provider(tracer_provider)
         metrics.set_meter_provider(meter_provider)
@@ -200,6 +218,22 @@ def setup_if_asked(*, console: TextIO | None = None) -> TelemetrySetup:
     return setup(default_exporter="otlp" if endpoint else "none", console=console)
 
 
+def check_propagators() -> None:
+    """Check that ``OTEL_PROPAGATORS`` names installed propagators.
+
+    :func:`setup` calls it first; a command can call it before it imports
+    anything that imports ``opentelemetry.propagate`` (FastAPI does), which
+    would fail with a bare ValueError.
+
+    Raises:
+        ConfigurationError: a propagator is not installed, or fails to load.
+    """
+    try:
+        installed_propagators()
+    except Exception as exc:  # whatever a propagator's loading raised
+        raise ConfigurationError("OTEL_PROPAGATORS", propagator_problem(exc)) from None
+
+
 def _providers_already_set() -> bool:
     """Did the application install its own global providers?"""
     # Until one is set, the API hands out proxy providers.
@@ -231,21 +265,6 @@ def _exporter_names(env: Environ, variable: str, default: str) -> list[str]:
     return [name for name in names if name != "none"]
 
 
-def _protocol(env: Environ, signal: str) -> str:
-    for variable in (
-        f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL",
-        "OTEL_EXPORTER_OTLP_PROTOCOL",
-    ):
-        value = env.get(variable, "").strip().lower()
-        if value:
-            if value not in PROTOCOLS:
-                raise ConfigurationError(
-                    variable, f"{value!r} is not one of {', '.join(PROTOCOLS)}"
-                )
-            return value
-    return "http/protobuf"
-
-
 def _missing_extra(exc: ImportError) -> ConfigurationError:
     return ConfigurationError(
         "OTEL_TRACES_EXPORTER",
@@ -267,7 +286,7 @@ def _add_span_exporter(
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         return
     try:
-        if _protocol(env, "TRACES") == "grpc":
+        if protocol(env, "TRACES") == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
                 OTLPSpanExporter as GrpcSpanExporter,
             )
@@ -295,7 +314,7 @@ def _metric_reader(name: str, env: Environ, console: TextIO | None) -> MetricRea
         exporter = ConsoleMetricExporter(out=console or sys.stdout)
     else:
         try:
-            if _protocol(env, "METRICS") == "grpc":
+            if protocol(env, "METRICS") == "grpc":
                 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
                     OTLPMetricExporter as GrpcMetricExporter,
                 )
