@@ -211,34 +211,40 @@ def serve(settings: DaemonSettings) -> None:
     """
     with data_dir_lock(settings):
         daemon = build_daemon(settings)
-        sockets = listen(settings.host, settings.port)
+        # Before the port is bound: a bad OTEL_* value is a one-line error
+        # with nothing started.
+        telemetry = setup_if_asked()
         try:
-            check_journal(settings.journal_path)
-            level = settings.log_level.upper()
-            logging.basicConfig(
-                level=level,
-                stream=sys.stderr,
-                format="%(levelname)s %(name)s: %(message)s",
-            )
-            for sock in sockets:
-                host, port = sock.getsockname()[:2]
-                where = f"[{host}]" if sock.family == socket.AF_INET6 else host
-                logger.info("listening on http://%s:%d", where, port)
-            server = uvicorn_server(daemon)
-            tune_gc()
-            telemetry = setup_if_asked()
-            try:
-                # uvicorn runs on asyncio only.
-                anyio.run(run_server, daemon, server, sockets, backend="asyncio")
-            finally:
-                # Spans and metrics are flushed once the drain has journaled
-                # the runs; a collector that is down holds the exit briefly.
-                if not telemetry.shutdown(timeout_s=TELEMETRY_FLUSH_S):
-                    logger.warning(
-                        "telemetry not sent within %gs (is the OTLP collector "
-                        "running?)",
-                        TELEMETRY_FLUSH_S,
-                    )
+            _listen_and_serve(settings, daemon)
         finally:
-            for sock in sockets:
-                sock.close()
+            # Spans and metrics are flushed once the drain has journaled
+            # the runs; a collector that is down holds the exit briefly.
+            if not telemetry.shutdown(timeout_s=TELEMETRY_FLUSH_S):
+                logger.warning(
+                    "telemetry not sent within %gs (is the OTLP collector "
+                    "running?)",
+                    TELEMETRY_FLUSH_S,
+                )
+
+
+def _listen_and_serve(settings: DaemonSettings, daemon: Daemon) -> None:
+    sockets = listen(settings.host, settings.port)
+    try:
+        check_journal(settings.journal_path)
+        level = settings.log_level.upper()
+        logging.basicConfig(
+            level=level,
+            stream=sys.stderr,
+            format="%(levelname)s %(name)s: %(message)s",
+        )
+        for sock in sockets:
+            host, port = sock.getsockname()[:2]
+            where = f"[{host}]" if sock.family == socket.AF_INET6 else host
+            logger.info("listening on http://%s:%d", where, port)
+        server = uvicorn_server(daemon)
+        tune_gc()
+        # uvicorn runs on asyncio only.
+        anyio.run(run_server, daemon, server, sockets, backend="asyncio")
+    finally:
+        for sock in sockets:
+            sock.close()

@@ -303,3 +303,24 @@ def test_a_busy_port_is_refused_before_a_new_journal_is_made(
         assert main(serve_args(data, port)) == 2
     assert "is in use" in capsys.readouterr().err
     assert not (data / "journal.db").exists()
+
+
+def test_a_bad_otel_value_is_refused_before_the_port_is_bound(
+    tmp_path: Path,
+    counting_env: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    monkeypatch.setenv("OTEL_SPAN_EVENT_COUNT_LIMIT", "many")
+    data = tmp_path / "data"
+    port = free_port()
+    assert main(serve_args(data, port)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("replan: error: OTEL_SPAN_EVENT_COUNT_LIMIT: ")
+    assert err.count("\n") == 1
+    assert "listening" not in err
+    assert not (data / "journal.db").exists()
+    # Nothing holds the port.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))
