@@ -115,36 +115,53 @@ def _read_spec(name: str) -> dict[str, Any]:
     try:
         text = sys.stdin.read() if name == "-" else Path(name).read_text()
         spec = json.loads(text)
+    except RecursionError:
+        raise RemoteError(
+            f"cannot read the spec {name}: it nests too deeply", 2
+        ) from None
     except (OSError, ValueError) as exc:
         raise RemoteError(f"cannot read the spec {name}: {exc}", 2) from None
     if not isinstance(spec, dict):
         raise RemoteError(f"the spec {name} must be a JSON object", 2)
-    field = _not_finite(spec)
-    if field is not None:
-        raise RemoteError(
-            f"cannot read the spec {name}: {field} is not a finite number "
-            "(no NaN, Infinity or number too large for a float)",
-            2,
-        )
+    found = _unsendable(spec)
+    if found is not None:
+        field, problem = found
+        raise RemoteError(f"cannot read the spec {name}: {field} {problem}", 2)
     return spec
 
 
-def _not_finite(value: Any, path: str = "") -> str | None:
-    """The dotted path of the first NaN or infinite number in ``value``."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return path or "the value"
-    items = (
-        value.items()
-        if isinstance(value, dict)
-        else enumerate(value)
-        if isinstance(value, list)
-        else ()
-    )
-    for key, inner in items:
-        found = _not_finite(inner, f"{path}.{key}" if path else str(key))
-        if found is not None:
-            return found
+def _unsendable(spec: dict[str, Any]) -> tuple[str, str] | None:
+    """The dotted path of the first value JSON text cannot carry, and why."""
+    stack: list[tuple[str, Any]] = [("", spec)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return path, (
+                "is not a finite number "
+                "(no NaN, Infinity or number too large for a float)"
+            )
+        if isinstance(value, str) and not _utf8(value):
+            return path, "holds a lone UTF-16 surrogate escape, which is no text"
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                where = f"{path}.{key}" if path else key
+                if not _utf8(key):
+                    return path or "the spec", (
+                        "has a key with a lone UTF-16 surrogate escape, which is "
+                        "no text"
+                    )
+                stack.append((where, inner))
+        elif isinstance(value, list):
+            stack.extend((f"{path}.{i}", inner) for i, inner in enumerate(value))
     return None
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _watch(client: Client, args: argparse.Namespace) -> int:

@@ -218,3 +218,31 @@ def test_a_prefix_is_looked_up_over_every_page_of_runs() -> None:
     with pytest.raises(ClientError, match="run id prefix a matches 2 runs"):
         _remote._find_run(pages, "a")  # type: ignore[arg-type]
     assert _remote._find_run(pages, "a1") == ("a1", {"run_id": "a1"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"goal": "\\udfff"}', "goal holds a lone UTF-16 surrogate escape"),
+        (
+            '{"goal": "g", "metadata": {"a": ["\\ud800"]}}',
+            "metadata.a.0 holds a lone UTF-16 surrogate escape",
+        ),
+        ('{"goal": "g", "metadata": {"\\udc00": 1}}', "metadata has a key with"),
+        (
+            '{"goal": "g", "metadata": ' + "[" * 5000 + "]" * 5000 + "}",
+            "it nests too deeply",
+        ),
+    ],
+    ids=["goal", "nested", "key", "deep"],
+)
+def test_a_spec_json_text_cannot_carry_is_a_bad_argument_naming_the_field(
+    text: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text(text)
+    # Refused before any request: nothing listens at this address.
+    assert main(["submit", str(spec), "--url", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"replan: error: cannot read the spec {spec}: {message}")
+    assert err.count("\n") == 1
