@@ -191,7 +191,10 @@ class Client:
             return
         response.read()
         try:
-            detail = response.json()["detail"]
+            body = response.json()
+            # A replan daemon's problem: both keys, whatever the status (a
+            # web framework's own 404 has a detail only).
+            detail, _ = body["detail"], body["field"]
         except (ValueError, KeyError, TypeError):
             raise self._not_replan(response) from None
         text = self._scrub(detail if isinstance(detail, str) else str(detail))

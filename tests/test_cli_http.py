@@ -118,6 +118,9 @@ def test_a_refused_connection_is_retried_with_backoff() -> None:
         ),
         pytest.param(200, "text/html", b"<html>\n</html>\n", id="200-html"),
         pytest.param(404, "application/json", b'{"error": "x"}', id="other-json"),
+        pytest.param(
+            404, "application/json", b'{"detail": "Not Found"}', id="framework-json"
+        ),
         pytest.param(307, "text/plain", b"", id="redirect"),
     ],
 )
@@ -162,7 +165,8 @@ def test_the_token_is_stripped_checked_and_never_printed(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    server = _start(serve, 403, "application/json", b'{"detail": "wrong token"}')
+    problem = b'{"detail": "wrong token", "field": "authorization"}'
+    server = _start(serve, 403, "application/json", problem)
     monkeypatch.setenv("REPLAN_API_TOKEN", token)
 
     assert main(["runs", "--url", server.url]) == code
