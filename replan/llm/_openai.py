@@ -7,8 +7,7 @@ import os
 import time
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Literal, Self
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, Literal, Self, get_args
 
 import anyio
 import openai
@@ -19,15 +18,22 @@ from .._errors import (
     ConfigurationError,
     ModelError,
     ModelOutputError,
-    ModelRefusal,
 )
-from ..messages import TokenUsage, ToolCall
+from ..messages import TokenUsage
+from ._answers import answer, answered_by, brief
 from ._budget import FittedPrompt, fit_prompt
 from ._port import ModelRequest, ModelResponse
 from ._pricing import ModelPrice, PriceTable, priced
 from ._prompts import PromptRegistry
-from ._retry import BackoffPolicy, status_error, with_retries
+from ._retry import (
+    BackoffPolicy,
+    finite_number,
+    status_error,
+    whole_number,
+    with_retries,
+)
 from ._schema import describe_errors, parse_output, response_schema, schema_text
+from ._urls import check_base_url, url_problem, without_credentials
 
 StructuredOutput = Literal["auto", "json_schema", "json_object", "prompt"]
 """How the answer's shape is asked for:
@@ -42,6 +48,7 @@ StructuredOutput = Literal["auto", "json_schema", "json_object", "prompt"]
 Whatever the mode, the answer is validated with pydantic.
 """
 
+_MODES: tuple[StructuredOutput, ...] = get_args(StructuredOutput)
 _FALLBACK: dict[str, StructuredOutput] = {
     "json_schema": "json_object",
     "json_object": "prompt",
@@ -125,17 +132,26 @@ class OpenAIModel:
                     "only executor and evolver temperatures can be set; "
                     "planning, reviewing and ranking run at 0",
                 )
-            if not 0 <= value <= 2:
+            if finite_number(f"temperatures.{role}", value, minimum=0) > 2:
                 raise ConfigurationError(f"temperatures.{role}", "must be 0 to 2")
-        if max_retries < 0:
-            raise ConfigurationError("max_retries", "must not be negative")
-        if timeout_s <= 0:
-            raise ConfigurationError("timeout_s", "must be positive")
-        if max_prompt_chars is not None and max_prompt_chars < MIN_PROMPT_CHARS:
+        if structured_output not in _MODES:
             raise ConfigurationError(
-                "max_prompt_chars",
-                f"must be at least {MIN_PROMPT_CHARS} (or None for no bound)",
+                "structured_output", f"must be one of {', '.join(_MODES)}"
             )
+        timeout_s = finite_number("timeout_s", timeout_s, minimum=0, above=True)
+        if max_output_tokens is not None:
+            max_output_tokens = whole_number(
+                "max_output_tokens", max_output_tokens, minimum=1
+            )
+        if max_prompt_chars is not None:
+            try:
+                max_prompt_chars = whole_number(
+                    "max_prompt_chars", max_prompt_chars, minimum=MIN_PROMPT_CHARS
+                )
+            except ConfigurationError as exc:
+                raise ConfigurationError(
+                    exc.field, f"{exc.problem} (or None for no bound)"
+                ) from None
         self.name = name
         self.provider_name = provider_name
         self.models = dict(models or {})
@@ -152,6 +168,8 @@ class OpenAIModel:
         self._owns_client = client is None
         if client is None:
             url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+            if url is not None:
+                check_base_url(url, "" if base_url else " (from OPENAI_BASE_URL)")
             key = api_key or os.environ.get("OPENAI_API_KEY")
             if not key:
                 if url is None or "api.openai.com" in url:
@@ -161,13 +179,19 @@ class OpenAIModel:
                         "a local server",
                     )
                 key = LOCAL_KEY
-            client = openai.AsyncOpenAI(
-                api_key=key, base_url=url, max_retries=0, timeout=timeout_s
-            )
+            try:
+                client = openai.AsyncOpenAI(
+                    api_key=key, base_url=url, max_retries=0, timeout=timeout_s
+                )
+            except Exception as exc:
+                if type(exc).__name__ != "InvalidURL" or url is None:
+                    raise
+                problem = url_problem(url, str(exc), "", foreign=True)
+                raise ConfigurationError("base_url", problem) from None
         self.client = client
         self.base_url = str(client.base_url)
         # For messages: a URL may carry credentials (user:password@host).
-        self._where = _without_credentials(self.base_url)
+        self._where = without_credentials(self.base_url)
 
     def model_for(self, role: str) -> str:
         """The model name ``role`` asks."""
@@ -206,7 +230,8 @@ class OpenAIModel:
             ModelAuthenticationError: the key was rejected (first answer).
             TransientModelError: retries used up on 429/5xx/timeouts.
             ModelRefusal: a refusal or a content-filter stop.
-            ModelOutputError: the answer did not validate after one re-ask.
+            ModelOutputError: the answer did not validate after one re-ask,
+                or is of the wrong shape (content that is no text, say).
             BudgetExhausted: the re-ask would pass ``request.token_allowance``.
             ModelError: any other failure.
         """
@@ -251,9 +276,11 @@ class OpenAIModel:
             except openai.OpenAIError as exc:
                 raise ModelError(f"{where}: {exc}", usage=usage) from None
             except Exception as exc:  # a body the client could not parse
+                failed = "the request failed"  # before any answer came
+                if not isinstance(exc, ExceptionGroup):
+                    failed = "the answer could not be read"
                 raise ModelError(
-                    f"{where}: the answer could not be read: {_brief(exc)}",
-                    usage=usage,
+                    f"{where}: {failed}: {brief(exc)}", usage=usage
                 ) from None
             if auto:
                 self._auto_mode = mode
@@ -262,50 +289,20 @@ class OpenAIModel:
                 choices = completion.choices
             except (AttributeError, TypeError, ValueError, OverflowError) as exc:
                 raise ModelOutputError(
-                    f"{where}: the answer is no chat completion: {_brief(exc)}",
+                    f"{where}: the answer is no chat completion: {brief(exc)}",
                     usage=usage,
                 ) from None
-            if not choices:
-                raise ModelOutputError(
-                    f"{where}: the answer had no choices", usage=usage
-                )
-            choice = choices[0]
-            message = getattr(choice, "message", None)
-            if message is None:
-                raise ModelOutputError(
-                    f"{where}: the answer's choice had no message", usage=usage
-                )
-            if choice.finish_reason == "content_filter":
-                raise ModelRefusal(
-                    f"{where}: a content filter stopped the answer",
-                    reason="content_filter",
-                    usage=usage,
-                    raw_output=message.content,
-                )
-            if message.refusal:
-                raise ModelRefusal(
-                    f"{where}: the model refused: {message.refusal}",
-                    reason="refusal",
-                    usage=usage,
-                    raw_output=message.refusal,
-                )
-            try:
-                calls = _tool_calls(message)
-            except ValidationError as exc:
-                raise ModelOutputError(
-                    f"{where}: a tool call could not be read: {_brief(exc)}",
-                    usage=usage,
-                ) from None
-            if calls and request.tools:
+            answered = answer(choices, bool(request.tools), where, usage)
+            if isinstance(answered, list):
                 return ModelResponse(
-                    tool_calls=calls,
+                    tool_calls=answered,
                     usage=usage,
-                    model=completion.model or model,
+                    model=answered_by(completion, model),
                     latency_s=time.perf_counter() - started,
                     prompt_version=version,
                     reask=reask,
                 )
-            raw = message.content or ""
+            raw = answered
             try:
                 output = parse_output(raw, request.output_type)
             except ValidationError as exc:
@@ -339,7 +336,7 @@ class OpenAIModel:
             return ModelResponse(
                 output=output,
                 usage=usage,
-                model=completion.model or model,
+                model=answered_by(completion, model),
                 latency_s=time.perf_counter() - started,
                 prompt_version=version,
                 reask=reask,
@@ -480,36 +477,11 @@ class OpenAIModel:
         return priced(tokens, model, self.prices)
 
 
-def _without_credentials(url: str) -> str:
-    """``url`` without a ``user:password@`` part."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-
-
-def _brief(exc: Exception) -> str:
-    """An exception in one line, for a message."""
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-
-
 def _annotated(exc: ModelError, usage: TokenUsage) -> ModelError:
     """Add the tokens earlier attempts of this call used to ``exc``."""
     if usage.calls:
         exc.usage = usage + exc.usage if exc.usage else usage
     return exc
-
-
-def _tool_calls(message: Any) -> list[ToolCall]:
-    calls = []
-    for call in message.tool_calls or []:
-        function = getattr(call, "function", None)
-        if function is None:
-            continue
-        calls.append(
-            ToolCall(id=call.id, name=function.name, arguments=function.arguments)
-        )
-    return calls
 
 
 def _transcript_messages(request: ModelRequest) -> list[dict[str, Any]]:

@@ -5,24 +5,40 @@ exponential backoff and jitter, waiting what a ``Retry-After`` header asks
 for; past the retry count they surface as :class:`TransientModelError`, so the
 supervisor retries the task instead of replanning. 401/403 raise
 :class:`ModelAuthenticationError` on the first answer.
+
+A connection error says which side of the connection failed: ``cannot
+connect (...)`` when none was made (refused, unknown host, TLS), ``connected,
+but ...`` when the server took the request and then dropped the connection or
+sent an answer that could not be decoded.
 """
 
 from __future__ import annotations
 
+import math
+import operator
 import random
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import TypeVar
+from numbers import Real
+from typing import SupportsIndex, TypeVar
 
 import anyio
 import openai
 
-from .._errors import ModelAuthenticationError, ModelError, TransientModelError
+from .._errors import (
+    ConfigurationError,
+    ModelAuthenticationError,
+    ModelError,
+    TransientModelError,
+)
 
 T = TypeVar("T")
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
+_DROPPED = frozenset({"ReadError", "WriteError", "CloseError", "RemoteProtocolError"})
+"""The server dropped a connection it had made ("Server disconnected without
+sending a response"); httpx and httpx2 name their exceptions alike."""
 
 
 class BackoffPolicy:
@@ -33,14 +49,18 @@ class BackoffPolicy:
         backoff_s: the first wait; it doubles with each retry.
         max_backoff_s: no wait is longer; a ``Retry-After`` asking for more
             ends the retries at once (the call is reported transient).
+
+    Raises:
+        ConfigurationError: a count that is not a whole number from 0, or a
+            wait that is not a finite number from 0 (NaN would wait forever).
     """
 
     def __init__(
         self, max_retries: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 30.0
     ) -> None:
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
+        self.max_retries = whole_number("max_retries", max_retries, minimum=0)
+        self.backoff_s = finite_number("backoff_s", backoff_s, minimum=0)
+        self.max_backoff_s = finite_number("max_backoff_s", max_backoff_s, minimum=0)
 
     def delay(self, retry: int, retry_after: float | None) -> float:
         """Seconds to wait before retry number ``retry`` (from 0)."""
@@ -83,8 +103,7 @@ async def with_retries(
             problem = "the request timed out"
             retry_after = None
         except openai.APIConnectionError as exc:
-            cause = exc.__cause__ or exc
-            problem = f"cannot connect ({cause})"
+            problem = connection_problem(exc)
             retry_after = None
         if retry >= policy.max_retries:
             raise TransientModelError(
@@ -97,6 +116,61 @@ async def with_retries(
             ) from None
         await anyio.sleep(policy.delay(retry, retry_after))
         retry += 1
+
+
+def connection_problem(exc: openai.APIConnectionError) -> str:
+    """What went wrong with the connection, for a message: ``cannot connect``
+    only when no connection was made."""
+    cause = exc.__cause__ or exc
+    detail = str(cause) or type(cause).__name__
+    names = {kind.__name__ for kind in type(cause).__mro__}
+    if names & _DROPPED:
+        return (
+            "connected, but the server dropped the connection before a complete "
+            f"answer ({detail})"
+        )
+    if "DecodingError" in names:
+        return f"connected, but the answer could not be decoded ({detail})"
+    if "TooManyRedirects" in names:
+        return f"connected, but the server redirected too often ({detail})"
+    if "LocalProtocolError" in names:  # an illegal header value, say
+        return f"the request could not be sent ({detail})"
+    return f"cannot connect ({detail})"
+
+
+def whole_number(field: str, value: object, *, minimum: int) -> int:
+    """``value`` as an int, if it is a whole number (not a bool) from
+    ``minimum``.
+
+    Raises:
+        ConfigurationError: naming ``field``.
+    """
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
+        raise ConfigurationError(field, f"must be a whole number, not {value!r}")
+    number = operator.index(value)
+    if number < minimum:
+        raise ConfigurationError(field, f"must be at least {minimum}, not {number}")
+    return number
+
+
+def finite_number(
+    field: str, value: object, *, minimum: float, above: bool = False
+) -> float:
+    """``value`` as a float, if it is a finite number (not a bool) from
+    ``minimum`` (or above it, with ``above``).
+
+    Raises:
+        ConfigurationError: naming ``field``.
+    """
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ConfigurationError(field, f"must be a number, not {value!r}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ConfigurationError(field, f"must be a finite number, not {number}")
+    if number < minimum or (above and number == minimum):
+        bound = "more than" if above else "at least"
+        raise ConfigurationError(field, f"must be {bound} {minimum:g}, not {number:g}")
+    return number
 
 
 def status_error(exc: openai.APIStatusError, where: str) -> ModelError:

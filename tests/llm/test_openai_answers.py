@@ -1,0 +1,311 @@
+"""OpenAIModel on answers of odd shapes, dropped connections, and the
+options and base URLs it refuses up front."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from chat_server import Reply, chat_server, completion
+
+from replan import ConfigurationError, ModelRequest, PlanProposal, TaskDraft
+from replan._errors import ModelOutputError, TransientModelError
+from replan.llm import BackoffPolicy, OpenAIModel, Tool
+
+PLAN = PlanProposal(tasks=[TaskDraft(key="search", description="search the news")])
+NOWHERE = "http://127.0.0.1:9/v1"
+
+
+def plan_request() -> ModelRequest:
+    return ModelRequest(
+        role="planner",
+        purpose="plan",
+        output_type=PlanProposal,
+        context={"goal": "map the battery market", "metadata": {}},
+    )
+
+
+def fast(url: str, **options: Any) -> OpenAIModel:
+    options = {"max_retries": 0, "backoff_s": 0.01, **options}
+    return OpenAIModel("gpt-test", base_url=url, **options)
+
+
+def with_message(**fields: Any) -> Reply:
+    """A completion of 120 tokens whose message has ``fields`` instead."""
+    reply = completion(PLAN, usage=(100, 20, 0))
+    assert isinstance(reply.body, dict)
+    reply.body["choices"][0]["message"].update(fields)
+    return reply
+
+
+# Answers -------------------------------------------------------------------
+
+
+async def test_content_sent_as_a_list_of_text_parts_is_joined_and_parsed() -> None:
+    text = PLAN.model_dump_json()
+    parts = [
+        {"type": "thinking", "thinking": "a search will do"},
+        {"type": "text", "text": text[:10]},
+        {"type": "text", "text": text[10:]},
+    ]
+    with chat_server() as server:
+        server.reply(with_message(content=parts))
+        async with fast(server.base_url) as model:
+            response = await model.generate(plan_request())
+    assert response.output == PLAN
+    assert response.usage.total_tokens == 120
+
+
+def _choices_as_an_object() -> Reply:
+    reply = completion(PLAN, usage=(100, 20, 0))
+    assert isinstance(reply.body, dict)
+    reply.body["choices"] = {"0": reply.body["choices"][0]}
+    return reply
+
+
+@pytest.mark.parametrize(
+    ("reply", "message"),
+    [
+        (with_message(content=PLAN.model_dump()), "content is an object, not text"),
+        (with_message(content=42), "content is a number, not text"),
+        (with_message(content=[1, 2]), "content is a list, not text"),
+        (
+            with_message(content=[{"type": "text", "text": {"tasks": []}}]),
+            "content is a list, not text",
+        ),
+        (_choices_as_an_object(), "choices are an object, not a list"),
+        (
+            with_message(tool_calls="search it"),
+            "tool calls are a string, not a list",
+        ),
+    ],
+    ids=["object", "number", "list", "text-part-of-an-object", "choices", "calls"],
+)
+async def test_an_answer_of_another_shape_is_an_output_error_with_its_tokens(
+    reply: Reply, message: str
+) -> None:
+    request = plan_request().model_copy(update={"tools": [Tool(_lookup).spec]})
+    with chat_server() as server:
+        server.reply(reply)
+        async with fast(server.base_url) as model:
+            with pytest.raises(ModelOutputError, match=message) as caught:
+                await model.generate(request)
+        assert len(server.chat_requests()) == 1  # no re-ask: it would not help
+    assert caught.value.usage is not None
+    assert caught.value.usage.total_tokens == 120
+    assert caught.value.raw_output  # what came, for the journal
+
+
+def _lookup(city: str) -> str:
+    """Look up a city."""
+    return city
+
+
+async def test_a_message_that_is_no_object_is_an_output_error() -> None:
+    reply = completion(PLAN, usage=(100, 20, 0))
+    assert isinstance(reply.body, dict)
+    reply.body["choices"][0]["message"] = "here is the plan"
+    with chat_server() as server:
+        server.reply(reply)
+        async with fast(server.base_url) as model:
+            with pytest.raises(ModelOutputError, match="message is a string") as caught:
+                await model.generate(plan_request())
+    assert caught.value.raw_output == "here is the plan"
+    assert caught.value.usage is not None
+    assert caught.value.usage.total_tokens == 120
+
+
+# Connections ---------------------------------------------------------------
+
+
+@contextmanager
+def raw_server(answer: bytes) -> Iterator[tuple[str, list[int]]]:
+    """A server that reads each request and sends ``answer`` (nothing: it
+    closes the connection), and counts the connections it took."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    taken: list[int] = []
+    closing = threading.Event()
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while not closing.is_set():
+                conn, _ = listener.accept()
+                taken.append(1)
+                with conn:
+                    conn.recv(65536)
+                    conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1", taken
+    finally:
+        closing.set()
+        listener.close()
+        thread.join(5)
+
+
+async def test_a_dropped_connection_is_retried_and_not_reported_as_unreachable() -> (
+    None
+):
+    with raw_server(b"") as (url, taken):
+        async with fast(url, max_retries=1) as model:
+            with pytest.raises(TransientModelError) as caught:
+                await model.generate(plan_request())
+    assert len(taken) == 2
+    assert "connected, but the server dropped the connection" in str(caught.value)
+    assert "cannot connect" not in str(caught.value)
+
+
+# httpx leaves the generator that read the body suspended when decoding it
+# fails; trio warns when the garbage collector finalizes it.
+@pytest.mark.filterwarnings(
+    "ignore:Async generator .* garbage collected:ResourceWarning"
+)
+async def test_an_answer_that_cannot_be_decompressed_is_transient_and_says_so() -> None:
+    body = b"this is no gzip stream"
+    head = (
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+        f"content-encoding: gzip\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    with raw_server(head.encode() + body) as (url, _):
+        async with fast(url) as model:
+            with pytest.raises(TransientModelError) as caught:
+                await model.generate(plan_request())
+    assert "connected, but the answer could not be decoded" in str(caught.value)
+    assert "cannot connect" not in str(caught.value)
+
+
+async def test_an_exception_group_from_the_client_is_reported_by_its_cause() -> None:
+    async def create(**_: Any) -> Any:
+        raise ExceptionGroup("unhandled errors", [OverflowError("port must be 0-1")])
+
+    chat = SimpleNamespace(completions=SimpleNamespace(create=create))
+    client: Any = SimpleNamespace(base_url="http://stub/v1/", chat=chat)
+    async with OpenAIModel("gpt-test", client=client) as model:
+        with pytest.raises(Exception, match="request failed") as caught:
+            await model.generate(plan_request())
+    assert "OverflowError: port must be 0-1" in str(caught.value)
+    assert "ExceptionGroup" not in str(caught.value)
+
+
+# Options -------------------------------------------------------------------
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"timeout_s": NAN}, "timeout_s"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"timeout_s": INF}, "timeout_s"),
+        ({"backoff_s": NAN}, "backoff_s"),
+        ({"backoff_s": -1}, "backoff_s"),
+        ({"max_backoff_s": -1}, "max_backoff_s"),
+        ({"max_backoff_s": INF}, "max_backoff_s"),
+        ({"max_retries": -1}, "max_retries"),
+        ({"max_retries": NAN}, "max_retries"),
+        ({"max_retries": 1.5}, "max_retries"),
+        ({"max_output_tokens": 0}, "max_output_tokens"),
+        ({"max_output_tokens": NAN}, "max_output_tokens"),
+        ({"max_prompt_chars": NAN}, "max_prompt_chars"),
+        ({"max_prompt_chars": 999}, "max_prompt_chars"),
+        ({"temperatures": {"executor": NAN}}, "temperatures.executor"),
+        ({"temperatures": {"executor": "hot"}}, "temperatures.executor"),
+        ({"structured_output": "json"}, "structured_output"),
+    ],
+    ids=lambda value: str(value) if isinstance(value, dict) else None,
+)
+def test_an_option_out_of_range_is_a_configuration_error_naming_it(
+    options: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        OpenAIModel("gpt-test", base_url=NOWHERE, **options)
+    assert caught.value.field == field
+
+
+def test_a_backoff_policy_refuses_a_wait_of_nan() -> None:
+    with pytest.raises(ConfigurationError, match="backoff_s"):
+        BackoffPolicy(backoff_s=NAN)
+
+
+def test_options_in_range_are_kept() -> None:
+    model = OpenAIModel(
+        "gpt-test",
+        base_url=NOWHERE,
+        max_retries=0,
+        backoff_s=0,
+        max_backoff_s=0,
+        timeout_s=0.5,
+        max_output_tokens=1,
+        max_prompt_chars=1000,
+    )
+    assert (model.retry.max_retries, model.retry.backoff_s) == (0, 0.0)
+    assert (model.timeout_s, model.max_output_tokens) == (0.5, 1)
+
+
+# Base URLs -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("http://127.0.0.1:99999/v1", "the port must be 1 to 65535"),
+        ("http://127.0.0.1:0/v1", "the port must be 1 to 65535"),
+        ("http://127.0.0.1:eighty/v1", "could not be cast"),
+        ("http://[::1", "Invalid IPv6 URL"),
+        ("http://:8000/v1", "it names no host"),
+        ("ftp://127.0.0.1/v1", "http:// or https://"),
+        ("localhost:8000/v1", "http:// or https://"),
+        ("http://local\x00host/v1", "non-printable"),  # only the client sees it
+    ],
+)
+def test_a_base_url_that_is_no_usable_url_is_a_configuration_error(
+    url: str, problem: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=problem) as caught:
+        OpenAIModel("gpt-test", base_url=url)
+    assert caught.value.field == "base_url"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://ana:s3cret-pass@127.0.0.1:99999/v1",
+        "http://ana:s3cret-pass@[::1/v1",
+        "http://ana:s3cret-pass@127.0.0.1:eighty/v1",
+        "http://ana:s3cret/pass@127.0.0.1/v1",  # a "/" moves it out of the host
+        "ftp://ana:s3cret-pass@127.0.0.1/v1",
+        "http://ana:s3cret-pass@local\x00host/v1",
+    ],
+)
+def test_a_refused_base_url_never_shows_its_password(url: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        OpenAIModel("gpt-test", base_url=url)
+    assert "s3cret" not in str(caught.value)
+    assert "ana" not in str(caught.value)
+    assert "no usable URL" in str(caught.value)
+
+
+def test_a_bad_base_url_from_the_environment_says_where_it_came_from(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:70000/v1")
+    with pytest.raises(ConfigurationError, match="from OPENAI_BASE_URL"):
+        OpenAIModel("gpt-test")
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://[::1]:8000/v1", "https://ana:pw@example.com/v1", "HTTP://Example.com"],
+)
+def test_a_usable_base_url_is_taken(url: str) -> None:
+    model = OpenAIModel("gpt-test", base_url=url)
+    assert model.base_url.lower().startswith(url.lower())
