@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
 from collections.abc import Callable
 from typing import Any
 
 from . import _render
+from ._demo import demo_model
 from ._errors import ConfigurationError
+from .llm import Model
 from .messages import GatePolicy, Limits, RunResult, RunSpec, RunStatus
 
 LIMIT_FLAGS: dict[str, tuple[str, type, str]] = {
@@ -50,7 +54,10 @@ def add_run_parser(commands: Any) -> None:
         default="discovery",
         help="how the plan may change (default discovery)",
     )
-    run.add_argument("--model", help="model name (else REPLAN_MODEL)")
+    run.add_argument(
+        "--model",
+        help="model name (else REPLAN_MODEL); scripted:demo answers offline",
+    )
     run.add_argument(
         "--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:11434/v1"
     )
@@ -132,7 +139,6 @@ def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], in
 async def run_goal(console: Any, args: argparse.Namespace) -> int:
     """Run ``args.goal`` and print its progress, summary, usage and cost."""
     from .cli import CommandError, supervise
-    from .llm import OpenAIModel  # here: openai takes a while to import
     from .llm._tools import import_tools
 
     limits = {f: getattr(args, f) for f in LIMIT_FLAGS if getattr(args, f) is not None}
@@ -143,17 +149,24 @@ async def run_goal(console: Any, args: argparse.Namespace) -> int:
             limits=Limits(**limits),
             gate_policy=GatePolicy(on_timeout="reject"),
         )
-        model = OpenAIModel(
+    except ConfigurationError as exc:
+        raise CommandError(_flag_message(exc, args.base_url), code=2) from None
+    model: Model
+    if is_scripted(args.model or os.environ.get("REPLAN_MODEL")):
+        model = demo_model()
+    else:
+        model = openai_model(
             args.model,
-            base_url=args.base_url,
+            args.base_url,
             max_retries=args.retries,
             max_prompt_chars=args.max_prompt_chars,
             structured_output=args.structured_output,
             provider_name=args.provider or _provider(args.base_url),
         )
+    try:
         tools = import_tools(args.tools or [])
     except ConfigurationError as exc:
-        raise CommandError(_flag_message(exc), code=2) from None
+        raise CommandError(_flag_message(exc, args.base_url), code=2) from None
     result = await supervise(
         console,
         model,
@@ -168,8 +181,52 @@ async def run_goal(console: Any, args: argparse.Namespace) -> int:
         ],
     )
     if result.status is RunStatus.FAILED:
-        raise CommandError(_failure_message(result, model.base_url))
+        raise CommandError(_failure_message(result, model))
     return 0 if result.status is RunStatus.COMPLETED else 1
+
+
+SCRIPTED_MODELS = ("scripted:demo",)
+"""The models that answer offline from a script (the demo's)."""
+
+
+def is_scripted(name: str | None) -> bool:
+    """Whether ``--model NAME`` names a scripted model.
+
+    Raises:
+        CommandError: ``NAME`` is ``scripted:`` and no scripted model known.
+    """
+    from .cli import CommandError
+
+    if name is None or not name.startswith("scripted:"):
+        return False
+    if name not in SCRIPTED_MODELS:
+        raise CommandError(
+            f"--model: no scripted model {name!r}; known: {', '.join(SCRIPTED_MODELS)}",
+            code=2,
+        )
+    return True
+
+
+def openai_model(name: str | None, base_url: str | None, **options: Any) -> Model:
+    """``OpenAIModel(name, base_url=base_url, **options)``.
+
+    Raises:
+        CommandError: (exit 2) a setting the model refuses, named as the
+            flag or variable that gave it.
+    """
+    import httpx
+
+    from .cli import CommandError
+    from .llm import OpenAIModel  # here: openai takes a while to import
+
+    try:
+        return OpenAIModel(name, base_url=base_url, **options)
+    except ConfigurationError as exc:
+        raise CommandError(_flag_message(exc, base_url), code=2) from None
+    except (httpx.InvalidURL, ValueError) as exc:  # a URL the client cannot use
+        problem = without_credentials(f"not a usable URL: {exc}")
+        flag = _url_flag(base_url)
+        raise CommandError(f"{flag}: {problem}", code=2) from None
 
 
 def cost_lines(result: RunResult) -> list[str]:
@@ -190,36 +247,79 @@ def _provider(base_url: str | None) -> str:
     return "openai"
 
 
-def _flag_message(exc: ConfigurationError) -> str:
+def _flag_message(exc: ConfigurationError, base_url: str | None) -> str:
     if exc.field == "api_key":
         return "no API key: set OPENAI_API_KEY or pass --base-url for a local server"
     if exc.field == "model":
         return "no model: pass --model NAME or set REPLAN_MODEL"
     if exc.field == "tools":
         return f"--tool: {exc.problem}"
+    if exc.field == "base_url":
+        problem = without_credentials(exc.problem)
+        if base_url is None and "OPENAI_BASE_URL" in problem:
+            return problem
+        return f"{_url_flag(base_url)}: {problem}"
     name = exc.field.removeprefix("limits.")
     if name in LIMIT_FLAGS:
         return f"{LIMIT_FLAGS[name][0]}: {exc.problem}"
     return str(exc)
 
 
-def _failure_message(result: RunResult, base_url: str) -> str:
-    unreachable = unreachable_message(result, base_url)
+def _url_flag(base_url: str | None) -> str:
+    """Where the model's base URL came from."""
+    return "--base-url" if base_url else "OPENAI_BASE_URL"
+
+
+def _failure_message(result: RunResult, model: Model) -> str:
+    unreachable = unreachable_message(result, model)
     if unreachable is not None:
         return unreachable
     reason = " ".join((result.stop_reason or "no reason given").split())
     return f"the run failed: {reason}"
 
 
-def unreachable_message(result: RunResult, base_url: str) -> str | None:
-    """What to say when the run failed because nothing answered at
-    ``base_url``; None when it failed otherwise."""
+_CONNECT_FAILURES = (
+    "all connection attempts failed",  # httpx over anyio: refused, unroutable
+    "connection refused",
+    "name or service not known",
+    "nodename nor servname",
+    "temporary failure in name resolution",
+    "no address associated with hostname",
+    "getaddrinfo failed",
+    "no route to host",
+    "network is unreachable",
+    "cannot assign requested address",
+)
+"""What a model error says when no connection could be made at all."""
+
+
+def unreachable_message(result: RunResult, model: Model) -> str | None:
+    """What to say when the run failed because nothing answered at the
+    model's base URL; None when it failed otherwise (a server that took
+    the connection and dropped it, say: its own error says so).
+    """
+    base_url = getattr(model, "base_url", None)
+    if not isinstance(base_url, str):
+        return None  # a model with no endpoint (scripted)
     messages = [f.message for f in result.model_failures]
     if result.brief is not None:
         messages += result.brief.errors  # an explore run records them here
-    if any("cannot connect" in m for m in messages):
+    if any(_could_not_connect(m) for m in messages):
         return (
-            f"cannot reach the model endpoint at {base_url}: check --base-url "
-            "(or OPENAI_BASE_URL) and that the server is running"
+            f"cannot reach the model endpoint at {without_credentials(base_url)}: "
+            "check --base-url (or OPENAI_BASE_URL) and that the server is running"
         )
     return None
+
+
+def _could_not_connect(message: str) -> bool:
+    _, found, cause = message.lower().partition("cannot connect")
+    return bool(found) and any(text in cause for text in _CONNECT_FAILURES)
+
+
+_CREDENTIALS = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#]*@")
+
+
+def without_credentials(text: str) -> str:
+    """``text`` with the ``user:password@`` of each URL in it left out."""
+    return _CREDENTIALS.sub(r"\1", text)

@@ -8,7 +8,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import _render
-from ._cli_run import add_prompt_budget, unreachable_message, whole_number
+from ._cli_run import (
+    add_prompt_budget,
+    is_scripted,
+    openai_model,
+    unreachable_message,
+    whole_number,
+)
 from ._demo_explore import explore_demo_model, explore_demo_spec
 from ._errors import ConfigurationError
 from ._render_explore import brief_lines
@@ -42,19 +48,14 @@ def make_model(
             f"give a model with --model (or REPLAN_MODEL); {DEMO_MODEL} runs offline",
             code=2,
         )
-    if name == DEMO_MODEL:
+    if is_scripted(name):
         return explore_demo_model()
-    from .llm import OpenAIModel  # here: openai takes a while to import
-
-    try:
-        return OpenAIModel(
-            name.removeprefix("openai:"),
-            base_url=base_url,
-            max_retries=retries,
-            max_prompt_chars=max_prompt_chars,
-        )
-    except ConfigurationError as exc:
-        raise CommandError(f"{exc.field}: {exc.problem}", code=2) from None
+    return openai_model(
+        name.removeprefix("openai:"),
+        base_url,
+        max_retries=retries,
+        max_prompt_chars=max_prompt_chars,
+    )
 
 
 def add_explore_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -104,7 +105,6 @@ def add_explore_parser(commands: argparse._SubParsersAction) -> None:  # type: i
 
 
 def explore_spec_from(args: argparse.Namespace) -> RunSpec:
-    from ._errors import ConfigurationError
     from .cli import CommandError
 
     context: list[str] = []
@@ -161,13 +161,17 @@ async def _run(
         console, model, spec, yes=yes, as_json=as_json, db=db, report=report
     )
     if result.status is not RunStatus.COMPLETED:
-        base_url = getattr(model, "base_url", None)
-        unreachable = (
-            unreachable_message(result, base_url) if isinstance(base_url, str) else None
-        )
+        unreachable = unreachable_message(result, model)
         if unreachable is not None:
             raise CommandError(unreachable)
         reason = f": {result.stop_reason}" if result.stop_reason else ""
+        failures = [f.message for f in result.model_failures]
+        if (
+            result.status is RunStatus.FAILED
+            and failures
+            and failures[-1] not in reason
+        ):
+            reason += f"; the model's last error: {failures[-1]}"
         raise CommandError(f"the explore run ended {result.status.value}{reason}")
     return 0
 

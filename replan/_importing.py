@@ -35,7 +35,8 @@ def import_named(path: str, field: str, usage: str) -> Any:
     Raises:
         ConfigurationError: on ``field``: ``path`` is not ``module:name``
             (the problem is ``usage``), the module or name cannot be
-            imported, or the module raised as it was imported.
+            imported, or the module raised (or called ``sys.exit()``) as it
+            was imported. A ``KeyboardInterrupt`` is not caught.
     """
     module_name, _, name = path.partition(":")
     if not module_name or not name:
@@ -47,3 +48,7 @@ def import_named(path: str, field: str, usage: str) -> Any:
     except Exception as exc:  # raised by the module as it was imported
         problem = f"importing {module_name} raised {type(exc).__name__}: {exc}"
         raise ConfigurationError(field, problem) from None
+    except SystemExit as exc:  # the module is a script that exits
+        raise ConfigurationError(
+            field, f"importing {module_name} raised {exc!r}"
+        ) from None

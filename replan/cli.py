@@ -12,13 +12,11 @@ import argparse
 import contextlib
 import math
 import os
-import queue
 import re
 import shlex
 import signal
 import sqlite3
 import sys
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -29,27 +27,25 @@ import anyio
 from anyio.abc import TaskStatus
 
 from . import _remote, _render
+from ._cli_prompt import follow
 from ._cli_run import add_run_parser as _add_run_parser
-from ._cli_run import run_goal, whole_number
+from ._cli_run import run_goal, whole_number, without_credentials
 from ._demo import demo_model, demo_spec
 from ._errors import ConfigurationError, JournalCorrupt
 from ._explore_cli import add_explore_parser, explore, explore_demo
 from ._version import __version__
 from .llm import Model, Tool
 from .messages import (
-    GateOpened,
-    GateRequest,
-    GateResolution,
     RunResult,
     RunSpec,
     RunStatus,
 )
 from .store import MemoryStore, SQLiteStore, Store
-from .supervisor import RunHandle, RunState, Supervisor, apply, fold_journal
+from .supervisor import RunState, Supervisor, fold_journal
 from .telemetry import TelemetrySetup, setup_if_asked
+from .telemetry.setup import check_propagators
 
 _ID = re.compile(r"[A-Za-z0-9_-]+")
-PROMPT = "Approve this change? [y/N/e(dit not supported here)] "
 
 
 class CommandError(Exception):
@@ -174,7 +170,8 @@ def _failed(exc: BaseException) -> int:
             if os.environ.get("REPLAN_DEBUG"):
                 raise exc
             message = f"unexpected {type(first).__name__}: {first}"
-    message = " ".join(message.split())
+    # A base URL's ``user:password@`` is sent, never shown.
+    message = without_credentials(" ".join(message.split()))
     if len(message) > MAX_MESSAGE:
         message = message[: MAX_MESSAGE - 1] + "…"
     with contextlib.suppress(OSError, ValueError, AttributeError):
@@ -410,7 +407,7 @@ async def supervise(
                 Supervisor(model=model, store=store, tools=tools)
             )
             handle = await sup.submit(spec)
-            await _follow(sup, handle, console, yes=yes)
+            await follow(sup, handle, console, yes=yes)
             result = await handle.result()
             state = handle.state
     finally:
@@ -423,136 +420,6 @@ async def supervise(
             hint = f"replan show {result.run_id} --db {shlex.quote(db)}"
             console.emit(["", f"journal: {hint}"])
     return result
-
-
-async def _follow(
-    sup: Supervisor, handle: RunHandle, console: Console, *, yes: bool
-) -> None:
-    """Print one entry per event; answer each gate as it opens."""
-    state: RunState | None = None
-    async for event in handle.events():
-        state = apply(state, event)
-        console.emit(_render.event_lines(event, state), to_progress=True)
-        if isinstance(event, GateOpened):
-            resolution = await _decide(event.request, console, yes=yes)
-            await _resolve(sup, event.request, resolution)
-
-
-async def _decide(
-    request: GateRequest, console: Console, *, yes: bool
-) -> GateResolution:
-    if yes:
-        return GateResolution(decision="approve", by="cli --yes")
-    question = PROMPT
-    if request.tool_call is not None:
-        question = question.replace(
-            "this change",
-            f"the {request.tool_call.name} call of task {request.task_id}",
-        )
-    elif request.hypotheses is not None:
-        question = question.replace("this change", "this selection")
-    elif request.task_id is not None:
-        question = question.replace("this change", f"task {request.task_id}")
-    while True:
-        print(question, end="", file=console.progress, flush=True)
-        try:
-            reply = await _read_line()
-        except EOFError:
-            print(file=console.progress)
-            return GateResolution(decision="reject", by="cli", note="no answer")
-        if not _interactive():
-            print(reply, file=console.progress, flush=True)  # piped: show it
-        match reply.strip().lower():
-            case "y" | "yes":
-                return GateResolution(decision="approve", by="cli")
-            case "" | "n" | "no":
-                return GateResolution(decision="reject", by="cli")
-            case "e" | "edit":
-                note = "editing a plan is not supported here: answer y or n"
-            case _:
-                note = "please answer y or n"
-        console.emit([note], to_progress=True)
-
-
-_GIVEN_UP = object()
-
-
-async def _read_line() -> str:
-    """One line of stdin, without holding up the exit.
-
-    The line is read on a daemon thread: Ctrl-C at the prompt ends the
-    command at once, where an interpreter waiting for a worker thread
-    blocked in ``input()`` would hang until Enter. A missing or closed stdin
-    reads as end of input.
-    """
-    lines: queue.SimpleQueue[object] = queue.SimpleQueue()
-
-    def read() -> None:
-        try:
-            lines.put(_stdin_line())
-        except (RuntimeError, OSError, ValueError):  # no stdin at all
-            lines.put(EOFError())
-        except BaseException as exc:
-            lines.put(exc)
-
-    threading.Thread(target=read, name="replan prompt", daemon=True).start()
-    try:
-        line = await anyio.to_thread.run_sync(lines.get, abandon_on_cancel=True)
-    finally:
-        lines.put(_GIVEN_UP)  # frees the worker thread if this was cancelled
-    if isinstance(line, BaseException):
-        raise line
-    assert isinstance(line, str)
-    return line
-
-
-def _stdin_line() -> str:
-    """The next line of stdin, without its newline; EOFError at the end.
-
-    A real stdin is read a byte at a time with ``os.read``: a thread blocked
-    there holds no lock of ``sys.stdin``'s buffer, which the interpreter
-    needs at exit (``input()`` holds it whenever stdin or stdout is not a
-    terminal, and exiting after Ctrl-C then aborts). Bytes that do not
-    decode become U+FFFD, so such a line is asked again rather than taken
-    as the end of input. A stdin with no file descriptor (a test's
-    StringIO) is read with ``input()``.
-    """
-    stdin = sys.stdin
-    if stdin is None:
-        raise EOFError
-    try:
-        fd = stdin.fileno()
-    except (AttributeError, OSError, ValueError):
-        return input()
-    line = bytearray()
-    while not line.endswith(b"\n"):
-        byte = os.read(fd, 1)
-        if not byte:
-            if not line:
-                raise EOFError
-            break
-        line += byte
-    encoding = getattr(stdin, "encoding", None) or "utf-8"
-    return line.decode(encoding, errors="replace").removesuffix("\n")
-
-
-def _interactive() -> bool:
-    try:
-        return sys.stdin.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-async def _resolve(
-    sup: Supervisor, request: GateRequest, resolution: GateResolution
-) -> None:
-    # The run registers the gate right after journaling gate_opened; give it
-    # the moment it needs before answering.
-    for _ in range(100):
-        if sup.gates.get(request.gate_id) is not None:
-            break
-        await anyio.sleep(0.01)
-    await sup.gates.resolve(request.gate_id, resolution)
 
 
 # serve -------------------------------------------------------------------------
@@ -604,6 +471,12 @@ def _add_serve(commands: Any) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM or SIGINT; 0 after a clean drain."""
+    # The web framework reads OTEL_PROPAGATORS as it is imported (and fails
+    # on a propagator that is not installed): checked first, for one line.
+    try:
+        check_propagators()
+    except ConfigurationError as exc:
+        raise CommandError(str(exc), 2) from None
     try:
         from .daemon import load_settings
         from .daemon import serve as serve_daemon

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -198,4 +199,26 @@ def test_the_spec_on_stdin_is_read_too(
     assert main(["submit", "-", "--url", "http://127.0.0.1:9"]) == 2
     assert "cannot read the spec -: goal is not a finite number" in (
         capsys.readouterr().err
+    )
+
+
+def test_a_model_module_that_exits_as_it_is_imported_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("replan.daemon")
+    (tmp_path / "model_exits_at_import.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    with socket.socket() as probe:  # were the model built, it would listen here
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+
+    code = main(
+        ["serve", "--model", "python:model_exits_at_import:MODEL", "--port", port,
+         "--data-dir", str(tmp_path / "data")]
+    )  # fmt: skip
+
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "replan: error: model: importing model_exits_at_import raised SystemExit(3)\n"
     )

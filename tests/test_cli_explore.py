@@ -96,7 +96,15 @@ def test_a_blocked_goal_exits_1_with_one_error_line(
     ("argv", "message"),
     [
         (["explore", "why?"], "give a model with --model"),
-        (["explore", "why?", "--model", "gpt-x"], "api_key: no API key: set OPENAI"),
+        (["explore", "why?", "--model", "gpt-x"], "error: no API key: set OPENAI"),
+        (
+            ["explore", "why?", "--model", "scripted:nope"],
+            "error: --model: no scripted model 'scripted:nope'; known: scripted:demo",
+        ),
+        (
+            ["explore", "why?", "--model", "m", "--base-url", "http://[::1"],
+            "error: --base-url: ",
+        ),
         (
             ["explore", "why?", "--model", "scripted:demo", "--context", "/nope.txt"],
             "cannot read context file /nope.txt",
@@ -139,3 +147,25 @@ def test_an_endpoint_nobody_answers_is_named_in_the_last_line(
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith(f"replan: error: cannot reach the model endpoint at {url}")
     assert "check --base-url" in last
+
+
+def test_the_password_of_the_base_url_is_never_printed(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as probe:  # a port that was free a moment ago
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("OPENAI_BASE_URL", f"http://user:s3cr3t@127.0.0.1:{port}/v1")
+
+    code = main(["explore", "why?", "--model", "m", "--retries", "0"])
+
+    captured = capsys.readouterr()
+    assert code == 1
+    assert (
+        captured.err.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"replan: error: cannot reach the model endpoint at http://127.0.0.1:{port}/v1"
+        )
+    )
+    assert "s3cr3t" not in captured.out + captured.err

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, NoReturn
 
+import anyio
+import httpx
 import pytest
 from chat_server import Logged, Reply, answer_type, chat_server, completion
 
 from replan import Alignment, PlanProposal, Synthesis, TaskDraft, TaskOutcome, Verdict
+from replan._cli_run import unreachable_message
 from replan.cli import main
+from replan.messages import ModelFailure, RunResult, RunStatus, Usage
 
 
 def script(logged: Logged) -> Reply:
@@ -246,3 +260,323 @@ def test_a_tool_run_cannot_use_is_one_line_naming_the_flag(
     assert code == 2
     assert err.startswith(problem)
     assert len(err.splitlines()) == 1
+
+
+def scope_shift(logged: Logged, asked: list[str]) -> Reply:
+    """``script`` with a milestone, whose first review asks for a scope_shift
+    replan: the run opens a gate."""
+    if answer_type(logged) == "PlanProposal":
+        return completion(
+            PlanProposal(
+                tasks=[
+                    TaskDraft(key="scan", description="scan the trade press"),
+                    TaskDraft(
+                        key="rank",
+                        description="rank",
+                        depends_on=["scan"],
+                        milestone=True,
+                    ),
+                ]
+            )
+        )
+    if answer_type(logged) == "TaskOutcome":
+        return completion(
+            TaskOutcome(success=True, summary="s", findings=["a maker ships"])
+        )
+    if answer_type(logged) == "Verdict" and not asked:
+        asked.append("replan")
+        return completion(
+            Verdict(decision="replan", trigger="scope_shift", rationale="moved on")
+        )
+    return script(logged)
+
+
+@contextmanager
+def stdin_nobody_writes(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """A pipe as stdin: a prompt waits on it until the test writes a line to
+    the fd it yields; closed (end of input) afterwards."""
+    read_end, write_end = os.pipe()
+    stdin = open(read_end, encoding="utf-8")  # noqa: SIM115 - closed below
+    monkeypatch.setattr(sys, "stdin", stdin)
+    try:
+        yield write_end
+    finally:
+        os.close(write_end)  # the prompt's reader, if still waiting, ends
+        for thread in threading.enumerate():
+            if thread.name == "replan prompt":
+                thread.join(5)
+        stdin.close()
+
+
+@pytest.mark.parametrize(
+    ("flags", "code", "note", "finished"),
+    [
+        pytest.param(
+            ["--gate-timeout", "0.5"],
+            0,
+            "gate g1 timed out: rejected by policy",
+            "run finished: completed",
+            id="gate-timeout",
+        ),
+        pytest.param(
+            ["--deadline", "1.5"],
+            1,
+            "gate g1 needs no answer: the run ended",
+            "run finished: limit_reached",
+            id="deadline",
+        ),
+    ],
+)
+def test_a_gate_settled_while_its_prompt_waits_stops_the_prompt_and_the_run_sums_up(
+    flags: list[str],
+    code: int,
+    note: str,
+    finished: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[str] = []
+    with (
+        stdin_nobody_writes(monkeypatch),
+        chat_server(lambda logged: scope_shift(logged, asked)) as server,
+    ):
+        exit_code = main(
+            ["run", "Who ships solid-state cells?", "--model", "m", "--base-url",
+             server.base_url, *flags]
+        )  # fmt: skip
+    captured = capsys.readouterr()
+    assert exit_code == code, captured.err
+    assert captured.err == ""
+    out = captured.out.splitlines()
+    question = next(i for i, line in enumerate(out) if line.startswith("Approve"))
+    assert out[question + 1] == note  # on a line of its own
+    assert any(line.startswith(finished) for line in out[question:])
+    assert "usage by role" in out
+    assert "cost" in out
+
+
+def test_an_answer_that_comes_after_the_gate_timed_out_is_not_taken(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from replan import _cli_prompt
+
+    resolve = _cli_prompt.resolve
+
+    async def late(*args: Any) -> None:
+        await anyio.sleep(1.5)  # the gate times out meanwhile
+        await resolve(*args)
+
+    monkeypatch.setattr(_cli_prompt, "resolve", late)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
+    asked: list[str] = []
+    with chat_server(lambda logged: scope_shift(logged, asked)) as server:
+        code = main(
+            ["run", "Who ships solid-state cells?", "--model", "m", "--base-url",
+             server.base_url, "--gate-timeout", "0.3", "--json"]
+        )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "the answer to gate g1 came too late: not taken" in captured.err
+    result = json.loads(captured.out)
+    assert result["status"] == "completed"
+    assert [r["outcome"] for r in result["replans"]] == ["rejected_by_human"]
+    assert "policy:timeout" in result["replans"][0]["reason"]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:  # a port that was free a moment ago
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_the_password_of_the_base_url_is_never_printed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    port = _free_port()
+    url = f"http://user:s3cr3t@127.0.0.1:{port}/v1"
+
+    code = main(["run", "x", "--model", "m", "--base-url", url, "--retries", "0"])
+
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.err.splitlines()[-1].startswith(
+        f"replan: error: cannot reach the model endpoint at http://127.0.0.1:{port}/v1"
+    )
+    assert "s3cr3t" not in captured.out + captured.err
+
+
+@contextmanager
+def server_that_hangs_up() -> Iterator[str]:
+    """A server that takes each request and closes the connection without
+    answering; yields its base URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.05)
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.recv(65536)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+    finally:
+        done.set()
+        thread.join(5)
+        listener.close()
+
+
+def test_a_server_that_drops_the_connection_is_not_called_unreachable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with server_that_hangs_up() as url:
+        code = main(["run", "x", "--model", "m", "--base-url", url, "--retries", "0"])
+
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert code == 1
+    assert last.startswith("replan: error: the run failed: ")
+    assert "Server disconnected without sending a response" in last
+    assert "cannot reach" not in last
+
+
+@pytest.mark.parametrize(
+    ("message", "unreachable"),
+    [
+        ("U (m): cannot connect (All connection attempts failed) (after 1)", True),
+        ("U (m): cannot connect ([Errno 111] Connection refused)", True),
+        ("U (m): cannot connect ([Errno -2] Name or service not known)", True),
+        (
+            "U (m): cannot connect (Server disconnected without sending a response.)",
+            False,
+        ),
+        ("U (m): connected, but the server dropped the connection (...)", False),
+        ("U (m): HTTP 502: upstream: Connection refused", False),
+    ],
+)
+def test_only_a_connection_never_made_is_called_unreachable(
+    message: str, unreachable: bool
+) -> None:
+    result = RunResult(
+        run_id="r",
+        goal="g",
+        pattern="discovery",
+        status=RunStatus.FAILED,
+        tasks=[],
+        versions=[],
+        replans=[],
+        usage=Usage(),
+        model_failures=[
+            ModelFailure(
+                role="planner",
+                purpose="plan",
+                error_type="TransientModelError",
+                message=message,
+            )
+        ],
+    )
+    model = SimpleNamespace(base_url="http://u:pw@127.0.0.1:9/v1/")
+
+    said = unreachable_message(result, model)  # type: ignore[arg-type]
+
+    assert (said is not None) == bool(unreachable)
+    if said is not None:
+        assert said.startswith("cannot reach the model endpoint at http://127.0.0.1")
+
+
+def test_a_tool_module_that_exits_as_it_is_imported_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    code = main(
+        ["run", "x", "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
+         "--tool", "exits_at_import:TOOLS"]
+    )  # fmt: skip
+
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "replan: error: --tool: importing exits_at_import raised SystemExit(3)\n"
+    )
+
+
+def test_a_base_url_that_is_no_url_is_one_line_naming_the_flag(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(["run", "x", "--model", "m", "--base-url", "http://[::1"])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("replan: error: --base-url: ")
+    assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [httpx.InvalidURL("Invalid port: ':1'"), ValueError("Invalid port: ':1'")],
+    ids=["InvalidURL", "ValueError"],
+)
+def test_a_base_url_the_client_refuses_is_one_line_naming_the_flag(
+    failure: Exception,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import replan.llm
+
+    def refuse(*args: object, **kwargs: object) -> NoReturn:
+        raise failure
+
+    monkeypatch.setattr(replan.llm, "OpenAIModel", refuse)
+
+    code = main(["run", "x", "--model", "m", "--base-url", "http://u:pw@[::1:1"])
+
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "replan: error: --base-url: not a usable URL: Invalid port: ':1'\n"
+    )
+
+
+def test_an_unknown_scripted_model_is_one_line_naming_the_known_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["run", "x", "--model", "scripted:nope"]) == 2
+    assert capsys.readouterr().err == (
+        "replan: error: --model: no scripted model 'scripted:nope'; "
+        "known: scripted:demo\n"
+    )
+
+
+def test_run_with_the_scripted_demo_model_answers_offline(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REPLAN_MODEL", "scripted:demo")
+
+    code = main(["run", "Which models make sequence modelling cheap?", "--yes"])
+
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "gate g1 resolved: approve by cli --yes" in out
+    assert "run finished: completed" in out
+
+
+def test_an_explore_run_whose_server_drops_the_connection_names_its_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with server_that_hangs_up() as url:
+        code = main(
+            ["explore", "why?", "--model", "m", "--base-url", url, "--retries", "0"]
+        )
+
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert code == 1
+    assert last.startswith("replan: error: the explore run ended failed: ")
+    assert "Server disconnected without sending a response" in last
+    assert "cannot reach" not in last
