@@ -221,8 +221,7 @@ def serve(settings: DaemonSettings) -> None:
             # the runs; a collector that is down holds the exit briefly.
             if not telemetry.shutdown(timeout_s=TELEMETRY_FLUSH_S):
                 logger.warning(
-                    "telemetry not sent within %gs (is the OTLP collector "
-                    "running?)",
+                    "telemetry not sent within %gs (is the OTLP collector running?)",
                     TELEMETRY_FLUSH_S,
                 )
 
