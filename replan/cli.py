@@ -71,7 +71,7 @@ class Console:
 
 
 MAX_MESSAGE = 400
-"""At most this many characters of an error message are printed."""
+"""An error line is at most this many characters, ``replan: error: `` in."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,10 +172,11 @@ def _failed(exc: BaseException) -> int:
             message = f"unexpected {type(first).__name__}: {first}"
     # A base URL's ``user:password@`` is sent, never shown.
     message = without_credentials(" ".join(message.split()))
-    if len(message) > MAX_MESSAGE:
-        message = message[: MAX_MESSAGE - 1] + "…"
+    line = f"replan: error: {message}"
+    if len(line) > MAX_MESSAGE:
+        line = line[: MAX_MESSAGE - 1] + "…"
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        print(f"replan: error: {message}", file=sys.stderr)
+        print(line, file=sys.stderr)
     return code
 
 
