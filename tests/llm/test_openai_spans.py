@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -17,6 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 from replan import (
     MemoryStore,
     ModelRequest,
+    RunResult,
     RunSpec,
     ScriptedModel,
     Supervisor,
@@ -51,11 +53,12 @@ def answer(logged: Logged) -> Reply:
     return completion(TaskOutcome(success=True, summary="found four makers"))
 
 
-async def test_captured_prompts_are_the_messages_the_endpoint_was_sent(
-    traced: tuple[TracerProvider, InMemorySpanExporter],
-) -> None:
-    provider, exporter = traced
-    with chat_server(answer) as server:
+async def run_against(
+    script: Callable[[Logged], Reply], provider: TracerProvider
+) -> tuple[RunResult, list[list[dict[str, Any]]]]:
+    """Run SPEC on an OpenAIModel answered by ``script``: the result, and the
+    messages of each request the endpoint was sent."""
+    with chat_server(script) as server:
         model = OpenAIModel("gpt-test", base_url=server.base_url, max_retries=0)
         async with (
             model,
@@ -64,6 +67,14 @@ async def test_captured_prompts_are_the_messages_the_endpoint_was_sent(
             with anyio.fail_after(30):
                 result = await (await sup.submit(SPEC)).result()
         sent = [logged.messages for logged in server.chat_requests()]
+    return result, sent
+
+
+async def test_captured_prompts_are_the_messages_the_endpoint_was_sent(
+    traced: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, exporter = traced
+    result, sent = await run_against(answer, provider)
     assert result.status == "completed"
     chats = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
     assert len(chats) == len(sent) == 2  # the task and the synthesis
@@ -144,15 +155,7 @@ async def test_a_reasked_answer_is_captured_with_the_turns_it_replied_to(
         return answer(logged)
 
     provider, exporter = traced
-    with chat_server(invalid_once) as server:
-        model = OpenAIModel("gpt-test", base_url=server.base_url, max_retries=0)
-        async with (
-            model,
-            Supervisor(model, MemoryStore(), tracer_provider=provider) as sup,
-        ):
-            with anyio.fail_after(30):
-                result = await (await sup.submit(SPEC)).result()
-        sent = [logged.messages for logged in server.chat_requests()]
+    result, sent = await run_against(invalid_once, provider)
     assert result.status == "completed"
     assert [len(messages) for messages in sent] == [2, 4, 2]
     reasked = sent[1]

@@ -7,9 +7,7 @@ import importlib
 import io
 import logging
 import os
-import subprocess
 import sys
-import textwrap
 
 import opentelemetry
 import pytest
@@ -17,6 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
+from processes import run_python
 from scripts import chain, scripted, spec
 from spans import Tree, run_traced
 
@@ -34,18 +33,6 @@ def set_env(monkeypatch: pytest.MonkeyPatch, **values: str) -> None:
             monkeypatch.delenv(name)
     for name, value in {**QUIET, **values}.items():
         monkeypatch.setenv(name, value)
-
-
-def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env={**clean, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 @pytest.fixture

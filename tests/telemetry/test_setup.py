@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
-import textwrap
 import threading
 from collections.abc import Sequence
 
@@ -22,6 +19,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
+from processes import run_python
 from scripts import chain, scripted, spec
 from spans import Tree, attr, run_traced
 
@@ -130,18 +128,6 @@ async def test_prompts_and_completions_are_captured_only_when_asked_and_truncate
         (message,) = json.loads(prompt)
         assert message["parts"][0]["content"].endswith("…")
         assert attr(chat, n.GEN_AI_OUTPUT_MESSAGES)
-
-
-def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env={**clean, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def test_setup_leaves_a_provider_the_application_set_alone() -> None:
