@@ -119,6 +119,12 @@ class TraceSuspended(_Event):
     carrier: dict[str, str]
     """The W3C trace context (``traceparent``...) of the ended root span."""
     reason: str
+    replan_carrier: dict[str, str] | None = None
+    """The trace context of the ``replan`` span a replan decision under way
+    had: the decision goes on in a span linked to it, in this process or
+    after a restart."""
+    replan_usage: TokenUsage | None = None
+    """What that decision's model calls had cost until then."""
 
 
 class ModelCallFailed(_Event):

@@ -37,6 +37,7 @@ from ..messages import (
     TaskOutcome,
     TaskStarted,
     TaskStatus,
+    TokenUsage,
     TraceSuspended,
     Usage,
     UsageRecorded,
@@ -86,6 +87,14 @@ class RunState(Frozen):
     suspended_trace: dict[str, str] | None = None
     """The trace context of the run's last suspended root span (see
     ``TraceSuspended``): a resumed run's new root links to it."""
+    suspensions: int = 0
+    """How often the run's trace was suspended: its next trace is segment
+    ``suspensions + 1``."""
+    suspended_replan: dict[str, str] | None = None
+    """The trace context of the ``replan`` span of a decision the last
+    suspension cut short, until the decision is made."""
+    suspended_replan_usage: TokenUsage | None = None
+    """What that decision had cost until it was suspended."""
     model_failures: list[ModelFailure] = Field(default_factory=list)
     replanning_tokens: int = 0
     """Tokens of the model purposes in ``REPLANNING_PURPOSES``."""
@@ -255,10 +264,15 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
                 changes["completing"] = True
             return changes
         case ReplanRefused(record=record):
-            return {"replans": [*state.replans, record]}
+            changes = {"replans": [*state.replans, record]}
+            if state.suspended_replan is not None:
+                changes.update(suspended_replan=None, suspended_replan_usage=None)
+            return changes
         case ReplanApplied(record=record, version=version):
             changes = _install(state, version)
             changes["replans"] = [*state.replans, record]
+            if state.suspended_replan is not None:
+                changes.update(suspended_replan=None, suspended_replan_usage=None)
             return changes
         case GateOpened(request=request):
             gates = dict(state.gates)
@@ -274,7 +288,12 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
                 )
             return changes
         case TraceSuspended(carrier=carrier):
-            return {"suspended_trace": carrier}
+            return {
+                "suspended_trace": carrier,
+                "suspensions": state.suspensions + 1,
+                "suspended_replan": event.replan_carrier,
+                "suspended_replan_usage": event.replan_usage,
+            }
         case ModelCallFailed(failure=failure):
             return {"model_failures": [*state.model_failures, failure]}
         case RunFinished(status=status, stop_reason=reason, synthesis=synthesis):

@@ -134,8 +134,17 @@ class RunTrace:
         self._root: Span | None = None
         self._replan: Span | None = None
         self._replan_attrs: dict[str, AttributeValue] = {}
-        self._replan_usage = TokenUsage()
+        self._replan_base = (0, 0)
+        """Input and output tokens used before the open replan decision."""
         self._decided = False
+        self._cut = False
+        """The open replan decision was cut short (a cancellation, an error):
+        the supervisor's stop suspends it, the run's end concludes it."""
+        self._cut_reason: str | None = None
+        """Why, when an error cut it short."""
+        self._journaled_replan = journaled_context(state.suspended_replan)
+        """A decision an earlier process suspended: the next one continues it."""
+        self._journaled_replan_usage = state.suspended_replan_usage
         self._suspended_root: SpanContext | None = None
         self._suspended_replan: SpanContext | None = None
         self._token: object | None = None
@@ -196,7 +205,7 @@ class RunTrace:
         old = journaled_context(state.suspended_trace)
         if old is not None:
             links.append(Link(old, {n.LINK_KIND: "resumes"}))
-        self._segment += 1
+        self._segment = max(self._segment, state.suspensions) + 1
         self._root = _start_root(self._t, state, links, self._segment)
         self.recording = self._root.is_recording()
         self._refresh()
@@ -244,20 +253,39 @@ class RunTrace:
             n.REPLAN_CONFIDENCE: verdict.confidence,
             n.REPLAN_RATIONALE: truncate(verdict.rationale),
         }
+        links: list[Link] = []
+        spent = TokenUsage()
+        if self._journaled_replan is not None:
+            # The decision an earlier process suspended, going on here.
+            links.append(Link(self._journaled_replan, {n.LINK_KIND: "resumes"}))
+            spent = self._journaled_replan_usage or spent
+            self._journaled_replan = self._journaled_replan_usage = None
+        used = self._state.usage.total
+        self._replan_base = (
+            used.input_tokens - spent.input_tokens,
+            used.output_tokens - spent.output_tokens,
+        )
         self._replan_attrs = attrs
-        self._replan_usage = self._state.usage.total
-        self._decided = False
+        self._decided = self._cut = False
         self._replan = self._t.tracer.start_span(
-            n.SPAN_REPLAN, context=self._child_context(), attributes=attrs
+            n.SPAN_REPLAN, context=self._child_context(), attributes=attrs, links=links
         )
         self._refresh()
         try:
             yield
+        except anyio.get_cancelled_exc_class():
+            # From outside: the supervisor's stop suspends the decision, the
+            # run's end concludes it (see suspend and _finished).
+            self._cut = True
+            raise
         except BaseException as exc:
+            if self._replan is None and self._suspended_replan is not None:
+                # Ended while suspended at its gate: concluded in a new trace.
+                self.resume()
             span = self._replan
             if span is not None and not self._decided:
-                span.set_attribute(n.REPLAN_OUTCOME, n.INTERRUPTED)
-                span.set_attribute(n.REPLAN_REASON, truncate(str(exc) or "cancelled"))
+                self._cut_reason = str(exc) or type(exc).__name__
+                self._interrupted(span, self._cut_reason)
                 if isinstance(exc, Exception) and not isinstance(
                     exc, self._normal_ends
                 ):
@@ -265,13 +293,51 @@ class RunTrace:
                     span.set_status(
                         Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}")
                     )
+            # The run's end journals what the decision cost until now (a
+            # failed call's tokens): its span ends with the run's end.
+            self._cut = True
             raise
         finally:
-            if self._replan is not None:
-                self._replan.end()
-            self._replan = None
-            self._suspended_replan = None
-            self._refresh()
+            if not self._cut:
+                self._end_replan()
+
+    def _end_replan(self) -> None:
+        if self._replan is not None:
+            self._replan.end()
+        self._replan = None
+        self._suspended_replan = None
+        self._cut = False
+        self._cut_reason = None
+        self._refresh()
+
+    def _interrupted(self, span: Span, reason: str) -> None:
+        """A decision that ended without being made: why, and what it cost."""
+        state = self._state
+        limits = state.spec.limits
+        span.set_attributes(
+            {
+                n.REPLAN_OUTCOME: n.INTERRUPTED,
+                n.REPLAN_REASON: truncate(reason),
+                n.REPLAN_VERSION: len(state.versions),
+                n.REPLAN_REPLANS_REMAINING: max(
+                    0, limits.max_replans - state.replans_applied
+                ),
+                **self._replan_spent(state),
+            }
+        )
+
+    def _replan_tokens(self, state: RunState) -> tuple[int, int]:
+        """The input and output tokens the open decision used so far."""
+        used = state.usage.total
+        base_in, base_out = self._replan_base
+        return used.input_tokens - base_in, used.output_tokens - base_out
+
+    def _replan_spent(self, state: RunState) -> dict[str, AttributeValue]:
+        spent_in, spent_out = self._replan_tokens(state)
+        return {
+            n.REPLAN_USAGE_INPUT_TOKENS: spent_in,
+            n.REPLAN_USAGE_OUTPUT_TOKENS: spent_out,
+        }
 
     def _decided_replan(
         self, record: ReplanRecord, version: PlanVersion | None, state: RunState
@@ -285,7 +351,6 @@ class RunTrace:
             return
         self._decided = True
         limits = state.spec.limits
-        used = state.usage.total
         attrs: dict[str, AttributeValue] = {
             n.REPLAN_OUTCOME: record.outcome.value,
             n.REPLAN_REASON: truncate(record.reason),
@@ -293,10 +358,7 @@ class RunTrace:
             n.REPLAN_REPLANS_REMAINING: max(
                 0, limits.max_replans - state.replans_applied
             ),
-            n.REPLAN_USAGE_INPUT_TOKENS: used.input_tokens
-            - self._replan_usage.input_tokens,
-            n.REPLAN_USAGE_OUTPUT_TOKENS: used.output_tokens
-            - self._replan_usage.output_tokens,
+            **self._replan_spent(state),
         }
         diff = version if version is not None else record.proposed
         if diff is not None:
@@ -402,8 +464,20 @@ class RunTrace:
         self._suspended_root = root.get_span_context()
         self._root = None
         self._refresh()
+        fields: dict[str, object] = {"carrier": carrier, "reason": reason}
+        if self._suspended_replan is not None:
+            # A decision under way: the process that goes on with it links
+            # its span to this one, and counts what it had cost.
+            replan_carrier: dict[str, str] = {}
+            suspended = trace.NonRecordingSpan(self._suspended_replan)
+            _W3C.inject(replan_carrier, context=trace.set_span_in_context(suspended))
+            spent_in, spent_out = self._replan_tokens(self._state)
+            fields["replan_carrier"] = replan_carrier
+            fields["replan_usage"] = TokenUsage(
+                input_tokens=spent_in, output_tokens=spent_out
+            )
         try:
-            await self._record((TraceSuspended, {"carrier": carrier, "reason": reason}))
+            await self._record((TraceSuspended, fields))
         except Exception:
             # Telemetry must not take the run down; the trace just loses its link.
             logger.exception("could not journal the suspended trace context")
@@ -414,7 +488,7 @@ class RunTrace:
         if old is None or self._root is not None:
             return
         self._suspended_root = None
-        self._segment += 1
+        self._segment = max(self._segment, self._state.suspensions) + 1
         self._root = _start_root(
             self._t, self._state, [Link(old, {n.LINK_KIND: "resumes"})], self._segment
         )
@@ -536,6 +610,12 @@ class RunTrace:
         root = self._root
         if root is None:
             return
+        if self._replan is not None:
+            # A decision the run's end cut short (a cancel, the deadline).
+            if not self._decided:
+                why = self._cut_reason or f"the run ended {event.status.value}"
+                self._interrupted(self._replan, why)
+            self._end_replan()
         self._end_attributes(root, state)
         root.set_attribute(n.RUN_OUTCOME, status.value)
         reason = event.stop_reason
