@@ -160,7 +160,7 @@ class _Attempt:
         key = f"{self._run_id}:{task_id}:s{step}c{index}"
         if tool.side_effect:
             return await self._side_effect(call, tool, arguments, task_id, key)
-        return await _traced_run(call, tool, arguments, key)
+        return await _traced_run(call, tool, arguments, key, self._run_id)
 
     async def _side_effect(
         self, call: ToolCall, tool: Tool, arguments: BaseModel, task_id: str, key: str
@@ -208,7 +208,7 @@ class _Attempt:
                 logger.warning("tool call %s not run: %s", key, exc)
                 return failed(f"the call could not be recorded before it ran: {exc}")
         self._used.add(key)
-        result = await _traced_run(call, tool, arguments, key)
+        result = await _traced_run(call, tool, arguments, key, run_id)
         if result.error:
             # Recorded as started only: whether it acted is unknown, so the
             # same call made again, in this attempt or a later one, runs
@@ -234,7 +234,8 @@ class _Attempt:
         """The recorded result of a side-effect call that ran before."""
         assert record.content is not None
         self._used.add(record.key)
-        with tool_call(call, tool.spec.description, True, record.key) as done:
+        spec = tool.spec
+        with tool_call(call, spec.description, True, record.key, self._run_id) as done:
             done("reused", record.content, None)
         return ToolResult(call_id=call.id, name=call.name, content=record.content)
 
@@ -272,12 +273,12 @@ class _Attempt:
 
 
 async def _traced_run(
-    call: ToolCall, tool: Tool, arguments: BaseModel, key: str
+    call: ToolCall, tool: Tool, arguments: BaseModel, key: str, run_id: str
 ) -> ToolResult:
     """Run the tool in its ``execute_tool`` span; an exception it raises
     becomes an error result for the model."""
     spec = tool.spec
-    with tool_call(call, spec.description, spec.side_effect, key) as done:
+    with tool_call(call, spec.description, spec.side_effect, key, run_id) as done:
         try:
             content = await tool.run(arguments, idempotency_key=key)
         except Exception as exc:

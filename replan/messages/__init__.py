@@ -98,6 +98,7 @@ from ._spec import GatePolicy as GatePolicy
 from ._spec import Limits as Limits
 from ._spec import RunSpec as RunSpec
 from ._spec import check_drafts as check_drafts
+from ._task import EXECUTOR_CRASHED as EXECUTOR_CRASHED
 from ._task import TERMINAL_STATUSES as TERMINAL_STATUSES
 from ._task import Task as Task
 from ._task import TaskDraft as TaskDraft
@@ -110,6 +111,7 @@ from ._tool import ToolResult as ToolResult
 __all__ = (
     "DEFAULT_THRESHOLDS",
     "EVENT_ADAPTER",
+    "EXECUTOR_CRASHED",
     "LENSES",
     "MAX_METADATA_DEPTH",
     "MESSAGE_ADAPTER",

@@ -32,6 +32,11 @@ TERMINAL_STATUSES = frozenset(
 """Statuses a task never leaves."""
 
 
+EXECUTOR_CRASHED = "executor crashed: "
+"""How the reason of an attempt whose executor crashed begins (the run
+retries it, on a fresh worker)."""
+
+
 class TaskOutcome(Frozen):
     """What the executor reports for one attempt at a task."""
 

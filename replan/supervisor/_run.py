@@ -31,6 +31,7 @@ from .._errors import (
 )
 from ..actors import ActorPool, ReplySlot
 from ..messages import (
+    EXECUTOR_CRASHED,
     ActorFailure,
     Event,
     ExecuteReply,
@@ -1177,7 +1178,7 @@ class RunDriver:
                 return _Fatal(failure)
             # A crash may be the worker's, not the task's: retry on a fresh one.
             outcome = TaskOutcome(
-                success=False, transient=True, reason=f"executor crashed: {exc}"
+                success=False, transient=True, reason=f"{EXECUTOR_CRASHED}{exc}"
             )
         except ActorTimeout:
             # The pool's timer cut the attempt short (task_timeout_s): no

@@ -17,6 +17,7 @@ from opentelemetry.util.types import AttributeValue
 
 from .._errors import ModelError
 from ..messages import (
+    EXECUTOR_CRASHED,
     AlignmentReply,
     CritiqueReply,
     ExecuteReply,
@@ -27,6 +28,7 @@ from ..messages import (
     RankReply,
     ReviewReply,
     SynthesizeRequest,
+    TaskOutcome,
     TokenUsage,
     ToolCall,
 )
@@ -72,10 +74,13 @@ def _describe_request(
     return n.SPAN_AGENT_PREFIX + role, attrs
 
 
-def task_outcome(reply: ExecuteReply) -> str:
-    outcome = reply.outcome
+def task_outcome(outcome: TaskOutcome) -> str:
+    """An attempt's ``replan.task.outcome``: ``completed``, ``failed``,
+    ``transient_failure``, or ``crashed`` (its executor raised)."""
     if outcome.success:
         return "completed"
+    if outcome.reason and outcome.reason.startswith(EXECUTOR_CRASHED):
+        return "crashed"
     return "transient_failure" if outcome.transient else "failed"
 
 
@@ -104,7 +109,7 @@ def describe_reply(span: Span, reply: object) -> None:
     """Outcome attributes and evaluation events of an actor's answer."""
     match reply:
         case ExecuteReply():
-            span.set_attribute(n.TASK_OUTCOME, task_outcome(reply))
+            span.set_attribute(n.TASK_OUTCOME, task_outcome(reply.outcome))
         case ReviewReply(verdict=verdict):
             _evaluation(
                 span,
@@ -307,6 +312,8 @@ def serving(
     except Exception as exc:
         _failed(actor.span, exc)
         actor.span.set_attribute(n.ACTOR_OUTCOME, "crashed")
+        if isinstance(request, ExecuteRequest):
+            actor.span.set_attribute(n.TASK_OUTCOME, "crashed")
         raise
     except BaseException:
         actor.span.set_attribute(n.ACTOR_OUTCOME, "cancelled")
@@ -481,7 +488,7 @@ def _tool_ignore(outcome: str, content: str, error: BaseException | None) -> Non
 
 @contextmanager
 def tool_call(
-    call: ToolCall, description: str, side_effect: bool, key: str
+    call: ToolCall, description: str, side_effect: bool, key: str, run_id: str
 ) -> Iterator[ToolDone]:
     """An ``execute_tool <name>`` span around one tool call of the executor.
 
@@ -497,6 +504,7 @@ def tool_call(
         return
     attrs: dict[str, AttributeValue] = {
         n.GEN_AI_OPERATION_NAME: n.OP_EXECUTE_TOOL,
+        n.GEN_AI_CONVERSATION_ID: run_id,
         n.GEN_AI_TOOL_NAME: call.name,
         n.GEN_AI_TOOL_CALL_ID: call.id,
         n.GEN_AI_TOOL_TYPE: "function",

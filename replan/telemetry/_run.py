@@ -44,6 +44,7 @@ from ..messages import (
     Verdict,
 )
 from . import _names as n
+from ._actors import task_outcome
 from ._telemetry import Telemetry, truncate
 
 if TYPE_CHECKING:
@@ -519,13 +520,7 @@ class RunTrace:
                         self._tokens("executor", usage)
                     started = self._started.pop(task_id, None)
                     if started is not None:
-                        label = (
-                            "completed"
-                            if outcome.success
-                            else "transient_failure"
-                            if outcome.transient
-                            else "failed"
-                        )
+                        label = task_outcome(outcome)
                         self._t.task_duration.record(
                             (event.at - started).total_seconds(),
                             {n.TASK_OUTCOME: label},

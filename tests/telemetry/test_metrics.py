@@ -8,6 +8,9 @@ import anyio
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+    InMemorySpanExporter,
+)
 from scripts import (
     chain,
     first_then_continue,
@@ -157,3 +160,39 @@ async def test_the_mailbox_depth_gauge_shows_requests_waiting_per_role(
     }
     # A stopped supervisor reports no mailboxes.
     assert points(metric_reader, n.METRIC_MAILBOX_DEPTH) == []
+
+
+async def test_an_attempt_whose_executor_crashed_is_counted_and_traced_as_crashed(
+    provider: TracerProvider,
+    meter_provider: MeterProvider,
+    metric_reader: InMemoryMetricReader,
+    exporter: InMemorySpanExporter,
+) -> None:
+    async def crash_once(task: Task, ctx: TaskContext) -> TaskOutcome:
+        if ctx.attempt == 1:
+            raise RuntimeError("the runner broke")
+        return TaskOutcome(success=True, summary="done")
+
+    async with Supervisor(
+        scripted(),
+        MemoryStore(),
+        task_runner=crash_once,
+        tracer_provider=provider,
+        meter_provider=meter_provider,
+    ) as sup:
+        with anyio.fail_after(10):
+            await (await sup.submit(spec(chain(1)))).result()
+    durations = by(points(metric_reader, n.METRIC_TASK_DURATION), n.TASK_OUTCOME)
+    assert {k: p.count for k, p in durations.items()} == {
+        ("crashed",): 1,
+        ("completed",): 1,
+    }
+    executors = [  # the task's attempts, not the synthesis
+        s
+        for s in exporter.get_finished_spans()
+        if s.name == "invoke_agent executor" and n.TASK_ID in (s.attributes or {})
+    ]
+    outcomes = sorted(
+        (s.attributes or {}).get(n.TASK_OUTCOME, "none") for s in executors
+    )
+    assert outcomes == ["completed", "crashed"]

@@ -144,6 +144,9 @@ async def test_every_tool_call_is_a_span_under_its_executor_span(
         executor = tree.parent(span)
         assert executor is not None
         assert executor.name == "invoke_agent executor"
+        # Found by the run's id, as every span of the run is.
+        run_id = attr(executor, n.GEN_AI_CONVERSATION_ID)
+        assert attr(span, n.GEN_AI_CONVERSATION_ID) == run_id
         # Arguments and results are content: not recorded unless asked for.
         assert n.GEN_AI_TOOL_CALL_ARGUMENTS not in (span.attributes or {})
         assert n.GEN_AI_TOOL_CALL_RESULT not in (span.attributes or {})
