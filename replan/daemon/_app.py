@@ -77,6 +77,10 @@ class ApiError(HTTPException):
         self.field = field
 
 
+QUERY_PARAMETERS = frozenset({"status", "limit", "offset", "after", "run_id"})
+"""Every query parameter an endpoint takes (see :class:`KnownQuery`)."""
+
+
 def create_app(daemon: Daemon) -> FastAPI:
     """The ASGI app; its lifespan runs ``daemon.running()``."""
 

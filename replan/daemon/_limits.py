@@ -1,9 +1,13 @@
-"""Request bodies larger than the configured size get 413, unread."""
+"""What a request may carry: bodies larger than the configured size get 413,
+unread; query parameters no endpoint takes are dropped before anything sees
+them."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
+from urllib.parse import unquote_plus
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -78,3 +82,30 @@ def _content_length(scope: Scope) -> int | None:
             except ValueError:
                 return None
     return None
+
+
+class KnownQuery:
+    """ASGI wrapper: keep only the query parameters some endpoint takes.
+
+    The endpoints ignore the others anyway; dropped before the app (and the
+    web framework's own HTTP spans, which record ``url.query``) sees the
+    request, a token pasted into a URL by mistake is never recorded. The
+    parameters kept are passed on byte for byte.
+    """
+
+    def __init__(self, app: ASGIApp, names: Iterable[str]) -> None:
+        self.app = app
+        self.names = frozenset(names)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw: bytes = scope.get("query_string", b"") if scope["type"] == "http" else b""
+        if raw:
+            parts = [p for p in raw.split(b"&") if p]
+            kept = [p for p in parts if self._known(p)]
+            if len(kept) != len(parts):
+                scope = {**scope, "query_string": b"&".join(kept)}
+        await self.app(scope, receive, send)
+
+    def _known(self, part: bytes) -> bool:
+        name = part.split(b"=", 1)[0].decode("latin-1")
+        return unquote_plus(name) in self.names

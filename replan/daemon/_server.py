@@ -28,7 +28,8 @@ from anyio.abc import TaskStatus
 
 from ..store import SQLiteStore
 from ..telemetry import setup_if_asked
-from ._app import create_app
+from ._app import QUERY_PARAMETERS, create_app
+from ._limits import KnownQuery
 from ._listen import listen
 from ._lock import data_dir_lock
 from ._models import build_model, build_tools
@@ -132,7 +133,7 @@ def uvicorn_server(daemon: Daemon) -> uvicorn.Server:
     """uvicorn serving the daemon's app, with the daemon's signal handling."""
     settings = daemon.settings
     config = uvicorn.Config(
-        create_app(daemon),
+        KnownQuery(create_app(daemon), QUERY_PARAMETERS),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
