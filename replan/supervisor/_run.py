@@ -377,6 +377,9 @@ class RunDriver:
         """Taken reports outside the ledger whose finish is only staged."""
         self._busy = 0
         self._idle = anyio.Event()
+        self._unrecorded = 0
+        """Answers taken from a role and not yet journaled: busy until the
+        next append journals them (a drain lets the run get there)."""
 
     @property
     def state(self) -> RunState:
@@ -401,15 +404,25 @@ class RunDriver:
     async def _hold_if_draining(self) -> None:
         # Held until the supervisor stops; the run resumes from the journal.
         if self._draining:
+            # What it took since its last append cannot reach the journal
+            # now: it keeps the drain waiting no more.
+            self._recorded()
             await anyio.sleep_forever()
 
     def _begin(self) -> None:
         self._busy += 1
 
-    def _end(self) -> None:
-        self._busy -= 1
+    def _end(self, count: int = 1) -> None:
+        self._busy -= count
         if self._draining and self._busy == 0:
             self._idle.set()
+
+    def _recorded(self) -> None:
+        """The answers taken since the last append are journaled (or never
+        will be before the stop)."""
+        if self._unrecorded:
+            count, self._unrecorded = self._unrecorded, 0
+            self._end(count)
 
     # Journal ----------------------------------------------------------------
 
@@ -474,6 +487,7 @@ class RunDriver:
                     before_install()
                 self.record.install(state, events)
                 self.trace.on_events(events, state)
+                self._recorded()
             if self._staged_state is state:
                 self._staged_state = None
             return state
@@ -516,6 +530,7 @@ class RunDriver:
                 left = budget - self.view.usage.total.total_tokens
                 request = request.model_copy(update={"token_allowance": left})  # type: ignore[attr-defined]
             self._begin()
+            answered = False
             try:
                 reply = expect(
                     await pool.ask(request, run_id=self.state.run_id), reply_type
@@ -528,6 +543,7 @@ class RunDriver:
                 calls: list[ModelCall] | None = fields.get("calls")
                 if calls:
                     self.stage(*usage_events(calls))
+                answered = True
                 if fields.get("cut_short", False):
                     self.check_budget()
                 return reply
@@ -549,7 +565,11 @@ class RunDriver:
                         f"{pool.role} failed {attempts} time(s); last: {exc}",
                     ) from None
             finally:
-                self._end()
+                if answered:
+                    # Busy until journaled: a drain waits for the append.
+                    self._unrecorded += 1
+                else:
+                    self._end()
         raise AssertionError("unreachable")
 
     def check_budget(self) -> None:
@@ -688,8 +708,11 @@ class RunDriver:
         the run stays ``running`` in the journal, to be resumed from it (its
         trace is suspended, and the resumed run's trace links to it).
         """
-        async with self.trace.running():
-            await self._run()
+        try:
+            async with self.trace.running():
+                await self._run()
+        finally:
+            self._recorded()  # nothing more will be journaled
 
     async def _run(self) -> None:
         ended: tuple[RunStatus, str | None, Synthesis | None] | None = None

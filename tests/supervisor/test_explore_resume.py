@@ -378,3 +378,40 @@ async def test_a_journal_that_does_not_fit_the_flow_leaves_the_run_as_it_is(
     assert "expected CycleFinished next in the journal, found gate_opened" in (
         caplog.text
     )
+
+
+@pytest.mark.parametrize("purpose", ["critique", "compare"])
+async def test_answers_that_come_during_a_drain_are_journaled_before_the_stop(
+    tmp_path: Path, purpose: str
+) -> None:
+    # A drain lets the calls in flight finish and reach the journal: the
+    # answers taken are busy work until the append that journals them.
+    ideas = [
+        Idea("Solo cooks leave because recipes serve four", strength=0.9),
+        Idea("Leftovers make the weekly plan feel wasteful", strength=0.7),
+        Idea("Cooks without a budget lose a reason to plan", strength=0.6),
+    ]
+    path = tmp_path / "journal.db"
+    slow = ScriptedModel(ExploreScript(generated=ideas), latency_s=0.2)
+    with anyio.fail_after(20):
+        async with SQLiteStore(path) as store, Supervisor(slow, store) as sup:
+            handle = await sup.submit(explore_spec(select=2))
+            while True:  # until one of the calls is in flight
+                if any(c.purpose == purpose for c in slow.calls):
+                    break
+                await anyio.sleep(0.01)
+            in_flight = len(slow.calls)
+            await sup.drain(10)
+        again = ScriptedModel(ExploreScript(generated=ideas))
+        async with (
+            SQLiteStore(path) as store,
+            Supervisor(again, store, resume=True) as sup,
+        ):
+            result = await sup.get(handle.run_id).result()
+    assert result.status is RunStatus.COMPLETED
+    # What was asked before the drain is not asked again.
+    uninterrupted = await run_explore(
+        explore_spec(select=2), ExploreScript(generated=ideas)
+    )
+    assert in_flight + len(again.calls) == len(uninterrupted.model.calls)
+    assert result.usage.total.calls == uninterrupted.result.usage.total.calls
