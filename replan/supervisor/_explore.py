@@ -674,7 +674,9 @@ class _Flow:
             if self.replaying:
                 resolution = await self.journaled_review()
             else:
-                resolution = await self.human_review(selected, reasons)
+                # The person is told that refinement stopped short, too.
+                asked = [*reasons, reason] if reason else reasons
+                resolution = await self.human_review(selected, asked)
             if resolution.by == "policy:timeout":
                 status = "needs_review"
                 reason = "no person reviewed the selection before the gate expired"
@@ -700,7 +702,9 @@ class _Flow:
                 if resolution.hypotheses:
                     await self.join(resolution.hypotheses)
                     selected = self.selection()
-                status, reason, reviewed_by = "completed", None, resolution.by
+                # Approved by a person who was told of the limit, if one
+                # stopped refinement: the stop reason still says so.
+                status, reviewed_by = "completed", resolution.by
         plans = await self.validation(selected)
         n = len(selected)
         total = len(self.explore.hypotheses)

@@ -17,6 +17,7 @@ from explore_scripts import (
 from replan import (
     ConfigurationError,
     Critique,
+    GateResolution,
     MemoryStore,
     ModelAuthenticationError,
     ModelError,
@@ -499,3 +500,42 @@ async def test_evolving_never_changes_an_existing_hypothesis() -> None:
     assert added[0].statement == "Solo cooks leave because every recipe serves four"
     assert added[1].origin == "evolved"
     assert added[1].parent_ids == ["H1"]
+
+
+async def test_a_selection_approved_past_the_iteration_limit_keeps_the_limit() -> None:
+    # Refinement stopped at max_iterations; reviewers disagree on H1, so a
+    # person reviews: told of the limit too, and the limit stays the run's
+    # stop reason once the person approves.
+    ideas = [
+        Idea(
+            "Solo cooks leave because recipes serve four",
+            [scores(0.8), scores(0.8, plausibility=0.1)],
+            strength=0.9,
+        ),
+        Idea(
+            "Leftovers make the weekly plan feel wasteful",
+            [scores(0.2, safety=0.9)],
+            strength=0.7,
+        ),
+    ]
+    script = ExploreScript(
+        generated=ideas,
+        evolved=[[Idea("Weak evolved portions idea", [scores(0.2, safety=0.9)])]],
+    )
+    asked: list[str] = []
+
+    def approve(request: Any) -> GateResolution:
+        asked.append(request.reason)
+        return GateResolution(decision="approve", by="ana")
+
+    spec = explore_spec(max_iterations=1, select=2, disagreement=0.5)
+    outcome = await run_explore(spec, script, resolve=approve)
+    result, brief = outcome.result, outcome.result.brief
+    assert brief is not None
+    [reason] = asked
+    assert "disagree" in reason
+    assert "max_iterations: 1 cycle(s)" in reason
+    assert brief.status == "completed"
+    assert brief.reviewed_by == "ana"
+    assert (result.stop_reason or "").startswith("max_iterations: 1 cycle(s)")
+    assert outcome.replayed == result
