@@ -145,9 +145,12 @@ class _EventStream:
             changed = self._record.changed
             last = self._record.state.seq
             if self._seq < last:
-                self._buffer = await self._store.read(
-                    self._record.state.run_id, self._seq
-                )
+                events = await self._store.read(self._record.state.run_id, self._seq)
+                if not events:
+                    # The journal no longer holds them: the run was deleted
+                    # (retention) while this reader lagged behind.
+                    raise StopAsyncIteration
+                self._buffer = events
                 continue
             if self._record.done.is_set():
                 raise StopAsyncIteration

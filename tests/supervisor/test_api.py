@@ -170,6 +170,21 @@ async def test_events_after_a_seq_start_right_after_it() -> None:
     assert tail == everything[3:]
 
 
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_events_of_a_run_deleted_meanwhile_end_instead_of_spinning(
+    kind: str, tmp_path: Path
+) -> None:
+    store = MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "j.db")
+    async with store, Supervisor(ScriptedModel(answers()), store) as sup:
+        handle = await sup.submit(RunSpec(goal="three steps"))
+        await finish(handle)
+        stream = handle.events()
+        await store.delete_run(handle.run_id)  # retention, before the reader
+        with anyio.fail_after(5):
+            events = [event async for event in stream]
+    assert events == []
+
+
 async def test_a_mid_run_subscriber_gets_history_then_live_events_without_gaps() -> (
     None
 ):
