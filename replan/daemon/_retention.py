@@ -75,4 +75,8 @@ async def apply_retention(daemon: Daemon) -> int:
             handled += 1
             await anyio.lowlevel.checkpoint()
         if len(run_ids) < limit or handled == before:
+            if handled:
+                # What the pass deleted grew the WAL: copied back and
+                # truncated now rather than at the next append.
+                store.checkpoint_soon()
             return handled

@@ -550,7 +550,8 @@ class SQLiteStore:
                     f"run {run_id}: the snapshot ends at seq {snapshot.seq}, "
                     f"the journal at {last}"
                 )
-            conn.execute("DELETE FROM events WHERE run_id = ?", (run_id,))
+            rows = conn.execute("DELETE FROM events WHERE run_id = ?", (run_id,))
+            deleted = rows.rowcount
             conn.execute(
                 _INSERT_EVENT,
                 (run_id, snapshot.seq, snapshot.kind, payload, _to_text(snapshot.at)),
@@ -562,20 +563,32 @@ class SQLiteStore:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        # It writes about as many pages as appending those events did.
+        self._after_commit(conn, appends=max(1, deleted))
 
     async def delete_run(self, run_id: str) -> None:
         conn = self._writable()
         self._forget(run_id)
         self._live.discard(run_id)
         conn.execute("BEGIN IMMEDIATE")
+        deleted = 0
         try:
             for table in _RUN_TABLES:
-                conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+                rows = conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+                deleted += max(0, rows.rowcount)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        self._after_commit(conn, appends=max(1, deleted))
+
+    def checkpoint_soon(self) -> None:
+        """Have the store's thread copy the WAL into the database file now
+        and truncate it (after a burst of deletions, say, with no appends
+        to follow and rewind it)."""
+        if self._conn is not None:
+            self._checkpointer.wake()
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -688,6 +701,17 @@ class _Checkpointer:
         if self._commits < CHECKPOINT_EVERY:
             return False
         self._commits = 0
+        self._start()
+        self._wake.set()
+        return False
+
+    def wake(self) -> None:
+        """Start a round now (and the thread, if it has not started)."""
+        self._commits = 0
+        self._start()
+        self._wake.set()
+
+    def _start(self) -> None:
         if self._thread is None:
             # A daemon thread: a store nobody closed must not keep the
             # interpreter from exiting (an interrupted checkpoint is safe).
@@ -697,8 +721,6 @@ class _Checkpointer:
                 daemon=True,
             )
             self._thread.start()
-        self._wake.set()
-        return False
 
     def stop(self, *, wait: bool = True) -> None:
         """Stop the thread (after the checkpoint it may be running)."""
@@ -708,9 +730,20 @@ class _Checkpointer:
             self._thread.join()
             self._thread = None
 
+    def _round(self, conn: sqlite3.Connection) -> None:
+        (_, in_wal, copied) = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        wal = self._path.with_name(self._path.name + "-wal")
+        with contextlib.suppress(OSError):
+            if 0 <= in_wal == copied and wal.stat().st_size > WAL_SIZE_LIMIT:
+                # All of it copied, and grown past its bound (deletions in a
+                # burst): truncated now, where the next commit would only
+                # rewind it, and none may come for a while. Never waited
+                # for: busy, it is left to the next round.
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
     def _run(self) -> None:
         try:
-            conn = sqlite3.connect(self._path, isolation_level=None)
+            conn = sqlite3.connect(self._path, isolation_level=None, timeout=0)
         except sqlite3.Error:
             return  # the writer's own close still checkpoints
         try:
@@ -723,7 +756,7 @@ class _Checkpointer:
                 # Busy (another checkpoint, a reader) is fine: the next
                 # round copies what this one could not.
                 with contextlib.suppress(sqlite3.Error):
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    self._round(conn)
                 self._round_done = True
                 self.rounds.release()
         finally:

@@ -475,3 +475,49 @@ async def test_supervisors_sharing_one_store_object_are_told_apart_by_holder(
             other.hold_lease(other, exclusive=True)
             with pytest.raises(ConfigurationError, match="is resuming runs"):
                 store.hold_lease(first, exclusive=False)
+
+
+async def test_deleting_runs_counts_toward_the_checkpoints_as_appending_does(
+    tmp_path: Path,
+) -> None:
+    # A retention pass commits only deletions: they write pages to the WAL
+    # as appends do, so they start the thread's rounds too.
+    async with SQLiteStore(tmp_path / "j.db") as store:
+        runs = CHECKPOINT_EVERY // 4
+        for n in range(runs):
+            run_id = f"run-{n}"
+            await store.append(
+                run_id, [started(1), started(2)], summary(2, run_id=run_id)
+            )
+        assert store._checkpointer._thread is None  # 2 * runs < CHECKPOINT_EVERY
+        for n in range(runs):
+            await store.delete_run(f"run-{n}")
+        rounds = store._checkpointer.rounds
+        assert await anyio.to_thread.run_sync(rounds.acquire, True, 10)
+        assert await store.list_runs() == []
+
+
+async def test_a_wal_grown_past_its_bound_is_truncated_once_asked(
+    tmp_path: Path,
+) -> None:
+    from replan.store._sqlite import WAL_SIZE_LIMIT
+
+    db, wal = tmp_path / "j.db", tmp_path / "j.db-wal"
+    async with SQLiteStore(db) as store:
+        await store.append("run-1", [started(1)], summary(1))
+        # A burst with no append after it to rewind the WAL (what a
+        # retention pass leaves), made here in one transaction.
+        with closing(sqlite3.connect(db)) as other:
+            other.execute("CREATE TABLE scratch (x BLOB)")
+            other.executemany(
+                "INSERT INTO scratch VALUES (?)",
+                [(os.urandom(4096),) for _ in range(WAL_SIZE_LIMIT // 4096 + 512)],
+            )
+            other.execute("DROP TABLE scratch")
+            other.commit()
+        assert wal.stat().st_size > WAL_SIZE_LIMIT
+        store.checkpoint_soon()
+        rounds = store._checkpointer.rounds
+        assert await anyio.to_thread.run_sync(rounds.acquire, True, 10)
+        assert wal.stat().st_size <= WAL_SIZE_LIMIT
+        assert await store.read("run-1") == [started(1)]
