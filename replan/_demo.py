@@ -132,13 +132,20 @@ def demo_spec() -> RunSpec:
     )
 
 
-def demo_model(latency_s: float = 0.0) -> ScriptedModel:
+def demo_model(latency_s: float = 0.0, keep_calls: int | None = None) -> ScriptedModel:
     """The scripted model that plays every role of the demo.
 
     Args:
         latency_s: seconds each model call takes, to watch the run unfold.
+        keep_calls: see :class:`~replan.ScriptedModel` (the daemon keeps none).
     """
-    return ScriptedModel(answer, latency_s=latency_s, usage=demo_usage, name="demo")
+    return ScriptedModel(
+        answer,
+        latency_s=latency_s,
+        usage=demo_usage,
+        name="demo",
+        keep_calls=keep_calls,
+    )
 
 
 def demo_usage(request: ModelRequest) -> TokenUsage:

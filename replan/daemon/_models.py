@@ -30,7 +30,8 @@ def build_model(settings: DaemonSettings) -> Model:
                 raise ConfigurationError(
                     "model", f"unknown scripted model {rest!r}; use scripted:demo"
                 )
-            return demo_model(settings.model_latency_s)
+            # Serving for good: the requests are not kept (see keep_calls).
+            return demo_model(settings.model_latency_s, keep_calls=0)
         case "python":
             return _imported(rest, settings)
         case "openai":

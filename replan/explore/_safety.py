@@ -3,17 +3,51 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Literal
 
 from ..messages import SafetyFinding, SafetyPolicy
+from ..messages._explore import TERM_JOINERS
+
+
+def _in_word(char: str) -> bool:
+    """A letter, digit or combining mark of any script (part of a word)."""
+    return char.isalnum() or unicodedata.category(char).startswith("M")
+
+
+def _term_words(term: str) -> list[str]:
+    """The case-folded words of ``term``, split on spaces and joiners."""
+    return [part for part in TERM_JOINERS.split(term.casefold()) if part]
 
 
 def mentions(text: str, term: str) -> bool:
-    """True when ``term`` occurs in ``text`` as whole words, in any case."""
-    pattern = r"(?<![a-z0-9])" + r"\s+".join(
-        re.escape(part) for part in term.lower().split()
-    )
-    return re.search(pattern + r"(?![a-z0-9])", text.lower()) is not None
+    """True when ``term`` occurs in ``text`` as whole words, in any case.
+
+    Words are those of any script; a multi-word term matches its words joined
+    by spaces, hyphens, underscores or slashes, and no match starts or ends
+    inside a word (``вирус`` is not in ``антивирус``). No stemming: ``exploit``
+    is not in ``exploiters``.
+    """
+    parts = _term_words(term)
+    if not parts:
+        return False
+    folded = text.casefold()
+    pattern = re.compile(TERM_JOINERS.pattern.join(re.escape(part) for part in parts))
+    # Only a word-like edge of the term needs a boundary: ``c++`` ends in
+    # ``+``, which no following letter extends.
+    open_start, open_end = _in_word(parts[0][0]), _in_word(parts[-1][-1])
+    match = pattern.search(folded)
+    while match is not None:
+        start, end = match.span()
+        inside = (open_start and start > 0 and _in_word(folded[start - 1])) or (
+            open_end and end < len(folded) and _in_word(folded[end])
+        )
+        if not inside:
+            return True
+        # Matches may overlap (``xab ab ab`` has ``ab ab`` at 4): look on from
+        # the next character, not from the end of the one refused.
+        match = pattern.search(folded, start + 1)
+    return False
 
 
 def screen(
@@ -37,7 +71,7 @@ def screen(
     domains = [
         d
         for d in policy.high_impact_domains
-        if d.lower() == domain.strip().lower() or mentions(goal, d)
+        if _term_words(d) == _term_words(domain) or mentions(goal, d)
     ]
     if not domains:
         return "pass", []

@@ -1,13 +1,15 @@
 from __future__ import annotations
 
 import inspect
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
+from .._errors import ModelOutputError
 from ..messages import TokenUsage
 from ._port import ModelRequest, ModelResponse
 
@@ -21,13 +23,22 @@ class ScriptedModel:
     """A model whose answers come from a plain function: exact and offline.
 
     Tests, the offline demo and the benchmarks use it. Every request is kept
-    in :attr:`calls`, so a test can count what each role was asked.
+    in :attr:`calls`, so a test can count what each role was asked (the
+    latest ``keep_calls`` only, when given: a long-lived process serving
+    with it keeps none).
 
     Args:
         handler: produces the answer for each request.
         latency_s: seconds each call sleeps before answering.
-        usage: tokens to report per call, or a function of the request.
+        usage: tokens to report per call, or a function of the request. A
+            malformed answer costs them too: as a real model's would.
         name: the model name reported in responses.
+        keep_calls: how many of the latest requests :attr:`calls` keeps;
+            None (the default) keeps every one.
+
+    An answer of the wrong type, or a dict that does not validate into
+    ``request.output_type``, raises :class:`ModelOutputError` with the call's
+    ``usage``, as a model adapter reports an answer it cannot use.
     """
 
     def __init__(
@@ -37,8 +48,12 @@ class ScriptedModel:
         latency_s: float = 0.0,
         usage: TokenUsage | Callable[[ModelRequest], TokenUsage] | None = None,
         name: str = "scripted",
+        keep_calls: int | None = None,
     ) -> None:
+        if keep_calls is not None and keep_calls < 0:
+            raise ValueError(f"keep_calls must be 0 or more, not {keep_calls}")
         self._handler = handler
+        self._keep = keep_calls
         self._latency_s = latency_s
         self._usage = usage
         self.name = name
@@ -58,7 +73,14 @@ class ScriptedModel:
         ]
 
     async def generate(self, request: ModelRequest) -> ModelResponse:
-        self.calls.append(request)
+        keep = self._keep
+        if keep is None:
+            self.calls.append(request)
+        elif keep:
+            calls = self.calls
+            calls.append(request)
+            if len(calls) >= 2 * keep:  # trimmed now and then, not each call
+                del calls[:-keep]
         started = time.perf_counter()
         if self._latency_s:
             await anyio.sleep(self._latency_s)
@@ -67,10 +89,18 @@ class ScriptedModel:
             answer = await _await(answer)
         if isinstance(answer, ModelResponse):
             return answer
-        output = _coerce(answer, request)
+        usage = self._usage_for(request)
+        try:
+            output = _coerce(answer, request)
+        except (TypeError, ValidationError) as exc:
+            raise ModelOutputError(
+                _problem(exc, request),
+                usage=usage,
+                raw_output=_shown(answer),
+            ) from exc
         return ModelResponse(
             output=output,
-            usage=self._usage_for(request),
+            usage=usage,
             model=self.name,
             latency_s=time.perf_counter() - started,
         )
@@ -101,3 +131,23 @@ def _coerce(answer: Any, request: ModelRequest) -> BaseModel:
         f"{request.output_type.__name__}, a dict or a ModelResponse, "
         f"not {type(answer).__name__}"
     )
+
+
+def _problem(exc: TypeError | ValidationError, request: ModelRequest) -> str:
+    if isinstance(exc, TypeError):
+        return str(exc)
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "output"
+    more = exc.error_count() - 1
+    return (
+        f"scripted answer for {request.role}/{request.purpose} is not a valid "
+        f"{request.output_type.__name__}: {where}: {first['msg']}"
+        + (f" (and {more} more)" if more else "")
+    )
+
+
+def _shown(answer: Any) -> str | None:
+    """A malformed dict answer as JSON text, as a real model's would be kept."""
+    if not isinstance(answer, dict):
+        return None
+    return json.dumps(answer, default=repr)

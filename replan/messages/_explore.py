@@ -6,6 +6,7 @@ verified facts; every type here keeps that distinction visible.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -52,11 +53,18 @@ DEFAULT_BLOCKED: tuple[str, ...] = (
 )
 
 
+TERM_JOINERS = re.compile(r"[\s\-_/\\\u2010-\u2015\u2212]+")
+"""What separates the words of a policy term: spaces, hyphens and dashes,
+underscores and slashes (``nerve agent``, ``nerve-agent``, ``nerve_agent``)."""
+
+
 class SafetyPolicy(Settings):
     """What an explore run may not pursue, and what needs a person first."""
 
     blocked_terms: list[str] = Field(default_factory=lambda: list(DEFAULT_BLOCKED))
-    """Words or phrases that block a goal outright (whole words, any case)."""
+    """Words or phrases that block a goal outright (whole words of any script,
+    any case; a phrase's words may be joined by spaces, hyphens, underscores or
+    slashes)."""
     high_impact_domains: list[str] = Field(
         default_factory=lambda: list(DEFAULT_HIGH_IMPACT)
     )
@@ -69,8 +77,8 @@ class SafetyPolicy(Settings):
     @field_validator("blocked_terms", "high_impact_domains")
     @classmethod
     def _terms_not_blank(cls, terms: list[str]) -> list[str]:
-        if any(not t.strip() for t in terms):
-            raise ValueError("terms must not be blank")
+        if any(not TERM_JOINERS.sub("", t) for t in terms):
+            raise ValueError("terms must not be blank (only spaces or joiners)")
         return terms
 
 
@@ -171,6 +179,15 @@ class Hypothesis(Frozen):
     origin: Literal["generated", "evolved", "human"] = "generated"
     iteration: int = 0
     """The cycle that produced it (0 for a person's)."""
+
+    @field_validator("statement")
+    @classmethod
+    def _statement_not_blank(cls, statement: str) -> str:
+        # min_length lets "   " through, and a blank statement is no
+        # hypothesis to review, rank or validate.
+        if not statement.strip():
+            raise ValueError("the statement must not be blank")
+        return statement
 
 
 class HypothesisBatch(Frozen):

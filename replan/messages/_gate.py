@@ -54,8 +54,13 @@ class GateResolution(Frozen):
         # ConfigurationError names the field the check is about, which
         # pydantic cannot tell for a check over the whole model.
         if self.decision == "edit" and not (self.tasks or self.hypotheses):
+            # Which one the gate takes is the gate's to know; name the one
+            # carried (``hypotheses=[]`` at an explore review), tasks if none.
+            carried = self.hypotheses is not None and self.tasks is None
             raise ConfigurationError(
-                "tasks", "an edit resolution needs the edited tasks"
+                "hypotheses" if carried else "tasks",
+                "an edit resolution needs the edited tasks (a plan's gate) "
+                "or hypotheses (an explore review)",
             )
         if self.decision != "edit" and (
             self.tasks is not None or self.hypotheses is not None

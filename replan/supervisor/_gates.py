@@ -76,9 +76,10 @@ class GateRegistry:
             GateError: no open gate has this id, or the run ended before it
                 journaled the answer.
         """
-        if not isinstance(resolution, GateResolution):
-            resolution = _resolution_from(gate_id, resolution)
         pending = self._open.get(gate_id)
+        if not isinstance(resolution, GateResolution):
+            review = pending is not None and pending.request.hypotheses is not None
+            resolution = _resolution_from(gate_id, resolution, review=review)
         if pending is None:
             raise GateError(f"no open gate {gate_id!r}")
         if pending.resolution is not None:
@@ -197,7 +198,11 @@ def _refused_field(
     return "decision"
 
 
-def _resolution_from(gate_id: str, value: object) -> GateResolution:
+def _resolution_from(
+    gate_id: str, value: object, *, review: bool = False
+) -> GateResolution:
+    """``value``'s fields as a resolution; ``review``: the gate is an explore
+    review, whose edit carries hypotheses (named when an edit has neither)."""
     if not isinstance(value, Mapping):
         raise ResolutionRefused(
             "resolution",
@@ -208,4 +213,9 @@ def _resolution_from(gate_id: str, value: object) -> GateResolution:
         return GateResolution.model_validate(dict(value))
     except ValidationError as exc:
         problem = ConfigurationError.from_validation(exc)
-        raise ResolutionRefused(problem.field, f"gate {gate_id}: {problem}") from None
+        field = problem.field
+        if review and field == "tasks" and "tasks" not in value:
+            field = "hypotheses"
+        raise ResolutionRefused(
+            field, f"gate {gate_id}: {field}: {problem.problem}"
+        ) from None

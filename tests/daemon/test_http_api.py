@@ -192,7 +192,8 @@ def test_an_edit_without_tasks_is_refused_naming_the_tasks(
         still_open = client.get("/v1/gates").json()["gates"]
     assert no_tasks.status_code == 422
     assert no_tasks.json() == {
-        "detail": "tasks: an edit resolution needs the edited tasks",
+        "detail": "tasks: an edit resolution needs the edited tasks (a plan's "
+        "gate) or hypotheses (an explore review)",
         "field": "tasks",
     }
     assert stray_tasks.status_code == 422

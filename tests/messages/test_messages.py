@@ -22,6 +22,7 @@ from replan import (
 from replan.llm import ModelPrice
 from replan.messages import (
     MESSAGE_ADAPTER,
+    Hypothesis,
     Message,
     PlanProposal,
     Task,
@@ -157,6 +158,34 @@ def test_invalid_settings_raise_a_configuration_error_naming_the_field(
 def test_an_edit_resolution_needs_tasks() -> None:
     with pytest.raises(ValidationError, match="needs the edited tasks"):
         GateResolution(decision="edit")
+
+
+@pytest.mark.parametrize(
+    ("carried", "field"),
+    [
+        ({"hypotheses": []}, "hypotheses"),
+        ({"tasks": []}, "tasks"),
+        ({}, "tasks"),
+    ],
+)
+def test_an_empty_edit_is_refused_naming_the_field_it_carries(
+    carried: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ValidationError) as caught:
+        GateResolution.model_validate({"decision": "edit", **carried})
+    problem = ConfigurationError.from_validation(caught.value)
+    assert problem.field == field
+    assert problem.problem == (
+        "an edit resolution needs the edited tasks (a plan's gate) "
+        "or hypotheses (an explore review)"
+    )
+
+
+@pytest.mark.parametrize("statement", ["", "   ", "\n\t"])
+def test_a_hypothesis_statement_must_not_be_blank(statement: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        Hypothesis(statement=statement)
+    assert ConfigurationError.from_validation(caught.value).field == "statement"
 
 
 def test_datetimes_in_events_keep_their_timezone() -> None:

@@ -16,6 +16,7 @@ from explore_scripts import (
 from replan import (
     GateError,
     GateResolution,
+    ResolutionRefused,
     RunStatus,
     ScriptedModel,
     Supervisor,
@@ -218,3 +219,55 @@ async def test_an_explore_review_refuses_edited_tasks() -> None:
                 )
             await sup.gates.resolve(gate.gate_id, approve(gate))
             assert (await handle.result()).brief.status == "completed"
+
+
+async def test_an_empty_edit_at_an_explore_review_names_the_hypotheses() -> None:
+    model = ScriptedModel(ExploreScript(generated=[TORN, *GOOD[1:]]))
+    with anyio.fail_after(10):
+        async with Supervisor(model=model) as sup:
+            handle = await sup.submit(explore_spec(GOAL))
+            async for event in handle.events():
+                if event.kind == "gate_opened":
+                    break
+            [gate] = sup.gates.pending()
+            with pytest.raises(ResolutionRefused) as empty:
+                await sup.gates.resolve(
+                    gate.gate_id, {"decision": "edit", "hypotheses": []}
+                )
+            with pytest.raises(ResolutionRefused) as bare:
+                await sup.gates.resolve(gate.gate_id, {"decision": "edit"})
+            await sup.gates.resolve(gate.gate_id, approve(gate))
+            assert (await handle.result()).brief.status == "completed"
+    # Named after what an explore review takes, carried or not.
+    assert empty.value.field == bare.value.field == "hypotheses"
+    for refused in (empty, bare):
+        assert "or hypotheses (an explore review)" in str(refused.value)
+
+
+async def test_a_blank_hypothesis_of_a_person_is_refused_and_the_gate_stays_open() -> (
+    None
+):
+    model = ScriptedModel(ExploreScript(generated=[TORN, *GOOD[1:]]))
+    with anyio.fail_after(10):
+        async with Supervisor(model=model) as sup:
+            handle = await sup.submit(explore_spec(GOAL))
+            async for event in handle.events():
+                if event.kind == "gate_opened":
+                    break
+            [gate] = sup.gates.pending()
+            edit = {
+                "decision": "edit",
+                "hypotheses": [
+                    GOOD[0].hypothesis().model_dump(),
+                    {"statement": " \n "},
+                ],
+            }
+            with pytest.raises(ResolutionRefused) as refused:
+                await sup.gates.resolve(gate.gate_id, edit)
+            assert [g.gate_id for g in sup.gates.pending()] == [gate.gate_id]
+            await sup.gates.resolve(gate.gate_id, approve(gate))
+            result = await handle.result()
+    assert refused.value.field == "hypotheses.1.statement"
+    assert "must not be blank" in str(refused.value)
+    assert result.brief.status == "completed"
+    assert not result.brief.errors
