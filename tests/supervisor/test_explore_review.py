@@ -15,8 +15,10 @@ from explore_scripts import (
 
 from replan import (
     GateError,
+    GateRequest,
     GateResolution,
     ResolutionRefused,
+    RunHandle,
     RunStatus,
     ScriptedModel,
     Supervisor,
@@ -201,15 +203,25 @@ async def test_a_review_nobody_answers_leaves_the_brief_needing_review() -> None
     assert resolved[0].resolution.by == "policy:timeout"
 
 
+def torn_model() -> ScriptedModel:
+    """Reviewers torn on the first idea: the run stops at its review gate."""
+    return ScriptedModel(ExploreScript(generated=[TORN, *GOOD[1:]]))
+
+
+async def at_review(sup: Supervisor) -> tuple[RunHandle, GateRequest]:
+    """Submit the goal and wait for its review gate."""
+    handle = await sup.submit(explore_spec(GOAL))
+    async for event in handle.events():
+        if event.kind == "gate_opened":
+            break
+    [gate] = sup.gates.pending()
+    return handle, gate
+
+
 async def test_an_explore_review_refuses_edited_tasks() -> None:
-    model = ScriptedModel(ExploreScript(generated=[TORN, *GOOD[1:]]))
     with anyio.fail_after(10):
-        async with Supervisor(model=model) as sup:
-            handle = await sup.submit(explore_spec(GOAL))
-            async for event in handle.events():
-                if event.kind == "gate_opened":
-                    break
-            [gate] = sup.gates.pending()
+        async with Supervisor(model=torn_model()) as sup:
+            handle, gate = await at_review(sup)
             with pytest.raises(GateError, match="takes hypotheses, not tasks"):
                 await sup.gates.resolve(
                     gate.gate_id,
@@ -222,14 +234,9 @@ async def test_an_explore_review_refuses_edited_tasks() -> None:
 
 
 async def test_an_empty_edit_at_an_explore_review_names_the_hypotheses() -> None:
-    model = ScriptedModel(ExploreScript(generated=[TORN, *GOOD[1:]]))
     with anyio.fail_after(10):
-        async with Supervisor(model=model) as sup:
-            handle = await sup.submit(explore_spec(GOAL))
-            async for event in handle.events():
-                if event.kind == "gate_opened":
-                    break
-            [gate] = sup.gates.pending()
+        async with Supervisor(model=torn_model()) as sup:
+            handle, gate = await at_review(sup)
             with pytest.raises(ResolutionRefused) as empty:
                 await sup.gates.resolve(
                     gate.gate_id, {"decision": "edit", "hypotheses": []}
@@ -247,14 +254,9 @@ async def test_an_empty_edit_at_an_explore_review_names_the_hypotheses() -> None
 async def test_a_blank_hypothesis_of_a_person_is_refused_and_the_gate_stays_open() -> (
     None
 ):
-    model = ScriptedModel(ExploreScript(generated=[TORN, *GOOD[1:]]))
     with anyio.fail_after(10):
-        async with Supervisor(model=model) as sup:
-            handle = await sup.submit(explore_spec(GOAL))
-            async for event in handle.events():
-                if event.kind == "gate_opened":
-                    break
-            [gate] = sup.gates.pending()
+        async with Supervisor(model=torn_model()) as sup:
+            handle, gate = await at_review(sup)
             edit = {
                 "decision": "edit",
                 "hypotheses": [

@@ -55,22 +55,28 @@ def model(trigger: Trigger = Trigger.CONTRADICTION, **answers: Any) -> ScriptedM
     )
 
 
+class Hanging:
+    """A planner whose replan call never answers (until cancelled)."""
+
+    def __init__(self) -> None:
+        self.asked = anyio.Event()
+
+    async def __call__(self, request: ModelRequest) -> Any:
+        self.asked.set()
+        await anyio.sleep_forever()
+
+
 async def test_a_decision_cut_by_a_stop_goes_on_in_a_linked_span_after_it(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
     store = MemoryStore()
-    asked = anyio.Event()
-
-    async def hang(request: ModelRequest) -> Any:
-        asked.set()
-        await anyio.sleep_forever()
-
+    hang = Hanging()
     with anyio.fail_after(10):
         async with Supervisor(
             model(replan=hang), store, tracer_provider=provider
         ) as first:
             handle = await first.submit(spec(chain(3, milestone_at=[1])))
-            await asked.wait()
+            await hang.asked.wait()
         async with Supervisor(model(), store, tracer_provider=provider) as second:
             result = await (await second.resume(handle.run_id)).result()
     assert result.status is RunStatus.COMPLETED
@@ -144,18 +150,13 @@ async def test_a_run_cancelled_at_an_untimed_gate_concludes_its_decision(
 async def test_a_cancel_during_a_decision_gives_a_plain_reason(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
-    asked = anyio.Event()
-
-    async def hang(request: ModelRequest) -> Any:
-        asked.set()
-        await anyio.sleep_forever()
-
+    hang = Hanging()
     with anyio.fail_after(10):
         async with Supervisor(
             model(replan=hang), MemoryStore(), tracer_provider=provider
         ) as sup:
             handle = await sup.submit(spec(chain(3, milestone_at=[1])))
-            await asked.wait()
+            await hang.asked.wait()
             await handle.cancel()
     span = Tree(exporter.get_finished_spans()).one(n.SPAN_REPLAN)
     assert attr(span, n.REPLAN_OUTCOME) == "interrupted"
