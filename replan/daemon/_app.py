@@ -30,6 +30,7 @@ from .._errors import (
 )
 from .._version import __version__
 from ..messages import GateResolution, Limits, RunSpec, RunStatus
+from ..supervisor._state import RUN_ENDED_NOTE
 from ._auth import BearerAuth
 from ._json import StrictJsonRoute
 from ._limits import BodyLimit
@@ -311,7 +312,13 @@ async def _closed_gate(daemon: Daemon, gate_id: str) -> NoReturn:
             pass
         else:
             info = state.gates.get(gate_id)
-            if info is not None and info.resolution is not None:
+            closed_by_end = (
+                info is not None
+                and info.resolution is not None
+                and info.resolution.by == "supervisor"
+                and (info.resolution.note or "").startswith(RUN_ENDED_NOTE)
+            )
+            if info is not None and info.resolution is not None and not closed_by_end:
                 raise ApiError(409, f"gate {gate_id} is already resolved")
             if info is not None and state.status.final:
                 raise ApiError(

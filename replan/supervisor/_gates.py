@@ -159,6 +159,13 @@ class GateRegistry:
         if pending is not None:
             await pending.waited_on.wait()
 
+    def close_run(self, run_id: str, error: str) -> None:
+        """Close every gate of a run that ended (answered or not: an answer
+        not journaled by the end is not taken)."""
+        for gate_id, pending in list(self._open.items()):
+            if pending.request.run_id == run_id:
+                self.close(gate_id, error)
+
     def close_all(self, error: str) -> None:
         for gate_id in list(self._open):
             self.close(gate_id, error)

@@ -288,6 +288,23 @@ def failure_events(
     return events
 
 
+def finish_events(item: _Done) -> list[tuple[type[Event], dict[str, Any]]]:
+    """What journals one finished attempt: its ``task_finished`` and usage."""
+    fields: dict[str, Any] = {"task_id": item.task_id, "outcome": item.outcome}
+    usage = execution_usage(item.calls)
+    if usage is not None:
+        fields["usage"] = usage
+    return [
+        (TaskFinished, fields),
+        *(usage_events(item.calls) if usage is None else ()),
+        *(
+            event
+            for failure in item.failures
+            for event in failure_events(failure, with_usage=False)
+        ),
+    ]
+
+
 def failure_ending(failure: ModelFailure) -> RunEnded:
     """How a model failure that cannot be retried ends the run."""
     if failure.error_type == "BudgetExhausted":
@@ -375,6 +392,9 @@ class RunDriver:
         """The driver waits for task reports (and journals them on arrival)."""
         self._unjournaled: list[_Report] = []
         """Taken reports outside the ledger whose finish is only staged."""
+        self._held: list[_Report] = []
+        """Reports of the batch being taken that are not taken yet (a review
+        one of them led to may end the run first)."""
         self._busy = 0
         self._idle = anyio.Event()
         self._unrecorded = 0
@@ -746,6 +766,7 @@ class RunDriver:
                 await anyio.sleep_forever()
             if ended is not None:
                 status, reason, synthesis = ended
+                self._stage_finished_meanwhile()
                 with anyio.CancelScope(shield=True):
                     try:
                         await self._record_end(status, reason, synthesis)
@@ -758,12 +779,26 @@ class RunDriver:
             # finished in the ledger, so that a resumed run does not redo it.
             left = self._inbox.take_nowait()
             with anyio.CancelScope(shield=True):
-                await self._secure([*self._unjournaled, *left])
+                await self._secure([*self._unjournaled, *self._held, *left])
             self._inbox.close()
-            for gate in self.state.open_gates:
-                self.gates.close(
-                    gate.request.gate_id, "the run ended before the gate was resolved"
-                )
+            self.gates.close_run(
+                self.state.run_id, "the run ended before the gate was resolved"
+            )
+
+    def _stage_finished_meanwhile(self) -> None:
+        """Attempts that finished while the run waited (at a gate, on a
+        review) and that its end came before: journaled with the end, so
+        that their results are kept (``abort`` keeps the partial results)."""
+        held, self._held = self._held, []
+        for item in [*held, *self._inbox.take_nowait()]:
+            if not isinstance(item, _Done):
+                continue
+            task = self.view.tasks.get(item.task_id)
+            if task is None or task.status is not TaskStatus.IN_PROGRESS:
+                continue
+            if item.attempt and item.attempt != task.attempts:
+                continue
+            self.stage(*finish_events(item))
 
     def _needs_brief(self) -> bool:
         """An explore run that has not issued its brief."""
@@ -866,9 +901,10 @@ class RunDriver:
             finally:
                 self._collecting = False
             self.trace.sync()
+            held = self._held = list(items)
             try:
-                for index, item in enumerate(items):
-                    await self._take(item, later=items[index + 1 :])
+                while held:
+                    await self._take(held.pop(0), later=held)
             except BaseException:
                 # Stopped or ended mid-batch: what finished may not be
                 # journaled; keep it in the ledger for a resumed run.
@@ -934,19 +970,7 @@ class RunDriver:
             self._unjournaled.append(item)
         if item.timed_out:
             self._withdraw_tool_gates_of(item.task_id)
-        fields: dict[str, Any] = {"task_id": item.task_id, "outcome": item.outcome}
-        usage = execution_usage(item.calls)
-        if usage is not None:
-            fields["usage"] = usage
-        staged = self.stage(
-            (TaskFinished, fields),
-            *(usage_events(item.calls) if usage is None else ()),
-            *(
-                event
-                for failure in item.failures
-                for event in failure_events(failure, with_usage=False)
-            ),
-        )
+        staged = self.stage(*finish_events(item))
         finished = staged.tasks[item.task_id].status is not TaskStatus.PENDING
         if finished and milestone_due(staged, item.task_id):
             await self.record_events()

@@ -304,18 +304,43 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
                 else t
                 for tid, t in state.tasks.items()
             }
-            return {
+            changes = {
                 "status": status,
                 "stop_reason": reason,
                 "tasks": tasks,
                 "output": synthesis.output if synthesis else None,
                 "sources": synthesis.sources if synthesis else [],
             }
+            if any(g.resolution is None for g in state.gates.values()):
+                changes["gates"] = _closed_at_end(state.gates, status, event.at)
+            return changes
         case ExploreEvent():
             explore = fold_explore(state.explore, event)
             return {"explore": explore, "iterations": len(explore.cycles)}
         case _:
             assert_never(event)
+
+
+RUN_ENDED_NOTE = "the run ended before the gate was answered"
+"""The note of a gate the run's end closed (by ``supervisor``)."""
+
+
+def _closed_at_end(
+    gates: dict[str, GateInfo], status: RunStatus, at: datetime
+) -> dict[str, GateInfo]:
+    """The gates still open when the run ended, closed: nothing waits on a
+    finished run. Rejected by ``supervisor`` in the state only (no
+    ``gate_resolved``: the run's end is its last event), which changes no
+    task (a side effect left unapproved stays pending)."""
+    closed = GateResolution(
+        decision="reject", by="supervisor", note=f"{RUN_ENDED_NOTE} ({status.value})"
+    )
+    return {
+        gate_id: info
+        if info.resolution is not None
+        else info.evolve(resolution=closed, resolved_at=at)
+        for gate_id, info in gates.items()
+    }
 
 
 def _from_snapshot(event: RunCompacted) -> RunState:

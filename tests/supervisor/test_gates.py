@@ -591,6 +591,29 @@ async def test_cancelling_a_run_that_waits_at_a_gate_closes_the_gate() -> None:
     assert result.status is RunStatus.CANCELLED
     assert [v.version for v in result.versions] == [1]
     assert model.calls_for("executor", "synthesize") == []
+    # Nothing waits on a finished run: its state says the gate closed.
+    assert handle.state.open_gates == []
+    closed = handle.state.gates[gate.gate_id].resolution
+    assert closed is not None
+    assert (closed.decision, closed.by) == ("reject", "supervisor")
+    assert closed.note == "the run ended before the gate was answered (cancelled)"
+
+
+async def test_a_side_effect_left_unapproved_at_the_runs_end_stays_pending() -> None:
+    # Its gate closes with the run, which neither runs nor fails the task.
+    tasks = [TaskDraft(key="send", description="send", requires_approval=True)]
+    store = MemoryStore()
+    async with Supervisor(ScriptedModel(Script()), store) as sup:
+        handle = await sup.submit(RunSpec(goal="email the report", tasks=tasks))
+        await next_gate(sup)
+        with anyio.fail_after(10):
+            await handle.cancel()
+        result = await finish(handle)
+        replayed = await sup.replay(handle.run_id)
+    [task] = result.tasks
+    assert task.status is TaskStatus.PENDING
+    assert handle.state.open_gates == []
+    assert replayed == result
 
 
 # Approval gates meeting replans ---------------------------------------------

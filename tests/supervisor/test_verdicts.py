@@ -28,10 +28,13 @@ from replan import (
     TaskDraft,
     TaskOutcome,
     TaskStatus,
+    TokenUsage,
     Trigger,
     Verdict,
 )
 from replan.messages import MilestoneReviewed, TaskStarted
+
+USAGE = TokenUsage(input_tokens=10, output_tokens=5, calls=1)
 
 
 def fan_out(dependents: int) -> list[TaskDraft]:
@@ -180,6 +183,39 @@ async def test_abort_ends_aborted_with_the_rationale_and_keeps_completed_results
         )
     assert done.task("t3").status is TaskStatus.PENDING
     assert done.task("t4").status is TaskStatus.PENDING
+    assert done.replayed == result
+
+
+async def test_abort_keeps_the_results_of_tasks_that_finished_during_the_review() -> (
+    None
+):
+    # s2..s4 run beside the milestone's review and return while the reviewer
+    # still thinks; it then aborts: their results are partial results too.
+    async def execute(request: ModelRequest) -> TaskOutcome:
+        if task_of(request).key != "s1":
+            await anyio.sleep(0.05)
+        return with_finding(request)
+
+    async def slow_abort(request: ModelRequest) -> Verdict:
+        await anyio.sleep(0.3)
+        return Verdict(decision="abort", rationale="infeasible")
+
+    drafts = [
+        TaskDraft(key="s1", description="s1", milestone=True),
+        *(TaskDraft(key=f"s{i}", description=f"s{i}") for i in range(2, 5)),
+    ]
+    model = scripted(execute=execute, milestone=slow_abort, usage=USAGE)
+    done = await run_to_end(model, spec(drafts, milestone_every=10))
+    result = done.result
+    assert result.status is RunStatus.ABORTED
+    assert sorted(executed_ids(model)) == ["t1", "t2", "t3", "t4"]
+    for task_id in ("t1", "t2", "t3", "t4"):
+        task = done.task(task_id)
+        assert task.status is TaskStatus.COMPLETED
+        assert task.result is not None
+        assert task.result.summary == f"{task_id} done"
+    # Every attempt's tokens are the run's too.
+    assert result.usage.by_role["executor"].calls == 4
     assert done.replayed == result
 
 
