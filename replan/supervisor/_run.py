@@ -788,9 +788,16 @@ class RunDriver:
     def _stage_finished_meanwhile(self) -> None:
         """Attempts that finished while the run waited (at a gate, on a
         review) and that its end came before: journaled with the end, so
-        that their results are kept (``abort`` keeps the partial results)."""
+        that their results are kept (``abort`` keeps the partial results).
+        Of those still running, what their model calls have cost so far
+        (a tool loop's steps), so that the run's usage counts every call."""
         held, self._held = self._held, []
         for item in [*held, *self._inbox.take_nowait()]:
+            if isinstance(item, _Fatal):
+                # Another attempt's call the spent budget (say) refused:
+                # what its calls cost until then.
+                self.stage(*failure_events(item.failure, with_usage=True))
+                continue
             if not isinstance(item, _Done):
                 continue
             task = self.view.tasks.get(item.task_id)
@@ -799,6 +806,11 @@ class RunDriver:
             if item.attempt and item.attempt != task.attempts:
                 continue
             self.stage(*finish_events(item))
+        for task in self.view.with_status(TaskStatus.IN_PROGRESS):
+            spent = self.meter.take_attempt(task.id, task.attempts)
+            if spent is not None:
+                fields = {"role": "executor", "purpose": "execute", "usage": spent}
+                self.stage((UsageRecorded, fields))
 
     def _needs_brief(self) -> bool:
         """An explore run that has not issued its brief."""

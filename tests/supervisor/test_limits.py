@@ -3,6 +3,8 @@ reserve refuses replans."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 from scripts import (
@@ -21,14 +23,19 @@ from scripts import (
 )
 
 from replan import (
+    MemoryStore,
     ModelRequest,
+    ModelResponse,
     ReplanOutcome,
     RunStatus,
     ScriptedModel,
+    Supervisor,
     TaskOutcome,
     TaskStatus,
     TokenUsage,
+    tool,
 )
+from replan.messages import ToolCall
 from replan.supervisor._budget import RunMeter
 
 PER_CALL = TokenUsage(input_tokens=6, output_tokens=4)
@@ -229,3 +236,53 @@ async def test_a_deadline_ends_a_stuck_run_promptly() -> None:
     # The attempt cut short never finished.
     assert done.task("t2").status is TaskStatus.PENDING
     assert done.replayed == result
+
+
+@tool
+async def ping(n: int) -> str:
+    """Ping."""
+    return "pong"
+
+
+@pytest.mark.parametrize("end", ["budget", "cancel", "deadline"])
+async def test_the_calls_of_attempts_still_running_at_the_end_count_in_the_usage(
+    end: str,
+) -> None:
+    # Four tasks loop on a tool call (a model call each step) until the run
+    # ends: every one of those calls is in the run's usage, however it ends.
+    cost = TokenUsage(input_tokens=100, calls=1)
+    calls = 0
+
+    async def loop(request: ModelRequest) -> ModelResponse:
+        nonlocal calls
+        await anyio.sleep(0.02)
+        calls += 1  # answered (one cut short by the end costs nothing)
+        return ModelResponse(
+            usage=cost,
+            tool_calls=[ToolCall(id="c", name="ping", arguments='{"n": 1}')],
+        )
+
+    limits: dict[str, Any] = {"max_concurrency": 4, "max_tool_steps": 100}
+    if end == "budget":
+        limits["token_budget"] = 1000
+    if end == "deadline":
+        limits["deadline_s"] = 0.3
+    model = scripted(execute=loop, usage=cost)
+    async with Supervisor(model, MemoryStore(), tools=[ping]) as sup:
+        handle = await sup.submit(spec(independent(4), **limits))
+        if end == "cancel":
+            await anyio.sleep(0.3)
+            await handle.cancel()
+        with anyio.fail_after(10):
+            result = await handle.result()
+        replayed = await sup.replay(handle.run_id)
+    expected = {
+        "budget": RunStatus.LIMIT_REACHED,
+        "cancel": RunStatus.CANCELLED,
+        "deadline": RunStatus.LIMIT_REACHED,
+    }
+    assert result.status is expected[end]
+    executor = result.usage.by_role["executor"]
+    assert executor.calls == calls
+    assert executor.input_tokens == 100 * calls
+    assert replayed == result
