@@ -110,6 +110,10 @@ class _Attempt:
                 response = await generate(loop.model, request_sent)
                 calls.append(_call(response.usage))
                 if response.tool_calls and specs:
+                    if step == request.max_tool_steps:
+                        # No model call is left to read their results: the
+                        # tools (side effects above all) are not run.
+                        break
                     results = [
                         await self._call_tool(call, task.id, step, index)
                         for index, call in enumerate(response.tool_calls)
@@ -137,7 +141,8 @@ class _Attempt:
             outcome=TaskOutcome(
                 success=False,
                 reason=f"max_tool_steps: {request.max_tool_steps} model calls "
-                "made without a final answer",
+                "made without a final answer (the tools the last one asked "
+                "for were not run)",
             ),
             calls=calls,
         )

@@ -194,12 +194,24 @@ def import_tools(paths: Sequence[str]) -> list[Tool]:
 
 
 def as_text(result: Any) -> str:
-    """A tool's result as the model reads it."""
-    if isinstance(result, str):
-        return result
-    if isinstance(result, BaseModel):
-        return result.model_dump_json()
-    return json.dumps(result, default=str)
+    """A tool's result as the model reads it (and the tool effect ledger
+    keeps it). Never raises: the tool has run, whatever it returned. What
+    JSON cannot hold (keys that are no strings) is shown by ``repr``; a lone
+    UTF-16 surrogate, no text for any journal, becomes ``?``."""
+    try:
+        if isinstance(result, str):
+            text = result
+        elif isinstance(result, BaseModel):
+            text = result.model_dump_json()
+        else:
+            text = json.dumps(result, default=str)
+    except (TypeError, ValueError):  # PydanticSerializationError included
+        text = repr(result)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = text.encode(errors="replace").decode()
+    return text
 
 
 def _described(fn: Callable[..., Any]) -> tuple[Any, Callable[..., Any]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
 import pytest
@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from replan import ConfigurationError, ScriptedModel, Supervisor
 from replan.llm import Tool, ToolArgumentsError, tool
+from replan.llm._tools import as_text
 
 
 class Order(BaseModel):
@@ -168,3 +169,18 @@ def test_tools_named_by_path_are_found_in_the_working_directory(
     )
     with pytest.raises(ConfigurationError, match="two tools are named 'lookup'"):
         import_tools(["desk_tools:lookup", "desk_tools:BOTH"])
+
+
+class Unserializable(BaseModel):
+    value: Any
+
+
+def test_a_result_is_always_text_a_journal_can_keep() -> None:
+    circular: list[Any] = []
+    circular.append(circular)
+    assert as_text({(1, 2): "x"}) == "{(1, 2): 'x'}"
+    assert as_text("sent \udfff") == "sent ?"
+    assert as_text(["\ud800"]) == '["\\ud800"]'  # JSON escapes it: fine as is
+    assert as_text(circular) == "[[...]]"
+    assert as_text({"n": 1}) == '{"n": 1}'
+    assert as_text(Unserializable(value=object())).startswith("Unserializable(")

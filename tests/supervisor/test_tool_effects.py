@@ -25,6 +25,7 @@ from replan import (
     RunStatus,
     Supervisor,
     TaskOutcome,
+    TaskStatus,
     Tool,
     tool,
 )
@@ -39,11 +40,13 @@ to answer (success from the last attempt, a transient failure before)."""
 class Outbox:
     """A side-effect tool that counts what it really did."""
 
-    def __init__(self, *, fail_first: int = 0) -> None:
+    def __init__(self, *, fail_first: int = 0, reply: Any = None) -> None:
         self.sent: list[tuple[str, str]] = []
         """(recipient, idempotency key) of each email sent."""
         self.fail_first = fail_first
         self.ran = anyio.Event()
+        self.reply = reply
+        """What the tool returns (by default ``sent to RECIPIENT``)."""
 
     def tool(self) -> Tool:
         @tool(side_effect=True)
@@ -54,7 +57,7 @@ class Outbox:
                 raise ConnectionError("the mail server hung up")
             self.sent.append((to, idempotency_key))
             self.ran.set()
-            return f"sent to {to}"
+            return f"sent to {to}" if self.reply is None else self.reply
 
         return send_email
 
@@ -134,6 +137,28 @@ async def test_a_retried_task_gets_the_result_of_the_email_it_already_sent(
     assert len(gates) == 1  # the retry asked no one: the email had been sent
     [again] = executor.seen[2]
     assert (again.content, again.error) == ("sent to ana", False)
+
+
+@pytest.mark.parametrize(
+    ("reply", "shown"),
+    [("sent \udfff", "sent ?"), ({(1, 2): "x"}, "{(1, 2): 'x'}")],
+    ids=["surrogate", "tuple-keys"],
+)
+async def test_an_email_sent_whose_reply_no_journal_can_hold_is_not_sent_again(
+    store: Store, reply: Any, shown: str
+) -> None:
+    # The reply is made text every journal keeps: the call is recorded as
+    # done, and the retry reads it instead of sending again.
+    outbox = Outbox(reply=reply)
+    executor = Executor({(1, 1): ["ana"], (2, 1): ["ana"]}, attempts=2)
+    status, gates, _ = await run_approving(executor, outbox, store)
+    assert status is RunStatus.COMPLETED
+    assert keys(outbox) == ["t1:s1c0"]
+    assert len(gates) == 1
+    [first] = executor.seen[1]
+    [again] = executor.seen[2]
+    assert (first.content, first.error) == (shown, False)
+    assert (again.content, again.error) == (shown, False)
 
 
 async def test_a_different_call_in_the_same_place_is_a_new_effect_with_its_own_key(
@@ -466,3 +491,27 @@ async def test_replan_show_reads_a_journal_from_before_tool_effects(
     out = shown.stdout.decode()
     assert "tasks\n  t1  completed" in out
     assert "side effects" not in out
+
+
+async def test_the_tools_the_last_allowed_step_asks_for_are_not_run(
+    store: Store,
+) -> None:
+    # max_tool_steps=2: the second model call still asks for an email. No
+    # model call is left to read its result, so nobody is asked and nothing
+    # is sent; the attempt fails naming the limit.
+    outbox = Outbox()
+    executor = Executor({(1, 1): ["ana"], (1, 2): ["bob"]}, attempts=1)
+    model = scripted(execute=executor)
+    with anyio.fail_after(10):
+        async with Supervisor(model, store, tools=[outbox.tool()]) as sup:
+            run_spec = spec(chain(1), max_task_attempts=1, max_tool_steps=2)
+            handle = await sup.submit(run_spec)
+            gates = await approve_every_gate(sup, handle)
+            result = await handle.result()
+    assert [to for to, _ in outbox.sent] == ["ana"]
+    assert len(gates) == 1
+    [task] = result.tasks
+    assert task.status is TaskStatus.FAILED
+    assert task.result is not None
+    assert "max_tool_steps: 2 model calls" in (task.result.reason or "")
+    assert "were not run" in (task.result.reason or "")
