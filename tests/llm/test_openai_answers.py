@@ -129,13 +129,18 @@ def raw_server(answer: bytes) -> Iterator[tuple[str, list[int]]]:
     """A server that reads each request and sends ``answer`` (nothing: it
     closes the connection), and counts the connections it took."""
     listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.05)  # to see `closing` soon: close() wakes no accept()
     taken: list[int] = []
     closing = threading.Event()
 
     def serve() -> None:
         with contextlib.suppress(OSError):
             while not closing.is_set():
-                conn, _ = listener.accept()
+                try:
+                    conn, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                conn.settimeout(None)
                 taken.append(1)
                 with conn:
                     conn.recv(65536)
