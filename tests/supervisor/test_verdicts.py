@@ -191,13 +191,21 @@ async def test_abort_keeps_the_results_of_tasks_that_finished_during_the_review(
 ):
     # s2..s4 run beside the milestone's review and return while the reviewer
     # still thinks; it then aborts: their results are partial results too.
+    returned = 0
+    all_returned = anyio.Event()
+
     async def execute(request: ModelRequest) -> TaskOutcome:
+        nonlocal returned
         if task_of(request).key != "s1":
             await anyio.sleep(0.05)
+            returned += 1
+            if returned == 3:
+                all_returned.set()
         return with_finding(request)
 
     async def slow_abort(request: ModelRequest) -> Verdict:
-        await anyio.sleep(0.3)
+        await all_returned.wait()
+        await anyio.sleep(0.05)  # their reports are in the run's inbox
         return Verdict(decision="abort", rationale="infeasible")
 
     drafts = [
