@@ -100,7 +100,7 @@ def create_app(daemon: Daemon) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=daemon.settings.max_body_bytes)
     # Added last, so it runs first: no body is read for a caller without a token.
     app.add_middleware(BearerAuth, token=daemon.token)
-    _handle_errors(app)
+    _handle_errors(app, daemon)
     app.include_router(_v1(daemon))
 
     @app.get("/healthz", tags=["operations"])
@@ -383,7 +383,17 @@ def _unparsable_body(exc: HTTPException) -> str | None:
     return str(cause) or type(cause).__name__
 
 
-def _handle_errors(app: FastAPI) -> None:
+def _at_explore_review(daemon: Daemon, request: Request) -> bool:
+    """Does the request answer an open explore review (which takes
+    hypotheses, where a plan's gate takes tasks)?"""
+    gate_id = request.path_params.get("gate_id")
+    if not isinstance(gate_id, str) or not daemon.ready:
+        return False
+    gate = daemon.supervisor.gates.get(gate_id)
+    return gate is not None and gate.hypotheses is not None
+
+
+def _handle_errors(app: FastAPI, daemon: Daemon) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
@@ -402,6 +412,8 @@ def _handle_errors(app: FastAPI) -> None:
             # A message model's own check, raised with the field it is about.
             field = ".".join(p for p in (field, inner.field) if p)
             message = inner.problem
+            if field == "tasks" and _at_explore_review(daemon, request):
+                field = "hypotheses"  # an edit with neither, at an explore review
         if first.get("type") == "missing" and not field:
             return _problem(422, "a JSON body is required", "body")
         message = message.removeprefix("Value error, ")

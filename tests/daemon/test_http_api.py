@@ -118,6 +118,10 @@ def test_an_explore_run_is_accepted_reviewed_and_briefed_over_http(
         (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
         assert gate["run_id"] == run_id
         assert gate["hypotheses"]
+        # An edit with nothing in it is refused naming what this gate takes.
+        bare = client.post(f"/v1/gates/{gate['gate_id']}", json={"decision": "edit"})
+        assert bare.status_code == 422, bare.text
+        assert bare.json()["field"] == "hypotheses"
         answer = client.post(
             f"/v1/gates/{gate['gate_id']}", json={"decision": "approve", "by": "ana"}
         )
