@@ -9,7 +9,6 @@ The public API, re-exported from the subpackages::
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -32,6 +31,7 @@ from ._errors import ResolutionRefused as ResolutionRefused
 from ._errors import SupervisorError as SupervisorError
 from ._errors import TransientModelError as TransientModelError
 from ._errors import UnknownRunError as UnknownRunError
+from ._lazy import lazy_getattr as _lazy_getattr
 from ._version import __version__ as __version__
 from .actors import TaskContext as TaskContext
 from .actors import TaskRunner as TaskRunner
@@ -98,13 +98,8 @@ if TYPE_CHECKING:
 _LAZY = {"OpenAIModel": ".llm"}
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:
+    __getattr__ = _lazy_getattr(__name__, _LAZY, globals())
 
 
 __all__ = (

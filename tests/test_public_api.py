@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +111,41 @@ def test_the_command_line_loads_openai_only_for_the_commands_that_call_it() -> N
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert out.stdout.split() == ["False"]
+
+
+def test_a_users_program_is_type_checked_against_replans_annotations(
+    tmp_path: Path,
+) -> None:
+    # The package says it is typed (py.typed): a user's mypy reads its
+    # annotations, and a misspelt name is an error, not an untyped object.
+    assert (Path(replan.__file__).parent / "py.typed").is_file()
+    (tmp_path / "user.py").write_text(
+        "from collections.abc import AsyncIterator\n"
+        "from replan import Event, RunSpec, ScriptedModel, Supervisor\n"
+        "async def main() -> None:\n"
+        "    async with Supervisor(ScriptedModel(lambda r: None)) as sup:\n"
+        "        handle = await sup.submit(RunSpec(goal='g'))\n"
+        "        events: AsyncIterator[Event] = handle.events()\n"
+        "        async for event in events:\n"
+        "            print(event.seq)\n"
+    )
+    (tmp_path / "typo.py").write_text("from replan import ScriptdModel\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-incremental",
+            "user.py",
+            "typo.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    errors = [line for line in done.stdout.splitlines() if ": error:" in line]
+    assert len(errors) == 1, done.stdout
+    assert errors[0].startswith('typo.py:1: error: Module "replan" has no attribute')

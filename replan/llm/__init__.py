@@ -3,9 +3,9 @@ role prompts, function tools, prices, and a scripted model."""
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from .._lazy import lazy_getattr as _lazy_getattr
 from ._port import Model as Model
 from ._port import ModelRequest as ModelRequest
 from ._port import ModelResponse as ModelResponse
@@ -37,13 +37,8 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:
+    __getattr__ = _lazy_getattr(__name__, _LAZY, globals())
 
 
 __all__ = (

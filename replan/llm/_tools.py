@@ -19,7 +19,7 @@ from typing import Any, get_type_hints, overload
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, ReplanError
 from .._importing import import_named
 
 KEY_PARAMETER = "idempotency_key"
@@ -38,7 +38,7 @@ class ToolSpec(BaseModel):
     """Running it changes the world: a person approves each call first."""
 
 
-class ToolArgumentsError(ValueError):
+class ToolArgumentsError(ReplanError, ValueError):
     """The model's arguments are not valid JSON for the tool's schema."""
 
 
