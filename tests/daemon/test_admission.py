@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
-import httpx
+from in_process import serving
 
 from replan._demo import GOAL, demo_model
-from replan.daemon import DaemonSettings, Token, create_app
+from replan.daemon import DaemonSettings, Token
 from replan.daemon._service import Daemon
 
 TOKEN = "admission-test-token"
@@ -20,14 +20,7 @@ async def test_a_burst_of_submissions_fills_the_free_places_and_no_more(
 ) -> None:
     settings = DaemonSettings(data_dir=tmp_path, max_active_runs=3)
     daemon = Daemon(settings=settings, token=Token(TOKEN), model=demo_model())
-    transport = httpx.ASGITransport(app=create_app(daemon))
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    async with (
-        daemon.running(),
-        httpx.AsyncClient(
-            transport=transport, base_url="http://replan", headers=headers
-        ) as client,
-    ):
+    async with serving(daemon) as client:
         # Two runs hold two of the three places (the demo's runs stop at a
         # gate that waits for a person).
         for _ in range(2):

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, closing
+from contextlib import closing
 from pathlib import Path
 
 import anyio
-import httpx
 import pytest
+from in_process import serving
 
 from replan import GatePolicy, RunStatus, Supervisor
 from replan._demo import demo_model, demo_spec
-from replan.daemon import DaemonSettings, Token, create_app
+from replan.daemon import DaemonSettings, Token
 from replan.daemon._retention import apply_retention
 from replan.daemon._service import Daemon
 from replan.messages import GateOpened
@@ -54,19 +53,6 @@ def damage(path: Path, run_id: str, seq: int = 3) -> None:
             (run_id, seq),
         )
         db.commit()
-
-
-@asynccontextmanager
-async def serving(daemon: Daemon) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=create_app(daemon))
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    async with (
-        daemon.running(),
-        httpx.AsyncClient(
-            transport=transport, base_url="http://replan", headers=headers
-        ) as client,
-    ):
-        yield client
 
 
 async def test_retention_compacts_the_other_runs_past_a_damaged_one(
