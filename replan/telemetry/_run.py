@@ -466,18 +466,21 @@ class RunTrace:
         self._root = None
         self._refresh()
         fields: dict[str, object] = {"carrier": carrier, "reason": reason}
-        if self._suspended_replan is not None:
-            # A decision under way: the process that goes on with it links
-            # its span to this one, and counts what it had cost.
-            replan_carrier: dict[str, str] = {}
-            suspended = trace.NonRecordingSpan(self._suspended_replan)
-            _W3C.inject(replan_carrier, context=trace.set_span_in_context(suspended))
-            spent_in, spent_out = self._replan_tokens(self._state)
-            fields["replan_carrier"] = replan_carrier
-            fields["replan_usage"] = TokenUsage(
-                input_tokens=spent_in, output_tokens=spent_out
-            )
         try:
+            if self._suspended_replan is not None:
+                # A decision under way: the process that goes on with it
+                # links its span to this one, and counts what it had cost:
+                # the answers staged meanwhile too, journaled first.
+                await self._record()
+                replan_carrier: dict[str, str] = {}
+                suspended = trace.NonRecordingSpan(self._suspended_replan)
+                context_of = trace.set_span_in_context(suspended)
+                _W3C.inject(replan_carrier, context=context_of)
+                spent_in, spent_out = self._replan_tokens(self._state)
+                fields["replan_carrier"] = replan_carrier
+                fields["replan_usage"] = TokenUsage(
+                    input_tokens=spent_in, output_tokens=spent_out
+                )
             await self._record((TraceSuspended, fields))
         except Exception:
             # Telemetry must not take the run down; the trace just loses its link.

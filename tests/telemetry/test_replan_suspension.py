@@ -56,7 +56,7 @@ def model(trigger: Trigger = Trigger.CONTRADICTION, **answers: Any) -> ScriptedM
 
 
 class Hanging:
-    """A planner whose replan call never answers (until cancelled)."""
+    """A model call that never answers (until cancelled)."""
 
     def __init__(self) -> None:
         self.asked = anyio.Event()
@@ -182,3 +182,27 @@ async def test_a_decision_cut_by_a_model_error_says_what_it_cost(
     assert attr(span, n.REPLAN_REPLANS_REMAINING) == 3
     assert attr(span, n.REPLAN_USAGE_INPUT_TOKENS) == COST.input_tokens
     assert attr(span, n.REPLAN_USAGE_OUTPUT_TOKENS) == COST.output_tokens
+
+
+async def test_a_decision_stopped_after_an_answer_counts_that_answer_after_it(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    # The planner has answered (its tokens only staged), the drift check
+    # hangs; the stop journals the planner's tokens before the decision's
+    # cost, so the resumed decision counts all three answered calls.
+    store = MemoryStore()
+    hang = Hanging()
+    with anyio.fail_after(10):
+        async with Supervisor(
+            model(alignment=hang), store, tracer_provider=provider
+        ) as first:
+            handle = await first.submit(spec(chain(3, milestone_at=[1])))
+            await hang.asked.wait()
+        spent = handle.state.suspended_replan_usage
+        async with Supervisor(model(), store, tracer_provider=provider) as second:
+            result = await (await second.resume(handle.run_id)).result()
+    assert result.status is RunStatus.COMPLETED
+    assert spent is not None
+    assert spent.input_tokens == COST.input_tokens
+    _, applied = by_start(Tree(exporter.get_finished_spans()).named(n.SPAN_REPLAN))
+    assert attr(applied, n.REPLAN_USAGE_INPUT_TOKENS) == 3 * COST.input_tokens
