@@ -25,12 +25,14 @@ from replan import (
     MemoryStore,
     ModelError,
     ModelRequest,
+    RunResult,
     RunStatus,
     ScriptedModel,
     Supervisor,
     TokenUsage,
     Trigger,
 )
+from replan.supervisor import RunState
 from replan.telemetry import _names as n
 
 COST = TokenUsage(input_tokens=10, output_tokens=4, calls=1)
@@ -66,19 +68,29 @@ class Hanging:
         await anyio.sleep_forever()
 
 
-async def test_a_decision_cut_by_a_stop_goes_on_in_a_linked_span_after_it(
-    provider: TracerProvider, exporter: InMemorySpanExporter
-) -> None:
+async def stopped_then_resumed(
+    hanging: str, provider: TracerProvider
+) -> tuple[RunState, RunResult]:
+    """Stop a supervisor while the first replan's ``hanging`` call (a
+    scripted answer's name) waits; another resumes the run to its end. The
+    run's state as the stop left it, and the result."""
     store = MemoryStore()
     hang = Hanging()
     with anyio.fail_after(10):
         async with Supervisor(
-            model(replan=hang), store, tracer_provider=provider
+            model(**{hanging: hang}), store, tracer_provider=provider
         ) as first:
             handle = await first.submit(spec(chain(3, milestone_at=[1])))
             await hang.asked.wait()
         async with Supervisor(model(), store, tracer_provider=provider) as second:
             result = await (await second.resume(handle.run_id)).result()
+    return handle.state, result
+
+
+async def test_a_decision_cut_by_a_stop_goes_on_in_a_linked_span_after_it(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    _, result = await stopped_then_resumed("replan", provider)
     assert result.status is RunStatus.COMPLETED
     tree = Tree(exporter.get_finished_spans())
     stopped, resumed = by_start(tree.named(n.SPAN_REPLAN))
@@ -190,17 +202,8 @@ async def test_a_decision_stopped_after_an_answer_counts_that_answer_after_it(
     # The planner has answered (its tokens only staged), the drift check
     # hangs; the stop journals the planner's tokens before the decision's
     # cost, so the resumed decision counts all three answered calls.
-    store = MemoryStore()
-    hang = Hanging()
-    with anyio.fail_after(10):
-        async with Supervisor(
-            model(alignment=hang), store, tracer_provider=provider
-        ) as first:
-            handle = await first.submit(spec(chain(3, milestone_at=[1])))
-            await hang.asked.wait()
-        spent = handle.state.suspended_replan_usage
-        async with Supervisor(model(), store, tracer_provider=provider) as second:
-            result = await (await second.resume(handle.run_id)).result()
+    stopped, result = await stopped_then_resumed("alignment", provider)
+    spent = stopped.suspended_replan_usage
     assert result.status is RunStatus.COMPLETED
     assert spent is not None
     assert spent.input_tokens == COST.input_tokens
