@@ -18,6 +18,8 @@ from .._errors import (
 )
 from ..messages import GateRequest, GateResolution
 
+GATE_CLOSED = "the gate was closed before a gate worker took it"
+
 Validator = Callable[[GateResolution], None]
 """Raises ``ValueError`` when a resolution does not fit the gate (a
 ``ConfigurationError`` to name the field)."""
@@ -106,10 +108,17 @@ class GateRegistry:
         self._open[request.gate_id] = _Pending(request, validate)
 
     async def wait(self, request: GateRequest) -> GateResolution:
-        """Wait for a person, or apply the policy default when the gate expires."""
+        """Wait for a person, or apply the policy default when the gate expires.
+
+        A gate closed before a gate worker took its request (the run took
+        the answer meanwhile, or ended) is no one's to wait for: its
+        requester has stopped listening, or is about to, so the answer is a
+        rejection on the supervisor's behalf, as for a withdrawn gate, and
+        the worker goes on serving.
+        """
         pending = self._open.get(request.gate_id)
         if pending is None:
-            raise GateError(f"gate {request.gate_id} was not opened")
+            return GateResolution(decision="reject", by="supervisor", note=GATE_CLOSED)
         pending.waited_on.set()
         return await _settled(pending)
 

@@ -891,3 +891,41 @@ async def test_an_answer_that_is_no_resolution_is_refused_naming_the_field(
         assert [g.gate_id for g in sup.gates.pending()] == [gate.gate_id]
         await sup.gates.resolve(gate.gate_id, GateResolution(decision="reject"))
         await finish(handle)
+
+
+async def test_a_gate_closed_before_a_gate_worker_takes_it_crashes_no_worker() -> None:
+    # The run took the answer (or ended) while the gate's request still sat in
+    # the human gate role's mailbox: the worker that takes it late answers a
+    # rejection on the supervisor's behalf and keeps serving. A crash here
+    # counted toward the role's restart limit: enough such races stopped the
+    # role, and every run waiting at a gate failed with it.
+    from datetime import UTC, datetime
+
+    from replan.actors import ActorPool
+    from replan.actors._human_gate import HumanGate
+    from replan.supervisor._gates import GATE_CLOSED, GateRegistry
+
+    registry = GateRegistry()
+    request = GateRequest(
+        gate_id="run-g1",
+        run_id="run",
+        reason="approve the change",
+        created_at=datetime.now(UTC),
+    )
+    registry.open(request)
+    registry.close(request.gate_id)
+    pool: ActorPool[GateRequest, GateResolution] = ActorPool(
+        "human_gate", lambda: HumanGate(registry), workers=1, max_restarts=0
+    )
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.run)
+            answer = await pool.ask(request, run_id="run")
+            assert (answer.decision, answer.by, answer.note) == (
+                "reject",
+                "supervisor",
+                GATE_CLOSED,
+            )
+            stats = pool.statistics()
+            assert (stats.restarts, stats.stop_reason) == (0, None)
+            tg.cancel_scope.cancel()
