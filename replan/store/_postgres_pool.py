@@ -1,0 +1,197 @@
+"""Connections of the PostgreSQL journal: a small pool driven from worker
+threads, and the drivers' lease on a connection of its own.
+
+psycopg's async connection runs on asyncio only; replan runs on trio too. So
+the store uses psycopg's blocking connections, each from one worker thread
+at a time (``anyio.to_thread.run_sync``), which works the same on both.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+import psycopg
+from psycopg import pq
+
+from .._errors import ConfigurationError
+from ._rows import lease_refused
+
+_T = TypeVar("_T")
+
+Connect = Callable[[], "psycopg.Connection[Any]"]
+
+
+class Pool:
+    """At most ``size`` connections, each used by one thread at a time.
+
+    A call waits for one of ``size`` worker threads, which takes an idle
+    connection (or opens one) and gives it back once the work is done. The
+    call is not abandoned when its caller is cancelled: the thread finishes
+    the work (a transaction commits or rolls back) and the cancellation
+    takes effect after it, so no connection is ever left in a transaction.
+    A connection that is broken, or somehow still in a transaction, is
+    closed instead of given back.
+    """
+
+    def __init__(self, connect: Connect, size: int) -> None:
+        self._connect = connect
+        self._size = size
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._lock = threading.Lock()
+        self._limiter: anyio.CapacityLimiter | None = None
+        self.closed = False
+
+    def give(self, conn: psycopg.Connection[Any]) -> None:
+        """Add an open connection (the one the store was set up with)."""
+        self._put(conn)
+
+    async def run(self, work: Callable[[psycopg.Connection[Any]], _T]) -> _T:
+        """``work(connection)`` in a worker thread; its result or error.
+
+        Raises:
+            anyio.ClosedResourceError: the pool is closed.
+        """
+        if self.closed:
+            raise anyio.ClosedResourceError
+        if self._limiter is None:
+            # Made here, in the event loop that uses it (an anyio primitive
+            # made outside one binds to the first that does anyway).
+            self._limiter = anyio.CapacityLimiter(self._size)
+        return await anyio.to_thread.run_sync(self._work, work, limiter=self._limiter)
+
+    def _work(self, work: Callable[[psycopg.Connection[Any]], _T]) -> _T:
+        conn = self._take()
+        try:
+            return work(conn)
+        finally:
+            self._put(conn)
+
+    def _take(self) -> psycopg.Connection[Any]:
+        with self._lock:
+            if self.closed:
+                raise anyio.ClosedResourceError
+            if self._idle:
+                return self._idle.pop()
+        return self._connect()
+
+    def _put(self, conn: psycopg.Connection[Any]) -> None:
+        if (
+            not conn.closed
+            and conn.info.transaction_status != pq.TransactionStatus.IDLE
+        ):
+            try:
+                conn.rollback()
+            except psycopg.Error:
+                conn.close()
+        if conn.broken:
+            # The server went away (a restart, say): the idle ones are
+            # likely gone too, and are not tried one failed call each.
+            self._close_idle()
+        with self._lock:
+            if not conn.closed and not self.closed:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def _close_idle(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    def close(self) -> None:
+        """Close the idle connections; those in use close when their work ends."""
+        self.closed = True
+        self._close_idle()
+
+
+class AdvisoryLease:
+    """The drivers' lease: a session-level advisory lock, held shared or
+    exclusive, never waited for, on a connection of its own.
+
+    The server lets go of a session's advisory locks when the session ends,
+    however its process ends: killed, crashed, or its machine cut off (once
+    TCP keepalives notice; see the README). Letting go of the lease closes
+    the connection.
+    """
+
+    def __init__(self, connect: Connect, key: tuple[int, int], journal: str) -> None:
+        self._connect = connect
+        self._key = key
+        self._journal = journal
+        self._conn: psycopg.Connection[Any] | None = None
+        self._shared = False
+        self._exclusive = False
+        self._lock = threading.Lock()
+
+    def hold(self, *, exclusive: bool) -> None:
+        """Hold the lease shared, or exclusive, or convert a shared one.
+
+        Raises:
+            ConfigurationError: another session holds it so that this one
+                cannot, or the server cannot be reached (field ``store``).
+        """
+        with self._lock:
+            if self._exclusive or (self._shared and not exclusive):
+                return  # held as strongly already
+            try:
+                got = self._try(exclusive=exclusive)
+            except psycopg.OperationalError:
+                # The lease's session is gone (the server restarted, say),
+                # and its locks with it: start again on a new one.
+                self._drop()
+                try:
+                    got = self._try(exclusive=exclusive)
+                except psycopg.OperationalError as exc:
+                    self._drop()
+                    raise ConfigurationError(
+                        "store", f"cannot hold the lease of {self._journal}: {exc}"
+                    ) from None
+            if not got:
+                if not self._shared:
+                    self._drop()
+                raise lease_refused(self._journal, exclusive=exclusive)
+
+    def _try(self, *, exclusive: bool) -> bool:
+        if self._conn is None:
+            self._conn = self._connect()
+            self._shared = self._exclusive = False
+        conn = self._conn
+        row = conn.execute(
+            "SELECT pg_try_advisory_lock(%s::int4, %s::int4)"
+            if exclusive
+            else "SELECT pg_try_advisory_lock_shared(%s::int4, %s::int4)",
+            self._key,
+        ).fetchone()
+        if row is None or not row[0]:
+            return False
+        if exclusive:
+            if self._shared:
+                # A session's own shared lock does not stand in its way;
+                # held both ways, it keeps only the exclusive one.
+                conn.execute(
+                    "SELECT pg_advisory_unlock_shared(%s::int4, %s::int4)", self._key
+                )
+            self._shared, self._exclusive = False, True
+        else:
+            self._shared = True
+        return True
+
+    def release(self) -> None:
+        """Let go of the lease (idempotent)."""
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        self._shared = self._exclusive = False
+        if conn is not None:
+            conn.close()  # the server lets go of the session's locks
+
+    @property
+    def open(self) -> bool:
+        return self._conn is not None
