@@ -13,6 +13,7 @@ import pytest
 from explore_samples import explore_events
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from stores import STORE_KINDS, open_store
 
 from replan._errors import ConfigurationError
 from replan.messages import (
@@ -54,7 +55,7 @@ from replan.messages import (
     UsageRecorded,
     Verdict,
 )
-from replan.store import JournalConflict, MemoryStore, RunSummary, SQLiteStore, Store
+from replan.store import JournalConflict, RunSummary, SQLiteStore, Store
 
 T0 = datetime(2025, 3, 14, 9, 26, 53, 589793, tzinfo=UTC)
 
@@ -302,11 +303,9 @@ def detached_samples() -> list[Event]:
     ]
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=STORE_KINDS)
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    journal: Store = (
-        MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "j.db")
-    )
+    journal: Store = open_store(request.param, request, tmp_path)
     yield journal
     await journal.aclose()
 

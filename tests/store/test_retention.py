@@ -10,6 +10,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from stores import STORE_KINDS, open_store
 
 from replan import GateResolution, RunSpec, RunStatus, Supervisor
 from replan._demo import demo_model, demo_spec
@@ -21,7 +22,6 @@ from replan.store import (
     JournalConflict,
     JournalCorrupt,
     JournalRetention,
-    MemoryStore,
     SQLiteStore,
     Store,
     ToolEffectLedger,
@@ -32,11 +32,9 @@ from replan.supervisor import replay, snapshot
 FAR_FUTURE = datetime.now(UTC) + timedelta(days=1)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=STORE_KINDS)
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    journal: Store = (
-        MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "j.db")
-    )
+    journal: Store = open_store(request.param, request, tmp_path)
     yield journal
     await journal.aclose()
 
