@@ -8,6 +8,7 @@ at a time (``anyio.to_thread.run_sync``), which works the same on both.
 
 from __future__ import annotations
 
+import select
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -71,11 +72,16 @@ class Pool:
             self._put(conn)
 
     def _take(self) -> psycopg.Connection[Any]:
-        with self._lock:
-            if self.closed:
-                raise anyio.ClosedResourceError
-            if self._idle:
-                return self._idle.pop()
+        while True:
+            with self._lock:
+                if self.closed:
+                    raise anyio.ClosedResourceError
+                if not self._idle:
+                    break
+                conn = self._idle.pop()
+            if not _hung_up(conn):
+                return conn
+            conn.close()
         return self._connect()
 
     def _put(self, conn: psycopg.Connection[Any]) -> None:
@@ -107,6 +113,17 @@ class Pool:
         """Close the idle connections; those in use close when their work ends."""
         self.closed = True
         self._close_idle()
+
+
+def _hung_up(conn: psycopg.Connection[Any]) -> bool:
+    """Whether an idle connection has heard from the server: a session the
+    server ended (a restart, an administrator) says so before it closes,
+    and the next query on it would fail. One poll, no round trip."""
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return True
+    return bool(readable)
 
 
 class AdvisoryLease:

@@ -120,20 +120,22 @@ def set_up(conn: psycopg.Connection[Any], schema: str, journal: str) -> None:
         )
     if _version(conn, schema, journal) == SCHEMA_VERSION:
         return
+    key = (_SETUP_CLASS, schema_key(schema))
+    # A session lock, taken before the transaction that checks and creates:
+    # begun after another process's creation committed, the transaction
+    # sees its tables.
+    conn.execute("SELECT pg_advisory_lock(%s::int4, %s::int4)", key)
     try:
         with conn.transaction():
-            conn.execute(
-                "SELECT pg_advisory_xact_lock(%s::int4, %s::int4)",
-                (_SETUP_CLASS, schema_key(schema)),
-            )
-            # Another process may have set the schema up meanwhile.
-            version = _version(conn, schema, journal)
-            if version == 0:
-                _create(conn, schema, journal)
+            if _version(conn, schema, journal) == 0:
+                _create(conn, schema)
     except psycopg.errors.InsufficientPrivilege as exc:
         raise ConfigurationError(
             "dsn", f"{journal}: cannot create the journal's tables: {exc}"
         ) from None
+    finally:
+        if not conn.closed:
+            conn.execute("SELECT pg_advisory_unlock(%s::int4, %s::int4)", key)
 
 
 def _version(conn: psycopg.Connection[Any], schema: str, journal: str) -> int:
@@ -143,16 +145,17 @@ def _version(conn: psycopg.Connection[Any], schema: str, journal: str) -> int:
         ConfigurationError: another application's tables, or a newer
             replan's journal (field ``schema``).
     """
-    table = sql.Identifier(schema, "journal_schema").as_string(conn)
-    (found,) = _one(conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)))
-    if not found:
-        (others,) = _one(
-            conn.execute(
-                "SELECT count(*) FROM pg_class c JOIN pg_namespace n "
-                "ON n.oid = c.relnamespace WHERE n.nspname = %s",
-                (schema,),
-            )
+    # One statement, one snapshot: tables another process is creating are
+    # seen all or none.
+    (found, others) = _one(
+        conn.execute(
+            "SELECT count(*) FILTER (WHERE c.relname = 'journal_schema'), count(*) "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s",
+            (schema,),
         )
+    )
+    if not found:
         if others:
             raise ConfigurationError(
                 "schema", f"{journal} holds another application's tables"
@@ -171,7 +174,7 @@ def _version(conn: psycopg.Connection[Any], schema: str, journal: str) -> int:
     return int(version)
 
 
-def _create(conn: psycopg.Connection[Any], schema: str, journal: str) -> None:
+def _create(conn: psycopg.Connection[Any], schema: str) -> None:
     name = sql.Identifier(schema)
     conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(name))
     for statement in _TABLES:
