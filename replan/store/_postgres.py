@@ -5,6 +5,7 @@ Needs the ``postgres`` extra (``pip install 'replan[postgres]'``: psycopg 3).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Sequence
 from datetime import datetime
@@ -139,7 +140,7 @@ class PostgresStore:
         """Where the journal is, for messages: the DSN without its password."""
         self._queries = Queries.of(schema)
         try:
-            first = self._connect()
+            first = _connect(self._conninfo)
         except psycopg.Error as exc:
             raise ConfigurationError(
                 "dsn", f"cannot connect to {self.journal}: {_one_line(exc)}"
@@ -149,10 +150,14 @@ class PostgresStore:
         except BaseException:
             first.close()
             raise
-        self._pool = Pool(self._connect, pool_size)
+        # Plain functions, not bound methods: the store is in no reference
+        # cycle, and an unclosed one is finalized (and warned of) at once.
+        self._pool = Pool(functools.partial(_connect, self._conninfo), pool_size)
         self._pool.give(first)
         self._lease = AdvisoryLease(
-            self._lease_connection, lease_key(schema), self.journal
+            functools.partial(_lease_connection, self._conninfo),
+            lease_key(schema),
+            self.journal,
         )
         self._holders: dict[int, bool] = {}  # id(holder) -> holds it alone
 
@@ -178,21 +183,6 @@ class PostgresStore:
             )
             self._lease.release()
             pool.close()
-
-    def _connect(self) -> _Conn:
-        return psycopg.connect(self._conninfo, autocommit=True)
-
-    def _lease_connection(self) -> _Conn:
-        conn = self._connect()
-        try:
-            for name, value in _LEASE_SETTINGS.items():
-                if name == "idle_session_timeout" and conn.info.server_version < 140000:
-                    continue  # no such setting before PostgreSQL 14
-                conn.execute("SELECT set_config(%s, %s, false)", (name, value))
-        except BaseException:
-            conn.close()
-            raise
-        return conn
 
     def _connections(self) -> Pool:
         if self._pool is None or self._pool.closed:
@@ -424,6 +414,23 @@ class PostgresStore:
         self, run_id: str, what: str, exc: Exception, *, seq: int | None = None
     ) -> JournalCorrupt:
         return corrupt(self.journal, run_id, what, exc, seq=seq)
+
+
+def _connect(info: str) -> _Conn:
+    return psycopg.connect(info, autocommit=True)
+
+
+def _lease_connection(info: str) -> _Conn:
+    conn = _connect(info)
+    try:
+        for name, value in _LEASE_SETTINGS.items():
+            if name == "idle_session_timeout" and conn.info.server_version < 140000:
+                continue  # no such setting before PostgreSQL 14
+            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def _summary_values(run_id: str, summary: RunSummary) -> dict[str, object]:

@@ -88,11 +88,16 @@ async def test_tool_effects_are_read_by_run_and_task_in_the_order_they_ran(
     assert first not in await store.read_tool_effects("run-1", "t1")
 
 
-async def test_tool_effects_survive_reopening_the_journal(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_tool_effects_survive_reopening_the_journal(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     record = sent("run-1:t1:s1c0")
-    async with SQLiteStore(tmp_path / "j.db") as store:
+    async with open_store(kind, request, tmp_path) as store:
+        assert isinstance(store, ToolEffectLedger)
         await store.record_tool_effect("run-1", record)
-    async with SQLiteStore(tmp_path / "j.db") as store:
+    async with open_store(kind, request, tmp_path) as store:
+        assert isinstance(store, ToolEffectLedger)
         assert await store.read_tool_effects("run-1", "t1") == [record]
 
 
