@@ -6,6 +6,7 @@ Needs the ``postgres`` extra (``pip install 'replan[postgres]'``: psycopg 3).
 from __future__ import annotations
 
 import functools
+import json
 import warnings
 from collections.abc import Sequence
 from datetime import datetime
@@ -405,8 +406,21 @@ class PostgresStore:
             self._lease.release()
 
     def _summary(self, row: Any) -> RunSummary:
+        run_id, goal, kind, pattern, status, created, updated, last_seq, stop = row
         try:
-            return summary_from_row(row)
+            return summary_from_row(
+                (
+                    run_id,
+                    _text_out(goal),
+                    _text_out(kind),
+                    _text_out(pattern),
+                    status,
+                    created,
+                    updated,
+                    last_seq,
+                    None if stop is None else _text_out(stop),
+                )
+            )
         except (ValueError, TypeError) as exc:
             raise self._corrupt(row[0], "summary row", exc) from None
 
@@ -434,17 +448,45 @@ def _lease_connection(info: str) -> _Conn:
 
 
 def _summary_values(run_id: str, summary: RunSummary) -> dict[str, object]:
+    stop = summary.stop_reason
     return {
         "run_id": run_id,
-        "goal": summary.goal,
-        "kind": summary.kind,
-        "pattern": summary.pattern,
+        "goal": _text_in(summary.goal),
+        "kind": _text_in(summary.kind),
+        "pattern": _text_in(summary.pattern),
         "status": str(summary.status),
         "created_at": to_text(summary.created_at),
         "updated_at": to_text(summary.updated_at),
         "last_seq": summary.last_seq,
-        "stop_reason": summary.stop_reason,
+        "stop_reason": None if stop is None else _text_in(stop),
     }
+
+
+_ESCAPED = "\ufdd0"
+"""Starts a text column's value kept as a JSON string (a noncharacter, for
+a program's internal use: no text starts with it)."""
+
+
+def _text_in(value: str) -> str:
+    """A run's free text (a goal, a stop reason) as a text column holds it.
+
+    PostgreSQL's text holds no NUL character: a value with one (or, so that
+    the two cannot be confused, one that starts with the marker) is kept as
+    the marker and the value's JSON string.
+    """
+    if "\x00" in value or value.startswith(_ESCAPED):
+        return _ESCAPED + json.dumps(value)
+    return value
+
+
+def _text_out(value: str) -> str:
+    """The free text that :func:`_text_in` kept as ``value``."""
+    if value.startswith(_ESCAPED):
+        decoded = json.loads(value[len(_ESCAPED) :])
+        if not isinstance(decoded, str):
+            raise ValueError(f"not an escaped text: {value!r}")
+        return decoded
+    return value
 
 
 def _where(params: dict[str, Any]) -> str:

@@ -428,6 +428,18 @@ async def test_get_run_returns_the_latest_summary(store: Store) -> None:
     assert await store.get_run("run-1") == finished
 
 
+@pytest.mark.parametrize(
+    "text", ["a NUL \x00 in it", "\ufdd0 a noncharacter first", "\ufdd0\x00", ""]
+)
+async def test_a_summary_with_any_text_reads_back_equal(
+    store: Store, text: str
+) -> None:
+    row = summary("run-1", 1, stop_reason=text).model_copy(update={"goal": text})
+    await store.append("run-1", [started(1)], row)
+    assert await store.get_run("run-1") == row
+    assert await store.list_runs() == [row]
+
+
 async def test_get_run_of_an_unknown_run_returns_none(store: Store) -> None:
     assert await store.get_run("nobody") is None
 
