@@ -146,6 +146,10 @@ class PostgresStore:
             raise ConfigurationError(
                 "dsn", f"cannot connect to {self.journal}: {_one_line(exc)}"
             ) from None
+        # Where it connected, libpq's defaults (PGHOST, PGUSER...) resolved.
+        info = first.info
+        where = {"user": info.user, "host": info.host, "port": info.port}
+        self.journal = f"{_where({**where, 'dbname': info.dbname})} (schema {schema})"
         try:
             set_up(first, schema, self.journal)
         except BaseException:
