@@ -8,6 +8,7 @@ at a time (``anyio.to_thread.run_sync``), which works the same on both.
 
 from __future__ import annotations
 
+import contextlib
 import select
 import threading
 from collections.abc import Callable
@@ -205,10 +206,14 @@ class AdvisoryLease:
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
+        held = self._shared or self._exclusive
         self._shared = self._exclusive = False
-        if conn is not None:
-            conn.close()  # the server lets go of the session's locks
-
-    @property
-    def open(self) -> bool:
-        return self._conn is not None
+        if conn is None:
+            return
+        if held and not conn.broken:
+            # Let go first: a closed session's locks go with it, but once
+            # its server process has ended, a moment after the close
+            # returns. Another store asking at once must find it free.
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("SELECT pg_advisory_unlock_all()")
+        conn.close()
