@@ -6,7 +6,6 @@ Needs the ``postgres`` extra (``pip install 'replan[postgres]'``: psycopg 3).
 from __future__ import annotations
 
 import functools
-import json
 import warnings
 from collections.abc import Sequence
 from datetime import datetime
@@ -34,14 +33,15 @@ from ._port import (
     RunSummary,
     ToolEffectRecord,
 )
-from ._postgres_pool import AdvisoryLease, Pool
+from ._postgres_lease import AdvisoryLease, lease_connection
+from ._postgres_pool import Pool, connect
+from ._postgres_rows import summary_of_row, summary_values
 from ._postgres_schema import Queries, lease_key, set_up
 from ._rows import (
     check_follows,
     corrupt,
     event_row,
     lease_refused,
-    summary_from_row,
     to_text,
 )
 
@@ -51,16 +51,6 @@ _Conn = psycopg.Connection[Any]
 _FINAL = [str(s) for s in RunStatus if s.final]
 _MAX_NAME = 63
 """The longest identifier PostgreSQL keeps whole, in bytes."""
-_LEASE_SETTINGS = {
-    # The lease's session sits idle for as long as the supervisor serves: a
-    # server's idle-session timeout must not end it (and the lease with it).
-    "idle_session_timeout": "0",
-    # On TCP, the server notices a peer that vanished (a machine cut off)
-    # within about a minute and a half, and lets go of its lease.
-    "tcp_keepalives_idle": "60",
-    "tcp_keepalives_interval": "10",
-    "tcp_keepalives_count": "3",
-}
 
 
 class PostgresStore:
@@ -141,7 +131,7 @@ class PostgresStore:
         """Where the journal is, for messages: the DSN without its password."""
         self._queries = Queries.of(schema)
         try:
-            first = _connect(self._conninfo)
+            first = connect(self._conninfo)
         except psycopg.Error as exc:
             raise ConfigurationError(
                 "dsn", f"cannot connect to {self.journal}: {_one_line(exc)}"
@@ -157,10 +147,10 @@ class PostgresStore:
             raise
         # Plain functions, not bound methods: the store is in no reference
         # cycle, and an unclosed one is finalized (and warned of) at once.
-        self._pool = Pool(functools.partial(_connect, self._conninfo), pool_size)
+        self._pool = Pool(functools.partial(connect, self._conninfo), pool_size)
         self._pool.give(first)
         self._lease = AdvisoryLease(
-            functools.partial(_lease_connection, self._conninfo),
+            functools.partial(lease_connection, self._conninfo),
             lease_key(schema),
             self.journal,
         )
@@ -205,7 +195,7 @@ class PostgresStore:
         rows = [event_row(run_id, e) for e in events]
         if events:
             check_follows(run_id, events, events[0].seq - 1)
-        values = _summary_values(run_id, summary)
+        values = summary_values(run_id, summary)
         queries = self._queries
 
         def write(conn: _Conn) -> None:
@@ -410,21 +400,8 @@ class PostgresStore:
             self._lease.release()
 
     def _summary(self, row: Any) -> RunSummary:
-        run_id, goal, kind, pattern, status, created, updated, last_seq, stop = row
         try:
-            return summary_from_row(
-                (
-                    run_id,
-                    _text_out(goal),
-                    _text_out(kind),
-                    _text_out(pattern),
-                    status,
-                    created,
-                    updated,
-                    last_seq,
-                    None if stop is None else _text_out(stop),
-                )
-            )
+            return summary_of_row(row)
         except (ValueError, TypeError) as exc:
             raise self._corrupt(row[0], "summary row", exc) from None
 
@@ -432,65 +409,6 @@ class PostgresStore:
         self, run_id: str, what: str, exc: Exception, *, seq: int | None = None
     ) -> JournalCorrupt:
         return corrupt(self.journal, run_id, what, exc, seq=seq)
-
-
-def _connect(info: str) -> _Conn:
-    return psycopg.connect(info, autocommit=True)
-
-
-def _lease_connection(info: str) -> _Conn:
-    conn = _connect(info)
-    try:
-        for name, value in _LEASE_SETTINGS.items():
-            if name == "idle_session_timeout" and conn.info.server_version < 140000:
-                continue  # no such setting before PostgreSQL 14
-            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def _summary_values(run_id: str, summary: RunSummary) -> dict[str, object]:
-    stop = summary.stop_reason
-    return {
-        "run_id": run_id,
-        "goal": _text_in(summary.goal),
-        "kind": _text_in(summary.kind),
-        "pattern": _text_in(summary.pattern),
-        "status": str(summary.status),
-        "created_at": to_text(summary.created_at),
-        "updated_at": to_text(summary.updated_at),
-        "last_seq": summary.last_seq,
-        "stop_reason": None if stop is None else _text_in(stop),
-    }
-
-
-_ESCAPED = "\ufdd0"
-"""Starts a text column's value kept as a JSON string (a noncharacter, for
-a program's internal use: no text starts with it)."""
-
-
-def _text_in(value: str) -> str:
-    """A run's free text (a goal, a stop reason) as a text column holds it.
-
-    PostgreSQL's text holds no NUL character: a value with one (or, so that
-    the two cannot be confused, one that starts with the marker) is kept as
-    the marker and the value's JSON string.
-    """
-    if "\x00" in value or value.startswith(_ESCAPED):
-        return _ESCAPED + json.dumps(value)
-    return value
-
-
-def _text_out(value: str) -> str:
-    """The free text that :func:`_text_in` kept as ``value``."""
-    if value.startswith(_ESCAPED):
-        decoded = json.loads(value[len(_ESCAPED) :])
-        if not isinstance(decoded, str):
-            raise ValueError(f"not an escaped text: {value!r}")
-        return decoded
-    return value
 
 
 def _where(params: dict[str, Any]) -> str:
