@@ -92,10 +92,12 @@ logging.getLogger("replan").addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:
     from .llm import OpenAIModel as OpenAIModel
+    from .store import PostgresStore as PostgresStore
 
 
-# The OpenAI adapter (and the openai package) load on first use.
-_LAZY = {"OpenAIModel": ".llm"}
+# The OpenAI adapter (and the openai package) and the PostgreSQL journal
+# (psycopg, the ``postgres`` extra) load on first use.
+_LAZY = {"OpenAIModel": ".llm", "PostgresStore": ".store"}
 
 
 if not TYPE_CHECKING:
@@ -141,6 +143,7 @@ __all__ = (
     "OpenAIModel",
     "PlanProposal",
     "PlanVersion",
+    "PostgresStore",
     "PromptRegistry",
     "ReplanError",
     "ReplanOutcome",

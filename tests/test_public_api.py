@@ -149,3 +149,27 @@ def test_a_users_program_is_type_checked_against_replans_annotations(
     errors = [line for line in done.stdout.splitlines() if ": error:" in line]
     assert len(errors) == 1, done.stdout
     assert errors[0].startswith('typo.py:1: error: Module "replan" has no attribute')
+
+
+def test_importing_replan_does_not_import_psycopg() -> None:
+    code = (
+        "import sys, replan, replan.store, replan.cli; print('psycopg' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["False"]
+
+
+def test_the_postgres_store_without_its_extra_names_the_extra_to_install() -> None:
+    code = (
+        "import sys; sys.modules['psycopg'] = None\n"
+        "try:\n"
+        "    from replan.store import PostgresStore\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert "pip install 'replan[postgres]'" in out.stdout

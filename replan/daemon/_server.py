@@ -20,20 +20,18 @@ import socket
 import sys
 from collections.abc import Generator
 from contextlib import contextmanager
-from pathlib import Path
 
 import anyio
 import uvicorn
 from anyio.abc import TaskStatus
 
-from ..store import SQLiteStore
 from ..telemetry import setup_if_asked
 from ._app import QUERY_PARAMETERS, create_app
 from ._limits import KnownQuery
 from ._listen import listen
 from ._lock import data_dir_lock
 from ._models import build_model, build_tools
-from ._service import Daemon
+from ._service import Daemon, open_journal
 from ._settings import DaemonSettings
 from ._token import resolve_token
 
@@ -184,19 +182,21 @@ async def _on_signals(shutdown: Shutdown) -> None:
             shutdown.request()
 
 
-def check_journal(path: Path) -> None:
+def check_journal(settings: DaemonSettings) -> None:
     """Refuse, before serving, a journal the daemon could not serve from.
 
     The app opens it as it starts; refused there, uvicorn would log a
     traceback and exit 3. Here the refusal is the command's one line.
 
     Raises:
-        ConfigurationError: the file cannot hold a journal (``path``), or
-            another supervisor resumes runs from it (``store``).
+        ConfigurationError: the file cannot hold a journal (``path``), the
+            PostgreSQL journal cannot be opened (``journal_dsn``,
+            ``schema``), or another supervisor drives runs in it
+            (``store``).
     """
 
     async def probe() -> None:
-        async with SQLiteStore(path) as store:
+        async with open_journal(settings) as store:
             store.hold_lease(store, exclusive=True)
 
     anyio.run(probe)
@@ -230,7 +230,7 @@ def serve(settings: DaemonSettings) -> None:
 def _listen_and_serve(settings: DaemonSettings, daemon: Daemon) -> None:
     sockets = listen(settings.host, settings.port)
     try:
-        check_journal(settings.journal_path)
+        check_journal(settings)
         level = settings.log_level.upper()
         logging.basicConfig(
             level=level,

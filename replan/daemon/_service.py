@@ -6,10 +6,11 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import anyio
 
-from .._errors import SupervisorError, UnknownRunError
+from .._errors import ConfigurationError, SupervisorError, UnknownRunError
 from ..llm import Model, Tool
 from ..store import SQLiteStore, ToolEffectRecord
 from ..supervisor import RunState, Supervisor, fold_journal
@@ -17,7 +18,34 @@ from ._retention import retention_loop
 from ._settings import DaemonSettings
 from ._token import Token
 
+if TYPE_CHECKING:
+    from ..store import PostgresStore
+
+    Journal = SQLiteStore | PostgresStore
+
 logger = logging.getLogger("replan.daemon")
+
+
+def open_journal(settings: DaemonSettings) -> Journal:
+    """The journal the settings name: ``journal_dsn``'s PostgreSQL database,
+    or else the SQLite file in ``data_dir``.
+
+    Raises:
+        ConfigurationError: the journal cannot be opened (``journal_dsn``,
+            or the store's own field).
+    """
+    if settings.journal_dsn is None:
+        return SQLiteStore(settings.journal_path)
+    try:
+        from ..store import PostgresStore
+    except ModuleNotFoundError as exc:
+        raise ConfigurationError("journal_dsn", str(exc)) from None
+    try:
+        return PostgresStore(settings.journal_dsn.get_secret_value())
+    except ConfigurationError as exc:
+        if exc.field != "dsn":
+            raise
+        raise ConfigurationError("journal_dsn", exc.problem) from None
 
 
 @dataclass
@@ -46,7 +74,7 @@ class Daemon:
     unreadable: set[str] = field(default_factory=set)
     """Finished runs retention found it cannot read back (left as they are)."""
     _supervisor: Supervisor | None = None
-    _store: SQLiteStore | None = None
+    _store: Journal | None = None
     _draining: bool = False
     _drained: bool = False
     _hurried: bool = False
@@ -60,7 +88,7 @@ class Daemon:
         return self._supervisor
 
     @property
-    def store(self) -> SQLiteStore:
+    def store(self) -> Journal:
         if self._store is None:
             raise SupervisorError("the daemon is not serving")
         return self._store
@@ -85,7 +113,8 @@ class Daemon:
             aclose = getattr(self.model, "aclose", None)
             if aclose is not None:
                 stack.push_async_callback(aclose)
-            store = await stack.enter_async_context(SQLiteStore(settings.journal_path))
+            store = open_journal(settings)
+            await stack.enter_async_context(store)
             supervisor = Supervisor(
                 self.model,
                 store,

@@ -51,6 +51,11 @@ class DaemonSettings(BaseSettings):
     port: int = Field(default=8470, ge=1, le=65535)
     data_dir: Path = Path("replan-data")
     """Holds the SQLite journal (``journal.db``) and a generated token."""
+    journal_dsn: SecretStr | None = None
+    """A PostgreSQL connection string: the journal is kept in that database
+    (the ``postgres`` extra; see ``PostgresStore``) instead of
+    ``data_dir/journal.db``. A second daemon on it, on any machine, is
+    refused while this one lives, and takes its runs over once it is gone."""
     api_token: SecretStr | None = None
     """The bearer token of the API; generated into ``data_dir`` when unset."""
     model: str = "scripted:demo"

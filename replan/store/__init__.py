@@ -1,7 +1,10 @@
-"""The run journal: the protocol, an in-memory store and SQLite."""
+"""The run journal: the protocol, an in-memory store, SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_getattr as _lazy_getattr
 from ._memory import MemoryStore as MemoryStore
 from ._port import DriverLease as DriverLease
 from ._port import EffectLedger as EffectLedger
@@ -15,6 +18,18 @@ from ._port import ToolEffectLedger as ToolEffectLedger
 from ._port import ToolEffectRecord as ToolEffectRecord
 from ._sqlite import SQLiteStore as SQLiteStore
 
+if TYPE_CHECKING:
+    from ._postgres import PostgresStore as PostgresStore
+
+# PostgresStore loads psycopg (the ``postgres`` extra): only when first used,
+# so that replan imports without it.
+_LAZY = {"PostgresStore": "._postgres"}
+
+
+if not TYPE_CHECKING:
+    __getattr__ = _lazy_getattr(__name__, _LAZY, globals())
+
+
 __all__ = (
     "DriverLease",
     "EffectLedger",
@@ -23,6 +38,7 @@ __all__ = (
     "JournalCorrupt",
     "JournalRetention",
     "MemoryStore",
+    "PostgresStore",
     "RunSummary",
     "SQLiteStore",
     "Store",

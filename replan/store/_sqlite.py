@@ -11,14 +11,14 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar
 
 import anyio
 import anyio.lowlevel
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from .._errors import ConfigurationError
 from ..messages import EVENT_ADAPTER, Event, RunCompacted, RunStatus, event_json
@@ -29,6 +29,12 @@ from ._port import (
     RunSummary,
     ToolEffectRecord,
 )
+from ._rows import check_follows as _check_follows
+from ._rows import corrupt
+from ._rows import event_row as _event_row
+from ._rows import lease_refused as _lease_refused
+from ._rows import summary_from_row as _summary_from_row
+from ._rows import to_text as _to_text
 
 _Record = TypeVar("_Record", bound=BaseModel)
 
@@ -633,18 +639,7 @@ class SQLiteStore:
         self, run_id: str, what: str, exc: Exception, *, seq: int | None = None
     ) -> JournalCorrupt:
         """The error for a row that does not read back, in one line."""
-        if isinstance(exc, ValidationError):
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in first["loc"])
-            problem = f"{where}: {first['msg']}" if where else first["msg"]
-        else:
-            problem = str(exc)
-        problem = " ".join(problem.split())
-        return JournalCorrupt(
-            f"{self.path}: run {run_id}: {what} cannot be read ({problem})",
-            run_id=run_id,
-            seq=seq,
-        )
+        return corrupt(self.path, run_id, what, exc, seq=seq)
 
     def _writable(self) -> sqlite3.Connection:
         conn = self._connection()
@@ -813,20 +808,6 @@ class _Lease:
 
 
 _LEASE_SUFFIX = "-drivers.lock"
-
-
-def _lease_refused(journal: Path, *, exclusive: bool) -> ConfigurationError:
-    if exclusive:
-        problem = (
-            f"another supervisor drives runs in {journal}: resuming runs needs "
-            "the journal to itself"
-        )
-    else:
-        problem = (
-            f"another supervisor is resuming runs in {journal} and needs the "
-            "journal to itself"
-        )
-    return ConfigurationError("store", problem)
 
 
 def _connect(
@@ -1036,38 +1017,6 @@ def _flat(rows: list[tuple[object, ...]]) -> list[object]:
     return values
 
 
-def _event_row(run_id: str, event: Event) -> tuple[object, ...]:
-    """An event's row of the ``events`` table, in column order."""
-    return (
-        run_id,
-        event.seq,
-        event.kind,
-        event_json(event).decode(),
-        _to_text(event.at),
-    )
-
-
-def _check_follows(run_id: str, events: Sequence[Event], last: int) -> None:
-    """Raise JournalConflict unless ``events`` are numbered on from ``last``."""
-    for expected, event in enumerate(events, start=last + 1):
-        if event.seq != expected:
-            raise JournalConflict(
-                f"run {run_id}: expected seq {expected}, got {event.seq}"
-            )
-
-
-def _to_text(moment: datetime) -> str:
-    """ISO-8601 that sorts as text: aware moments in UTC, always microseconds."""
-    if moment.tzinfo is UTC:  # what replan itself writes: nothing to convert
-        return moment.isoformat(timespec="microseconds")
-    if moment.utcoffset() is not None:
-        # Within a day of year 1 or 9999 there is no UTC equivalent: keep the
-        # offset and give up text sorting for such a moment.
-        with contextlib.suppress(OverflowError):
-            moment = moment.astimezone(UTC)
-    return moment.isoformat(timespec="microseconds")
-
-
 def _write_summary(
     conn: sqlite3.Connection, run_id: str, summary: RunSummary, *, whole: bool = False
 ) -> None:
@@ -1086,18 +1035,3 @@ def _write_summary(
     }
     if whole or conn.execute(_UPDATE_RUN, values).rowcount == 0:
         conn.execute(_REPLACE_RUN, values)
-
-
-def _summary_from_row(row: Any) -> RunSummary:
-    run_id, goal, kind, pattern, status, created, updated, last_seq, stop = row
-    return RunSummary(
-        run_id=run_id,
-        goal=goal,
-        kind=kind,
-        pattern=pattern,
-        status=RunStatus(status),
-        created_at=datetime.fromisoformat(created),
-        updated_at=datetime.fromisoformat(updated),
-        last_seq=last_seq,
-        stop_reason=stop,
-    )

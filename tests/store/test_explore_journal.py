@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 from explore_samples import T0, explore_events
+from stores import STORE_KINDS, open_store
 
 from replan import replay
 from replan.messages import EVENT_ADAPTER, RunSpec, RunStatus, RunSubmitted
-from replan.store import MemoryStore, RunSummary, SQLiteStore, Store
+from replan.store import RunSummary, Store
 
 
 def journal() -> list:
@@ -24,11 +25,9 @@ def journal() -> list:
     return [submitted, *explore_events(2)]
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=STORE_KINDS)
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    journal_store: Store = (
-        MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "j.db")
-    )
+    journal_store: Store = open_store(request.param, request, tmp_path)
     yield journal_store
     await journal_store.aclose()
 

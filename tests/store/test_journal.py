@@ -13,6 +13,7 @@ import pytest
 from explore_samples import explore_events
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from stores import STORE_KINDS, open_store
 
 from replan._errors import ConfigurationError
 from replan.messages import (
@@ -54,7 +55,7 @@ from replan.messages import (
     UsageRecorded,
     Verdict,
 )
-from replan.store import JournalConflict, MemoryStore, RunSummary, SQLiteStore, Store
+from replan.store import JournalConflict, RunSummary, SQLiteStore, Store
 
 T0 = datetime(2025, 3, 14, 9, 26, 53, 589793, tzinfo=UTC)
 
@@ -302,11 +303,9 @@ def detached_samples() -> list[Event]:
     ]
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=STORE_KINDS)
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    journal: Store = (
-        MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "j.db")
-    )
+    journal: Store = open_store(request.param, request, tmp_path)
     yield journal
     await journal.aclose()
 
@@ -429,6 +428,18 @@ async def test_get_run_returns_the_latest_summary(store: Store) -> None:
     assert await store.get_run("run-1") == finished
 
 
+@pytest.mark.parametrize(
+    "text", ["a NUL \x00 in it", "\ufdd0 a noncharacter first", "\ufdd0\x00", ""]
+)
+async def test_a_summary_with_any_text_reads_back_equal(
+    store: Store, text: str
+) -> None:
+    row = summary("run-1", 1, stop_reason=text).model_copy(update={"goal": text})
+    await store.append("run-1", [started(1)], row)
+    assert await store.get_run("run-1") == row
+    assert await store.list_runs() == [row]
+
+
 async def test_get_run_of_an_unknown_run_returns_none(store: Store) -> None:
     assert await store.get_run("nobody") is None
 
@@ -502,24 +513,40 @@ async def test_list_runs_pages_with_limit_and_offset(store: Store) -> None:
     assert await store.list_runs(limit=3, offset=9) == []
 
 
-# SQLite only
+# The durable stores
+
+Opener = Callable[[], Store]
 
 
-async def test_events_and_runs_survive_closing_and_reopening_the_file(
-    tmp_path: Path,
+@pytest.fixture(params=["sqlite", "postgres"])
+def reopen(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
+    """Opens a new store object on one durable journal each time it is called."""
+    if request.param == "sqlite":
+        return lambda: SQLiteStore(tmp_path / "j.db")
+    from replan.store import PostgresStore
+
+    dsn = request.getfixturevalue("postgres_dsn")
+    return lambda: PostgresStore(dsn)
+
+
+async def test_events_and_runs_survive_closing_and_reopening_the_journal(
+    reopen: Opener,
 ) -> None:
     events = sample_events()
     row = summary("run-1", len(events), status=RunStatus.COMPLETED).model_copy(
         update={"updated_at": events[-1].at}
     )
-    async with SQLiteStore(tmp_path / "j.db") as store:
+    async with reopen() as store:
         await store.append("run-1", events, row)
-    async with SQLiteStore(tmp_path / "j.db") as store:
+    async with reopen() as store:
         assert await store.read("run-1") == events
         assert await store.get_run("run-1") == row
         assert await store.list_runs() == [row]
         with pytest.raises(JournalConflict):
             await store.append("run-1", [started(12)], row)
+
+
+# SQLite only
 
 
 async def test_the_database_is_in_wal_mode_with_a_schema_version(
@@ -593,11 +620,13 @@ def test_a_journal_under_a_regular_file_is_a_configuration_error(
     assert "afile" in caught.value.problem
 
 
-async def test_two_stores_on_one_file_see_each_others_appends(tmp_path: Path) -> None:
-    async with (
-        SQLiteStore(tmp_path / "j.db") as first,
-        SQLiteStore(tmp_path / "j.db") as second,
-    ):
+# Both durable stores, again
+
+
+async def test_two_stores_on_one_journal_see_each_others_appends(
+    reopen: Opener,
+) -> None:
+    async with reopen() as first, reopen() as second:
         await first.append("run-1", [started(1)], summary("run-1", 1))
         assert await second.read("run-1") == [started(1)]
         await second.append("run-1", [started(2)], summary("run-1", 2))
@@ -606,12 +635,9 @@ async def test_two_stores_on_one_file_see_each_others_appends(tmp_path: Path) ->
 
 
 async def test_a_second_writer_that_lost_the_race_gets_a_conflict(
-    tmp_path: Path,
+    reopen: Opener,
 ) -> None:
-    async with (
-        SQLiteStore(tmp_path / "j.db") as first,
-        SQLiteStore(tmp_path / "j.db") as second,
-    ):
+    async with reopen() as first, reopen() as second:
         await first.append("run-1", [started(1)], summary("run-1", 1))
         await first.append("run-1", [started(2)], summary("run-1", 2))
         with pytest.raises(JournalConflict):
@@ -620,14 +646,11 @@ async def test_a_second_writer_that_lost_the_race_gets_a_conflict(
 
 
 async def test_a_second_writer_starting_a_journaled_run_gets_a_conflict(
-    tmp_path: Path,
+    reopen: Opener,
 ) -> None:
     # A run's first append skips the last-seq query: the primary key alone
     # must refuse another writer's seq 1, and leave the run as it was.
-    async with (
-        SQLiteStore(tmp_path / "j.db") as first,
-        SQLiteStore(tmp_path / "j.db") as second,
-    ):
+    async with reopen() as first, reopen() as second:
         await first.append("run-1", [started(1)], summary("run-1", 1))
         with pytest.raises(JournalConflict):
             await second.append("run-1", [started(1, "t9")], summary("run-1", 1))
@@ -638,12 +661,9 @@ async def test_a_second_writer_starting_a_journaled_run_gets_a_conflict(
 
 
 async def test_a_writer_behind_another_gets_a_conflict_then_catches_up(
-    tmp_path: Path,
+    reopen: Opener,
 ) -> None:
-    async with (
-        SQLiteStore(tmp_path / "j.db") as first,
-        SQLiteStore(tmp_path / "j.db") as second,
-    ):
+    async with reopen() as first, reopen() as second:
         await first.append("run-1", [started(1)], summary("run-1", 1))
         await second.append("run-1", [started(2)], summary("run-1", 2))
         # first last wrote seq 1: its next append must not pass as seq 2.
@@ -655,6 +675,9 @@ async def test_a_writer_behind_another_gets_a_conflict_then_catches_up(
         assert await second.read("run-1") == [started(1), started(2), started(3)]
 
 
+# SQLite only, again
+
+
 async def test_missing_parent_directories_are_created(tmp_path: Path) -> None:
     path = tmp_path / "a" / "b" / "j.db"
     async with SQLiteStore(str(path), synchronous="FULL") as store:
@@ -662,8 +685,8 @@ async def test_missing_parent_directories_are_created(tmp_path: Path) -> None:
     assert path.exists()
 
 
-async def test_closing_twice_is_harmless(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "j.db")
+async def test_closing_twice_is_harmless(reopen: Opener) -> None:
+    store = reopen()
     await store.aclose()
     await store.aclose()
 
@@ -691,9 +714,9 @@ def test_an_unknown_synchronous_level_is_a_configuration_error(
     assert not (tmp_path / "j.db").exists()
 
 
-def test_a_store_dropped_without_closing_warns(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "j.db")
-    with pytest.warns(ResourceWarning, match="unclosed SQLiteStore"):
+def test_a_store_dropped_without_closing_warns(reopen: Opener) -> None:
+    store = reopen()
+    with pytest.warns(ResourceWarning, match=f"unclosed {type(store).__name__}"):
         del store  # CPython finalizes it right here
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from stores import STORE_KINDS, open_store
 
 from replan import GateResolution, RunSpec, RunStatus, Supervisor
 from replan._demo import demo_model, demo_spec
@@ -21,7 +22,6 @@ from replan.store import (
     JournalConflict,
     JournalCorrupt,
     JournalRetention,
-    MemoryStore,
     SQLiteStore,
     Store,
     ToolEffectLedger,
@@ -32,11 +32,9 @@ from replan.supervisor import replay, snapshot
 FAR_FUTURE = datetime.now(UTC) + timedelta(days=1)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=STORE_KINDS)
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    journal: Store = (
-        MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "j.db")
-    )
+    journal: Store = open_store(request.param, request, tmp_path)
     yield journal
     await journal.aclose()
 
@@ -90,11 +88,16 @@ async def test_tool_effects_are_read_by_run_and_task_in_the_order_they_ran(
     assert first not in await store.read_tool_effects("run-1", "t1")
 
 
-async def test_tool_effects_survive_reopening_the_journal(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_tool_effects_survive_reopening_the_journal(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     record = sent("run-1:t1:s1c0")
-    async with SQLiteStore(tmp_path / "j.db") as store:
+    async with open_store(kind, request, tmp_path) as store:
+        assert isinstance(store, ToolEffectLedger)
         await store.record_tool_effect("run-1", record)
-    async with SQLiteStore(tmp_path / "j.db") as store:
+    async with open_store(kind, request, tmp_path) as store:
+        assert isinstance(store, ToolEffectLedger)
         assert await store.read_tool_effects("run-1", "t1") == [record]
 
 

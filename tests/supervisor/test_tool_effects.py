@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import pytest
 from scripts import chain, scripted, spec
+from stores import STORE_KINDS, open_store
 
 from replan import (
     GateResolution,
@@ -112,11 +113,9 @@ async def run_approving(
     return result.status, gates, events
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=STORE_KINDS)
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    journal: Store = (
-        MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "j.db")
-    )
+    journal: Store = open_store(request.param, request, tmp_path)
     yield journal
     await journal.aclose()
 

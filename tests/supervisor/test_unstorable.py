@@ -8,6 +8,7 @@ from typing import Any
 import anyio
 import pytest
 from scripts import chain, clean, scripted, spec, task_of, with_finding
+from stores import STORE_KINDS, open_store
 
 from replan import (
     GateError,
@@ -26,7 +27,7 @@ from replan import (
     tool,
 )
 from replan.messages import RunFinished, TaskFinished, TaskStarted
-from replan.store import SQLiteStore, Store
+from replan.store import Store
 
 UNSTORABLE = "half a character: \udfff"
 """A lone UTF-16 surrogate: a str in Python, no text in UTF-8 or JSON."""
@@ -42,15 +43,13 @@ def unstorable_at(key: str) -> Any:
 
 
 @pytest.mark.parametrize("milestone", [False, True], ids=["plain", "milestone"])
-@pytest.mark.parametrize("store_kind", ["memory", "sqlite"])
+@pytest.mark.parametrize("store_kind", STORE_KINDS)
 async def test_a_task_result_no_journal_can_store_fails_the_run(
-    tmp_path: Path, store_kind: str, milestone: bool
+    tmp_path: Path, store_kind: str, milestone: bool, request: pytest.FixtureRequest
 ) -> None:
     # At a milestone the finish is journaled at once, before the review; the
-    # SQLite store's effect ledger cannot keep the result either.
-    store: Store = (
-        MemoryStore() if store_kind == "memory" else SQLiteStore(tmp_path / "j.db")
-    )
+    # durable stores' effect ledgers cannot keep the result either.
+    store: Store = open_store(store_kind, request, tmp_path)
     model = scripted(execute=unstorable_at("s2"))
     with anyio.fail_after(10):
         async with Supervisor(model, store) as sup:

@@ -1,0 +1,425 @@
+"""The journal in a PostgreSQL database: for processes or machines that share it.
+
+Needs the ``postgres`` extra (``pip install 'replan[postgres]'``: psycopg 3).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import anyio
+
+try:
+    import psycopg
+except ModuleNotFoundError as exc:  # pragma: no cover - without the extra
+    raise ModuleNotFoundError(
+        "PostgresStore needs the 'postgres' extra: pip install 'replan[postgres]'",
+        name=exc.name,
+    ) from exc
+from psycopg import conninfo
+from pydantic import BaseModel
+
+from .._errors import ConfigurationError
+from ..messages import EVENT_ADAPTER, Event, RunCompacted, RunStatus, event_json
+from ._port import (
+    EffectRecord,
+    JournalConflict,
+    JournalCorrupt,
+    RunSummary,
+    ToolEffectRecord,
+)
+from ._postgres_lease import AdvisoryLease, lease_connection
+from ._postgres_pool import Pool, connect
+from ._postgres_rows import summary_of_row, summary_values
+from ._postgres_schema import Queries, lease_key, set_up
+from ._rows import (
+    check_follows,
+    corrupt,
+    event_row,
+    lease_refused,
+    to_text,
+)
+
+_Record = TypeVar("_Record", bound=BaseModel)
+_Conn = psycopg.Connection[Any]
+
+_FINAL = [str(s) for s in RunStatus if s.final]
+_MAX_NAME = 63
+"""The longest identifier PostgreSQL keeps whole, in bytes."""
+
+
+class PostgresStore:
+    """A journal in a PostgreSQL database, shared by processes and machines.
+
+    The same rows as :class:`~replan.store.SQLiteStore` (events as the JSON
+    of :data:`~replan.messages.EVENT_ADAPTER`, times as ISO-8601 text in
+    UTC), in the tables of one schema, created on first use and checked for
+    their version on every open. Several stores, in as many processes, may
+    share a schema: an append is one transaction that moves the run's head
+    on from the seq its first event follows, under the run row's lock, so
+    two writers of one run are ordered and the later gets a
+    :class:`~replan.store.JournalConflict`. The drivers' lease
+    (:class:`~replan.store.DriverLease`) is a session-level advisory lock
+    on a connection of its own: the server lets go of it when its process
+    ends, however it ends.
+
+    Calls run psycopg's blocking connections in worker threads, at most
+    ``pool_size`` at a time, so the store works on asyncio and trio alike.
+    A call whose caller is cancelled still finishes (its transaction
+    commits or rolls back) before the cancellation takes effect.
+
+    Opening connects at once, as :class:`~replan.store.SQLiteStore` opens
+    its file: it blocks the calling thread for up to ``connect_timeout_s``.
+
+    Args:
+        dsn: a libpq connection string (``postgresql://user@host/db`` or
+            ``host=... dbname=...``). It must reach PostgreSQL itself, or a
+            pooler in session mode: the lease lives in a session.
+        schema: the schema that holds the journal's tables (created if
+            missing). Several journals can share a database under several
+            schemas, each with its own lease.
+        pool_size: the most connections (and concurrent calls) the store
+            uses, besides the lease's.
+        connect_timeout_s: how long a connection attempt may take.
+
+    Raises:
+        ConfigurationError: (field ``dsn``) the string is not a connection
+            string, the server cannot be reached or refuses the login, the
+            database is not UTF-8, or the tables cannot be created; (field
+            ``schema``) the name is empty or too long, or the schema holds
+            another application's tables or a newer replan's journal;
+            (``pool_size``, ``connect_timeout_s``) not positive.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "replan",
+        pool_size: int = 4,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        self._pool: Pool | None = None
+        if not schema or len(schema.encode()) > _MAX_NAME or "\x00" in schema:
+            raise ConfigurationError(
+                "schema", f"expected a name of 1 to {_MAX_NAME} bytes, got {schema!r}"
+            )
+        if pool_size < 1:
+            raise ConfigurationError(
+                "pool_size", f"expected 1 or more, got {pool_size}"
+            )
+        if not connect_timeout_s > 0:
+            raise ConfigurationError(
+                "connect_timeout_s",
+                f"expected a positive time, got {connect_timeout_s}",
+            )
+        try:
+            params = conninfo.conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as exc:
+            raise ConfigurationError("dsn", f"not a connection string: {exc}") from None
+        params.setdefault("application_name", "replan")
+        # libpq takes whole seconds; 1 s is its shortest wait.
+        params["connect_timeout"] = str(max(1, round(connect_timeout_s)))
+        self._conninfo = conninfo.make_conninfo("", **params)
+        self.schema = schema
+        self.journal = f"{_where(params)} (schema {schema})"
+        """Where the journal is, for messages: the DSN without its password."""
+        self._queries = Queries.of(schema)
+        try:
+            first = connect(self._conninfo)
+        except psycopg.Error as exc:
+            raise ConfigurationError(
+                "dsn", f"cannot connect to {self.journal}: {_one_line(exc)}"
+            ) from None
+        # Where it connected, libpq's defaults (PGHOST, PGUSER...) resolved.
+        info = first.info
+        where = {"user": info.user, "host": info.host, "port": info.port}
+        self.journal = f"{_where({**where, 'dbname': info.dbname})} (schema {schema})"
+        try:
+            set_up(first, schema, self.journal)
+        except BaseException:
+            first.close()
+            raise
+        # Plain functions, not bound methods: the store is in no reference
+        # cycle, and an unclosed one is finalized (and warned of) at once.
+        self._pool = Pool(functools.partial(connect, self._conninfo), pool_size)
+        self._pool.give(first)
+        self._lease = AdvisoryLease(
+            functools.partial(lease_connection, self._conninfo),
+            lease_key(schema),
+            self.journal,
+        )
+        self._holders: dict[int, bool] = {}  # id(holder) -> holds it alone
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.journal!r})"
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None and not pool.closed:
+            warnings.warn(
+                f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self
+            )
+            self._lease.release()
+            pool.close()
+
+    def _connections(self) -> Pool:
+        if self._pool is None or self._pool.closed:
+            raise anyio.ClosedResourceError
+        return self._pool
+
+    # The journal ------------------------------------------------------------------
+
+    async def append(
+        self, run_id: str, events: Sequence[Event], summary: RunSummary
+    ) -> None:
+        pool = self._connections()
+        # Serialized and checked first: an event that cannot be stored, or a
+        # batch with a gap, fails before anything is sent.
+        rows = [event_row(run_id, e) for e in events]
+        if events:
+            check_follows(run_id, events, events[0].seq - 1)
+        values = summary_values(run_id, summary)
+        queries = self._queries
+
+        def write(conn: _Conn) -> None:
+            with conn.transaction():
+                if not events:
+                    conn.execute(
+                        queries.summarize, {**values, "head": 0, "head_at": None}
+                    )
+                    return
+                first, last = events[0].seq, events[-1]
+                moved = {
+                    **values,
+                    "before": first - 1,
+                    "head": last.seq,
+                    "head_at": to_text(last.at),
+                }
+                if conn.execute(queries.advance, moved).rowcount == 0 and (
+                    first != 1 or conn.execute(queries.new_run, moved).rowcount == 0
+                ):
+                    row = conn.execute(queries.head, (run_id,)).fetchone()
+                    head = 0 if row is None else row[0]
+                    raise JournalConflict(
+                        f"run {run_id}: expected seq {head + 1}, got {first}"
+                    )
+                try:
+                    with conn.cursor() as cursor:
+                        cursor.executemany(queries.insert_event, rows)
+                except psycopg.errors.UniqueViolation as exc:
+                    # Rows the head does not account for (written by hand?).
+                    raise JournalConflict(f"run {run_id}: {_one_line(exc)}") from None
+
+        await pool.run(write)
+
+    async def read(self, run_id: str, after: int = 0) -> list[Event]:
+        query = self._queries.read
+        rows = await self._connections().run(
+            lambda conn: conn.execute(query, (run_id, after)).fetchall()
+        )
+        events: list[Event] = []
+        for seq, payload in rows:
+            try:
+                events.append(EVENT_ADAPTER.validate_json(payload))
+            except (ValueError, TypeError) as exc:
+                raise self._corrupt(run_id, f"event {seq}", exc, seq=seq) from None
+        return events
+
+    async def get_run(self, run_id: str) -> RunSummary | None:
+        query = self._queries.get_run
+        row = await self._connections().run(
+            lambda conn: conn.execute(query, (run_id,)).fetchone()
+        )
+        return None if row is None else self._summary(row)
+
+    async def list_runs(
+        self,
+        *,
+        statuses: Sequence[RunStatus] | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[RunSummary]:
+        params: tuple[object, ...]
+        if statuses is None:
+            query, params = self._queries.list_runs, (limit, offset)
+        else:
+            query = self._queries.list_runs_with
+            params = ([str(s) for s in statuses], limit, offset)
+        rows = await self._connections().run(
+            lambda conn: conn.execute(query, params).fetchall()
+        )
+        return [self._summary(row) for row in rows]
+
+    async def aclose(self) -> None:
+        self._holders.clear()
+        pool = self._pool
+        if pool is not None and not pool.closed:
+            self._lease.release()
+            pool.close()
+
+    # Effect ledger --------------------------------------------------------------
+
+    async def record_effect(self, run_id: str, record: EffectRecord) -> None:
+        query = self._queries.record_effect
+        params = (run_id, record.task_id, record.attempt, record.model_dump_json())
+        await self._connections().run(lambda conn: conn.execute(query, params))
+
+    async def read_effects(self, run_id: str) -> list[EffectRecord]:
+        return await self._records(
+            EffectRecord, "effect record", self._queries.read_effects, run_id
+        )
+
+    async def record_tool_effect(self, run_id: str, record: ToolEffectRecord) -> None:
+        query = self._queries.record_tool_effect
+        params = (run_id, record.task_id, record.key, record.model_dump_json())
+        await self._connections().run(lambda conn: conn.execute(query, params))
+
+    async def read_tool_effects(
+        self, run_id: str, task_id: str | None = None
+    ) -> list[ToolEffectRecord]:
+        what = "tool effect record"
+        if task_id is None:
+            query = self._queries.read_run_tool_effects
+            return await self._records(ToolEffectRecord, what, query, run_id)
+        query = self._queries.read_tool_effects
+        return await self._records(ToolEffectRecord, what, query, run_id, task_id)
+
+    async def _records(
+        self, model: type[_Record], what: str, query: Any, run_id: str, *more: str
+    ) -> list[_Record]:
+        """The payloads ``query`` selects for the run, validated as ``model``.
+
+        Raises:
+            JournalCorrupt: a payload is not a valid ``model``.
+        """
+        rows = await self._connections().run(
+            lambda conn: conn.execute(query, (run_id, *more)).fetchall()
+        )
+        try:
+            return [model.model_validate_json(payload) for (payload,) in rows]
+        except (ValueError, TypeError) as exc:
+            raise self._corrupt(run_id, what, exc) from None
+
+    # Retention ------------------------------------------------------------------
+
+    async def finished_before(
+        self, before: datetime, *, include_compacted: bool, limit: int
+    ) -> list[str]:
+        query = self._queries.finished_before
+        params = (to_text(before), _FINAL, include_compacted, limit)
+        rows = await self._connections().run(
+            lambda conn: conn.execute(query, params).fetchall()
+        )
+        return [run_id for (run_id,) in rows]
+
+    async def compact_run(self, run_id: str, snapshot: RunCompacted) -> None:
+        pool = self._connections()
+        row = (
+            run_id,
+            snapshot.seq,
+            snapshot.kind,
+            event_json(snapshot).decode(),
+            to_text(snapshot.at),
+        )
+        queries = self._queries
+
+        def compact(conn: _Conn) -> None:
+            with conn.transaction():
+                found = conn.execute(queries.lock_head, (run_id,)).fetchone()
+                last = 0 if found is None else found[0]
+                if snapshot.seq != last:
+                    raise JournalConflict(
+                        f"run {run_id}: the snapshot ends at seq {snapshot.seq}, "
+                        f"the journal at {last}"
+                    )
+                for statement in queries.compact:
+                    conn.execute(statement, (run_id,))
+                conn.execute(queries.insert_event, row)
+                conn.execute(queries.set_head_at, (row[-1], run_id))
+
+        await pool.run(compact)
+
+    async def delete_run(self, run_id: str) -> None:
+        queries = self._queries
+
+        def delete(conn: _Conn) -> None:
+            with conn.transaction():
+                for statement in queries.delete:
+                    conn.execute(statement, (run_id,))
+
+        await self._connections().run(delete)
+
+    def checkpoint_soon(self) -> None:
+        """Nothing to do: PostgreSQL checkpoints by itself (for callers
+        written for :class:`~replan.store.SQLiteStore`)."""
+
+    # The drivers' lease (see DriverLease) --------------------------------------
+
+    def hold_lease(self, holder: object, *, exclusive: bool) -> None:
+        """Hold the schema's advisory lock shared, or alone to take over runs.
+
+        The lock lives in a session of its own, which the server ends (and
+        the lock with it) when this process ends, however it ends.
+        Supervisors sharing this store object are told apart by ``holder``,
+        as other processes are by the lock. The call blocks the calling
+        thread for a round trip (and a connection, the first time).
+
+        Raises:
+            ConfigurationError: another supervisor holds the lease so that
+                this one cannot, or the server cannot be reached (field
+                ``store``).
+        """
+        self._connections()
+        exclusive = exclusive or self._holders.get(id(holder), False)
+        others = [alone for key, alone in self._holders.items() if key != id(holder)]
+        if others and (exclusive or any(others)):
+            raise lease_refused(self.journal, exclusive=exclusive)
+        self._lease.hold(exclusive=exclusive)
+        self._holders[id(holder)] = exclusive
+
+    def release_lease(self, holder: object) -> None:
+        self._holders.pop(id(holder), None)
+        if not self._holders:
+            self._lease.release()
+
+    def _summary(self, row: Any) -> RunSummary:
+        try:
+            return summary_of_row(row)
+        except (ValueError, TypeError) as exc:
+            raise self._corrupt(row[0], "summary row", exc) from None
+
+    def _corrupt(
+        self, run_id: str, what: str, exc: Exception, *, seq: int | None = None
+    ) -> JournalCorrupt:
+        return corrupt(self.journal, run_id, what, exc, seq=seq)
+
+
+def _where(params: dict[str, Any]) -> str:
+    """``postgresql://user@host:port/dbname`` from the connection's
+    parameters, never its password; libpq's defaults where they are unset."""
+    user = params.get("user") or "(default user)"
+    host = params.get("host") or params.get("hostaddr") or "(default host)"
+    port = params.get("port") or "5432"
+    dbname = params.get("dbname") or user
+    return f"postgresql://{user}@{host}:{port}/{dbname}"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())

@@ -1,0 +1,82 @@
+"""The daemon on a PostgreSQL journal: killed, and its runs taken over by
+another daemon with a data directory of its own (as on another machine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from counting_model import read_counts
+from daemon_process import DaemonProcess, wait_for
+
+from replan import ConfigurationError
+from replan._demo import GOAL
+from replan.daemon import DaemonSettings
+from replan.daemon._server import check_journal
+
+COUNTING = ("--model", "python:counting_model:model")
+
+
+def test_a_daemon_killed_at_a_gate_is_taken_over_from_postgres_without_rerunning(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    counts = str(tmp_path / "executions.txt")
+    env = {
+        "REPLAN_TEST_COUNT_FILE": counts,
+        "REPLAN_TEST_EXECUTE_S": "0.05",
+        "REPLAN_JOURNAL_DSN": postgres_dsn,
+    }
+    first = DaemonProcess(tmp_path / "first", *COUNTING, env=env).start()
+    try:
+        with first.client() as client:
+            response = client.post("/v1/runs", json={"goal": GOAL})
+            assert response.status_code == 202, response.text
+            run_id = response.json()["run_id"]
+            gates = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+            # While it lives, another daemon may not take its runs over.
+            with pytest.raises(RuntimeError, match="journal to itself"):
+                DaemonProcess(tmp_path / "other", *COUNTING, env=env).start()
+        first.kill()
+    finally:
+        first.close()
+    before, _ = read_counts(counts)
+    assert before, "tasks ran before the gate"
+
+    second = DaemonProcess(tmp_path / "second", *COUNTING, env=env).start()
+    try:
+        with second.client() as client:
+            pending = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+            assert [g["gate_id"] for g in pending] == [g["gate_id"] for g in gates]
+            response = client.post(
+                f"/v1/gates/{gates[0]['gate_id']}", json={"decision": "approve"}
+            )
+            assert response.status_code == 200, response.text
+            view = wait_for(
+                lambda: (
+                    body
+                    if (body := client.get(f"/v1/runs/{run_id}").json())["status"]
+                    not in ("running", "waiting_for_human")
+                    else None
+                ),
+                timeout_s=30,
+            )
+    finally:
+        assert second.terminate() == 0
+    assert view["status"] == "completed"
+    done, _ = read_counts(counts)
+    assert all(count == 1 for count in done.values()), done
+    assert set(before) <= set(done)
+    # Neither daemon kept a SQLite journal.
+    for name in ("first", "second"):
+        assert not (tmp_path / name / "journal.db").exists()
+
+
+def test_a_journal_dsn_that_cannot_be_reached_is_refused_naming_the_setting(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    settings = DaemonSettings(
+        data_dir=tmp_path, journal_dsn=postgres_dsn.replace("dbname=", "dbname=x")
+    )
+    with pytest.raises(ConfigurationError) as caught:
+        check_journal(settings)
+    assert caught.value.field == "journal_dsn"

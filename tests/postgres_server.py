@@ -1,0 +1,180 @@
+"""A throwaway PostgreSQL server for the tests of the PostgreSQL journal.
+
+The server's files and its unix socket live in a temporary directory; it
+listens on no TCP address, trusts every local login, and is stopped at once
+(``-m immediate``) when the session ends. ``initdb`` refuses to run as root:
+as root, the server runs as the ``postgres`` system user.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+INSTALL = (
+    "the PostgreSQL journal's tests need a PostgreSQL server's programs "
+    "(initdb, pg_ctl); install them with `apt-get install postgresql` "
+    "(Debian, Ubuntu) or your system's postgresql package, or put their "
+    "directory on PATH"
+)
+USER = "replan"
+
+
+def server_programs() -> Path:
+    """The directory that holds ``initdb`` and ``pg_ctl``.
+
+    Fails the test (not skips it: CI installs them) when there is none.
+    """
+    candidates: list[str] = []
+    if shutil.which("pg_config"):
+        found = subprocess.run(
+            ["pg_config", "--bindir"], capture_output=True, text=True, check=False
+        )
+        candidates.append(found.stdout.strip())
+    # Debian keeps the server's programs out of PATH, one directory per version.
+    candidates += sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"),
+        key=lambda p: int(Path(p).parent.name) if Path(p).parent.name.isdigit() else 0,
+        reverse=True,
+    )
+    on_path = shutil.which("initdb")
+    if on_path:
+        candidates.append(str(Path(on_path).parent))
+    for directory in candidates:
+        if directory and all(
+            (Path(directory) / name).is_file() for name in ("initdb", "pg_ctl")
+        ):
+            return Path(directory)
+    pytest.fail(INSTALL, pytrace=False)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class PostgresServer:
+    """A running server: ``dsn(dbname)`` reaches one of its databases."""
+
+    directory: Path
+    port: int
+    bindir: Path
+    _names: itertools.count[int] = field(default_factory=itertools.count)
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        return f"host={self.directory} port={self.port} user={USER} dbname={dbname}"
+
+    def new_database(self) -> str:
+        """A fresh, empty database's name."""
+        import psycopg
+
+        name = f"test_{os.getpid()}_{next(self._names)}"
+        with psycopg.connect(self.dsn(), autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{name}"')
+        return name
+
+    def drop_database(self, name: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.dsn(), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _as_server_user(command: list[str]) -> list[str]:
+    if os.geteuid() == 0:
+        return ["runuser", "-u", "postgres", "--", *command]
+    return command
+
+
+def _run(command: list[str]) -> None:
+    done = subprocess.run(
+        _as_server_user(command), capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        pytest.fail(
+            f"{' '.join(command)} failed ({done.returncode}):\n"
+            f"{done.stdout}\n{done.stderr}",
+            pytrace=False,
+        )
+
+
+def start() -> PostgresServer:
+    """Make a cluster in a new temporary directory and start its server."""
+    bindir = server_programs()
+    directory = Path(tempfile.mkdtemp(prefix="replan-pg-", dir="/tmp"))
+    if os.geteuid() == 0:
+        try:
+            server_user = pwd.getpwnam("postgres")
+        except KeyError:
+            shutil.rmtree(directory)
+            pytest.fail(
+                "the tests run as root and there is no `postgres` user to run "
+                f"the server as; {INSTALL}",
+                pytrace=False,
+            )
+        os.chown(directory, server_user.pw_uid, server_user.pw_gid)
+    data = directory / "data"
+    port = free_port()
+    _run(
+        [
+            str(bindir / "initdb"),
+            "-D",
+            str(data),
+            "-A",
+            "trust",
+            "-U",
+            USER,
+            "-E",
+            "UTF8",
+            "--locale=C.UTF-8",
+        ]
+    )
+    options = (
+        f"-k {directory} -p {port} -c listen_addresses='' -c max_connections=200 "
+        "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+    )
+    _run(
+        [
+            str(bindir / "pg_ctl"),
+            "-D",
+            str(data),
+            "-o",
+            options,
+            "-l",
+            str(directory / "log"),
+            "-w",
+            "start",
+        ]
+    )
+    return PostgresServer(directory, port, bindir)
+
+
+def stop(server: PostgresServer) -> None:
+    subprocess.run(
+        _as_server_user(
+            [
+                str(server.bindir / "pg_ctl"),
+                "-D",
+                str(server.directory / "data"),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ]
+        ),
+        capture_output=True,
+        check=False,
+    )
+    shutil.rmtree(server.directory, ignore_errors=True)

@@ -1,0 +1,431 @@
+"""The PostgreSQL journal: its schema, two processes on one run, the drivers'
+lease across processes, damaged rows, cancellation and lost connections."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from write_samples import started, summary
+
+from replan import ConfigurationError
+from replan.messages import TaskOutcome
+from replan.store import (
+    EffectRecord,
+    JournalCorrupt,
+    PostgresStore,
+    ToolEffectRecord,
+)
+
+CHILD = Path(__file__).with_name("postgres_child.py")
+
+
+def sql(dsn: str, statement: str, params: tuple[object, ...] = ()) -> list[Any]:
+    """Run one statement on a connection of its own; its rows, if any."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cursor = conn.execute(statement, params)  # type: ignore[arg-type]
+        return cursor.fetchall() if cursor.description else []
+
+
+def child(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(CHILD), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+async def line_of(process: subprocess.Popen[str]) -> str:
+    assert process.stdout is not None
+    with anyio.fail_after(30):
+        return await anyio.to_thread.run_sync(
+            process.stdout.readline, abandon_on_cancel=True
+        )
+
+
+async def eventually(check: Callable[[], bool], timeout_s: float = 10) -> None:
+    with anyio.fail_after(timeout_s):
+        while True:
+            if check():
+                return
+            await anyio.sleep(0.05)
+
+
+# The schema
+
+
+async def test_the_tables_are_created_in_the_replan_schema_with_a_version(
+    postgres_dsn: str,
+) -> None:
+    async with PostgresStore(postgres_dsn):
+        pass
+    tables = sql(
+        postgres_dsn,
+        "SELECT table_name FROM information_schema.tables "
+        "WHERE table_schema = 'replan' ORDER BY table_name",
+    )
+    assert [name for (name,) in tables] == [
+        "effects",
+        "events",
+        "journal_schema",
+        "runs",
+        "tool_effects",
+    ]
+    assert sql(postgres_dsn, "SELECT version FROM replan.journal_schema") == [(1,)]
+
+
+async def test_two_schemas_of_one_database_are_two_journals_with_two_leases(
+    postgres_dsn: str,
+) -> None:
+    async with (
+        PostgresStore(postgres_dsn, schema="team a") as first,
+        PostgresStore(postgres_dsn, schema="team b") as second,
+    ):
+        await first.append("run-1", [started(1)], summary(1))
+        assert await second.read("run-1") == []
+        assert await second.list_runs() == []
+        first.hold_lease(first, exclusive=True)
+        second.hold_lease(second, exclusive=True)
+
+
+async def test_a_schema_from_a_newer_replan_is_refused(postgres_dsn: str) -> None:
+    async with PostgresStore(postgres_dsn):
+        pass
+    sql(postgres_dsn, "UPDATE replan.journal_schema SET version = 99")
+    with pytest.raises(ConfigurationError, match="journal schema 99") as caught:
+        PostgresStore(postgres_dsn)
+    assert caught.value.field == "schema"
+
+
+async def test_a_schema_with_another_applications_tables_is_refused_and_left_alone(
+    postgres_dsn: str,
+) -> None:
+    sql(postgres_dsn, "CREATE SCHEMA replan")
+    sql(postgres_dsn, "CREATE TABLE replan.events (what text)")
+    with pytest.raises(ConfigurationError, match="another application's") as caught:
+        PostgresStore(postgres_dsn)
+    assert caught.value.field == "schema"
+    tables = sql(
+        postgres_dsn,
+        "SELECT table_name FROM information_schema.tables "
+        "WHERE table_schema = 'replan'",
+    )
+    assert tables == [("events",)]
+    # Tables in other schemas are no obstacle.
+    async with PostgresStore(postgres_dsn, schema="journal") as store:
+        await store.append("run-1", [started(1)], summary(1))
+
+
+def test_stores_opening_a_new_database_at_once_create_the_tables_once(
+    postgres_dsn: str,
+) -> None:
+    opened: list[PostgresStore] = []
+
+    async def open_one() -> None:
+        opened.append(await anyio.to_thread.run_sync(PostgresStore, postgres_dsn))
+
+    async def open_four() -> None:
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(open_one)
+        for store in opened:
+            await store.aclose()
+
+    anyio.run(open_four)
+    assert len(opened) == 4
+    assert sql(postgres_dsn, "SELECT version FROM replan.journal_schema") == [(1,)]
+
+
+def test_a_server_that_cannot_be_reached_is_a_configuration_error_without_password(
+    postgres_dsn: str,
+) -> None:
+    params = psycopg.conninfo.conninfo_to_dict(postgres_dsn)
+    dsn = psycopg.conninfo.make_conninfo(
+        "", **{**params, "dbname": "no_such_db", "password": "s3cret"}
+    )
+    with pytest.raises(ConfigurationError) as caught:
+        PostgresStore(dsn)
+    assert caught.value.field == "dsn"
+    assert "no_such_db" in str(caught.value)
+    assert "s3cret" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"dsn": "host='unclosed"}, "dsn"),
+        ({"schema": ""}, "schema"),
+        ({"schema": "x" * 64}, "schema"),
+        ({"pool_size": 0}, "pool_size"),
+        ({"connect_timeout_s": 0}, "connect_timeout_s"),
+    ],
+)
+def test_bad_arguments_are_configuration_errors_naming_them(
+    postgres_dsn: str, arguments: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        PostgresStore(**{"dsn": postgres_dsn, **arguments})
+    assert caught.value.field == field
+
+
+# Stores on one journal
+
+
+async def test_two_writers_in_two_processes_win_each_seq_exactly_once(
+    postgres_dsn: str,
+) -> None:
+    count = 150
+    async with PostgresStore(postgres_dsn) as store:  # the tables, made once
+        writers = {
+            name: child("append", postgres_dsn, "run-1", name, str(count))
+            for name in ("a", "b")
+        }
+        try:
+            for process in writers.values():
+                assert await line_of(process) == "ready\n"
+            for process in writers.values():
+                assert process.stdin is not None
+                process.stdin.write("go\n")
+                process.stdin.flush()
+            outcome = {
+                name: json.loads(await line_of(p)) for name, p in writers.items()
+            }
+        finally:
+            for process in writers.values():
+                process.kill()
+                process.wait()
+                for stream in (process.stdin, process.stdout):
+                    assert stream is not None
+                    stream.close()
+        events = await store.read("run-1")
+
+    every = list(range(1, count + 1))
+    assert [e.seq for e in events] == every
+    a, b = outcome["a"], outcome["b"]
+    assert sorted(a["won"] + b["won"]) == every
+    for name in ("a", "b"):
+        assert sorted(outcome[name]["won"] + outcome[name]["lost"]) == every
+    winners = {e.seq: e.task_id for e in events}  # type: ignore[attr-defined]
+    assert all(winners[seq] == "a" for seq in a["won"])
+    assert all(winners[seq] == "b" for seq in b["won"])
+
+
+@pytest.mark.parametrize("mode", ["shared", "exclusive"])
+async def test_the_lease_of_a_killed_process_is_free_once_it_is_gone(
+    postgres_dsn: str, mode: str
+) -> None:
+    async with PostgresStore(postgres_dsn) as store:
+        holder = child("lease", postgres_dsn, mode)
+        try:
+            assert await line_of(holder) == "held\n"
+            with pytest.raises(ConfigurationError, match="to itself") as caught:
+                store.hold_lease(store, exclusive=True)
+            assert caught.value.field == "store"
+            if mode == "exclusive":
+                with pytest.raises(ConfigurationError, match="is resuming runs"):
+                    store.hold_lease(store, exclusive=False)
+            else:
+                store.hold_lease(store, exclusive=False)  # shared with it
+                store.release_lease(store)
+        finally:
+            os.kill(holder.pid, signal.SIGKILL)
+            holder.wait()
+            for stream in (holder.stdin, holder.stdout):
+                assert stream is not None
+                stream.close()
+
+        def taken() -> bool:
+            try:
+                store.hold_lease(store, exclusive=True)
+            except ConfigurationError:
+                return False
+            return True
+
+        # The server ends the killed process's session, and its lock with it.
+        await eventually(taken)
+    # And this store's lease went with its close.
+    async with PostgresStore(postgres_dsn) as other:
+        other.hold_lease(other, exclusive=True)
+
+
+async def test_a_store_takes_its_shared_lease_alone_when_the_other_lets_go(
+    postgres_dsn: str,
+) -> None:
+    async with (
+        PostgresStore(postgres_dsn) as first,
+        PostgresStore(postgres_dsn) as second,
+    ):
+        first.hold_lease("a", exclusive=False)
+        second.hold_lease("b", exclusive=False)
+        with pytest.raises(ConfigurationError):
+            first.hold_lease("a", exclusive=True)  # a refused conversion...
+        with pytest.raises(ConfigurationError):
+            second.hold_lease("c", exclusive=True)
+        second.release_lease("b")
+        first.hold_lease("a", exclusive=True)  # ...kept the shared lease
+        with pytest.raises(ConfigurationError):
+            second.hold_lease("b", exclusive=False)
+
+
+# Damaged rows
+
+_DAMAGE = {
+    "event not json": (
+        "UPDATE replan.events SET payload = '{broken' WHERE seq = 2",
+        "read",
+    ),
+    "no such event": (
+        'UPDATE replan.events SET payload = \'{"kind": "nope"}\' WHERE seq = 2',
+        "read",
+    ),
+    "summary time": ("UPDATE replan.runs SET created_at = 'yesterday'", "get_run"),
+    "summary status": ("UPDATE replan.runs SET status = 'dozing'", "list_runs"),
+    "effect": ("UPDATE replan.effects SET payload = '{broken'", "read_effects"),
+    "tool effect": (
+        "UPDATE replan.tool_effects SET payload = '{\"key\": 1}'",
+        "read_tool_effects",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(_DAMAGE))
+async def test_a_damaged_row_reads_as_journal_corrupt_naming_the_run(
+    postgres_dsn: str, damage: str
+) -> None:
+    statement, call = _DAMAGE[damage]
+    async with PostgresStore(postgres_dsn) as store:
+        await store.append("run-1", [started(1), started(2)], summary(2))
+        done = EffectRecord(task_id="t1", attempt=1, outcome=TaskOutcome(success=True))
+        await store.record_effect("run-1", done)
+        await store.record_tool_effect(
+            "run-1",
+            ToolEffectRecord(key="k", task_id="t1", tool="mail", arguments={}),
+        )
+        sql(postgres_dsn, statement)
+        reads = {
+            "read": lambda: store.read("run-1"),
+            "get_run": lambda: store.get_run("run-1"),
+            "list_runs": lambda: store.list_runs(),
+            "read_effects": lambda: store.read_effects("run-1"),
+            "read_tool_effects": lambda: store.read_tool_effects("run-1"),
+        }
+        with pytest.raises(JournalCorrupt, match="run run-1") as caught:
+            await reads[call]()
+    assert caught.value.run_id == "run-1"
+    assert caught.value.seq == (2 if call == "read" else None)
+    assert "schema replan" in str(caught.value)
+
+
+# Cancellation and connections
+
+
+async def test_an_append_cancelled_in_flight_finishes_and_the_store_goes_on(
+    postgres_dsn: str,
+) -> None:
+    async with PostgresStore(postgres_dsn, pool_size=1) as store:
+        await store.append("run-1", [started(1)], summary(1))
+        with psycopg.connect(postgres_dsn, autocommit=True) as blocker:
+            # Another session holds the run's row: the append waits for it.
+            blocker.execute("BEGIN")
+            blocker.execute("SELECT 1 FROM replan.runs FOR UPDATE")
+            steps: list[str] = []
+            scope = anyio.CancelScope()
+
+            async def append() -> None:
+                with scope:
+                    await store.append("run-1", [started(2)], summary(2))
+                    steps.append("appended")
+                    await anyio.sleep_forever()
+
+            def waiting() -> bool:
+                rows = blocker.execute(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE application_name = 'replan' AND wait_event_type = 'Lock'"
+                ).fetchall()
+                return bool(rows[0][0])
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(append)
+                await eventually(waiting)
+                scope.cancel()
+                await anyio.sleep(0.2)
+                assert not scope.cancelled_caught  # its transaction runs on
+                blocker.execute("ROLLBACK")
+        assert scope.cancelled_caught
+        assert steps == ["appended"]
+        assert await store.read("run-1") == [started(1), started(2)]
+        # The one connection is not left in a transaction: the store goes on.
+        await store.append("run-1", [started(3)], summary(3))
+        states = sql(
+            postgres_dsn,
+            "SELECT state FROM pg_stat_activity WHERE application_name = 'replan'",
+        )
+        assert states == [("idle",)]
+
+
+async def test_calls_use_at_most_pool_size_connections(postgres_dsn: str) -> None:
+    async with PostgresStore(postgres_dsn, pool_size=2) as store:
+        await store.append("run-1", [started(1)], summary(1))
+        async with anyio.create_task_group() as tg:
+            for _ in range(20):
+                tg.start_soon(store.read, "run-1")
+        count = sql(
+            postgres_dsn,
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'replan'",
+        )
+        assert count[0][0] <= 2
+    count = sql(
+        postgres_dsn,
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'replan'",
+    )
+    assert count == [(0,)]
+
+
+async def test_connections_the_server_ended_are_replaced_without_a_failed_call(
+    postgres_dsn: str,
+) -> None:
+    async with PostgresStore(postgres_dsn) as store:
+        await store.append("run-1", [started(1)], summary(1))
+        sql(
+            postgres_dsn,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'replan'",
+        )
+        await eventually(
+            lambda: (
+                sql(
+                    postgres_dsn,
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE application_name = 'replan'",
+                )
+                == [(0,)]
+            )
+        )
+        assert await store.read("run-1") == [started(1)]
+        await store.append("run-1", [started(2)], summary(2))
+
+
+async def test_a_lease_whose_session_the_server_ended_is_taken_again(
+    postgres_dsn: str,
+) -> None:
+    async with PostgresStore(postgres_dsn) as store:
+        store.hold_lease("a", exclusive=False)
+        sql(
+            postgres_dsn,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'replan'",
+        )
+        store.hold_lease("a", exclusive=True)
+        async with PostgresStore(postgres_dsn) as other:
+            with pytest.raises(ConfigurationError):
+                other.hold_lease(other, exclusive=False)
