@@ -55,6 +55,10 @@ _FALLBACK: dict[str, StructuredOutput] = {
 }
 TEMPERATURE_ROLES = ("executor", "evolver")
 """Roles whose temperature may be set; planner, reviewer and ranker stay at 0."""
+SAMPLED_PURPOSES = frozenset({("planner", "hypotheses")})
+"""Requests sent at the temperature they carry although their role runs at 0:
+an explore run's hypotheses, asked at ``ExploreSettings.temperature`` for
+diverse ideas (a plan, a review or a ranking is never sampled)."""
 LOCAL_KEY = "not-needed"
 MAX_PROMPT_CHARS = 100_000
 """The default prompt budget: about 25,000 tokens at some four characters a
@@ -78,7 +82,8 @@ class OpenAIModel:
         base_url: else ``OPENAI_BASE_URL``, else OpenAI.
         models: model name per role (``{"executor": "gpt-4o-mini"}``).
         temperatures: sampling temperature for ``executor`` and ``evolver``;
-            the planner, reviewer and ranker always run at 0.
+            the planner, reviewer and ranker run at 0 (but for an explore
+            run's hypotheses, asked at ``ExploreSettings.temperature``).
         structured_output: see :data:`StructuredOutput`.
         prices: model name -> :class:`ModelPrice` per million tokens.
         prompts: the templates (the shipped ones by default).
@@ -457,9 +462,13 @@ class OpenAIModel:
 
     def temperature_for(self, request: ModelRequest) -> float:
         """The temperature sent for ``request``: the role's own setting for
-        the executor and evolver, else the request's; 0 for the others."""
+        the executor and evolver, else the request's; the request's for an
+        explore run's hypotheses (``ExploreSettings.temperature``); 0 for
+        the others."""
         if request.role in TEMPERATURE_ROLES:
             return self.temperatures.get(request.role, request.temperature)
+        if (request.role, request.purpose) in SAMPLED_PURPOSES:
+            return request.temperature
         return 0.0
 
     def _usage(self, completion: Any, model: str) -> TokenUsage:

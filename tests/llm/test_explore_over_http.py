@@ -1,0 +1,95 @@
+"""Whole explore runs through OpenAIModel and a Chat Completions server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import anyio
+from chat_server import Logged, Reply, answer_type, chat_server, completion
+
+from replan import (
+    Comparison,
+    ContextAnalysis,
+    Critique,
+    ExploreSettings,
+    Hypothesis,
+    HypothesisBatch,
+    RunResult,
+    RunSpec,
+    RunStatus,
+    Supervisor,
+    ValidationBatch,
+    ValidationPlan,
+)
+from replan.llm import OpenAIModel
+from replan.messages import LENSES
+
+GOAL = "Why do cooks stop using the meal-planning app after week three?"
+CONTEXT = ["41% of cooks are inactive by day 21.", "Tickets ask about leftovers."]
+IDEAS = [
+    "Solo cooks leave because every recipe serves four",
+    "Leftovers make the weekly plan feel wasteful",
+    "Cooks without a budget lose their reason to plan",
+]
+
+
+def explorer(logged: Logged) -> Reply:
+    """Answers every explore purpose by the output type asked for."""
+    kind = answer_type(logged)
+    answer: Any
+    if kind == "ContextAnalysis":
+        answer = ContextAnalysis(gaps=["no data on household size"])
+    elif kind == "HypothesisBatch":
+        answer = HypothesisBatch(
+            hypotheses=[Hypothesis(statement=s, evidence_refs=["E1"]) for s in IDEAS]
+        )
+    elif kind == "Critique":
+        answer = Critique(scores={**dict.fromkeys(LENSES, 0.8), "confidence": 0.9})
+    elif kind == "Comparison":
+        answer = Comparison(winner="a")
+    elif kind == "ValidationBatch":
+        selected = logged.text.partition("Selected hypotheses:")[2]
+        answer = ValidationBatch(
+            plans=[
+                ValidationPlan(hypothesis_id=h, next_step="test", success_signal="s")
+                for h in dict.fromkeys(re.findall(r"\bH\d+\b", selected))
+            ]
+        )
+    else:
+        raise AssertionError(f"an explore run asked for {kind!r}")
+    return completion(answer)
+
+
+def spec(**settings: Any) -> RunSpec:
+    return RunSpec(
+        goal=GOAL,
+        kind="explore",
+        context=CONTEXT,
+        explore=ExploreSettings(**{"select": 2, "seed": 7, **settings}),
+    )
+
+
+async def explore(model: OpenAIModel, run: RunSpec) -> RunResult:
+    async with model, Supervisor(model=model) as sup:
+        with anyio.fail_after(30):
+            handle = await sup.submit(run)
+            return await handle.result()
+
+
+def model_for(server_url: str, **options: Any) -> OpenAIModel:
+    options = {"max_retries": 1, "backoff_s": 0.01, **options}
+    return OpenAIModel("gpt-test", base_url=server_url, **options)
+
+
+async def test_hypotheses_are_asked_at_the_explore_settings_temperature() -> None:
+    with chat_server(explorer) as server:
+        result = await explore(model_for(server.base_url), spec(temperature=1.1))
+        requests = server.chat_requests()
+    assert result.status is RunStatus.COMPLETED, result.stop_reason
+    by_kind: dict[str, set[float]] = {}
+    for sent in requests:
+        by_kind.setdefault(answer_type(sent), set()).add(sent.body["temperature"])
+    assert by_kind.pop("HypothesisBatch") == {1.1}
+    assert set(by_kind) >= {"ContextAnalysis", "Critique", "Comparison"}
+    assert all(temperatures == {0} for temperatures in by_kind.values())
