@@ -23,7 +23,7 @@ from ..messages import TokenUsage
 from ._answers import answer, answered_by, brief
 from ._budget import FittedPrompt, fit_prompt
 from ._port import ModelRequest, ModelResponse
-from ._pricing import ModelPrice, PriceTable, priced
+from ._pricing import ModelPrice, price_table, priced
 from ._prompts import PromptRegistry
 from ._retry import (
     BackoffPolicy,
@@ -85,7 +85,8 @@ class OpenAIModel:
             the planner, reviewer and ranker run at 0 (but for an explore
             run's hypotheses, asked at ``ExploreSettings.temperature``).
         structured_output: see :data:`StructuredOutput`.
-        prices: model name -> :class:`ModelPrice` per million tokens.
+        prices: model name -> :class:`ModelPrice` per million tokens (or a
+            mapping of its fields, as a configuration file gives it).
         prompts: the templates (the shipped ones by default).
         max_retries, backoff_s, max_backoff_s: see ``BackoffPolicy``.
         timeout_s: seconds one HTTP request may take.
@@ -101,8 +102,8 @@ class OpenAIModel:
             closed by :meth:`aclose`).
 
     Raises:
-        ConfigurationError: no model name, no key for OpenAI itself, or an
-            option out of range.
+        ConfigurationError: no model name, no key for OpenAI itself, an
+            option out of range, or a price that is none.
     """
 
     def __init__(
@@ -114,7 +115,7 @@ class OpenAIModel:
         models: Mapping[str, str] | None = None,
         temperatures: Mapping[str, float] | None = None,
         structured_output: StructuredOutput = "auto",
-        prices: PriceTable | Mapping[str, ModelPrice] | None = None,
+        prices: Mapping[str, ModelPrice | Mapping[str, float]] | None = None,
         prompts: PromptRegistry | None = None,
         max_retries: int = 3,
         backoff_s: float = 0.5,
@@ -164,7 +165,7 @@ class OpenAIModel:
         self.structured_output: StructuredOutput = structured_output
         self._auto_mode: StructuredOutput = "json_schema"
         """The mode ``auto`` asks with: the last one the server took."""
-        self.prices = prices
+        self.prices = price_table(prices)
         self.prompts = prompts or PromptRegistry()
         self.retry = BackoffPolicy(max_retries, backoff_s, max_backoff_s)
         self.max_output_tokens = max_output_tokens

@@ -225,6 +225,14 @@ NAN, INF = float("nan"), float("inf")
         ({"temperatures": {"executor": NAN}}, "temperatures.executor"),
         ({"temperatures": {"executor": "hot"}}, "temperatures.executor"),
         ({"structured_output": "json"}, "structured_output"),
+        ({"prices": [("gpt-test", 1.0)]}, "prices"),
+        ({"prices": {"gpt-test": 3.0}}, "prices.gpt-test"),
+        ({"prices": {"gpt-test": {"input": 1.0}}}, "prices.gpt-test.output"),
+        ({"prices": {"gpt-test": {"input": -1, "output": 1}}}, "prices.gpt-test.input"),
+        (
+            {"prices": {"gpt-test": {"input": NAN, "output": 1}}},
+            "prices.gpt-test.input",
+        ),
     ],
     ids=lambda value: str(value) if isinstance(value, dict) else None,
 )

@@ -498,6 +498,16 @@ async def test_models_per_role_and_prices_turn_tokens_into_cost() -> None:
     assert executed.usage.cost == pytest.approx((2_000 * 1 + 500 * 2) / 1e6)
 
 
+async def test_a_price_given_as_a_mapping_of_its_fields_prices_the_answer() -> None:
+    with chat_server() as server:
+        server.reply(completion(PlanProposal(), usage=(1_000, 100, 0)))
+        prices = {"gpt-test": {"input": 2.0, "output": 4.0}}
+        async with fast(server.base_url, prices=prices) as model:
+            assert model.prices == {"gpt-test": ModelPrice(input=2.0, output=4.0)}
+            planned = await model.generate(plan_request())
+    assert planned.usage.cost == pytest.approx((1_000 * 2 + 100 * 4) / 1e6)
+
+
 async def test_a_users_own_messages_are_sent_as_they_are() -> None:
     mine = [
         {"role": "system", "content": "Be brief."},
