@@ -237,7 +237,8 @@ class OpenAIModel:
             TransientModelError: retries used up on 429/5xx/timeouts.
             ModelRefusal: a refusal or a content-filter stop.
             ModelOutputError: the answer did not validate after one re-ask,
-                or is of the wrong shape (content that is no text, say).
+                or was cut short at the output token limit (not asked
+                again), or is of the wrong shape (content that is no text).
             BudgetExhausted: the re-ask would pass ``request.token_allowance``.
             ModelError: any other failure.
         """
@@ -313,6 +314,16 @@ class OpenAIModel:
                 output = parse_output(raw, request.output_type)
             except ValidationError as exc:
                 problems = describe_errors(exc)
+                if _cut_short(choices):
+                    # Asked again, the answer would be cut at the same limit.
+                    raise ModelOutputError(
+                        f"{where}: the {request.role}'s answer was cut short at "
+                        f"the output token limit ({self._output_limit()}) and "
+                        f"is not a valid {request.output_type.__name__}:\n"
+                        f"{problems}",
+                        usage=usage,
+                        raw_output=raw,
+                    ) from None
                 if reask:
                     raise ModelOutputError(
                         f"{where}: the {request.role}'s answer is not a valid "
@@ -461,6 +472,11 @@ class OpenAIModel:
             over,
         )
 
+    def _output_limit(self) -> str:
+        if self.max_output_tokens is None:
+            return "the server's own; set max_output_tokens to raise it"
+        return f"max_output_tokens={self.max_output_tokens}"
+
     def temperature_for(self, request: ModelRequest) -> float:
         """The temperature sent for ``request``: the role's own setting for
         the executor and evolver, else the request's; the request's for an
@@ -485,6 +501,11 @@ class OpenAIModel:
             calls=1,
         )
         return priced(tokens, model, self.prices)
+
+
+def _cut_short(choices: Any) -> bool:
+    """Whether the answer stopped at the output token limit."""
+    return getattr(choices[0], "finish_reason", None) == "length"
 
 
 def _annotated(exc: ModelError, usage: TokenUsage) -> ModelError:

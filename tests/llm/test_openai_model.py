@@ -245,6 +245,38 @@ async def test_an_answer_invalid_twice_is_an_error_that_keeps_the_raw_text() -> 
     assert caught.value.usage.calls == 2
 
 
+@pytest.mark.parametrize(
+    ("max_output_tokens", "limit"),
+    [(50, "max_output_tokens=50"), (None, "the server's own")],
+)
+async def test_an_answer_cut_short_at_the_token_limit_fails_at_once_saying_so(
+    max_output_tokens: int | None, limit: str
+) -> None:
+    truncated = '{"tasks": [{"key": "search", "descr'
+    with chat_server(
+        lambda _: completion(truncated, usage=(80, 50, 0), finish_reason="length")
+    ) as server:
+        async with fast(server.base_url, max_output_tokens=max_output_tokens) as model:
+            with pytest.raises(ModelOutputError) as caught:
+                await model.generate(plan_request())
+        assert len(server.chat_requests()) == 1  # the same limit would cut a re-ask
+    assert "cut short at the output token limit" in str(caught.value)
+    assert limit in str(caught.value)
+    assert caught.value.raw_output == truncated
+    assert caught.value.usage is not None
+    assert caught.value.usage.output_tokens == 50
+
+
+async def test_an_answer_at_the_token_limit_that_is_valid_is_taken() -> None:
+    with chat_server() as server:
+        server.reply(
+            completion(PlanProposal(rationale="short"), finish_reason="length")
+        )
+        async with fast(server.base_url, max_output_tokens=50) as model:
+            response = await model.generate(plan_request())
+    assert response.output == PlanProposal(rationale="short")
+
+
 async def test_an_answer_in_a_code_fence_is_accepted() -> None:
     fenced = "```json\n" + Verdict(decision="complete").model_dump_json() + "\n```"
     with chat_server() as server:
