@@ -4,7 +4,12 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from .._errors import BudgetExhausted, ModelError, TransientModelError
+from .._errors import (
+    BudgetExhausted,
+    ModelError,
+    ModelOutputError,
+    TransientModelError,
+)
 from ..explore import critique_problem
 from ..llm import Model, ModelRequest, ModelResponse, Role
 from ..messages import (
@@ -143,7 +148,8 @@ async def explore_call(
     ctx: ActorContext,
     temperature: float,
 ) -> ExploreReply:
-    """One explore model call, asked once more when the answer is malformed.
+    """One explore model call, asked once more when the answer is malformed
+    (unless the adapter asked again already: ``ModelOutputError.final``).
 
     A second malformed answer is reported in ``errors`` rather than raised:
     an explore run records it and goes on without that answer. A fatal model
@@ -180,6 +186,8 @@ async def explore_call(
                 call = ModelCall(role=role, purpose=request.purpose, usage=usage)
                 calls.append(call)
                 allowance.charge(call)
+            if isinstance(exc, ModelOutputError) and exc.final:
+                break  # the adapter asked again already: a third try is waste
             continue
         calls.append(call)
         allowance.charge(call)

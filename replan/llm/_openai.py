@@ -323,6 +323,7 @@ class OpenAIModel:
                         f"{problems}",
                         usage=usage,
                         raw_output=raw,
+                        final=True,
                     ) from None
                 if reask:
                     raise ModelOutputError(
@@ -331,6 +332,7 @@ class OpenAIModel:
                         f"{problems}",
                         usage=usage,
                         raw_output=raw,
+                        final=True,
                     ) from None
                 allowance = request.token_allowance
                 if allowance is not None and usage.total_tokens >= allowance:

@@ -93,3 +93,23 @@ async def test_hypotheses_are_asked_at_the_explore_settings_temperature() -> Non
     assert by_kind.pop("HypothesisBatch") == {1.1}
     assert set(by_kind) >= {"ContextAnalysis", "Critique", "Comparison"}
     assert all(temperatures == {0} for temperatures in by_kind.values())
+
+
+async def test_an_answer_invalid_after_the_adapters_reask_is_not_asked_again() -> None:
+    def gaps_invalid(logged: Logged) -> Reply:
+        if answer_type(logged) == "ContextAnalysis":
+            return completion('{"gaps": "not a list"}', usage=(100, 10, 0))
+        return explorer(logged)
+
+    with chat_server(gaps_invalid) as server:
+        result = await explore(model_for(server.base_url), spec())
+        requests = server.chat_requests()
+    assert result.status is RunStatus.COMPLETED, result.stop_reason
+    gaps = [r for r in requests if answer_type(r) == "ContextAnalysis"]
+    assert len(gaps) == 2  # the answer, and the adapter's re-ask with its problem
+    assert "could not be used" in gaps[1].messages[-1]["content"]
+    assert result.brief is not None
+    errors = [e for e in result.brief.errors if e.startswith("planner/gaps")]
+    assert len(errors) == 1
+    assert "even after a re-ask" in errors[0]
+    assert result.usage.by_role["planner"].input_tokens >= 2 * 100
