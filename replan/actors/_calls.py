@@ -8,6 +8,7 @@ from .._errors import (
     BudgetExhausted,
     ModelError,
     ModelOutputError,
+    ModelRefusal,
     TransientModelError,
 )
 from ..explore import critique_problem
@@ -179,7 +180,8 @@ async def explore_call(
         except MALFORMED as exc:
             if isinstance(exc, ModelError) and exc.fatal:
                 raise  # rejected credentials: no later call will do better
-            errors.append(f"{role}/{request.purpose}: malformed output: {_brief(exc)}")
+            what = "refused" if isinstance(exc, ModelRefusal) else "malformed output"
+            errors.append(f"{role}/{request.purpose}: {what}: {_brief(exc)}")
             usage = exc.usage if isinstance(exc, ModelError) else None
             if usage is not None:
                 # A rejected answer costs as much as an accepted one.

@@ -113,3 +113,20 @@ async def test_an_answer_invalid_after_the_adapters_reask_is_not_asked_again() -
     assert len(errors) == 1
     assert "even after a re-ask" in errors[0]
     assert result.usage.by_role["planner"].input_tokens >= 2 * 100
+
+
+async def test_a_reviewer_that_refuses_is_recorded_as_refusing_not_as_malformed() -> (
+    None
+):
+    def refusing(logged: Logged) -> Reply:
+        if answer_type(logged) == "Critique" and IDEAS[2] in logged.text:
+            return completion(None, refusal="I will not judge budgets.")
+        return explorer(logged)
+
+    with chat_server(refusing) as server:
+        result = await explore(model_for(server.base_url), spec())
+    assert result.brief is not None
+    refusals = [e for e in result.brief.errors if "I will not judge" in e]
+    assert refusals
+    assert all(e.startswith("reviewer/critique: refused: ") for e in refusals)
+    assert not any("malformed" in e for e in refusals)
