@@ -127,6 +127,19 @@ def _kind(value: object) -> str:
     return kinds.get(type(value), f"a {type(value).__name__}")
 
 
+def reported_error(completion: Any) -> str | None:
+    """The error a body with no choices reports in its ``error`` field (a
+    proxy that answers 200 with an upstream's error), else None."""
+    error = getattr(completion, "error", None)
+    if isinstance(error, dict):
+        message = error.get("message")
+        error = message if isinstance(message, str) and message else error
+    if error is None or error == "":
+        return None
+    text = error if isinstance(error, str) else json.dumps(error, default=str)
+    return " ".join(text.split())[:300]
+
+
 def answered_by(completion: Any, model: str) -> str:
     """The model the answer names, else the one asked."""
     named = getattr(completion, "model", None)

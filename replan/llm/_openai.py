@@ -20,7 +20,7 @@ from .._errors import (
     ModelOutputError,
 )
 from ..messages import TokenUsage
-from ._answers import answer, answered_by, brief
+from ._answers import answer, answered_by, brief, reported_error
 from ._budget import FittedPrompt, fit_prompt
 from ._port import ModelRequest, ModelResponse
 from ._pricing import ModelPrice, price_table, priced
@@ -299,6 +299,12 @@ class OpenAIModel:
                     f"{where}: the answer is no chat completion: {brief(exc)}",
                     usage=usage,
                 ) from None
+            reported = None if choices else reported_error(completion)
+            if reported is not None:
+                raise ModelError(
+                    f"{where}: the server answered with an error: {reported}",
+                    usage=usage,
+                )
             answered = answer(choices, bool(request.tools), where, usage)
             if isinstance(answered, list):
                 return ModelResponse(

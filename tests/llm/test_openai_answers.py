@@ -15,7 +15,7 @@ import pytest
 from chat_server import Reply, chat_server, completion
 
 from replan import ConfigurationError, ModelRequest, PlanProposal, TaskDraft
-from replan._errors import ModelOutputError, TransientModelError
+from replan._errors import ModelError, ModelOutputError, TransientModelError
 from replan.llm import BackoffPolicy, OpenAIModel, Tool
 
 PLAN = PlanProposal(tasks=[TaskDraft(key="search", description="search the news")])
@@ -105,6 +105,28 @@ async def test_an_answer_of_another_shape_is_an_output_error_with_its_tokens(
 def _lookup(city: str) -> str:
     """Look up a city."""
     return city
+
+
+@pytest.mark.parametrize(
+    ("error", "shown"),
+    [
+        ({"message": "model 'm' not found, try pulling it first"}, "not found, try"),
+        ("upstream timed out", "upstream timed out"),
+        ({"code": 502}, '{"code": 502}'),
+    ],
+)
+async def test_a_body_with_no_choices_but_an_error_reports_the_servers_error(
+    error: object, shown: str
+) -> None:
+    with chat_server() as server:
+        server.reply(Reply(body={"error": error}))
+        async with fast(server.base_url) as model:
+            with pytest.raises(ModelError) as caught:
+                await model.generate(plan_request())
+        assert len(server.chat_requests()) == 1
+    assert "the server answered with an error: " in str(caught.value)
+    assert shown in str(caught.value)
+    assert "no choices" not in str(caught.value)
 
 
 async def test_a_message_that_is_no_object_is_an_output_error() -> None:
