@@ -15,6 +15,7 @@ from replan import (
     ExploreSettings,
     Hypothesis,
     HypothesisBatch,
+    Limits,
     RunResult,
     RunSpec,
     RunStatus,
@@ -61,11 +62,12 @@ def explorer(logged: Logged) -> Reply:
     return completion(answer)
 
 
-def spec(**settings: Any) -> RunSpec:
+def spec(max_iterations: int = 3, **settings: Any) -> RunSpec:
     return RunSpec(
         goal=GOAL,
         kind="explore",
         context=CONTEXT,
+        limits=Limits(max_iterations=max_iterations),
         explore=ExploreSettings(**{"select": 2, "seed": 7, **settings}),
     )
 
@@ -130,3 +132,26 @@ async def test_a_reviewer_that_refuses_is_recorded_as_refusing_not_as_malformed(
     assert refusals
     assert all(e.startswith("reviewer/critique: refused: ") for e in refusals)
     assert not any("malformed" in e for e in refusals)
+
+
+async def test_evidence_and_hypotheses_reach_the_prompts_as_text_not_python_reprs() -> (
+    None
+):
+    with chat_server(explorer) as server:
+        run = spec(2, select=5)  # never enough: the strongest are evolved
+        result = await explore(model_for(server.base_url), run)
+        requests = server.chat_requests()
+    assert result.status is RunStatus.COMPLETED, result.stop_reason
+    for sent in requests:
+        assert "kind=" not in sent.text
+        assert "- E1: 41% of cooks are inactive by day 21.\n- E2: Tickets" in sent.text
+    [evolve, *_] = [r for r in requests if "evolver" in r.messages[0]["content"]]
+    candidates = evolve.text.partition("Strongest hypotheses:\n")[2]
+    first = candidates.splitlines()[0]
+    assert first.startswith('{"id":"H')
+    assert '"statement":"' in first
+    reviews = evolve.text.partition("Their reviews:\n")[2]
+    assert reviews.startswith('{"hypothesis_id":"H')
+    [validation] = [r for r in requests if answer_type(r) == "ValidationBatch"]
+    selected = validation.text.partition("Selected hypotheses:\n")[2]
+    assert selected.startswith('{"id":"H')

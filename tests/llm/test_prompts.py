@@ -7,8 +7,14 @@ from pathlib import Path
 import pytest
 
 from replan import ConfigurationError, PlanProposal, Task, TaskOutcome, Trigger, Verdict
-from replan.llm import MissingPromptError, PromptRegistry, PromptTemplate
-from replan.messages import Critique, TaskDraft, TaskStatus
+from replan.llm import MissingPromptError, PromptRegistry, PromptTemplate, render_value
+from replan.messages import (
+    Critique,
+    EvidenceItem,
+    Hypothesis,
+    TaskDraft,
+    TaskStatus,
+)
 
 GOAL = "Find which solid-state battery makers ship cells at scale in 2025"
 REGISTRY = PromptRegistry()
@@ -221,6 +227,21 @@ def test_an_explore_request_gets_its_run_kinds_variant_of_a_shared_purpose() -> 
     assert REGISTRY.for_request("planner", "plan", explore).label == "planner.plan@2"
     with pytest.raises(MissingPromptError):
         REGISTRY.for_request("planner", "brainstorm", explore)
+
+
+def test_models_inside_lists_and_mappings_are_rendered_as_their_fields() -> None:
+    evidence = [
+        EvidenceItem(id="E1", text="41% are\ninactive by day 21", source="context[0]"),
+        EvidenceItem(id="E2", text="Tickets ask about leftovers", source="context[0]"),
+    ]
+    hypotheses = [Hypothesis(id="H1", statement="Solo cooks leave")]
+    assert render_value(evidence) == (
+        "- E1: 41% are inactive by day 21\n- E2: Tickets ask about leftovers"
+    )
+    assert render_value(hypotheses).startswith('{"id":"H1","statement":"Solo cooks')
+    nested = render_value({"best": hypotheses[0], "at": [1, hypotheses[0]]})
+    assert '"best": {"id": "H1", "statement": "Solo cooks leave"' in nested
+    assert "kind" not in nested
 
 
 def test_a_template_without_a_version_is_refused() -> None:
