@@ -288,6 +288,51 @@ async def test_an_answer_in_a_code_fence_is_accepted() -> None:
     assert response.output == Verdict(decision="complete")
 
 
+VERDICT_JSON = Verdict(decision="complete").model_dump_json()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        f"<think>The user wants a verdict {{maybe}}.</think>\n{VERDICT_JSON}",
+        f"<think>x</think>\n```json\n{VERDICT_JSON}\n```",
+        f"Here is my verdict:\n```json\n{VERDICT_JSON}\n```\nHope it helps.",
+        f"Sure! {VERDICT_JSON} Let me know.",
+    ],
+    ids=["reasoning", "reasoning-then-fence", "prose-around-a-fence", "prose-inline"],
+)
+async def test_an_answer_with_text_around_its_json_is_read_without_a_reask(
+    content: str,
+) -> None:
+    with chat_server() as server:
+        server.reply(completion(content))
+        async with fast(server.base_url) as model:
+            response = await model.generate(
+                ModelRequest(role="reviewer", purpose="milestone", output_type=Verdict)
+            )
+        assert len(server.chat_requests()) == 1
+    assert response.output == Verdict(decision="complete")
+
+
+async def test_json_of_the_wrong_shape_in_prose_is_reasked_with_its_own_problem() -> (
+    None
+):
+    with chat_server() as server:
+        server.reply(
+            completion('Sure! {"decision": "maybe"}'),
+            completion(VERDICT_JSON),
+        )
+        async with fast(server.base_url) as model:
+            response = await model.generate(
+                ModelRequest(role="reviewer", purpose="milestone", output_type=Verdict)
+            )
+        _, reask = server.chat_requests()
+    assert response.output == Verdict(decision="complete")
+    problem = reask.messages[-1]["content"]
+    assert "- decision: Input should be" in problem
+    assert "Invalid JSON" not in problem
+
+
 async def test_a_refusal_and_a_content_filter_stop_are_reported_as_such() -> None:
     with chat_server() as server:
         server.reply(
