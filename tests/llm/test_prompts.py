@@ -212,6 +212,43 @@ def test_the_registry_is_open_to_new_templates_and_overrides(tmp_path: Path) -> 
     assert registry.get("planner", "plan").version == 9
 
 
+def test_a_templates_directory_that_does_not_exist_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        PromptRegistry().load_dir(tmp_path / "promtps")
+    assert caught.value.field == "prompts"
+    assert "promtps" in str(caught.value)
+
+
+def test_a_template_of_no_role_is_refused_naming_its_file(tmp_path: Path) -> None:
+    (tmp_path / "planer.plan.md").write_text(
+        "---\nversion: 3\n---\n## system\nPlan.\n## user\n{{goal}}\n"
+    )
+    with pytest.raises(ConfigurationError) as caught:
+        PromptRegistry().load_dir(tmp_path)
+    assert caught.value.field == "prompts.planer.plan"
+    assert "no role 'planer'" in str(caught.value)
+
+
+def test_a_template_file_that_is_not_utf8_is_a_configuration_error(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "planner.plan.md").write_bytes(b"---\nversion: 3\n---\n\xff\xfe")
+    with pytest.raises(ConfigurationError) as caught:
+        PromptRegistry().load_dir(tmp_path)
+    assert caught.value.field == "prompts.planner.plan"
+    assert "cannot read" in str(caught.value)
+
+
+def test_a_template_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    (tmp_path / "planner.plan.md").write_text(
+        "---\nversion: 7\n---\n## system\nPlan.\n## user\n{{goal}}\n",
+        encoding="utf-8-sig",
+    )
+    registry = PromptRegistry()
+    registry.load_dir(tmp_path)
+    assert registry.get("planner", "plan").label == "planner.plan@7"
+
+
 def test_an_explore_request_gets_its_run_kinds_variant_of_a_shared_purpose() -> None:
     explore = {"run_kind": "explore"}
     for role, purpose in [
