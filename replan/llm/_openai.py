@@ -22,16 +22,11 @@ from .._errors import (
 from ..messages import TokenUsage
 from ._answers import answer, answered_by, brief, reported_error
 from ._budget import FittedPrompt, fit_prompt
+from ._numbers import finite_number, whole_number
 from ._port import ModelRequest, ModelResponse
 from ._pricing import ModelPrice, price_table, priced
 from ._prompts import PromptRegistry
-from ._retry import (
-    BackoffPolicy,
-    finite_number,
-    status_error,
-    whole_number,
-    with_retries,
-)
+from ._retry import BackoffPolicy, status_error, with_retries
 from ._schema import describe_errors, parse_output, response_schema, schema_text
 from ._urls import check_base_url, url_problem, without_credentials
 
