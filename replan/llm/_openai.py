@@ -25,7 +25,7 @@ from ._budget import FittedPrompt, fit_prompt
 from ._numbers import finite_number, whole_number
 from ._port import ModelRequest, ModelResponse
 from ._pricing import ModelPrice, price_table, priced
-from ._prompts import PromptRegistry
+from ._prompts import ROLES, PromptRegistry
 from ._retry import BackoffPolicy, status_error, with_retries
 from ._schema import describe_errors, parse_output, response_schema, schema_text
 from ._urls import check_base_url, url_problem, without_credentials
@@ -75,7 +75,8 @@ class OpenAIModel:
         api_key: else ``OPENAI_API_KEY``; a local server (a ``base_url``
             other than OpenAI's) needs none.
         base_url: else ``OPENAI_BASE_URL``, else OpenAI.
-        models: model name per role (``{"executor": "gpt-4o-mini"}``).
+        models: model name per role (``{"executor": "gpt-4o-mini"}``); a
+            key that names no role is refused, not ignored.
         temperatures: sampling temperature for ``executor`` and ``evolver``;
             the planner, reviewer and ranker run at 0 (but for an explore
             run's hypotheses, asked at ``ExploreSettings.temperature``).
@@ -126,6 +127,16 @@ class OpenAIModel:
             raise ConfigurationError(
                 "model", "name a model (or set REPLAN_MODEL), e.g. gpt-4o-mini"
             )
+        for role, named in (models or {}).items():
+            if role not in ROLES:
+                raise ConfigurationError(
+                    f"models.{role}",
+                    f"no role {role!r}; the roles are {', '.join(ROLES)}",
+                )
+            if not isinstance(named, str) or not named.strip():
+                raise ConfigurationError(
+                    f"models.{role}", f"must be a model name, not {named!r}"
+                )
         for role, value in (temperatures or {}).items():
             if role not in TEMPERATURE_ROLES:
                 raise ConfigurationError(
