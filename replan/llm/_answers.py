@@ -127,6 +127,18 @@ def _kind(value: object) -> str:
     return kinds.get(type(value), f"a {type(value).__name__}")
 
 
+def unparsed_body(completion: Any) -> str | None:
+    """What came instead of a chat completion object, in words (a body that
+    is no JSON object, which the client hands over as it is), else None."""
+    if isinstance(completion, str):
+        start = " ".join(completion.split())[:200]
+        stream = " (a stream, which was not asked for)" if "data:" in start else ""
+        return f"a text body{stream}: {start or '(empty)'}"
+    if completion is None or isinstance(completion, bool | int | float | list):
+        return f"the body is {'null' if completion is None else _kind(completion)}"
+    return None
+
+
 def reported_error(completion: Any) -> str | None:
     """The error a body with no choices reports in its ``error`` field (a
     proxy that answers 200 with an upstream's error), else None."""

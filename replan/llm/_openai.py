@@ -20,7 +20,13 @@ from .._errors import (
     ModelOutputError,
 )
 from ..messages import TokenUsage
-from ._answers import answer, answered_by, brief, reported_error
+from ._answers import (
+    answer,
+    answered_by,
+    brief,
+    reported_error,
+    unparsed_body,
+)
 from ._budget import FittedPrompt, fit_prompt
 from ._numbers import finite_number, whole_number
 from ._port import ModelRequest, ModelResponse
@@ -297,6 +303,15 @@ class OpenAIModel:
                 ) from None
             if auto:
                 self._auto_mode = mode
+            body = unparsed_body(completion)
+            if body is not None:
+                raise ModelOutputError(
+                    f"{where}: the answer is no chat completion: {body}",
+                    usage=usage,
+                    raw_output=completion[:4000]
+                    if isinstance(completion, str)
+                    else None,
+                )
             try:
                 usage = usage + self._usage(completion, model)
                 choices = completion.choices

@@ -423,6 +423,24 @@ def _answer_with_null_message() -> Reply:
     [
         (_answer_with_null_message(), "the answer's choice had no message", 340),
         (Reply(body='"a proxy says hello"'), "no chat completion", 0),
+        (Reply(body="null"), "no chat completion: the body is null", 0),
+        (Reply(body="[1, 2]"), "no chat completion: the body is a list", 0),
+        (
+            Reply(
+                body="<html>502 Bad Gateway</html>",
+                headers={"content-type": "text/html"},
+            ),
+            "no chat completion: a text body: <html>502 Bad Gateway</html>",
+            0,
+        ),
+        (
+            Reply(
+                body='data: {"choices": []}\n\ndata: [DONE]\n\n',
+                headers={"content-type": "text/event-stream"},
+            ),
+            "a text body \\(a stream, which was not asked for\\): data:",
+            0,
+        ),
         (Reply(body="<html>502 Bad Gateway</html>"), "could not be read", 0),
         (Reply(body='{"id": "chatcmpl-1", "choi'), "could not be read", 0),
         (
@@ -434,6 +452,10 @@ def _answer_with_null_message() -> Reply:
     ids=[
         "null-message",
         "a-string",
+        "null",
+        "a-list",
+        "an-html-page-as-html",
+        "a-stream",
         "html-page",
         "cut-short",
         "tool-call-without-arguments",
