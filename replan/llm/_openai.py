@@ -177,6 +177,11 @@ class OpenAIModel:
         self.structured_output: StructuredOutput = structured_output
         self._auto_mode: StructuredOutput = "json_schema"
         """The mode ``auto`` asks with: the last one the server took."""
+        self._no_temperature: set[str] = set()
+        """Models that refused a temperature (reasoning models take none
+        but their default): asked without one."""
+        self._completion_tokens: set[str] = set()
+        """Models that refused ``max_tokens`` for ``max_completion_tokens``."""
         self.prices = price_table(prices)
         self.prompts = prompts or PromptRegistry()
         self.retry = BackoffPolicy(max_retries, backoff_s, max_backoff_s)
@@ -278,6 +283,8 @@ class OpenAIModel:
             try:
                 completion = await with_retries(create, self.retry, where)
             except openai.BadRequestError as exc:
+                if self._drop_refused_parameter(model, exc):
+                    continue  # asked again as the model takes it
                 fallback = _FALLBACK.get(mode)
                 if auto and fallback is not None:
                     # Perhaps the server does not take this response_format:
@@ -397,10 +404,9 @@ class OpenAIModel:
         strict: bool,
         messages: list[dict[str, Any]],
     ) -> Any:
-        kwargs: dict[str, Any] = {
-            "model": model,
-            "temperature": self.temperature_for(request),
-        }
+        kwargs: dict[str, Any] = {"model": model}
+        if model not in self._no_temperature:
+            kwargs["temperature"] = self.temperature_for(request)
         name = request.output_type.__name__
         if mode == "json_schema":
             kwargs["response_format"] = {
@@ -428,12 +434,39 @@ class OpenAIModel:
                 for t in request.tools
             ]
         if self.max_output_tokens is not None:
-            kwargs["max_tokens"] = self.max_output_tokens
+            limit = (
+                "max_completion_tokens"
+                if model in self._completion_tokens
+                else "max_tokens"
+            )
+            kwargs[limit] = self.max_output_tokens
         kwargs["messages"] = _with_instruction(messages, instruction)
         # The client's timeout bounds each wait for bytes; a server that
         # trickles its answer would still hold the call without this.
         with anyio.fail_after(self.timeout_s):
             return await self.client.chat.completions.create(**kwargs)
+
+    def _drop_refused_parameter(self, model: str, exc: openai.BadRequestError) -> bool:
+        """Whether the 400 refused a parameter ``model`` can do without, now
+        left out of its requests: a temperature (OpenAI's reasoning models
+        take only their default), or ``max_tokens`` (which they want as
+        ``max_completion_tokens``). Each is dropped once per model."""
+        param = getattr(exc, "param", None)
+        code = str(getattr(exc, "code", None) or "")
+        if not code.startswith("unsupported_"):
+            return False
+        if param == "temperature" and model not in self._no_temperature:
+            logger.info("%s takes no temperature: asking without one", model)
+            self._no_temperature.add(model)
+            return True
+        if (
+            param == "max_tokens"
+            and self.max_output_tokens is not None
+            and model not in self._completion_tokens
+        ):
+            self._completion_tokens.add(model)
+            return True
+        return False
 
     def prompt_messages(self, request: ModelRequest) -> list[dict[str, Any]]:
         """The chat messages sent for ``request`` on its first try.

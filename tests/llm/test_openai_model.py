@@ -354,6 +354,64 @@ def formats(requests: list[Logged]) -> list[str | None]:
     return [r.body.get("response_format", {}).get("type") for r in requests]
 
 
+def unsupported(param: str, message: str, code: str = "unsupported_value") -> Reply:
+    """OpenAI's 400 for a parameter a model does not take."""
+    body = {"message": message, "type": "invalid_request_error"}
+    return Reply(status=400, body={"error": {**body, "param": param, "code": code}})
+
+
+async def test_a_model_that_takes_no_temperature_is_asked_without_one() -> None:
+    def script(logged: Logged) -> Reply:
+        if "temperature" in logged.body:
+            return unsupported(
+                "temperature",
+                "Unsupported value: 'temperature' does not support 0 with this "
+                "model. Only the default (1) value is supported.",
+            )
+        return completion(PlanProposal())
+
+    with chat_server(script) as server:
+        async with fast(server.base_url) as model:
+            first = await model.generate(plan_request())
+            second = await model.generate(plan_request())
+        requests = server.chat_requests()
+    assert first.output == second.output == PlanProposal()
+    assert ["temperature" in r.body for r in requests] == [True, False, False]
+    assert formats(requests) == ["json_schema"] * 3  # not taken for a schema 400
+
+
+async def test_max_tokens_goes_as_max_completion_tokens_to_a_model_that_wants_it() -> (
+    None
+):
+    def script(logged: Logged) -> Reply:
+        if "max_tokens" in logged.body:
+            return unsupported(
+                "max_tokens",
+                "Unsupported parameter: 'max_tokens' is not supported with this "
+                "model. Use 'max_completion_tokens' instead.",
+                code="unsupported_parameter",
+            )
+        return completion(PlanProposal())
+
+    with chat_server(script) as server:
+        async with fast(server.base_url, max_output_tokens=500) as model:
+            await model.generate(plan_request())
+        first, second = server.chat_requests()
+    assert first.body["max_tokens"] == 500
+    assert "max_tokens" not in second.body
+    assert second.body["max_completion_tokens"] == 500
+
+
+async def test_a_400_about_a_temperature_for_another_reason_is_not_retried() -> None:
+    with chat_server() as server:
+        server.reply(error(400, "temperature: must be at most 1"))
+        async with fast(server.base_url, structured_output="json_schema") as model:
+            with pytest.raises(ModelError, match="must be at most 1"):
+                await model.generate(plan_request())
+        [sent] = server.chat_requests()
+    assert sent.body["temperature"] == 0
+
+
 async def test_a_server_without_schema_support_gets_json_mode_with_the_schema() -> None:
     def script(logged):
         if logged.body.get("response_format", {}).get("type") == "json_schema":
