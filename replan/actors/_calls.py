@@ -162,6 +162,7 @@ async def explore_call(
     errors: list[str] = []
     calls: list[ModelCall] = []
     allowance = Allowance(request.token_allowance)
+    context = request.context
     for _attempt in range(2):
         if allowance.spent:
             break
@@ -171,7 +172,7 @@ async def explore_call(
                 role=role,
                 purpose=request.purpose,
                 output_type=output_type,
-                context=request.context,
+                context=context,
                 temperature=temperature,
                 run_id=ctx.run_id,
             )
@@ -201,6 +202,9 @@ async def explore_call(
         if problem is None:
             return ExploreReply(output=output, calls=calls)  # type: ignore[arg-type]
         errors.append(f"{role}/{request.purpose}: malformed output: {problem}")
+        # The answer was valid JSON, so no adapter saw the problem: say it,
+        # or the same prompt would get the same answer.
+        context = {**request.context, "answer_problem": problem}
     return ExploreReply(errors=errors, calls=calls)
 
 

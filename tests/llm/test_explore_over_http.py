@@ -155,3 +155,24 @@ async def test_evidence_and_hypotheses_reach_the_prompts_as_text_not_python_repr
     [validation] = [r for r in requests if answer_type(r) == "ValidationBatch"]
     selected = validation.text.partition("Selected hypotheses:\n")[2]
     assert selected.startswith('{"id":"H')
+
+
+async def test_a_critique_out_of_range_is_asked_again_with_its_problem_shown() -> None:
+    def ten_point_scale(logged: Logged) -> Reply:
+        if answer_type(logged) == "Critique" and "could not be used" not in (
+            logged.text
+        ):
+            tens = {**dict.fromkeys(LENSES, 8.0), "confidence": 0.9}
+            return completion(Critique(scores=tens))
+        return explorer(logged)
+
+    with chat_server(ten_point_scale) as server:
+        result = await explore(model_for(server.base_url), spec())
+        requests = server.chat_requests()
+    assert result.status is RunStatus.COMPLETED, result.stop_reason
+    assert result.brief is not None
+    assert len(result.brief.selected) == 2  # every critique was used in the end
+    reasked = [r for r in requests if "could not be used" in r.text]
+    assert reasked
+    assert all(answer_type(r) == "Critique" for r in reasked)
+    assert "is outside 0..1" in reasked[0].messages[-1]["content"]

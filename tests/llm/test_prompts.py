@@ -58,9 +58,15 @@ def test_every_role_and_purpose_of_the_design_has_a_versioned_template() -> None
         ("reviewer", "critique.explore"),
         ("reviewer", "milestone"),
     ]
-    # The planner's plan, boundary and replan prompts are at version 2: they
-    # name the last answer's problem when an invalid plan is asked for again.
-    second = {("planner", "plan"), ("planner", "boundary"), ("planner", "replan")}
+    # The planner's plan, boundary and replan prompts, and the explore
+    # critique, are at version 2: they name the last answer's problem when
+    # an unusable answer is asked for again.
+    second = {
+        ("planner", "plan"),
+        ("planner", "boundary"),
+        ("planner", "replan"),
+        ("reviewer", "critique.explore"),
+    }
     for role, purpose in REGISTRY.available():
         version = 2 if (role, purpose) in second else 1
         assert REGISTRY.get(role, purpose).label == f"{role}.{purpose}@{version}"
@@ -256,8 +262,9 @@ def test_an_explore_request_gets_its_run_kinds_variant_of_a_shared_purpose() -> 
         ("ranker", "compare"),
         ("evolver", "evolve"),
     ]:
+        version = 2 if purpose == "critique" else 1
         assert REGISTRY.for_request(role, purpose, explore).label == (
-            f"{role}.{purpose}.explore@1"
+            f"{role}.{purpose}.explore@{version}"
         )
         assert REGISTRY.for_request(role, purpose, {}).label == f"{role}.{purpose}@1"
     # Without a variant of its own, a run kind uses the shared template.
