@@ -251,7 +251,9 @@ def _flag_message(exc: ConfigurationError, base_url: str | None) -> str:
     if exc.field == "api_key":
         return "no API key: set OPENAI_API_KEY or pass --base-url for a local server"
     if exc.field == "model":
-        return "no model: pass --model NAME or set REPLAN_MODEL"
+        if exc.problem.startswith("name a model"):
+            return "no model: pass --model NAME or set REPLAN_MODEL"
+        return f"--model: {exc.problem}"
     if exc.field == "tools":
         return f"--tool: {exc.problem}"
     if exc.field == "base_url":

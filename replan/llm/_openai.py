@@ -133,6 +133,7 @@ class OpenAIModel:
             raise ConfigurationError(
                 "model", "name a model (or set REPLAN_MODEL), e.g. gpt-4o-mini"
             )
+        _check_name("model", name)
         for role, named in (models or {}).items():
             if role not in ROLES:
                 raise ConfigurationError(
@@ -143,6 +144,7 @@ class OpenAIModel:
                 raise ConfigurationError(
                     f"models.{role}", f"must be a model name, not {named!r}"
                 )
+            _check_name(f"models.{role}", named)
         for role, value in (temperatures or {}).items():
             if role not in TEMPERATURE_ROLES:
                 raise ConfigurationError(
@@ -563,6 +565,18 @@ class OpenAIModel:
             calls=1,
         )
         return priced(tokens, model, self.prices)
+
+
+def _check_name(field: str, name: str) -> None:
+    """Refuse a model name that is no text (a lone surrogate, as a shell
+    argument of bytes that are no UTF-8 gives): no request can carry it,
+    nor any journal the error that names it."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigurationError(
+            field, f"{name!r} is no text (a lone UTF-16 surrogate)"
+        ) from None
 
 
 def _cut_short(choices: Any) -> bool:

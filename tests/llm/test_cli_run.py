@@ -152,6 +152,19 @@ def test_a_limit_that_is_no_usable_number_is_refused(
     assert capsys.readouterr().err.splitlines()[-1].startswith(expected)
 
 
+@pytest.mark.parametrize("command", ["run", "explore"])
+def test_a_model_name_that_is_no_text_is_a_bad_argument(
+    capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    # What a shell passes for bytes that are no UTF-8 (surrogateescape).
+    code = main(
+        [command, "x", "--model", "m\udcff", "--base-url", "http://127.0.0.1:9/v1"]
+    )
+    assert code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("replan: error: --model: 'm\\udcff' is no text")
+
+
 def run_with_findings(max_prompt_chars: str) -> tuple[int, list[Logged]]:
     """``replan run`` whose tasks report 200 findings each, with a prompt
     budget; its exit status and the requests the server got."""

@@ -250,6 +250,7 @@ NAN, INF = float("nan"), float("inf")
         ({"models": {"exectuor": "gpt-small"}}, "models.exectuor"),
         ({"models": {"executor": ""}}, "models.executor"),
         ({"models": {"planner": None}}, "models.planner"),
+        ({"models": {"planner": "gpt-\udcff"}}, "models.planner"),
         ({"prices": [("gpt-test", 1.0)]}, "prices"),
         ({"prices": {"gpt-test": 3.0}}, "prices.gpt-test"),
         ({"prices": {"gpt-test": {"input": 1.0}}}, "prices.gpt-test.output"),
@@ -267,6 +268,12 @@ def test_an_option_out_of_range_is_a_configuration_error_naming_it(
     with pytest.raises(ConfigurationError) as caught:
         OpenAIModel("gpt-test", base_url=NOWHERE, **options)
     assert caught.value.field == field
+
+
+def test_a_model_name_that_is_no_text_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        OpenAIModel("gpt-\udcff", base_url=NOWHERE)
+    assert caught.value.field == "model"
 
 
 def test_a_backoff_policy_refuses_a_wait_of_nan() -> None:
