@@ -249,6 +249,8 @@ def _provider(base_url: str | None) -> str:
 
 def _flag_message(exc: ConfigurationError, base_url: str | None) -> str:
     if exc.field == "api_key":
+        if not exc.problem.startswith("no API key"):
+            return exc.problem  # it names OPENAI_API_KEY
         return "no API key: set OPENAI_API_KEY or pass --base-url for a local server"
     if exc.field == "model":
         if exc.problem.startswith("name a model"):

@@ -195,7 +195,11 @@ class OpenAIModel:
             url = base_url or os.environ.get("OPENAI_BASE_URL") or None
             if url is not None:
                 check_base_url(url, "" if base_url else " (from OPENAI_BASE_URL)")
-            key = api_key or os.environ.get("OPENAI_API_KEY")
+            given = api_key is not None and api_key != ""
+            key = _usable_key(
+                api_key if given else os.environ.get("OPENAI_API_KEY"),
+                "api_key" if given else "OPENAI_API_KEY",
+            )
             if not key:
                 if url is None or "api.openai.com" in url:
                     raise ConfigurationError(
@@ -565,6 +569,27 @@ class OpenAIModel:
             calls=1,
         )
         return priced(tokens, model, self.prices)
+
+
+def _usable_key(key: str | None, where: str) -> str | None:
+    """``key`` without surrounding whitespace (the newline an env file
+    leaves), if every character of it can go in an HTTP header.
+
+    Raises:
+        ConfigurationError: naming ``api_key`` and where the key came from,
+            never showing it: the client would put it in its error message.
+    """
+    if key is None:
+        return None
+    key = key.strip()
+    if any(not "!" <= c <= "~" for c in key):
+        raise ConfigurationError(
+            "api_key",
+            f"the key in {where} holds a character an HTTP header cannot carry "
+            "(a space, a control character or a letter that is no ASCII); "
+            "it is not shown here",
+        )
+    return key
 
 
 def _check_name(field: str, name: str) -> None:

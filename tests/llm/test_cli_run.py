@@ -165,6 +165,17 @@ def test_a_model_name_that_is_no_text_is_a_bad_argument(
     assert line.startswith("replan: error: --model: 'm\\udcff' is no text")
 
 
+def test_a_key_with_a_character_no_header_can_carry_is_one_line_not_shown(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-s\u00e9cret-key")
+    code = main(["run", "x", "--model", "m", "--base-url", "http://127.0.0.1:9/v1"])
+    assert code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("replan: error: the key in OPENAI_API_KEY holds a")
+    assert "cret-key" not in line
+
+
 def run_with_findings(max_prompt_chars: str) -> tuple[int, list[Logged]]:
     """``replan run`` whose tasks report 200 findings each, with a prompt
     budget; its exit status and the requests the server got."""

@@ -270,6 +270,34 @@ def test_an_option_out_of_range_is_a_configuration_error_naming_it(
     assert caught.value.field == field
 
 
+@pytest.mark.parametrize(
+    "key", ["sk-top secret", "sk-t\u00f6psecret", "sk-top\x1bsecret", "sk-\udcff"]
+)
+def test_a_key_no_http_header_can_carry_is_refused_without_showing_it(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        OpenAIModel("gpt-test", base_url=NOWHERE, api_key=key)
+    assert caught.value.field == "api_key"
+    assert "secret" not in str(caught.value)
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    with pytest.raises(ConfigurationError, match="in OPENAI_API_KEY holds") as caught:
+        OpenAIModel("gpt-test", base_url=NOWHERE)
+    assert "secret" not in str(caught.value)
+
+
+async def test_a_key_with_a_newline_around_it_is_sent_without_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-an-env-file\r\n")
+    with chat_server() as server:
+        server.reply(completion(PLAN))
+        async with fast(server.base_url) as model:
+            await model.generate(plan_request())
+        [sent] = server.chat_requests()
+    assert sent.headers["authorization"] == "Bearer sk-from-an-env-file"
+
+
 def test_a_model_name_that_is_no_text_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError) as caught:
         OpenAIModel("gpt-\udcff", base_url=NOWHERE)
