@@ -184,6 +184,8 @@ class OpenAIModel:
         but their default): asked without one."""
         self._completion_tokens: set[str] = set()
         """Models that refused ``max_tokens`` for ``max_completion_tokens``."""
+        self._no_usage: set[str] = set()
+        """Models whose answers came without token counts (warned once)."""
         self.prices = price_table(prices)
         self.prompts = prompts or PromptRegistry()
         self.retry = BackoffPolicy(max_retries, backoff_s, max_backoff_s)
@@ -559,6 +561,15 @@ class OpenAIModel:
     def _usage(self, completion: Any, model: str) -> TokenUsage:
         usage = completion.usage
         if usage is None:
+            if model not in self._no_usage:
+                # Said once: a run's token budget and cost read these counts.
+                self._no_usage.add(model)
+                logger.warning(
+                    "%s (%s) reports no token usage: its calls count 0 tokens, "
+                    "so a token_budget does not bound them and they cost 0",
+                    self._where,
+                    model,
+                )
             return TokenUsage(calls=1)
         details = usage.prompt_tokens_details
         cached = (details.cached_tokens or 0) if details is not None else 0

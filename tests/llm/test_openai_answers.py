@@ -4,6 +4,7 @@ options and base URLs it refuses up front."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 from collections.abc import Iterator
@@ -105,6 +106,24 @@ async def test_an_answer_of_another_shape_is_an_output_error_with_its_tokens(
 def _lookup(city: str) -> str:
     """Look up a city."""
     return city
+
+
+async def test_answers_without_usage_count_a_call_and_warn_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reply = completion(PLAN)
+    assert isinstance(reply.body, dict)
+    del reply.body["usage"]
+    with chat_server(lambda _: reply) as server:
+        async with fast(server.base_url) as model:
+            with caplog.at_level(logging.WARNING, logger="replan.llm"):
+                first = await model.generate(plan_request())
+                second = await model.generate(plan_request())
+    assert first.usage.calls == second.usage.calls == 1
+    assert first.usage.total_tokens == 0
+    [record] = caplog.records
+    assert "reports no token usage" in record.getMessage()
+    assert "token_budget does not bound them" in record.getMessage()
 
 
 @pytest.mark.parametrize(
