@@ -152,11 +152,14 @@ async def run_goal(console: Any, args: argparse.Namespace) -> int:
     except ConfigurationError as exc:
         raise CommandError(_flag_message(exc, args.base_url), code=2) from None
     model: Model
-    if is_scripted(args.model or os.environ.get("REPLAN_MODEL")):
+    name = args.model or os.environ.get("REPLAN_MODEL") or None
+    if is_scripted(name):
         model = demo_model()
     else:
         model = openai_model(
-            args.model,
+            # openai:NAME as replan serve and explore take it (REPLAN_MODEL
+            # may be set for the daemon): the server knows the model as NAME.
+            name.removeprefix("openai:") if name else None,
             args.base_url,
             max_retries=args.retries,
             max_prompt_chars=args.max_prompt_chars,

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import anyio
 import httpx
 import pytest
-from chat_server import Logged, Reply, answer_type, chat_server, completion
+from chat_server import Logged, Reply, answer_type, chat_server, completion, error
 
 from replan import Alignment, PlanProposal, Synthesis, TaskDraft, TaskOutcome, Verdict
 from replan._cli_run import unreachable_message
@@ -71,6 +71,18 @@ def test_run_json_prints_the_result_with_progress_on_stderr(
     assert "run finished: completed" in captured.err
     assert {r.body["model"] for r in sent} == {"m"}
     assert sent[0].headers["authorization"] == "Bearer not-needed"
+
+
+@pytest.mark.parametrize("command", ["run", "explore"])
+def test_a_model_named_openai_colon_name_as_for_the_daemon_asks_for_name(
+    command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REPLAN_MODEL", "openai:gpt-test")
+    with chat_server(lambda _: error(500, "only the model name matters")) as server:
+        main([command, "x", "--base-url", server.base_url, "--retries", "0"])
+        sent = server.chat_requests()
+    assert sent
+    assert {r.body["model"] for r in sent} == {"gpt-test"}
 
 
 def test_run_prints_a_summary_with_usage_and_cost(
