@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 _FENCE = re.compile(r"\A```(?:json)?\s*\n?(.*?)\n?```\Z", re.S)
 _INNER_FENCE = re.compile(r"```(?:json)?[ \t]*\n(.*?)\n?```", re.S)
 _REASONING = re.compile(r"\A<(think|thinking|reasoning)>.*?</\1>", re.S)
+_OPENED = re.compile(r"\A<(think|thinking|reasoning)>")
 
 
 def response_schema(output_type: type[BaseModel]) -> tuple[dict[str, Any], bool]:
@@ -85,6 +86,8 @@ def _embedded(text: str) -> list[str]:
     if reasoning:
         text = text[reasoning.end() :].strip()
         found.append(_unfenced(text))
+    elif _OPENED.match(text):
+        return []  # reasoning that never ended: what it holds is no answer
     found.extend(m.group(1).strip() for m in _INNER_FENCE.finditer(text))
     start, end = text.find("{"), text.rfind("}")
     if 0 <= start < end:

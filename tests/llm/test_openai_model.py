@@ -314,6 +314,21 @@ async def test_an_answer_with_text_around_its_json_is_read_without_a_reask(
     assert response.output == Verdict(decision="complete")
 
 
+async def test_json_inside_reasoning_that_never_ended_is_not_taken_as_the_answer() -> (
+    None
+):
+    unfinished = f"<think>Perhaps {VERDICT_JSON} would do, but"
+    with chat_server() as server:
+        server.reply(completion(unfinished), completion(unfinished))
+        async with fast(server.base_url) as model:
+            with pytest.raises(ModelOutputError):
+                await model.generate(
+                    ModelRequest(
+                        role="reviewer", purpose="milestone", output_type=Verdict
+                    )
+                )
+
+
 async def test_json_of_the_wrong_shape_in_prose_is_reasked_with_its_own_problem() -> (
     None
 ):
