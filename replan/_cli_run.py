@@ -152,11 +152,14 @@ async def run_goal(console: Any, args: argparse.Namespace) -> int:
     except ConfigurationError as exc:
         raise CommandError(_flag_message(exc, args.base_url), code=2) from None
     model: Model
-    if is_scripted(args.model or os.environ.get("REPLAN_MODEL")):
+    name = args.model or os.environ.get("REPLAN_MODEL") or None
+    if is_scripted(name):
         model = demo_model()
     else:
         model = openai_model(
-            args.model,
+            # openai:NAME as replan serve and explore take it (REPLAN_MODEL
+            # may be set for the daemon): the server knows the model as NAME.
+            name.removeprefix("openai:") if name else None,
             args.base_url,
             max_retries=args.retries,
             max_prompt_chars=args.max_prompt_chars,
@@ -249,9 +252,13 @@ def _provider(base_url: str | None) -> str:
 
 def _flag_message(exc: ConfigurationError, base_url: str | None) -> str:
     if exc.field == "api_key":
+        if not exc.problem.startswith("no API key"):
+            return exc.problem  # it names OPENAI_API_KEY
         return "no API key: set OPENAI_API_KEY or pass --base-url for a local server"
     if exc.field == "model":
-        return "no model: pass --model NAME or set REPLAN_MODEL"
+        if exc.problem.startswith("name a model"):
+            return "no model: pass --model NAME or set REPLAN_MODEL"
+        return f"--model: {exc.problem}"
     if exc.field == "tools":
         return f"--tool: {exc.problem}"
     if exc.field == "base_url":

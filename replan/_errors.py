@@ -244,4 +244,21 @@ class ModelOutputError(ModelError):
     """The answer did not validate, even after one re-ask with the error shown.
 
     ``raw_output`` keeps the last answer's text for the journal.
+
+    Attributes:
+        final: True when asking once more cannot help: the adapter asked
+            again already with the problem shown (``OpenAIModel``), or
+            the server cut the answer at its output limit. A caller that
+            re-asks a malformed answer (an explore run) does not.
     """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        usage: TokenUsage | None = None,
+        raw_output: str | None = None,
+        final: bool = False,
+    ) -> None:
+        super().__init__(message, usage=usage, raw_output=raw_output)
+        self.final = final

@@ -116,7 +116,7 @@ def explore_spec_from(args: argparse.Namespace) -> RunSpec:
                 f"cannot read context file {name}: {exc}", code=2
             ) from None
     try:
-        return RunSpec(
+        spec = RunSpec(
             goal=args.goal,
             kind="explore",
             context=context,
@@ -125,8 +125,24 @@ def explore_spec_from(args: argparse.Namespace) -> RunSpec:
                 domain=args.domain, select=args.select, seed=args.seed
             ),
         )
+        # An argument the shell passed as bytes that are no UTF-8 (a lone
+        # surrogate) cannot be journaled: a bad argument, not a failed run.
+        spec.check_storable()
     except ConfigurationError as exc:
+        name = exc.field.rpartition(".")[2]
+        if name in _FLAGS:
+            raise CommandError(f"{_FLAGS[name]}: {exc.problem}", code=2) from None
         raise CommandError(str(exc), code=2) from None
+    return spec
+
+
+_FLAGS = {
+    "domain": "--domain",
+    "select": "--select",
+    "seed": "--seed",
+    "max_iterations": "--max-iterations",
+}
+"""The flag that gives each setting, for error lines."""
 
 
 async def explore(console: Console, args: argparse.Namespace) -> int:

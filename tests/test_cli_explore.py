@@ -111,7 +111,15 @@ def test_a_blocked_goal_exits_1_with_one_error_line(
         ),
         (
             ["explore", "why?", "--model", "scripted:demo", "--select", "0"],
-            "select: Input should be greater than or equal to 1",
+            "error: --select: Input should be greater than or equal to 1",
+        ),
+        (
+            ["explore", "why?", "--model", "scripted:demo", "--domain", "\udcff"],
+            "error: --domain: contains a lone UTF-16 surrogate",
+        ),
+        (
+            ["explore", "why \udcff?", "--model", "scripted:demo"],
+            "error: goal: ",
         ),
     ],
 )

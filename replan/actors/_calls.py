@@ -4,7 +4,13 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from .._errors import BudgetExhausted, ModelError, TransientModelError
+from .._errors import (
+    BudgetExhausted,
+    ModelError,
+    ModelOutputError,
+    ModelRefusal,
+    TransientModelError,
+)
 from ..explore import critique_problem
 from ..llm import Model, ModelRequest, ModelResponse, Role
 from ..messages import (
@@ -143,7 +149,8 @@ async def explore_call(
     ctx: ActorContext,
     temperature: float,
 ) -> ExploreReply:
-    """One explore model call, asked once more when the answer is malformed.
+    """One explore model call, asked once more when the answer is malformed
+    (unless the adapter asked again already: ``ModelOutputError.final``).
 
     A second malformed answer is reported in ``errors`` rather than raised:
     an explore run records it and goes on without that answer. A fatal model
@@ -155,6 +162,7 @@ async def explore_call(
     errors: list[str] = []
     calls: list[ModelCall] = []
     allowance = Allowance(request.token_allowance)
+    context = request.context
     for _attempt in range(2):
         if allowance.spent:
             break
@@ -164,7 +172,7 @@ async def explore_call(
                 role=role,
                 purpose=request.purpose,
                 output_type=output_type,
-                context=request.context,
+                context=context,
                 temperature=temperature,
                 run_id=ctx.run_id,
             )
@@ -173,13 +181,16 @@ async def explore_call(
         except MALFORMED as exc:
             if isinstance(exc, ModelError) and exc.fatal:
                 raise  # rejected credentials: no later call will do better
-            errors.append(f"{role}/{request.purpose}: malformed output: {_brief(exc)}")
+            what = "refused" if isinstance(exc, ModelRefusal) else "malformed output"
+            errors.append(f"{role}/{request.purpose}: {what}: {_brief(exc)}")
             usage = exc.usage if isinstance(exc, ModelError) else None
             if usage is not None:
                 # A rejected answer costs as much as an accepted one.
                 call = ModelCall(role=role, purpose=request.purpose, usage=usage)
                 calls.append(call)
                 allowance.charge(call)
+            if isinstance(exc, ModelOutputError) and exc.final:
+                break  # the adapter asked again already: a third try is waste
             continue
         calls.append(call)
         allowance.charge(call)
@@ -191,6 +202,9 @@ async def explore_call(
         if problem is None:
             return ExploreReply(output=output, calls=calls)  # type: ignore[arg-type]
         errors.append(f"{role}/{request.purpose}: malformed output: {problem}")
+        # The answer was valid JSON, so no adapter saw the problem: say it,
+        # or the same prompt would get the same answer.
+        context = {**request.context, "answer_problem": problem}
     return ExploreReply(errors=errors, calls=calls)
 
 

@@ -127,6 +127,31 @@ def _kind(value: object) -> str:
     return kinds.get(type(value), f"a {type(value).__name__}")
 
 
+def unparsed_body(completion: Any) -> str | None:
+    """What came instead of a chat completion object, in words (a body that
+    is no JSON object, which the client hands over as it is), else None."""
+    if isinstance(completion, str):
+        start = " ".join(completion.split())[:200]
+        stream = " (a stream, which was not asked for)" if "data:" in start else ""
+        return f"a text body{stream}: {start or '(empty)'}"
+    if completion is None or isinstance(completion, bool | int | float | list):
+        return f"the body is {'null' if completion is None else _kind(completion)}"
+    return None
+
+
+def reported_error(completion: Any) -> str | None:
+    """The error a body with no choices reports in its ``error`` field (a
+    proxy that answers 200 with an upstream's error), else None."""
+    error = getattr(completion, "error", None)
+    if isinstance(error, dict):
+        message = error.get("message")
+        error = message if isinstance(message, str) and message else error
+    if error is None or error == "":
+        return None
+    text = error if isinstance(error, str) else json.dumps(error, default=str)
+    return " ".join(text.split())[:300]
+
+
 def answered_by(completion: Any, model: str) -> str:
     """The model the answer names, else the one asked."""
     named = getattr(completion, "model", None)

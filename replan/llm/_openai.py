@@ -20,18 +20,19 @@ from .._errors import (
     ModelOutputError,
 )
 from ..messages import TokenUsage
-from ._answers import answer, answered_by, brief
-from ._budget import FittedPrompt, fit_prompt
-from ._port import ModelRequest, ModelResponse
-from ._pricing import ModelPrice, PriceTable, priced
-from ._prompts import PromptRegistry
-from ._retry import (
-    BackoffPolicy,
-    finite_number,
-    status_error,
-    whole_number,
-    with_retries,
+from ._answers import (
+    answer,
+    answered_by,
+    brief,
+    reported_error,
+    unparsed_body,
 )
+from ._budget import FittedPrompt, fit_prompt
+from ._numbers import finite_number, whole_number
+from ._port import ModelRequest, ModelResponse
+from ._pricing import ModelPrice, price_table, priced
+from ._prompts import ROLES, PromptRegistry
+from ._retry import BackoffPolicy, status_error, with_retries
 from ._schema import describe_errors, parse_output, response_schema, schema_text
 from ._urls import check_base_url, url_problem, without_credentials
 
@@ -55,6 +56,10 @@ _FALLBACK: dict[str, StructuredOutput] = {
 }
 TEMPERATURE_ROLES = ("executor", "evolver")
 """Roles whose temperature may be set; planner, reviewer and ranker stay at 0."""
+SAMPLED_PURPOSES = frozenset({("planner", "hypotheses")})
+"""Requests sent at the temperature they carry although their role runs at 0:
+an explore run's hypotheses, asked at ``ExploreSettings.temperature`` for
+diverse ideas (a plan, a review or a ranking is never sampled)."""
 LOCAL_KEY = "not-needed"
 MAX_PROMPT_CHARS = 100_000
 """The default prompt budget: about 25,000 tokens at some four characters a
@@ -76,11 +81,14 @@ class OpenAIModel:
         api_key: else ``OPENAI_API_KEY``; a local server (a ``base_url``
             other than OpenAI's) needs none.
         base_url: else ``OPENAI_BASE_URL``, else OpenAI.
-        models: model name per role (``{"executor": "gpt-4o-mini"}``).
+        models: model name per role (``{"executor": "gpt-4o-mini"}``); a
+            key that names no role is refused, not ignored.
         temperatures: sampling temperature for ``executor`` and ``evolver``;
-            the planner, reviewer and ranker always run at 0.
+            the planner, reviewer and ranker run at 0 (but for an explore
+            run's hypotheses, asked at ``ExploreSettings.temperature``).
         structured_output: see :data:`StructuredOutput`.
-        prices: model name -> :class:`ModelPrice` per million tokens.
+        prices: model name -> :class:`ModelPrice` per million tokens (or a
+            mapping of its fields, as a configuration file gives it).
         prompts: the templates (the shipped ones by default).
         max_retries, backoff_s, max_backoff_s: see ``BackoffPolicy``.
         timeout_s: seconds one HTTP request may take.
@@ -96,8 +104,8 @@ class OpenAIModel:
             closed by :meth:`aclose`).
 
     Raises:
-        ConfigurationError: no model name, no key for OpenAI itself, or an
-            option out of range.
+        ConfigurationError: no model name, no key for OpenAI itself, an
+            option out of range, or a price that is none.
     """
 
     def __init__(
@@ -109,7 +117,7 @@ class OpenAIModel:
         models: Mapping[str, str] | None = None,
         temperatures: Mapping[str, float] | None = None,
         structured_output: StructuredOutput = "auto",
-        prices: PriceTable | Mapping[str, ModelPrice] | None = None,
+        prices: Mapping[str, ModelPrice | Mapping[str, float]] | None = None,
         prompts: PromptRegistry | None = None,
         max_retries: int = 3,
         backoff_s: float = 0.5,
@@ -125,6 +133,18 @@ class OpenAIModel:
             raise ConfigurationError(
                 "model", "name a model (or set REPLAN_MODEL), e.g. gpt-4o-mini"
             )
+        _check_name("model", name)
+        for role, named in (models or {}).items():
+            if role not in ROLES:
+                raise ConfigurationError(
+                    f"models.{role}",
+                    f"no role {role!r}; the roles are {', '.join(ROLES)}",
+                )
+            if not isinstance(named, str) or not named.strip():
+                raise ConfigurationError(
+                    f"models.{role}", f"must be a model name, not {named!r}"
+                )
+            _check_name(f"models.{role}", named)
         for role, value in (temperatures or {}).items():
             if role not in TEMPERATURE_ROLES:
                 raise ConfigurationError(
@@ -159,7 +179,14 @@ class OpenAIModel:
         self.structured_output: StructuredOutput = structured_output
         self._auto_mode: StructuredOutput = "json_schema"
         """The mode ``auto`` asks with: the last one the server took."""
-        self.prices = prices
+        self._no_temperature: set[str] = set()
+        """Models that refused a temperature (reasoning models take none
+        but their default): asked without one."""
+        self._completion_tokens: set[str] = set()
+        """Models that refused ``max_tokens`` for ``max_completion_tokens``."""
+        self._no_usage: set[str] = set()
+        """Models whose answers came without token counts (warned once)."""
+        self.prices = price_table(prices)
         self.prompts = prompts or PromptRegistry()
         self.retry = BackoffPolicy(max_retries, backoff_s, max_backoff_s)
         self.max_output_tokens = max_output_tokens
@@ -170,7 +197,11 @@ class OpenAIModel:
             url = base_url or os.environ.get("OPENAI_BASE_URL") or None
             if url is not None:
                 check_base_url(url, "" if base_url else " (from OPENAI_BASE_URL)")
-            key = api_key or os.environ.get("OPENAI_API_KEY")
+            given = api_key is not None and api_key != ""
+            key = _usable_key(
+                api_key if given else os.environ.get("OPENAI_API_KEY"),
+                "api_key" if given else "OPENAI_API_KEY",
+            )
             if not key:
                 if url is None or "api.openai.com" in url:
                     raise ConfigurationError(
@@ -231,7 +262,8 @@ class OpenAIModel:
             TransientModelError: retries used up on 429/5xx/timeouts.
             ModelRefusal: a refusal or a content-filter stop.
             ModelOutputError: the answer did not validate after one re-ask,
-                or is of the wrong shape (content that is no text, say).
+                or was cut short at the output token limit (not asked
+                again), or is of the wrong shape (content that is no text).
             BudgetExhausted: the re-ask would pass ``request.token_allowance``.
             ModelError: any other failure.
         """
@@ -259,6 +291,8 @@ class OpenAIModel:
             try:
                 completion = await with_retries(create, self.retry, where)
             except openai.BadRequestError as exc:
+                if self._drop_refused_parameter(model, exc):
+                    continue  # asked again as the model takes it
                 fallback = _FALLBACK.get(mode)
                 if auto and fallback is not None:
                     # Perhaps the server does not take this response_format:
@@ -284,6 +318,15 @@ class OpenAIModel:
                 ) from None
             if auto:
                 self._auto_mode = mode
+            body = unparsed_body(completion)
+            if body is not None:
+                raise ModelOutputError(
+                    f"{where}: the answer is no chat completion: {body}",
+                    usage=usage,
+                    raw_output=completion[:4000]
+                    if isinstance(completion, str)
+                    else None,
+                )
             try:
                 usage = usage + self._usage(completion, model)
                 choices = completion.choices
@@ -292,6 +335,12 @@ class OpenAIModel:
                     f"{where}: the answer is no chat completion: {brief(exc)}",
                     usage=usage,
                 ) from None
+            reported = None if choices else reported_error(completion)
+            if reported is not None:
+                raise ModelError(
+                    f"{where}: the server answered with an error: {reported}",
+                    usage=usage,
+                )
             answered = answer(choices, bool(request.tools), where, usage)
             if isinstance(answered, list):
                 return ModelResponse(
@@ -307,6 +356,17 @@ class OpenAIModel:
                 output = parse_output(raw, request.output_type)
             except ValidationError as exc:
                 problems = describe_errors(exc)
+                if _cut_short(choices):
+                    # Asked again, the answer would be cut at the same limit.
+                    raise ModelOutputError(
+                        f"{where}: the {request.role}'s answer was cut short at "
+                        f"the output token limit ({self._output_limit()}) and "
+                        f"is not a valid {request.output_type.__name__}:\n"
+                        f"{problems}",
+                        usage=usage,
+                        raw_output=raw,
+                        final=True,
+                    ) from None
                 if reask:
                     raise ModelOutputError(
                         f"{where}: the {request.role}'s answer is not a valid "
@@ -314,6 +374,7 @@ class OpenAIModel:
                         f"{problems}",
                         usage=usage,
                         raw_output=raw,
+                        final=True,
                     ) from None
                 allowance = request.token_allowance
                 if allowance is not None and usage.total_tokens >= allowance:
@@ -351,10 +412,9 @@ class OpenAIModel:
         strict: bool,
         messages: list[dict[str, Any]],
     ) -> Any:
-        kwargs: dict[str, Any] = {
-            "model": model,
-            "temperature": self.temperature_for(request),
-        }
+        kwargs: dict[str, Any] = {"model": model}
+        if model not in self._no_temperature:
+            kwargs["temperature"] = self.temperature_for(request)
         name = request.output_type.__name__
         if mode == "json_schema":
             kwargs["response_format"] = {
@@ -382,12 +442,39 @@ class OpenAIModel:
                 for t in request.tools
             ]
         if self.max_output_tokens is not None:
-            kwargs["max_tokens"] = self.max_output_tokens
+            limit = (
+                "max_completion_tokens"
+                if model in self._completion_tokens
+                else "max_tokens"
+            )
+            kwargs[limit] = self.max_output_tokens
         kwargs["messages"] = _with_instruction(messages, instruction)
         # The client's timeout bounds each wait for bytes; a server that
         # trickles its answer would still hold the call without this.
         with anyio.fail_after(self.timeout_s):
             return await self.client.chat.completions.create(**kwargs)
+
+    def _drop_refused_parameter(self, model: str, exc: openai.BadRequestError) -> bool:
+        """Whether the 400 refused a parameter ``model`` can do without, now
+        left out of its requests: a temperature (OpenAI's reasoning models
+        take only their default), or ``max_tokens`` (which they want as
+        ``max_completion_tokens``). Each is dropped once per model."""
+        param = getattr(exc, "param", None)
+        code = str(getattr(exc, "code", None) or "")
+        if not code.startswith("unsupported_"):
+            return False
+        if param == "temperature" and model not in self._no_temperature:
+            logger.info("%s takes no temperature: asking without one", model)
+            self._no_temperature.add(model)
+            return True
+        if (
+            param == "max_tokens"
+            and self.max_output_tokens is not None
+            and model not in self._completion_tokens
+        ):
+            self._completion_tokens.add(model)
+            return True
+        return False
 
     def prompt_messages(self, request: ModelRequest) -> list[dict[str, Any]]:
         """The chat messages sent for ``request`` on its first try.
@@ -455,16 +542,34 @@ class OpenAIModel:
             over,
         )
 
+    def _output_limit(self) -> str:
+        if self.max_output_tokens is None:
+            return "the server's own; set max_output_tokens to raise it"
+        return f"max_output_tokens={self.max_output_tokens}"
+
     def temperature_for(self, request: ModelRequest) -> float:
         """The temperature sent for ``request``: the role's own setting for
-        the executor and evolver, else the request's; 0 for the others."""
+        the executor and evolver, else the request's; the request's for an
+        explore run's hypotheses (``ExploreSettings.temperature``); 0 for
+        the others."""
         if request.role in TEMPERATURE_ROLES:
             return self.temperatures.get(request.role, request.temperature)
+        if (request.role, request.purpose) in SAMPLED_PURPOSES:
+            return request.temperature
         return 0.0
 
     def _usage(self, completion: Any, model: str) -> TokenUsage:
         usage = completion.usage
         if usage is None:
+            if model not in self._no_usage:
+                # Said once: a run's token budget and cost read these counts.
+                self._no_usage.add(model)
+                logger.warning(
+                    "%s (%s) reports no token usage: its calls count 0 tokens, "
+                    "so a token_budget does not bound them and they cost 0",
+                    self._where,
+                    model,
+                )
             return TokenUsage(calls=1)
         details = usage.prompt_tokens_details
         cached = (details.cached_tokens or 0) if details is not None else 0
@@ -475,6 +580,44 @@ class OpenAIModel:
             calls=1,
         )
         return priced(tokens, model, self.prices)
+
+
+def _usable_key(key: str | None, where: str) -> str | None:
+    """``key`` without surrounding whitespace (the newline an env file
+    leaves), if every character of it can go in an HTTP header.
+
+    Raises:
+        ConfigurationError: naming ``api_key`` and where the key came from,
+            never showing it: the client would put it in its error message.
+    """
+    if key is None:
+        return None
+    key = key.strip()
+    if any(not "!" <= c <= "~" for c in key):
+        raise ConfigurationError(
+            "api_key",
+            f"the key in {where} holds a character an HTTP header cannot carry "
+            "(a space, a control character or a letter that is no ASCII); "
+            "it is not shown here",
+        )
+    return key
+
+
+def _check_name(field: str, name: str) -> None:
+    """Refuse a model name that is no text (a lone surrogate, as a shell
+    argument of bytes that are no UTF-8 gives): no request can carry it,
+    nor any journal the error that names it."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigurationError(
+            field, f"{name!r} is no text (a lone UTF-16 surrogate)"
+        ) from None
+
+
+def _cut_short(choices: Any) -> bool:
+    """Whether the answer stopped at the output token limit."""
+    return getattr(choices[0], "finish_reason", None) == "length"
 
 
 def _annotated(exc: ModelError, usage: TokenUsage) -> ModelError:

@@ -30,10 +30,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from .._errors import ConfigurationError
+from ._port import Role
 from ._values import render_value
+
+ROLES: tuple[str, ...] = get_args(Role)
+"""The roles a request can name (``ModelRequest.role``)."""
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 _SECTION = re.compile(r"^## (system|user)\s*$", re.M)
@@ -129,9 +133,26 @@ class PromptRegistry:
         self._templates[template.role, template.purpose] = template
 
     def load_dir(self, path: str | Path) -> None:
-        """Add every ``role.purpose.md`` file of a directory."""
-        for file in sorted(Path(path).glob("*.md")):
-            self._add_text(file.name, file.read_text(encoding="utf-8"))
+        """Add every ``role.purpose.md`` file of a directory.
+
+        Raises:
+            ConfigurationError: ``path`` is no directory, or a file in it
+                cannot be read (UTF-8) or is no template of a role.
+        """
+        folder = Path(path)
+        if not folder.is_dir():
+            raise ConfigurationError(
+                "prompts", f"{str(folder)!r} is no directory of templates"
+            )
+        for file in sorted(folder.glob("*.md")):
+            try:
+                # utf-8-sig: an editor's byte order mark is no part of the text.
+                text = file.read_text(encoding="utf-8-sig")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigurationError(
+                    f"prompts.{file.stem}", f"cannot read {file}: {exc}"
+                ) from None
+            self._add_text(file.name, text)
 
     def get(self, role: str, purpose: str) -> PromptTemplate:
         """The template for ``role`` and ``purpose``.
@@ -174,6 +195,13 @@ class PromptRegistry:
         if not purpose:
             raise ConfigurationError(
                 f"prompts.{stem}", "template files are named role.purpose.md"
+            )
+        if role not in ROLES:
+            # No request would ever use it: a misspelt override is no override.
+            raise ConfigurationError(
+                f"prompts.{stem}",
+                f"no role {role!r}; template files are named role.purpose.md, "
+                f"the role one of {', '.join(ROLES)}",
             )
         self.register(PromptTemplate.parse(text, role=role, purpose=purpose))
 

@@ -14,24 +14,21 @@ sent an answer that could not be decoded.
 
 from __future__ import annotations
 
-import math
-import operator
 import random
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from numbers import Real
-from typing import SupportsIndex, TypeVar
+from typing import TypeVar
 
 import anyio
 import openai
 
 from .._errors import (
-    ConfigurationError,
     ModelAuthenticationError,
     ModelError,
     TransientModelError,
 )
+from ._numbers import finite_number, whole_number
 
 T = TypeVar("T")
 
@@ -136,41 +133,6 @@ def connection_problem(exc: openai.APIConnectionError) -> str:
     if "LocalProtocolError" in names:  # an illegal header value, say
         return f"the request could not be sent ({detail})"
     return f"cannot connect ({detail})"
-
-
-def whole_number(field: str, value: object, *, minimum: int) -> int:
-    """``value`` as an int, if it is a whole number (not a bool) from
-    ``minimum``.
-
-    Raises:
-        ConfigurationError: naming ``field``.
-    """
-    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
-        raise ConfigurationError(field, f"must be a whole number, not {value!r}")
-    number = operator.index(value)
-    if number < minimum:
-        raise ConfigurationError(field, f"must be at least {minimum}, not {number}")
-    return number
-
-
-def finite_number(
-    field: str, value: object, *, minimum: float, above: bool = False
-) -> float:
-    """``value`` as a float, if it is a finite number (not a bool) from
-    ``minimum`` (or above it, with ``above``).
-
-    Raises:
-        ConfigurationError: naming ``field``.
-    """
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise ConfigurationError(field, f"must be a number, not {value!r}")
-    number = float(value)
-    if not math.isfinite(number):
-        raise ConfigurationError(field, f"must be a finite number, not {number}")
-    if number < minimum or (above and number == minimum):
-        bound = "more than" if above else "at least"
-        raise ConfigurationError(field, f"must be {bound} {minimum:g}, not {number:g}")
-    return number
 
 
 def status_error(exc: openai.APIStatusError, where: str) -> ModelError:

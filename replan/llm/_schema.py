@@ -10,6 +10,9 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 _FENCE = re.compile(r"\A```(?:json)?\s*\n?(.*?)\n?```\Z", re.S)
+_INNER_FENCE = re.compile(r"```(?:json)?[ \t]*\n(.*?)\n?```", re.S)
+_REASONING = re.compile(r"\A<(think|thinking|reasoning)>.*?</\1>", re.S)
+_OPENED = re.compile(r"\A<(think|thinking|reasoning)>")
 
 
 def response_schema(output_type: type[BaseModel]) -> tuple[dict[str, Any], bool]:
@@ -42,14 +45,54 @@ def response_schema(output_type: type[BaseModel]) -> tuple[dict[str, Any], bool]
 def parse_output(raw: str, output_type: type[BaseModel]) -> BaseModel:
     """Validate a model's text as ``output_type``, tolerating a code fence.
 
+    Text that is not the object alone (a reasoning model's leading
+    ``<think>...</think>``, a sentence before or after the JSON, a fenced
+    block inside prose) is searched for the object: what is found is taken
+    only if it validates, so nothing but a valid answer is ever read out of
+    the text.
+
     Raises:
-        ValidationError: not JSON, or not the right shape.
+        ValidationError: not JSON, or not the right shape (the error of the
+            object found in the text, if one was, else of the whole text).
     """
-    text = raw.strip()
+    text = _unfenced(raw.strip())
+    try:
+        return output_type.model_validate_json(text)
+    except ValidationError as whole:
+        if not _not_json(whole):
+            raise  # JSON of the wrong shape: its own error says what to fix
+        for candidate in _embedded(text):
+            try:
+                return output_type.model_validate_json(candidate)
+            except ValidationError as exc:
+                if not _not_json(exc):
+                    raise  # the object found, of the wrong shape
+        raise
+
+
+def _not_json(exc: ValidationError) -> bool:
+    return any(error["type"] == "json_invalid" for error in exc.errors())
+
+
+def _unfenced(text: str) -> str:
     fenced = _FENCE.match(text)
-    if fenced:
-        text = fenced.group(1).strip()
-    return output_type.model_validate_json(text)
+    return fenced.group(1).strip() if fenced else text
+
+
+def _embedded(text: str) -> list[str]:
+    """Where the JSON object may be in ``text``, most specific first."""
+    found: list[str] = []
+    reasoning = _REASONING.match(text)
+    if reasoning:
+        text = text[reasoning.end() :].strip()
+        found.append(_unfenced(text))
+    elif _OPENED.match(text):
+        return []  # reasoning that never ended: what it holds is no answer
+    found.extend(m.group(1).strip() for m in _INNER_FENCE.finditer(text))
+    start, end = text.find("{"), text.rfind("}")
+    if 0 <= start < end:
+        found.append(text[start : end + 1])
+    return found
 
 
 def describe_errors(exc: ValidationError) -> str:

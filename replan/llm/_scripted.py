@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from .._errors import ModelOutputError
 from ..messages import TokenUsage
+from ._numbers import finite_number, whole_number
 from ._port import ModelRequest, ModelResponse
 
 ScriptHandler = Callable[[ModelRequest], Any]
@@ -36,6 +37,10 @@ class ScriptedModel:
         keep_calls: how many of the latest requests :attr:`calls` keeps;
             None (the default) keeps every one.
 
+    Raises:
+        ConfigurationError: ``latency_s`` that is no finite number from 0,
+            or ``keep_calls`` that is no whole number from 0.
+
     An answer of the wrong type, or a dict that does not validate into
     ``request.output_type``, raises :class:`ModelOutputError` with the call's
     ``usage``, as a model adapter reports an answer it cannot use.
@@ -50,8 +55,10 @@ class ScriptedModel:
         name: str = "scripted",
         keep_calls: int | None = None,
     ) -> None:
-        if keep_calls is not None and keep_calls < 0:
-            raise ValueError(f"keep_calls must be 0 or more, not {keep_calls}")
+        if keep_calls is not None:
+            keep_calls = whole_number("keep_calls", keep_calls, minimum=0)
+        # Checked here: a sleep of NaN or below 0 fails every call later.
+        latency_s = finite_number("latency_s", latency_s, minimum=0)
         self._handler = handler
         self._keep = keep_calls
         self._latency_s = latency_s

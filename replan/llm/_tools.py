@@ -76,7 +76,12 @@ class Tool:
         )
         self.side_effect = side_effect
         self._model, self._packed = _arguments_model(fn, annotated, self.name)
-        self.takes_key = KEY_PARAMETER in inspect.signature(fn).parameters
+        parameters = inspect.signature(fn).parameters
+        self.takes_key = KEY_PARAMETER in parameters
+        self._positional = [
+            p.name for p in parameters.values() if p.kind is p.POSITIONAL_ONLY
+        ]
+        """Parameters that cannot be passed by name (``def f(x: int, /)``)."""
         self.spec = ToolSpec(
             name=self.name,
             description=self.description,
@@ -110,10 +115,11 @@ class Tool:
             kwargs = {k: getattr(arguments, k) for k in type(arguments).model_fields}
         if self.takes_key:
             kwargs[KEY_PARAMETER] = idempotency_key
+        args = [kwargs.pop(name) for name in self._positional if name in kwargs]
         if inspect.iscoroutinefunction(self.fn):
-            result = await self.fn(**kwargs)
+            result = await self.fn(*args, **kwargs)
         else:
-            result = await anyio.to_thread.run_sync(lambda: self.fn(**kwargs))
+            result = await anyio.to_thread.run_sync(lambda: self.fn(*args, **kwargs))
             if inspect.isawaitable(result):
                 result = await _await(result)
         return as_text(result)

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from ..messages import (
     Critique,
+    EvidenceItem,
     PlanProposal,
     Task,
     TaskDraft,
@@ -51,7 +52,19 @@ def render_value(value: Any) -> str:
         case BaseModel():
             return value.model_dump_json(exclude={"kind"})
         case _:
-            return json.dumps(value, default=str, ensure_ascii=False)
+            return _json(value)
+
+
+def _json(value: Any) -> str:
+    """``value`` as JSON text; a model inside it as its fields (not as its
+    Python ``repr``), anything else JSON cannot hold as its ``str``."""
+    return json.dumps(value, default=_plain, ensure_ascii=False)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", exclude={"kind"})
+    return str(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,18 +88,22 @@ class ListText:
 
 def list_text(value: list[Any]) -> ListText:
     """``value`` as :class:`ListText`: tasks with their results, drafts
-    numbered from 1, critiques and strings as bullets, anything else as the
-    items of a JSON array."""
+    numbered from 1, critiques, evidence items and strings as bullets, other
+    models (hypotheses, reviews) as one JSON object a line, anything else as
+    the items of a JSON array."""
     if all(isinstance(v, Task) for v in value):
         return ListText(tuple("\n".join(_task_lines(t)) for t in value))
     if all(isinstance(v, TaskDraft) for v in value):
         return ListText(tuple(_draft_line(n, d) for n, d in enumerate(value, start=1)))
     if all(isinstance(v, Critique) for v in value):
         return ListText(tuple(_critique_text(c) for c in value))
+    if all(isinstance(v, EvidenceItem) for v in value):
+        return ListText(tuple(f"- {e.id}: {' '.join(e.text.split())}" for e in value))
     if all(isinstance(v, str) for v in value):
         return ListText(tuple(f"- {' '.join(v.split())}" for v in value))
-    items = (json.dumps(v, default=str, ensure_ascii=False) for v in value)
-    return ListText(tuple(items), ", ", "[", "]")
+    if all(isinstance(v, BaseModel) for v in value):
+        return ListText(tuple(v.model_dump_json(exclude={"kind"}) for v in value))
+    return ListText(tuple(_json(v) for v in value), ", ", "[", "]")
 
 
 def _task_lines(task: Task) -> list[str]:

@@ -117,7 +117,8 @@ def build_brief(
     )
     if explore.errors:
         notes.append(
-            f"{len(explore.errors)} model answer(s) were malformed or failed "
+            f"{len(explore.errors)} problem(s) with model answers were recorded: "
+            "malformed or failed answers, or references to what does not exist "
             "(see errors)."
         )
     notes.extend(limitations)

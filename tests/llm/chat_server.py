@@ -174,10 +174,12 @@ def _handler_for(server: ChatServer) -> type[BaseHTTPRequestHandler]:
             data = body.encode()
             try:
                 self.send_response(reply.status)
-                self.send_header("content-type", "application/json")
+                kind = reply.headers.get("content-type", "application/json")
+                self.send_header("content-type", kind)
                 self.send_header("content-length", str(len(data)))
                 for name, value in reply.headers.items():
-                    self.send_header(name, value)
+                    if name != "content-type":
+                        self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
             except (BrokenPipeError, ConnectionResetError):

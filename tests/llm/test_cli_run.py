@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import anyio
 import httpx
 import pytest
-from chat_server import Logged, Reply, answer_type, chat_server, completion
+from chat_server import Logged, Reply, answer_type, chat_server, completion, error
 
 from replan import Alignment, PlanProposal, Synthesis, TaskDraft, TaskOutcome, Verdict
 from replan._cli_run import unreachable_message
@@ -71,6 +71,18 @@ def test_run_json_prints_the_result_with_progress_on_stderr(
     assert "run finished: completed" in captured.err
     assert {r.body["model"] for r in sent} == {"m"}
     assert sent[0].headers["authorization"] == "Bearer not-needed"
+
+
+@pytest.mark.parametrize("command", ["run", "explore"])
+def test_a_model_named_openai_colon_name_as_for_the_daemon_asks_for_name(
+    command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REPLAN_MODEL", "openai:gpt-test")
+    with chat_server(lambda _: error(500, "only the model name matters")) as server:
+        main([command, "x", "--base-url", server.base_url, "--retries", "0"])
+        sent = server.chat_requests()
+    assert sent
+    assert {r.body["model"] for r in sent} == {"gpt-test"}
 
 
 def test_run_prints_a_summary_with_usage_and_cost(
@@ -150,6 +162,30 @@ def test_a_limit_that_is_no_usable_number_is_refused(
     )
     assert code == 2
     assert capsys.readouterr().err.splitlines()[-1].startswith(expected)
+
+
+@pytest.mark.parametrize("command", ["run", "explore"])
+def test_a_model_name_that_is_no_text_is_a_bad_argument(
+    capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    # What a shell passes for bytes that are no UTF-8 (surrogateescape).
+    code = main(
+        [command, "x", "--model", "m\udcff", "--base-url", "http://127.0.0.1:9/v1"]
+    )
+    assert code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("replan: error: --model: 'm\\udcff' is no text")
+
+
+def test_a_key_with_a_character_no_header_can_carry_is_one_line_not_shown(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-s\u00e9cret-key")
+    code = main(["run", "x", "--model", "m", "--base-url", "http://127.0.0.1:9/v1"])
+    assert code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("replan: error: the key in OPENAI_API_KEY holds a")
+    assert "cret-key" not in line
 
 
 def run_with_findings(max_prompt_chars: str) -> tuple[int, list[Logged]]:

@@ -4,6 +4,7 @@ options and base URLs it refuses up front."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ import pytest
 from chat_server import Reply, chat_server, completion
 
 from replan import ConfigurationError, ModelRequest, PlanProposal, TaskDraft
-from replan._errors import ModelOutputError, TransientModelError
+from replan._errors import ModelError, ModelOutputError, TransientModelError
 from replan.llm import BackoffPolicy, OpenAIModel, Tool
 
 PLAN = PlanProposal(tasks=[TaskDraft(key="search", description="search the news")])
@@ -105,6 +106,46 @@ async def test_an_answer_of_another_shape_is_an_output_error_with_its_tokens(
 def _lookup(city: str) -> str:
     """Look up a city."""
     return city
+
+
+async def test_answers_without_usage_count_a_call_and_warn_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reply = completion(PLAN)
+    assert isinstance(reply.body, dict)
+    del reply.body["usage"]
+    with chat_server(lambda _: reply) as server:
+        async with fast(server.base_url) as model:
+            with caplog.at_level(logging.WARNING, logger="replan.llm"):
+                first = await model.generate(plan_request())
+                second = await model.generate(plan_request())
+    assert first.usage.calls == second.usage.calls == 1
+    assert first.usage.total_tokens == 0
+    [record] = caplog.records
+    assert "reports no token usage" in record.getMessage()
+    assert "token_budget does not bound them" in record.getMessage()
+
+
+@pytest.mark.parametrize(
+    ("error", "shown"),
+    [
+        ({"message": "model 'm' not found, try pulling it first"}, "not found, try"),
+        ("upstream timed out", "upstream timed out"),
+        ({"code": 502}, '{"code": 502}'),
+    ],
+)
+async def test_a_body_with_no_choices_but_an_error_reports_the_servers_error(
+    error: object, shown: str
+) -> None:
+    with chat_server() as server:
+        server.reply(Reply(body={"error": error}))
+        async with fast(server.base_url) as model:
+            with pytest.raises(ModelError) as caught:
+                await model.generate(plan_request())
+        assert len(server.chat_requests()) == 1
+    assert "the server answered with an error: " in str(caught.value)
+    assert shown in str(caught.value)
+    assert "no choices" not in str(caught.value)
 
 
 async def test_a_message_that_is_no_object_is_an_output_error() -> None:
@@ -225,6 +266,18 @@ NAN, INF = float("nan"), float("inf")
         ({"temperatures": {"executor": NAN}}, "temperatures.executor"),
         ({"temperatures": {"executor": "hot"}}, "temperatures.executor"),
         ({"structured_output": "json"}, "structured_output"),
+        ({"models": {"exectuor": "gpt-small"}}, "models.exectuor"),
+        ({"models": {"executor": ""}}, "models.executor"),
+        ({"models": {"planner": None}}, "models.planner"),
+        ({"models": {"planner": "gpt-\udcff"}}, "models.planner"),
+        ({"prices": [("gpt-test", 1.0)]}, "prices"),
+        ({"prices": {"gpt-test": 3.0}}, "prices.gpt-test"),
+        ({"prices": {"gpt-test": {"input": 1.0}}}, "prices.gpt-test.output"),
+        ({"prices": {"gpt-test": {"input": -1, "output": 1}}}, "prices.gpt-test.input"),
+        (
+            {"prices": {"gpt-test": {"input": NAN, "output": 1}}},
+            "prices.gpt-test.input",
+        ),
     ],
     ids=lambda value: str(value) if isinstance(value, dict) else None,
 )
@@ -234,6 +287,40 @@ def test_an_option_out_of_range_is_a_configuration_error_naming_it(
     with pytest.raises(ConfigurationError) as caught:
         OpenAIModel("gpt-test", base_url=NOWHERE, **options)
     assert caught.value.field == field
+
+
+@pytest.mark.parametrize(
+    "key", ["sk-top secret", "sk-t\u00f6psecret", "sk-top\x1bsecret", "sk-\udcff"]
+)
+def test_a_key_no_http_header_can_carry_is_refused_without_showing_it(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        OpenAIModel("gpt-test", base_url=NOWHERE, api_key=key)
+    assert caught.value.field == "api_key"
+    assert "secret" not in str(caught.value)
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    with pytest.raises(ConfigurationError, match="in OPENAI_API_KEY holds") as caught:
+        OpenAIModel("gpt-test", base_url=NOWHERE)
+    assert "secret" not in str(caught.value)
+
+
+async def test_a_key_with_a_newline_around_it_is_sent_without_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-an-env-file\r\n")
+    with chat_server() as server:
+        server.reply(completion(PLAN))
+        async with fast(server.base_url) as model:
+            await model.generate(plan_request())
+        [sent] = server.chat_requests()
+    assert sent.headers["authorization"] == "Bearer sk-from-an-env-file"
+
+
+def test_a_model_name_that_is_no_text_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        OpenAIModel("gpt-\udcff", base_url=NOWHERE)
+    assert caught.value.field == "model"
 
 
 def test_a_backoff_policy_refuses_a_wait_of_nan() -> None:

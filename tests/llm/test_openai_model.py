@@ -245,6 +245,38 @@ async def test_an_answer_invalid_twice_is_an_error_that_keeps_the_raw_text() -> 
     assert caught.value.usage.calls == 2
 
 
+@pytest.mark.parametrize(
+    ("max_output_tokens", "limit"),
+    [(50, "max_output_tokens=50"), (None, "the server's own")],
+)
+async def test_an_answer_cut_short_at_the_token_limit_fails_at_once_saying_so(
+    max_output_tokens: int | None, limit: str
+) -> None:
+    truncated = '{"tasks": [{"key": "search", "descr'
+    with chat_server(
+        lambda _: completion(truncated, usage=(80, 50, 0), finish_reason="length")
+    ) as server:
+        async with fast(server.base_url, max_output_tokens=max_output_tokens) as model:
+            with pytest.raises(ModelOutputError) as caught:
+                await model.generate(plan_request())
+        assert len(server.chat_requests()) == 1  # the same limit would cut a re-ask
+    assert "cut short at the output token limit" in str(caught.value)
+    assert limit in str(caught.value)
+    assert caught.value.raw_output == truncated
+    assert caught.value.usage is not None
+    assert caught.value.usage.output_tokens == 50
+
+
+async def test_an_answer_at_the_token_limit_that_is_valid_is_taken() -> None:
+    with chat_server() as server:
+        server.reply(
+            completion(PlanProposal(rationale="short"), finish_reason="length")
+        )
+        async with fast(server.base_url, max_output_tokens=50) as model:
+            response = await model.generate(plan_request())
+    assert response.output == PlanProposal(rationale="short")
+
+
 async def test_an_answer_in_a_code_fence_is_accepted() -> None:
     fenced = "```json\n" + Verdict(decision="complete").model_dump_json() + "\n```"
     with chat_server() as server:
@@ -254,6 +286,66 @@ async def test_an_answer_in_a_code_fence_is_accepted() -> None:
                 ModelRequest(role="reviewer", purpose="milestone", output_type=Verdict)
             )
     assert response.output == Verdict(decision="complete")
+
+
+VERDICT_JSON = Verdict(decision="complete").model_dump_json()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        f"<think>The user wants a verdict {{maybe}}.</think>\n{VERDICT_JSON}",
+        f"<think>x</think>\n```json\n{VERDICT_JSON}\n```",
+        f"Here is my verdict:\n```json\n{VERDICT_JSON}\n```\nHope it helps.",
+        f"Sure! {VERDICT_JSON} Let me know.",
+    ],
+    ids=["reasoning", "reasoning-then-fence", "prose-around-a-fence", "prose-inline"],
+)
+async def test_an_answer_with_text_around_its_json_is_read_without_a_reask(
+    content: str,
+) -> None:
+    with chat_server() as server:
+        server.reply(completion(content))
+        async with fast(server.base_url) as model:
+            response = await model.generate(
+                ModelRequest(role="reviewer", purpose="milestone", output_type=Verdict)
+            )
+        assert len(server.chat_requests()) == 1
+    assert response.output == Verdict(decision="complete")
+
+
+async def test_json_inside_reasoning_that_never_ended_is_not_taken_as_the_answer() -> (
+    None
+):
+    unfinished = f"<think>Perhaps {VERDICT_JSON} would do, but"
+    with chat_server() as server:
+        server.reply(completion(unfinished), completion(unfinished))
+        async with fast(server.base_url) as model:
+            with pytest.raises(ModelOutputError):
+                await model.generate(
+                    ModelRequest(
+                        role="reviewer", purpose="milestone", output_type=Verdict
+                    )
+                )
+
+
+async def test_json_of_the_wrong_shape_in_prose_is_reasked_with_its_own_problem() -> (
+    None
+):
+    with chat_server() as server:
+        server.reply(
+            completion('Sure! {"decision": "maybe"}'),
+            completion(VERDICT_JSON),
+        )
+        async with fast(server.base_url) as model:
+            response = await model.generate(
+                ModelRequest(role="reviewer", purpose="milestone", output_type=Verdict)
+            )
+        _, reask = server.chat_requests()
+    assert response.output == Verdict(decision="complete")
+    problem = reask.messages[-1]["content"]
+    assert "- decision: Input should be" in problem
+    assert "Invalid JSON" not in problem
 
 
 async def test_a_refusal_and_a_content_filter_stop_are_reported_as_such() -> None:
@@ -275,6 +367,64 @@ async def test_a_refusal_and_a_content_filter_stop_are_reported_as_such() -> Non
 def formats(requests: list[Logged]) -> list[str | None]:
     """The response_format type each request asked for (None: none)."""
     return [r.body.get("response_format", {}).get("type") for r in requests]
+
+
+def unsupported(param: str, message: str, code: str = "unsupported_value") -> Reply:
+    """OpenAI's 400 for a parameter a model does not take."""
+    body = {"message": message, "type": "invalid_request_error"}
+    return Reply(status=400, body={"error": {**body, "param": param, "code": code}})
+
+
+async def test_a_model_that_takes_no_temperature_is_asked_without_one() -> None:
+    def script(logged: Logged) -> Reply:
+        if "temperature" in logged.body:
+            return unsupported(
+                "temperature",
+                "Unsupported value: 'temperature' does not support 0 with this "
+                "model. Only the default (1) value is supported.",
+            )
+        return completion(PlanProposal())
+
+    with chat_server(script) as server:
+        async with fast(server.base_url) as model:
+            first = await model.generate(plan_request())
+            second = await model.generate(plan_request())
+        requests = server.chat_requests()
+    assert first.output == second.output == PlanProposal()
+    assert ["temperature" in r.body for r in requests] == [True, False, False]
+    assert formats(requests) == ["json_schema"] * 3  # not taken for a schema 400
+
+
+async def test_max_tokens_goes_as_max_completion_tokens_to_a_model_that_wants_it() -> (
+    None
+):
+    def script(logged: Logged) -> Reply:
+        if "max_tokens" in logged.body:
+            return unsupported(
+                "max_tokens",
+                "Unsupported parameter: 'max_tokens' is not supported with this "
+                "model. Use 'max_completion_tokens' instead.",
+                code="unsupported_parameter",
+            )
+        return completion(PlanProposal())
+
+    with chat_server(script) as server:
+        async with fast(server.base_url, max_output_tokens=500) as model:
+            await model.generate(plan_request())
+        first, second = server.chat_requests()
+    assert first.body["max_tokens"] == 500
+    assert "max_tokens" not in second.body
+    assert second.body["max_completion_tokens"] == 500
+
+
+async def test_a_400_about_a_temperature_for_another_reason_is_not_retried() -> None:
+    with chat_server() as server:
+        server.reply(error(400, "temperature: must be at most 1"))
+        async with fast(server.base_url, structured_output="json_schema") as model:
+            with pytest.raises(ModelError, match="must be at most 1"):
+                await model.generate(plan_request())
+        [sent] = server.chat_requests()
+    assert sent.body["temperature"] == 0
 
 
 async def test_a_server_without_schema_support_gets_json_mode_with_the_schema() -> None:
@@ -346,6 +496,24 @@ def _answer_with_null_message() -> Reply:
     [
         (_answer_with_null_message(), "the answer's choice had no message", 340),
         (Reply(body='"a proxy says hello"'), "no chat completion", 0),
+        (Reply(body="null"), "no chat completion: the body is null", 0),
+        (Reply(body="[1, 2]"), "no chat completion: the body is a list", 0),
+        (
+            Reply(
+                body="<html>502 Bad Gateway</html>",
+                headers={"content-type": "text/html"},
+            ),
+            "no chat completion: a text body: <html>502 Bad Gateway</html>",
+            0,
+        ),
+        (
+            Reply(
+                body='data: {"choices": []}\n\ndata: [DONE]\n\n',
+                headers={"content-type": "text/event-stream"},
+            ),
+            "a text body \\(a stream, which was not asked for\\): data:",
+            0,
+        ),
         (Reply(body="<html>502 Bad Gateway</html>"), "could not be read", 0),
         (Reply(body='{"id": "chatcmpl-1", "choi'), "could not be read", 0),
         (
@@ -357,6 +525,10 @@ def _answer_with_null_message() -> Reply:
     ids=[
         "null-message",
         "a-string",
+        "null",
+        "a-list",
+        "an-html-page-as-html",
+        "a-stream",
         "html-page",
         "cut-short",
         "tool-call-without-arguments",
@@ -496,6 +668,16 @@ async def test_models_per_role_and_prices_turn_tokens_into_cost() -> None:
     assert (planner_sent.body["model"], executor_sent.body["model"]) == ("big", "small")
     assert planned.usage.cost == pytest.approx((600 * 10 + 400 * 1 + 100 * 30) / 1e6)
     assert executed.usage.cost == pytest.approx((2_000 * 1 + 500 * 2) / 1e6)
+
+
+async def test_a_price_given_as_a_mapping_of_its_fields_prices_the_answer() -> None:
+    with chat_server() as server:
+        server.reply(completion(PlanProposal(), usage=(1_000, 100, 0)))
+        prices = {"gpt-test": {"input": 2.0, "output": 4.0}}
+        async with fast(server.base_url, prices=prices) as model:
+            assert model.prices == {"gpt-test": ModelPrice(input=2.0, output=4.0)}
+            planned = await model.generate(plan_request())
+    assert planned.usage.cost == pytest.approx((1_000 * 2 + 100 * 4) / 1e6)
 
 
 async def test_a_users_own_messages_are_sent_as_they_are() -> None:

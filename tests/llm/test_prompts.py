@@ -7,8 +7,14 @@ from pathlib import Path
 import pytest
 
 from replan import ConfigurationError, PlanProposal, Task, TaskOutcome, Trigger, Verdict
-from replan.llm import MissingPromptError, PromptRegistry, PromptTemplate
-from replan.messages import Critique, TaskDraft, TaskStatus
+from replan.llm import MissingPromptError, PromptRegistry, PromptTemplate, render_value
+from replan.messages import (
+    Critique,
+    EvidenceItem,
+    Hypothesis,
+    TaskDraft,
+    TaskStatus,
+)
 
 GOAL = "Find which solid-state battery makers ship cells at scale in 2025"
 REGISTRY = PromptRegistry()
@@ -52,9 +58,15 @@ def test_every_role_and_purpose_of_the_design_has_a_versioned_template() -> None
         ("reviewer", "critique.explore"),
         ("reviewer", "milestone"),
     ]
-    # The planner's plan, boundary and replan prompts are at version 2: they
-    # name the last answer's problem when an invalid plan is asked for again.
-    second = {("planner", "plan"), ("planner", "boundary"), ("planner", "replan")}
+    # The planner's plan, boundary and replan prompts, and the explore
+    # critique, are at version 2: they name the last answer's problem when
+    # an unusable answer is asked for again.
+    second = {
+        ("planner", "plan"),
+        ("planner", "boundary"),
+        ("planner", "replan"),
+        ("reviewer", "critique.explore"),
+    }
     for role, purpose in REGISTRY.available():
         version = 2 if (role, purpose) in second else 1
         assert REGISTRY.get(role, purpose).label == f"{role}.{purpose}@{version}"
@@ -206,6 +218,43 @@ def test_the_registry_is_open_to_new_templates_and_overrides(tmp_path: Path) -> 
     assert registry.get("planner", "plan").version == 9
 
 
+def test_a_templates_directory_that_does_not_exist_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        PromptRegistry().load_dir(tmp_path / "promtps")
+    assert caught.value.field == "prompts"
+    assert "promtps" in str(caught.value)
+
+
+def test_a_template_of_no_role_is_refused_naming_its_file(tmp_path: Path) -> None:
+    (tmp_path / "planer.plan.md").write_text(
+        "---\nversion: 3\n---\n## system\nPlan.\n## user\n{{goal}}\n"
+    )
+    with pytest.raises(ConfigurationError) as caught:
+        PromptRegistry().load_dir(tmp_path)
+    assert caught.value.field == "prompts.planer.plan"
+    assert "no role 'planer'" in str(caught.value)
+
+
+def test_a_template_file_that_is_not_utf8_is_a_configuration_error(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "planner.plan.md").write_bytes(b"---\nversion: 3\n---\n\xff\xfe")
+    with pytest.raises(ConfigurationError) as caught:
+        PromptRegistry().load_dir(tmp_path)
+    assert caught.value.field == "prompts.planner.plan"
+    assert "cannot read" in str(caught.value)
+
+
+def test_a_template_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    (tmp_path / "planner.plan.md").write_text(
+        "---\nversion: 7\n---\n## system\nPlan.\n## user\n{{goal}}\n",
+        encoding="utf-8-sig",
+    )
+    registry = PromptRegistry()
+    registry.load_dir(tmp_path)
+    assert registry.get("planner", "plan").label == "planner.plan@7"
+
+
 def test_an_explore_request_gets_its_run_kinds_variant_of_a_shared_purpose() -> None:
     explore = {"run_kind": "explore"}
     for role, purpose in [
@@ -213,14 +262,30 @@ def test_an_explore_request_gets_its_run_kinds_variant_of_a_shared_purpose() -> 
         ("ranker", "compare"),
         ("evolver", "evolve"),
     ]:
+        version = 2 if purpose == "critique" else 1
         assert REGISTRY.for_request(role, purpose, explore).label == (
-            f"{role}.{purpose}.explore@1"
+            f"{role}.{purpose}.explore@{version}"
         )
         assert REGISTRY.for_request(role, purpose, {}).label == f"{role}.{purpose}@1"
     # Without a variant of its own, a run kind uses the shared template.
     assert REGISTRY.for_request("planner", "plan", explore).label == "planner.plan@2"
     with pytest.raises(MissingPromptError):
         REGISTRY.for_request("planner", "brainstorm", explore)
+
+
+def test_models_inside_lists_and_mappings_are_rendered_as_their_fields() -> None:
+    evidence = [
+        EvidenceItem(id="E1", text="41% are\ninactive by day 21", source="context[0]"),
+        EvidenceItem(id="E2", text="Tickets ask about leftovers", source="context[0]"),
+    ]
+    hypotheses = [Hypothesis(id="H1", statement="Solo cooks leave")]
+    assert render_value(evidence) == (
+        "- E1: 41% are inactive by day 21\n- E2: Tickets ask about leftovers"
+    )
+    assert render_value(hypotheses).startswith('{"id":"H1","statement":"Solo cooks')
+    nested = render_value({"best": hypotheses[0], "at": [1, hypotheses[0]]})
+    assert '"best": {"id": "H1", "statement": "Solo cooks leave"' in nested
+    assert "kind" not in nested
 
 
 def test_a_template_without_a_version_is_refused() -> None:

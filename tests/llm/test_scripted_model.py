@@ -7,6 +7,7 @@ import pytest
 
 from replan import (
     Comparison,
+    ConfigurationError,
     ContextAnalysis,
     Critique,
     Hypothesis,
@@ -133,6 +134,24 @@ async def test_keep_calls_bounds_the_requests_kept() -> None:
     assert len(every.calls) == 20
     with pytest.raises(ValueError, match="keep_calls"):
         ScriptedModel(answer, keep_calls=-1)
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"latency_s": float("nan")}, "latency_s"),
+        ({"latency_s": -0.5}, "latency_s"),
+        ({"latency_s": "1"}, "latency_s"),
+        ({"keep_calls": 1.5}, "keep_calls"),
+    ],
+    ids=str,
+)
+def test_an_option_no_call_could_use_is_a_configuration_error_at_once(
+    options: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        ScriptedModel(lambda _: None, **options)
+    assert caught.value.field == field
 
 
 def test_the_daemons_scripted_model_keeps_no_request() -> None:

@@ -82,6 +82,21 @@ async def test_a_sync_tool_runs_in_a_worker_thread_and_its_result_becomes_json()
         t.parse('{"words": [], "other": 1}')
 
 
+async def test_a_tool_with_positional_only_parameters_gets_them_by_position() -> None:
+    def scale(value: float, /, factor: float = 2.0) -> float:
+        """Scale a value."""
+        return value * factor
+
+    @tool
+    async def tag(name: str, /, idempotency_key: str) -> str:
+        """Tag a name once."""
+        return f"{name}@{idempotency_key}"
+
+    scaled = Tool(scale)
+    assert await scaled.run(scaled.parse('{"value": 3}'), idempotency_key="k") == "6.0"
+    assert await tag.run(tag.parse('{"name": "QS"}'), idempotency_key="k") == "QS@k"
+
+
 def test_untyped_parameters_and_duplicate_names_are_configuration_errors() -> None:
     def untyped(x):  # type: ignore[no-untyped-def]
         return x

@@ -181,6 +181,9 @@ async def test_uncited_hypotheses_are_speculative_and_unknown_refs_are_dropped()
     assert by_id["H2"].hypothesis.evidence_refs == ["E2"]
     assert "H2 cited unknown evidence E9" in brief.errors
     assert "H1 cites no evidence: it is speculative." in brief.limitations
+    # Every answer came and was used: none is said to have failed.
+    assert not any("answer(s) were malformed" in n for n in brief.limitations)
+    assert any(n.startswith("1 problem(s) with model") for n in brief.limitations)
 
 
 async def test_near_duplicates_are_clustered_and_the_selection_stays_diverse() -> None:
