@@ -15,6 +15,7 @@ sent an answer that could not be decoded.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -47,6 +48,13 @@ class BackoffPolicy:
         max_backoff_s: no wait is longer; a ``Retry-After`` asking for more
             ends the retries at once (the call is reported transient).
 
+    A ``Retry-After`` holds for every call made with the policy to the same
+    endpoint and model, not only the one it answered: until the time the server
+    asked for, a call waits it out before sending when the rest is within
+    ``max_backoff_s``, and fails as transient without sending otherwise, so
+    that the retries of the tasks and roles behind the calls do not ask a
+    server again while it said to wait.
+
     Raises:
         ConfigurationError: a count that is not a whole number from 0, or a
             wait that is not a finite number from 0 (NaN would wait forever).
@@ -58,6 +66,26 @@ class BackoffPolicy:
         self.max_retries = whole_number("max_retries", max_retries, minimum=0)
         self.backoff_s = finite_number("backoff_s", backoff_s, minimum=0)
         self.max_backoff_s = finite_number("max_backoff_s", max_backoff_s, minimum=0)
+        self._not_before: dict[str, float] = {}
+        """Per endpoint and model, the ``time.monotonic()`` before which no
+        call is sent (a Retry-After)."""
+
+    def hold_off(self, where: str, seconds: float) -> None:
+        """The server at ``where`` asked to wait ``seconds``."""
+        until = time.monotonic() + seconds
+        if until > self._not_before.get(where, 0.0):
+            self._not_before[where] = until
+
+    def wait_asked(self, where: str) -> float:
+        """Seconds left of the wait the server at ``where`` asked for."""
+        until = self._not_before.get(where)
+        if until is None:
+            return 0.0
+        left = until - time.monotonic()
+        if left <= 0:
+            del self._not_before[where]
+            return 0.0
+        return left
 
     def delay(self, retry: int, retry_after: float | None) -> float:
         """Seconds to wait before retry number ``retry`` (from 0)."""
@@ -83,6 +111,14 @@ async def with_retries(
     """
     retry = 0
     while True:
+        asked = policy.wait_asked(where)
+        if asked > policy.max_backoff_s:
+            raise TransientModelError(
+                f"{where}: not sent: the server asked to wait {asked:.3g}s more "
+                f"(Retry-After), more than max_backoff_s={policy.max_backoff_s:g}"
+            )
+        if asked:
+            await anyio.sleep(asked)
         try:
             return await call()
         except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
@@ -96,6 +132,8 @@ async def with_retries(
                 raise
             problem = f"HTTP {exc.status_code}: {_message(exc)}"
             retry_after = _retry_after(exc.response.headers)
+            if retry_after:
+                policy.hold_off(where, retry_after)
         except (openai.APITimeoutError, TimeoutError):
             problem = "the request timed out"
             retry_after = None
@@ -111,7 +149,9 @@ async def with_retries(
                 f"{where}: {problem}; the server asks to wait {retry_after:g}s, "
                 f"more than max_backoff_s={policy.max_backoff_s:g}"
             ) from None
-        await anyio.sleep(policy.delay(retry, retry_after))
+        if retry_after is None:
+            await anyio.sleep(policy.delay(retry, retry_after))
+        # else: the wait the server asked for is taken before the next send
         retry += 1
 
 

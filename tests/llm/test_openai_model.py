@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import anyio
 import pytest
 from chat_server import Logged, Reply, chat_server, completion, error
 
@@ -756,3 +757,48 @@ def test_the_model_name_comes_from_replan_model(
     with pytest.raises(ConfigurationError) as caught:
         OpenAIModel()
     assert caught.value.field == "model"
+
+
+async def test_calls_made_while_the_server_asked_to_wait_are_not_sent() -> None:
+    # The server says to come back in 120 s, longer than the model waits: the
+    # call fails as transient, and so do the calls made after it (the retries
+    # of the run's tasks and roles) without asking the server again.
+    with chat_server() as server:
+        server.reply(error(429, "come back in two minutes", retry_after="120"))
+        async with fast(server.base_url) as model:
+            with pytest.raises(TransientModelError, match="120s"):
+                await model.generate(plan_request())
+            for _ in range(5):
+                with pytest.raises(TransientModelError, match="not sent"):
+                    await model.generate(plan_request())
+        assert len(server.chat_requests()) == 1
+
+
+async def test_a_call_made_during_a_short_retry_after_waits_before_sending() -> None:
+    # One call got 429 with Retry-After: 1 and waits; another call made
+    # meanwhile waits too, rather than asking the server at once.
+    with chat_server() as server:
+        server.reply(
+            error(429, "slow down", retry_after="1"),
+            completion(Verdict(decision="continue")),
+            completion(Verdict(decision="continue")),
+        )
+        request = ModelRequest(
+            role="reviewer", purpose="milestone", output_type=Verdict
+        )
+        answers: list[object] = []
+        async with fast(server.base_url) as model:
+
+            async def call() -> None:
+                answers.append((await model.generate(request)).output)
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(call)
+                    await anyio.sleep(0.3)  # the first call has its 429
+                    assert len(server.chat_requests()) == 1
+                    tg.start_soon(call)
+                    await anyio.sleep(0.4)
+                    assert len(server.chat_requests()) == 1
+        assert len(server.chat_requests()) == 3
+    assert answers == [Verdict(decision="continue")] * 2
