@@ -16,6 +16,7 @@ from ._runtime import ActorPool as ActorPool
 from ._runtime import Envelope as Envelope
 from ._runtime import PoolStatistics as PoolStatistics
 from ._runtime import ReplySlot as ReplySlot
+from ._runtime import RequestFailed as RequestFailed
 
 __all__ = (
     "Actor",
@@ -29,6 +30,7 @@ __all__ = (
     "PoolStatistics",
     "Ranker",
     "ReplySlot",
+    "RequestFailed",
     "Reviewer",
     "TaskContext",
     "TaskRunner",

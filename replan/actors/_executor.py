@@ -6,6 +6,7 @@ from typing import Any, assert_never
 
 from pydantic import JsonValue
 
+from .._errors import ModelError
 from ..llm import Model, Tool
 from ..messages import (
     ExecuteReply,
@@ -18,7 +19,7 @@ from ..messages import (
 )
 from ..store import ToolEffectLedger
 from ._calls import call_model
-from ._runtime import ActorContext
+from ._runtime import ActorContext, RequestFailed
 from ._tool_loop import Approver, ToolLoop
 
 
@@ -98,6 +99,18 @@ class Executor:
                 context=context.get("context", []),
                 metadata=context.get("metadata", {}),
             )
-            outcome = await self._task_runner(task, task_ctx)
+            try:
+                outcome = await self._task_runner(task, task_ctx)
+                if not isinstance(outcome, TaskOutcome):
+                    raise TypeError(
+                        "the task function returned "
+                        f"{type(outcome).__name__}, not a TaskOutcome"
+                    )
+            except ModelError:
+                raise  # a model the function asked: reported as the model's
+            except Exception as exc:
+                # The user's function failed this attempt; the executor is
+                # sound and keeps serving (see RequestFailed).
+                raise RequestFailed(exc) from exc
             return ExecuteReply(outcome=outcome)
         return await self._loop.run(request, ctx.run_id or "")

@@ -36,6 +36,22 @@ ReqT = TypeVar("ReqT")
 RepT = TypeVar("RepT")
 
 
+class RequestFailed(Exception):
+    """Raised by a handler when the code a request ran failed, not the actor.
+
+    The user's task function raising is that task's failure: the caller is
+    answered with :class:`ActorCrashed` as for a crash, with the type and
+    message of ``cause``, but the worker goes on serving and no crash is
+    counted toward the role's restart intensity (a fresh actor would run
+    the same code, and a few failing tasks must not stop the role for every
+    run).
+    """
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+
+
 @dataclass(frozen=True, slots=True)
 class ActorContext:
     """What a handler knows about the request beyond its body."""
@@ -272,7 +288,8 @@ class ActorPool(Generic[ReqT, RepT]):
     A handler that raises answers its caller with :class:`ActorCrashed` and
     the worker is replaced with a fresh actor from ``factory`` (a
     ``ModelError`` is answered the same way, with its ``model_failure``
-    report, but is not a crash: the worker goes on). Workers start on
+    report, and so is a :class:`RequestFailed`, with its cause, but neither
+    is a crash: the worker goes on). Workers start on
     demand: one at first, another whenever a request arrives and no worker
     is free, up to ``workers``, so an idle role costs one task. More than
     ``max_restarts`` crashes within ``restart_period_s`` stop the role: every
@@ -657,6 +674,18 @@ class ActorPool(Generic[ReqT, RepT]):
                             error_type=type(exc).__name__,
                             message=str(exc),
                             model_failure=exc.failure(),
+                        )
+                    )
+                )
+            except RequestFailed as exc:
+                cause = exc.cause
+                logger.error("%s request failed", role, exc_info=cause)
+                slot.fail(
+                    ActorCrashed(
+                        ActorFailure(
+                            role=role,
+                            error_type=type(cause).__name__,
+                            message=str(cause),
                         )
                     )
                 )
