@@ -118,7 +118,8 @@ class Supervisor:
 
     Raises:
         ConfigurationError: an argument is invalid (names it, as in
-            ``workers.executor``), before anything runs.
+            ``workers.executor``; a store opened read-only is ``store``),
+            before anything runs.
     """
 
     def __init__(
@@ -150,6 +151,12 @@ class Supervisor:
                 "store",
                 "expected a journal store (MemoryStore, SQLiteStore(path), ...), "
                 f"got {type(store).__name__}",
+            )
+        if getattr(store, "read_only", False) is True:
+            raise ConfigurationError(
+                "store",
+                f"{store!r} is open read-only: a supervisor journals its runs "
+                "in a store it can write to",
             )
         if task_runner is not None and not callable(task_runner):
             raise ConfigurationError(

@@ -478,6 +478,21 @@ def test_a_supervisor_argument_of_the_wrong_kind_names_itself(
     assert caught.value.field == field
 
 
+async def test_a_journal_opened_read_only_is_refused_as_a_supervisor_store(
+    tmp_path: Path,
+) -> None:
+    # Refused here, not as a PermissionError from the first submit().
+    path = tmp_path / "runs.db"
+    async with SQLiteStore(path):
+        pass
+    async with SQLiteStore(path, read_only=True) as store:
+        for resume in (False, True):
+            with pytest.raises(ConfigurationError) as caught:
+                Supervisor(ScriptedModel(answers()), store, resume=resume)
+            assert caught.value.field == "store"
+            assert "read-only" in caught.value.problem
+
+
 async def test_good_supervisor_arguments_reach_the_pools() -> None:
     sup = Supervisor(
         ScriptedModel(answers()),
