@@ -17,6 +17,7 @@ from ._runtime import Envelope as Envelope
 from ._runtime import PoolStatistics as PoolStatistics
 from ._runtime import ReplySlot as ReplySlot
 from ._runtime import RequestFailed as RequestFailed
+from ._runtime import waiting_for_a_person as waiting_for_a_person
 
 __all__ = (
     "Actor",
@@ -34,4 +35,5 @@ __all__ = (
     "Reviewer",
     "TaskContext",
     "TaskRunner",
+    "waiting_for_a_person",
 )
