@@ -520,7 +520,9 @@ class Supervisor:
         An explore run takes its journaled steps from the journal (no model
         call is made again for them) and waits again at a review gate left
         open, the same gate. A finished run gets a handle on its journaled
-        result.
+        result, and a run this supervisor drives the handle it has. A run it
+        let go of unfinished (its journal failed, say) is resumed like any
+        other, with a new handle.
 
         Taking over runs needs the journal to itself: with a store shared by
         processes (``SQLiteStore``), no other supervisor may be serving on
@@ -534,8 +536,10 @@ class Supervisor:
         """
         tg, roles = self._serving()
         known = self._records.get(run_id)
-        if known is not None and (run_id in self._drivers or known.done.is_set()):
+        if known is not None and (run_id in self._drivers or known.state.status.final):
             return self._handle(known)
+        # Otherwise unknown here, or let go of unfinished (its driver
+        # crashed, its journal failed): driven on from the journal.
         events = await self.store.read(run_id)
         if not events:
             raise UnknownRunError(run_id)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -56,7 +56,7 @@ from replan.messages import (
     TaskStarted,
     ToolCall,
 )
-from replan.store import EffectRecord, SQLiteStore, Store
+from replan.store import EffectRecord, RunSummary, SQLiteStore, Store
 from replan.supervisor import apply, build_version, replay
 from replan.supervisor._run import summary_of
 
@@ -424,6 +424,42 @@ async def test_resuming_a_finished_run_gives_its_journaled_result() -> None:
             assert await handle.result() == result
             with pytest.raises(UnknownRunError):
                 await sup.resume("no-such-run")
+
+
+class BrokenOnce(DelegatingStore):
+    """A journal whose disk fails once, when the second task's end comes."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.failed = False
+
+    async def append(
+        self, run_id: str, events: Sequence[Event], summary: RunSummary
+    ) -> None:
+        ends = [e for e in events if isinstance(e, TaskFinished)]
+        if not self.failed and any(e.task_id == "t2" for e in ends):
+            self.failed = True
+            raise OSError(28, "No space left on device")
+        await self.inner.append(run_id, events, summary)
+
+
+async def test_a_run_whose_journal_failed_resumes_in_the_same_supervisor() -> None:
+    # The run stops unfinished when its journal fails; once the disk has
+    # room again, resume() drives it on, here as after a restart.
+    model = scripted()
+    with anyio.fail_after(10):
+        async with Supervisor(model, BrokenOnce(MemoryStore())) as sup:
+            handle = await sup.submit(spec(chain(3), milestone_every=100))
+            with pytest.raises(SupervisorError, match="driver crashed"):
+                await handle.result()
+            resumed = await sup.resume(handle.run_id)
+            result = await resumed.result()
+            assert sup.get(handle.run_id).status is RunStatus.COMPLETED
+            assert await sup.replay(handle.run_id) == result
+    assert result.status is RunStatus.COMPLETED
+    assert [t.status for t in result.tasks] == [TaskStatus.COMPLETED] * 3
+    # t2's attempt ran again: its end was never journaled.
+    assert executed_ids(model) == ["t1", "t2", "t2", "t3"]
 
 
 async def test_resume_all_picks_up_every_unfinished_run_and_leaves_finished_ones() -> (
