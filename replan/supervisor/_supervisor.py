@@ -244,9 +244,16 @@ class Supervisor:
         self._hold_lease(exclusive=self._resume_on_start)
         async with AsyncExitStack() as stack:
             tg = await stack.enter_async_context(anyio.create_task_group())
-            await tg.start(self.serve)
-            self._exit_stack = stack.pop_all()
-        return self
+            try:
+                await tg.start(self.serve)
+            except Exception as exc:
+                # serve() ended before it served (resuming runs failed):
+                # raised as it was, not wrapped by this group on its way out.
+                failure = exc
+            else:
+                self._exit_stack = stack.pop_all()
+                return self
+        raise failure
 
     async def __aexit__(
         self,
@@ -285,6 +292,7 @@ class Supervisor:
             self._release_lease()
             raise
         self._roles = roles
+        failure: Exception | None = None
         try:
             with anyio.CancelScope() as scope:
                 self._serve_scope = scope
@@ -295,9 +303,16 @@ class Supervisor:
                     try:
                         self._telemetry.watch(roles.all())
                         if self._resume_on_start:
-                            await self._resume_on_serve()
-                        task_status.started()
-                        await anyio.sleep_forever()
+                            try:
+                                await self._resume_on_serve()
+                            except Exception as exc:
+                                # Kept out of the group, which would wrap it
+                                # in an ExceptionGroup: raised below as is.
+                                failure = exc
+                                tg.cancel_scope.cancel()
+                        if failure is None:
+                            task_status.started()
+                            await anyio.sleep_forever()
                     finally:
                         # Shutting down (stop(), or cancelled from outside):
                         # from here no run starts in the closing group.
@@ -313,6 +328,8 @@ class Supervisor:
             for record in self._records.values():
                 record.detach("the supervisor stopped before the run finished")
             self._release_lease()
+        if failure is not None:
+            raise failure
 
     def _serving(self) -> tuple[TaskGroup, Roles]:
         """The task group and pools to start a run with, while serving."""

@@ -337,6 +337,31 @@ async def test_an_error_in_the_async_with_body_comes_out_as_it_was_raised() -> N
         await handle.result()
 
 
+class Unlistable(DelegatingStore):
+    """A journal that cannot list its runs (a failing disk)."""
+
+    async def list_runs(self, **options: Any) -> list[RunSummary]:
+        raise OSError(5, "Input/output error")
+
+
+async def test_a_journal_failing_as_runs_resume_on_start_comes_out_as_raised() -> None:
+    # Not wrapped in one ExceptionGroup per task group it passed through.
+    model = ScriptedModel(answers())
+    store = Unlistable(MemoryStore())
+    with pytest.raises(OSError, match="Input/output error"):
+        async with Supervisor(model, store, resume=True):
+            pass
+    sup = Supervisor(model, store, resume=True)
+    async with anyio.create_task_group() as tg:
+        with pytest.raises(OSError, match="Input/output error"):
+            await tg.start(sup.serve)
+    assert all(pool.stopped for pool in sup.pool_statistics())
+    # Nothing was left holding the journal: another supervisor serves on it.
+    async with Supervisor(model, store) as other:
+        result = await finish(await other.submit(RunSpec(goal="g")))
+    assert result.status is RunStatus.COMPLETED
+
+
 async def test_a_stopped_supervisor_says_it_does_not_serve_again() -> None:
     sup = Supervisor(ScriptedModel(answers()))
     async with sup:
