@@ -640,6 +640,32 @@ async def test_resume_all_skips_a_run_whose_journal_cannot_be_read(
     assert damaged in record.message
 
 
+async def test_a_run_another_supervisor_drives_is_not_taken_over_in_memory() -> None:
+    # Supervisors sharing one MemoryStore (a test of resume(), say) follow
+    # the rule of a shared SQLite journal: no run is driven twice.
+    store = MemoryStore()
+    reached = anyio.Event()
+    first_model = scripted(execute=blocking_at("s2", reached))
+    with anyio.fail_after(10):
+        async with Supervisor(first_model, store) as first:
+            handle = await first.submit(spec(chain(3), milestone_every=100))
+            await reached.wait()
+            with pytest.raises(ConfigurationError, match="to itself") as caught:
+                async with Supervisor(scripted(), store, resume=True):
+                    pass
+            assert caught.value.field == "store"
+            async with Supervisor(scripted(), store) as sharing:
+                with pytest.raises(ConfigurationError, match="to itself"):
+                    await sharing.resume(handle.run_id)
+        # Once the first has stopped, the run is free to be taken over.
+        second = scripted()
+        async with Supervisor(second, store, resume=True) as sup:
+            result = await sup.get(handle.run_id).result()
+    assert result.status is RunStatus.COMPLETED
+    assert executed_ids(first_model) == ["t1", "t2"]
+    assert executed_ids(second) == ["t2", "t3"]
+
+
 async def test_a_run_another_supervisor_drives_is_not_taken_over(
     tmp_path: Any,
 ) -> None:
