@@ -89,7 +89,9 @@ class Supervisor:
         model: the model every role asks (a ``ScriptedModel`` offline).
         store: the journal; in memory when omitted.
         task_runner: ``async fn(task, ctx) -> TaskOutcome`` to run tasks
-            instead of asking the model.
+            instead of asking the model. An exception it raises fails that
+            attempt as a crash (retried up to ``max_task_attempts``); it
+            never counts toward the executor role's ``max_restarts``.
         workers: pool size per role (``planner``, ``executor``, ``reviewer``,
             ``ranker``, ``evolver``, ``human_gate``): the role's global
             concurrency across all runs, and so its model rate limit.
