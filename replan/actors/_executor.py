@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, assert_never
@@ -38,8 +39,11 @@ class TaskContext:
     metadata: dict[str, JsonValue] = field(default_factory=dict)
 
 
-TaskRunner = Callable[[Task, TaskContext], Awaitable[TaskOutcome]]
-"""``async fn(task, ctx) -> TaskOutcome``: runs tasks instead of the model."""
+TaskRunner = Callable[[Task, TaskContext], Awaitable[TaskOutcome] | TaskOutcome]
+"""``async fn(task, ctx) -> TaskOutcome``: runs tasks instead of the model.
+
+A plain function returning the outcome works too (it runs on the event
+loop: keep it quick)."""
 
 
 class Executor:
@@ -100,7 +104,11 @@ class Executor:
                 metadata=context.get("metadata", {}),
             )
             try:
-                outcome = await self._task_runner(task, task_ctx)
+                answer = self._task_runner(task, task_ctx)
+                # A plain function's outcome is taken as it is: awaiting it
+                # would fail the attempt after its work was done, and run
+                # it again.
+                outcome = await answer if inspect.isawaitable(answer) else answer
                 if not isinstance(outcome, TaskOutcome):
                     raise TypeError(
                         "the task function returned "

@@ -89,7 +89,8 @@ class Supervisor:
         model: the model every role asks (a ``ScriptedModel`` offline).
         store: the journal; in memory when omitted.
         task_runner: ``async fn(task, ctx) -> TaskOutcome`` to run tasks
-            instead of asking the model. An exception it raises fails that
+            instead of asking the model (or a plain function returning the
+            outcome, which runs on the event loop). An exception it raises fails that
             attempt as a crash (retried up to ``max_task_attempts``); it
             never counts toward the executor role's ``max_restarts``.
         workers: pool size per role (``planner``, ``executor``, ``reviewer``,

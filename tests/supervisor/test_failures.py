@@ -306,3 +306,18 @@ async def test_a_task_function_returning_no_outcome_fails_the_attempt_saying_so(
         "executor crashed: executor: TypeError: the task function returned str, "
         "not a TaskOutcome"
     )
+
+
+async def test_a_plain_function_runs_tasks_as_an_async_one_does() -> None:
+    # Its result is taken as it is: not awaited, failed, and run again.
+    ran: list[str] = []
+
+    def run_task(task: Task, ctx: TaskContext) -> TaskOutcome:
+        ran.append(task.id)
+        return TaskOutcome(success=True, summary=f"{task.id} done")
+
+    done = await run_to_end(scripted(), spec(independent(2)), task_runner=run_task)
+
+    assert done.result.status is RunStatus.COMPLETED
+    assert sorted(ran) == ["t1", "t2"]
+    assert [t.attempts for t in done.result.tasks] == [1, 1]
