@@ -90,9 +90,10 @@ class Supervisor:
         store: the journal; in memory when omitted.
         task_runner: ``async fn(task, ctx) -> TaskOutcome`` to run tasks
             instead of asking the model (or a plain function returning the
-            outcome, which runs on the event loop). An exception it raises fails that
-            attempt as a crash (retried up to ``max_task_attempts``); it
-            never counts toward the executor role's ``max_restarts``.
+            outcome, which runs on the event loop). An exception it raises
+            fails that attempt as a crash (retried up to
+            ``max_task_attempts``); it never counts toward the executor
+            role's ``max_restarts``.
         workers: pool size per role (``planner``, ``executor``, ``reviewer``,
             ``ranker``, ``evolver``, ``human_gate``): the role's global
             concurrency across all runs, and so its model rate limit.
