@@ -16,7 +16,7 @@ from ._runtime import ActorPool as ActorPool
 from ._runtime import Envelope as Envelope
 from ._runtime import PoolStatistics as PoolStatistics
 from ._runtime import ReplySlot as ReplySlot
-from ._runtime import RequestFailed as RequestFailed
+from ._runtime import mark_request_failed as mark_request_failed
 from ._runtime import waiting_for_a_person as waiting_for_a_person
 
 __all__ = (
@@ -31,9 +31,9 @@ __all__ = (
     "PoolStatistics",
     "Ranker",
     "ReplySlot",
-    "RequestFailed",
     "Reviewer",
     "TaskContext",
     "TaskRunner",
+    "mark_request_failed",
     "waiting_for_a_person",
 )

@@ -20,7 +20,7 @@ from ..messages import (
 )
 from ..store import ToolEffectLedger
 from ._calls import call_model
-from ._runtime import ActorContext, RequestFailed
+from ._runtime import ActorContext, mark_request_failed
 from ._tool_loop import Approver, ToolLoop
 
 
@@ -118,7 +118,8 @@ class Executor:
                 raise  # a model the function asked: reported as the model's
             except Exception as exc:
                 # The user's function failed this attempt; the executor is
-                # sound and keeps serving (see RequestFailed).
-                raise RequestFailed(exc) from exc
+                # sound and keeps serving.
+                mark_request_failed(exc)
+                raise
             return ExecuteReply(outcome=outcome)
         return await self._loop.run(request, ctx.run_id or "")

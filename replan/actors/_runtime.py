@@ -37,22 +37,6 @@ ReqT = TypeVar("ReqT")
 RepT = TypeVar("RepT")
 
 
-class RequestFailed(Exception):
-    """Raised by a handler when the code a request ran failed, not the actor.
-
-    The user's task function raising is that task's failure: the caller is
-    answered with :class:`ActorCrashed` as for a crash, with the type and
-    message of ``cause``, but the worker goes on serving and no crash is
-    counted toward the role's restart intensity (a fresh actor would run
-    the same code, and a few failing tasks must not stop the role for every
-    run).
-    """
-
-    def __init__(self, cause: Exception) -> None:
-        super().__init__(f"{type(cause).__name__}: {cause}")
-        self.cause = cause
-
-
 @dataclass(frozen=True, slots=True)
 class ActorContext:
     """What a handler knows about the request beyond its body."""
@@ -199,6 +183,24 @@ _SERVING: ContextVar[ActorPool[Any, Any] | None] = ContextVar(
     "replan_serving_pool", default=None
 )
 """The pool whose worker runs the current task, if any."""
+_FAILED: ContextVar[BaseException | None] = ContextVar(
+    "replan_failed_request", default=None
+)
+"""The exception a handler marked with :func:`mark_request_failed`."""
+
+
+def mark_request_failed(exc: Exception) -> None:
+    """Mark ``exc``, about to leave a handler, as the failure of the code
+    the request ran (a user's task function), not of the actor.
+
+    The caller is answered with :class:`ActorCrashed` as for a crash, with
+    the exception's type and message, but the worker goes on serving and no
+    crash counts toward the role's restart intensity: a fresh actor would
+    run the same code, and a few failing tasks must not stop the role for
+    every run. The exception itself leaves the handler unchanged (its span
+    records it as it is).
+    """
+    _FAILED.set(exc)
 
 
 @contextmanager
@@ -321,8 +323,8 @@ class ActorPool(Generic[ReqT, RepT]):
     A handler that raises answers its caller with :class:`ActorCrashed` and
     the worker is replaced with a fresh actor from ``factory`` (a
     ``ModelError`` is answered the same way, with its ``model_failure``
-    report, and so is a :class:`RequestFailed`, with its cause, but neither
-    is a crash: the worker goes on). Workers start on
+    report, and so is an exception marked by :func:`mark_request_failed`,
+    but neither is a crash: the worker goes on). Workers start on
     demand: one at first, another whenever a request arrives and no worker
     is free, up to ``workers``, so an idle role costs one task. More than
     ``max_restarts`` crashes within ``restart_period_s`` stop the role: every
@@ -729,30 +731,22 @@ class ActorPool(Generic[ReqT, RepT]):
                         )
                     )
                 )
-            except RequestFailed as exc:
-                cause = exc.cause
-                logger.error("%s request failed", role, exc_info=cause)
-                slot.fail(
-                    ActorCrashed(
-                        ActorFailure(
-                            role=role,
-                            error_type=type(cause).__name__,
-                            message=str(cause),
-                        )
-                    )
-                )
             except Exception as exc:
-                logger.exception("%s handler crashed", role)
-                slot.fail(
-                    ActorCrashed(
-                        ActorFailure(
-                            role=role,
-                            error_type=type(exc).__name__,
-                            message=str(exc),
-                        )
+                failure = ActorCrashed(
+                    ActorFailure(
+                        role=role,
+                        error_type=type(exc).__name__,
+                        message=str(exc),
                     )
                 )
-                return True
+                if _FAILED.get() is not exc:
+                    logger.exception("%s handler crashed", role)
+                    slot.fail(failure)
+                    return True
+                # The request's code failed, not the actor: no restart.
+                _FAILED.set(None)
+                logger.error("%s request failed", role, exc_info=exc)
+                slot.fail(failure)
             except BaseException as exc:
                 if not scope.cancel_called and await _stray_cancellation(exc):
                     # asyncio: the handler let out a CancelledError that no
