@@ -106,10 +106,19 @@ class GateRegistry:
         self._open[request.gate_id] = _Pending(request, validate)
 
     async def wait(self, request: GateRequest) -> GateResolution:
-        """Wait for a person, or apply the policy default when the gate expires."""
+        """Wait for a person, or apply the policy default when the gate expires.
+
+        A gate closed before an actor took its request (the run, or the
+        attempt whose tool call asked, let go of it while the request waited
+        in the mailbox) is rejected at once: nobody waits for that answer.
+        """
         pending = self._open.get(request.gate_id)
         if pending is None:
-            raise GateError(f"gate {request.gate_id} was not opened")
+            return GateResolution(
+                decision="reject",
+                by="supervisor",
+                note="the gate was closed before it was waited on",
+            )
         pending.waited_on.set()
         return await _settled(pending)
 

@@ -891,3 +891,31 @@ async def test_an_answer_that_is_no_resolution_is_refused_naming_the_field(
         assert [g.gate_id for g in sup.gates.pending()] == [gate.gate_id]
         await sup.gates.resolve(gate.gate_id, GateResolution(decision="reject"))
         await finish(handle)
+
+
+async def test_a_gate_closed_before_a_gate_worker_took_it_crashes_no_worker() -> None:
+    # The run (or the attempt) that asked let go of the gate while its
+    # request still waited in the role's mailbox: whoever takes it finds
+    # nothing to wait for, which is no crash of the role.
+    from datetime import UTC, datetime
+
+    from replan.actors import ActorPool, HumanGate
+    from replan.supervisor._gates import GateRegistry
+
+    registry = GateRegistry()
+    request = GateRequest(
+        gate_id="r-g1", run_id="r", reason="send", created_at=datetime.now(UTC)
+    )
+    registry.open(request)
+    registry.close(request.gate_id, "the run ended before the gate was resolved")
+    pool: ActorPool[GateRequest, GateResolution] = ActorPool(
+        "human_gate", lambda: HumanGate(registry), workers=1, max_restarts=0
+    )
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.run)
+            answer = await pool.ask(request)
+            statistics = pool.statistics()
+            tg.cancel_scope.cancel()
+    assert (answer.decision, answer.by) == ("reject", "supervisor")
+    assert (statistics.restarts, statistics.stopped) == (0, False)
