@@ -16,6 +16,8 @@ from ._runtime import ActorPool as ActorPool
 from ._runtime import Envelope as Envelope
 from ._runtime import PoolStatistics as PoolStatistics
 from ._runtime import ReplySlot as ReplySlot
+from ._runtime import mark_request_failed as mark_request_failed
+from ._runtime import waiting_for_a_person as waiting_for_a_person
 
 __all__ = (
     "Actor",
@@ -32,4 +34,6 @@ __all__ = (
     "Reviewer",
     "TaskContext",
     "TaskRunner",
+    "mark_request_failed",
+    "waiting_for_a_person",
 )

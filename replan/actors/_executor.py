@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
 from pydantic import JsonValue
 
+from .._errors import ModelError
 from ..llm import Model, Tool
 from ..messages import (
     ExecuteReply,
@@ -18,7 +20,7 @@ from ..messages import (
 )
 from ..store import ToolEffectLedger
 from ._calls import call_model
-from ._runtime import ActorContext
+from ._runtime import ActorContext, mark_request_failed
 from ._tool_loop import Approver, ToolLoop
 
 
@@ -37,8 +39,11 @@ class TaskContext:
     metadata: dict[str, JsonValue] = field(default_factory=dict)
 
 
-TaskRunner = Callable[[Task, TaskContext], Awaitable[TaskOutcome]]
-"""``async fn(task, ctx) -> TaskOutcome``: runs tasks instead of the model."""
+TaskRunner = Callable[[Task, TaskContext], Awaitable[TaskOutcome] | TaskOutcome]
+"""``async fn(task, ctx) -> TaskOutcome``: runs tasks instead of the model.
+
+A plain function returning the outcome works too (it runs on the event
+loop: keep it quick)."""
 
 
 class Executor:
@@ -98,6 +103,23 @@ class Executor:
                 context=context.get("context", []),
                 metadata=context.get("metadata", {}),
             )
-            outcome = await self._task_runner(task, task_ctx)
+            try:
+                answer = self._task_runner(task, task_ctx)
+                # A plain function's outcome is taken as it is: awaiting it
+                # would fail the attempt after its work was done, and run
+                # it again.
+                outcome = await answer if inspect.isawaitable(answer) else answer
+                if not isinstance(outcome, TaskOutcome):
+                    raise TypeError(
+                        "the task function returned "
+                        f"{type(outcome).__name__}, not a TaskOutcome"
+                    )
+            except ModelError:
+                raise  # a model the function asked: reported as the model's
+            except Exception as exc:
+                # The user's function failed this attempt; the executor is
+                # sound and keeps serving.
+                mark_request_failed(exc)
+                raise
             return ExecuteReply(outcome=outcome)
         return await self._loop.run(request, ctx.run_id or "")

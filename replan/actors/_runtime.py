@@ -7,8 +7,9 @@ import itertools
 import logging
 import math
 from collections import deque
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -173,6 +174,56 @@ class PoolStatistics:
     """Senders blocked because the mailbox is full (backpressure)."""
     live: int = 0
     """Workers started so far: a pool grows to ``workers`` on demand."""
+    waiting_for_people: int = 0
+    """Workers whose handlers wait for a person (see
+    :func:`waiting_for_a_person`): the pool counts them out of its size."""
+
+
+_SERVING: ContextVar[ActorPool[Any, Any] | None] = ContextVar(
+    "replan_serving_pool", default=None
+)
+"""The pool whose worker runs the current task, if any."""
+_FAILED: ContextVar[BaseException | None] = ContextVar(
+    "replan_failed_request", default=None
+)
+"""The exception a handler marked with :func:`mark_request_failed`."""
+
+
+def mark_request_failed(exc: Exception) -> None:
+    """Mark ``exc``, about to leave a handler, as the failure of the code
+    the request ran (a user's task function), not of the actor.
+
+    The caller is answered with :class:`ActorCrashed` as for a crash, with
+    the exception's type and message, but the worker goes on serving and no
+    crash counts toward the role's restart intensity: a fresh actor would
+    run the same code, and a few failing tasks must not stop the role for
+    every run. The exception itself leaves the handler unchanged (its span
+    records it as it is).
+    """
+    _FAILED.set(exc)
+
+
+@contextmanager
+def waiting_for_a_person() -> Iterator[None]:
+    """Mark a handler's wait for a person: its worker stands aside meanwhile.
+
+    A pool's size bounds the work its role does at once, not how many
+    people it waits for: while the handler waits, the pool may start
+    another worker in this one's place, so requests queued behind it are
+    not held up by someone who answers tomorrow. When the wait ends the
+    handler goes on, and the pool retires the first worker that is free
+    while it has more than its size. Outside a pool's worker it does
+    nothing.
+    """
+    pool = _SERVING.get()
+    if pool is None:
+        yield
+        return
+    pool._stand_aside()
+    try:
+        yield
+    finally:
+        pool._step_back_in()
 
 
 def _waiting(slot: ReplySlot[Any]) -> bool:
@@ -272,7 +323,8 @@ class ActorPool(Generic[ReqT, RepT]):
     A handler that raises answers its caller with :class:`ActorCrashed` and
     the worker is replaced with a fresh actor from ``factory`` (a
     ``ModelError`` is answered the same way, with its ``model_failure``
-    report, but is not a crash: the worker goes on). Workers start on
+    report, and so is an exception marked by :func:`mark_request_failed`,
+    but neither is a crash: the worker goes on). Workers start on
     demand: one at first, another whenever a request arrives and no worker
     is free, up to ``workers``, so an idle role costs one task. More than
     ``max_restarts`` crashes within ``restart_period_s`` stop the role: every
@@ -326,6 +378,8 @@ class ActorPool(Generic[ReqT, RepT]):
         self._restarts = 0
         self._busy = 0
         self._live = 0
+        self._aside = 0
+        """Workers whose handlers wait for a person: not counted as live."""
         self._idle: deque[anyio.Event] = deque()
         """One event per worker waiting for work: a sender sets the first.
 
@@ -359,6 +413,7 @@ class ActorPool(Generic[ReqT, RepT]):
             stop_reason=self.stop_reason,
             senders_waiting=mailbox.tasks_waiting_send,
             live=self._live,
+            waiting_for_people=self._aside,
         )
 
     async def run(
@@ -394,9 +449,20 @@ class ActorPool(Generic[ReqT, RepT]):
         """Start one more worker, unless the pool is full or shutting down."""
         if self._task_group is None or self.stop_reason is not None:
             return
-        if self._live < self._workers:
+        if self._live - self._aside < self._workers:
             self._live += 1
             self._task_group.start_soon(self._worker, self._live - 1)
+
+    def _stand_aside(self) -> None:
+        """A handler waits for a person: a request queued meanwhile may
+        start another worker in its place."""
+        self._aside += 1
+        if self._receive.statistics().current_buffer_used:
+            self._wake_worker()
+
+    def _step_back_in(self) -> None:
+        """The wait is over: one worker too many retires once it is free."""
+        self._aside -= 1
 
     def stop(self, reason: str) -> None:
         """Stop taking requests; answer every queued one with ActorStopped."""
@@ -542,6 +608,7 @@ class ActorPool(Generic[ReqT, RepT]):
             raise
 
     async def _worker(self, index: int) -> None:
+        _SERVING.set(self)  # this task's own context: its handlers see it
         try:
             await self._work(index)
         finally:
@@ -603,6 +670,10 @@ class ActorPool(Generic[ReqT, RepT]):
         receive = self._receive
         role = self.role
         while not scope.cancel_called:
+            if self._live - self._aside > self._workers:
+                # A handler came back from waiting for a person while
+                # another worker served in its place: one retires.
+                return False
             envelope: Envelope[ReqT, RepT] | None = None
             try:
                 # Take queued work without an extra trip through the event
@@ -661,17 +732,21 @@ class ActorPool(Generic[ReqT, RepT]):
                     )
                 )
             except Exception as exc:
-                logger.exception("%s handler crashed", role)
-                slot.fail(
-                    ActorCrashed(
-                        ActorFailure(
-                            role=role,
-                            error_type=type(exc).__name__,
-                            message=str(exc),
-                        )
+                failure = ActorCrashed(
+                    ActorFailure(
+                        role=role,
+                        error_type=type(exc).__name__,
+                        message=str(exc),
                     )
                 )
-                return True
+                if _FAILED.get() is not exc:
+                    logger.exception("%s handler crashed", role)
+                    slot.fail(failure)
+                    return True
+                # The request's code failed, not the actor: no restart.
+                _FAILED.set(None)
+                logger.error("%s request failed", role, exc_info=exc)
+                slot.fail(failure)
             except BaseException as exc:
                 if not scope.cancel_called and await _stray_cancellation(exc):
                     # asyncio: the handler let out a CancelledError that no

@@ -48,6 +48,7 @@ from ..messages import (
 from ..store import ToolEffectLedger, ToolEffectRecord
 from ..telemetry import tool_call
 from ._calls import generate, wrong_answer
+from ._runtime import waiting_for_a_person
 
 logger = logging.getLogger("replan.actors")
 
@@ -183,7 +184,8 @@ class _Attempt:
         before = await self._recorded(task_id, call.name, arguments)
         if before is not None and before.content is not None:
             return self._reused(call, tool, before)
-        resolution = await loop.approver(run_id, task_id, call)
+        with waiting_for_a_person():
+            resolution = await loop.approver(run_id, task_id, call)
         if resolution.decision != "approve":
             note = f": {resolution.note}" if resolution.note else ""
             return failed(f"the call was not approved by {resolution.by}{note}")

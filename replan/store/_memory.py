@@ -7,6 +7,7 @@ from typing import Self
 
 import anyio
 
+from .._errors import ConfigurationError
 from ..messages import EVENT_ADAPTER, Event, RunCompacted, RunStatus, event_json
 from ._port import EffectRecord, JournalConflict, RunSummary, ToolEffectRecord
 
@@ -18,6 +19,8 @@ class MemoryStore:
     against this store also proves every event survives serialization. Once
     closed it refuses every call with ``anyio.ClosedResourceError``, as the
     SQLite store does, so that code written against it fails the same way.
+    Supervisors sharing it share its driver lease as they would a SQLite
+    journal's: one that resumes runs must have it to itself.
     """
 
     def __init__(self) -> None:
@@ -29,6 +32,8 @@ class MemoryStore:
         self._tool_effects: dict[str, dict[tuple[str, str], ToolEffectRecord]] = {}
         self._compacted: set[str] = set()
         self._closed = False
+        self._holders: dict[int, bool] = {}
+        """The supervisors serving on this store, by id: True if alone."""
 
     async def __aenter__(self) -> Self:
         return self
@@ -88,6 +93,33 @@ class MemoryStore:
 
     async def aclose(self) -> None:
         self._closed = True
+
+    # Driver lease -----------------------------------------------------------------
+
+    def hold_lease(self, holder: object, *, exclusive: bool) -> None:
+        """Hold the lease shared, or alone to take over runs (see
+        :class:`~replan.store.DriverLease`); only supervisors of this process
+        can share a store in memory.
+
+        Raises:
+            ConfigurationError: another supervisor holds it so that this one
+                cannot (field ``store``).
+        """
+        exclusive = exclusive or self._holders.get(id(holder), False)
+        others = [alone for key, alone in self._holders.items() if key != id(holder)]
+        if others and (exclusive or any(others)):
+            problem = (
+                "another supervisor drives runs in this MemoryStore: resuming "
+                "runs needs the journal to itself"
+                if exclusive
+                else "another supervisor is resuming runs in this MemoryStore "
+                "and needs the journal to itself"
+            )
+            raise ConfigurationError("store", problem)
+        self._holders[id(holder)] = exclusive
+
+    def release_lease(self, holder: object) -> None:
+        self._holders.pop(id(holder), None)
 
     # Effect ledger --------------------------------------------------------------
 

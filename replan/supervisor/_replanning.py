@@ -364,6 +364,10 @@ async def _propose(run: RunDriver, verdict: Verdict, problem: str = "") -> PlanP
         ),
         EvolveReply,
     )
+    if not evolved.proposal.achievable and proposals[best].achievable:
+        # Only the planner judges whether the goal can be reached: a
+        # refinement that gives up on it is none, and the winner stands.
+        return proposals[best]
     return evolved.proposal
 
 

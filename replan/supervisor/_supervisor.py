@@ -89,7 +89,11 @@ class Supervisor:
         model: the model every role asks (a ``ScriptedModel`` offline).
         store: the journal; in memory when omitted.
         task_runner: ``async fn(task, ctx) -> TaskOutcome`` to run tasks
-            instead of asking the model.
+            instead of asking the model (or a plain function returning the
+            outcome, which runs on the event loop). An exception it raises
+            fails that attempt as a crash (retried up to
+            ``max_task_attempts``); it never counts toward the executor
+            role's ``max_restarts``.
         workers: pool size per role (``planner``, ``executor``, ``reviewer``,
             ``ranker``, ``evolver``, ``human_gate``): the role's global
             concurrency across all runs, and so its model rate limit.
@@ -118,7 +122,8 @@ class Supervisor:
 
     Raises:
         ConfigurationError: an argument is invalid (names it, as in
-            ``workers.executor``), before anything runs.
+            ``workers.executor``; a store opened read-only is ``store``),
+            before anything runs.
     """
 
     def __init__(
@@ -150,6 +155,12 @@ class Supervisor:
                 "store",
                 "expected a journal store (MemoryStore, SQLiteStore(path), ...), "
                 f"got {type(store).__name__}",
+            )
+        if getattr(store, "read_only", False) is True:
+            raise ConfigurationError(
+                "store",
+                f"{store!r} is open read-only: a supervisor journals its runs "
+                "in a store it can write to",
             )
         if task_runner is not None and not callable(task_runner):
             raise ConfigurationError(
@@ -237,9 +248,16 @@ class Supervisor:
         self._hold_lease(exclusive=self._resume_on_start)
         async with AsyncExitStack() as stack:
             tg = await stack.enter_async_context(anyio.create_task_group())
-            await tg.start(self.serve)
-            self._exit_stack = stack.pop_all()
-        return self
+            try:
+                await tg.start(self.serve)
+            except Exception as exc:
+                # serve() ended before it served (resuming runs failed):
+                # raised as it was, not wrapped by this group on its way out.
+                failure = exc
+            else:
+                self._exit_stack = stack.pop_all()
+                return self
+        raise failure
 
     async def __aexit__(
         self,
@@ -278,6 +296,7 @@ class Supervisor:
             self._release_lease()
             raise
         self._roles = roles
+        failure: Exception | None = None
         try:
             with anyio.CancelScope() as scope:
                 self._serve_scope = scope
@@ -288,9 +307,16 @@ class Supervisor:
                     try:
                         self._telemetry.watch(roles.all())
                         if self._resume_on_start:
-                            await self._resume_on_serve()
-                        task_status.started()
-                        await anyio.sleep_forever()
+                            try:
+                                await self._resume_on_serve()
+                            except Exception as exc:
+                                # Kept out of the group, which would wrap it
+                                # in an ExceptionGroup: raised below as is.
+                                failure = exc
+                                tg.cancel_scope.cancel()
+                        if failure is None:
+                            task_status.started()
+                            await anyio.sleep_forever()
                     finally:
                         # Shutting down (stop(), or cancelled from outside):
                         # from here no run starts in the closing group.
@@ -306,6 +332,8 @@ class Supervisor:
             for record in self._records.values():
                 record.detach("the supervisor stopped before the run finished")
             self._release_lease()
+        if failure is not None:
+            raise failure
 
     def _serving(self) -> tuple[TaskGroup, Roles]:
         """The task group and pools to start a run with, while serving."""
@@ -513,7 +541,9 @@ class Supervisor:
         An explore run takes its journaled steps from the journal (no model
         call is made again for them) and waits again at a review gate left
         open, the same gate. A finished run gets a handle on its journaled
-        result.
+        result, and a run this supervisor drives the handle it has. A run it
+        let go of unfinished (its journal failed, say) is resumed like any
+        other, with a new handle.
 
         Taking over runs needs the journal to itself: with a store shared by
         processes (``SQLiteStore``), no other supervisor may be serving on
@@ -527,8 +557,10 @@ class Supervisor:
         """
         tg, roles = self._serving()
         known = self._records.get(run_id)
-        if known is not None and (run_id in self._drivers or known.done.is_set()):
+        if known is not None and (run_id in self._drivers or known.state.status.final):
             return self._handle(known)
+        # Otherwise unknown here, or let go of unfinished (its driver
+        # crashed, its journal failed): driven on from the journal.
         events = await self.store.read(run_id)
         if not events:
             raise UnknownRunError(run_id)

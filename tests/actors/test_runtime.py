@@ -14,7 +14,13 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from replan._errors import ActorCrashed, ActorStopped, ActorTimeout
-from replan.actors import Actor, ActorContext, ActorPool, ReplySlot
+from replan.actors import (
+    Actor,
+    ActorContext,
+    ActorPool,
+    ReplySlot,
+    waiting_for_a_person,
+)
 from replan.messages import ActorFailure
 
 
@@ -23,8 +29,9 @@ class Script:
     """What the test actors do, shared by every instance the factory makes.
 
     Requests are strings: ``echo:x`` answers ``x``; ``crash`` raises;
-    ``hold:name`` waits for ``release(name)``; ``forever`` waits until
-    cancelled. Every instance records what it saw so tests can assert on it.
+    ``hold:name`` waits for ``release(name)`` (``person:name`` too, as a
+    wait for a person); ``forever`` waits until cancelled. Every instance
+    records what it saw so tests can assert on it.
     """
 
     made: int = 0
@@ -72,6 +79,11 @@ class ScriptedActor:
                 raise ValueError(f"bad request {arg}")
             if verb == "hold":
                 await script.gates.setdefault(arg, anyio.Event()).wait()
+                return arg
+            if verb == "person":
+                with waiting_for_a_person():
+                    await script.gates.setdefault(arg, anyio.Event()).wait()
+                await anyio.lowlevel.checkpoint()
                 return arg
             if verb == "forever":
                 await anyio.sleep_forever()
@@ -573,6 +585,39 @@ async def test_workers_start_on_demand_up_to_the_pool_size() -> None:
         assert await pool.ask("echo:x") == "x"
         assert (pool.statistics().live, script.made) == (3, 3)
     assert outcomes == {f"hold:{name}": name for name in "abcde"}
+
+
+async def test_a_handler_waiting_for_a_person_holds_up_no_other_request() -> None:
+    script = Script()
+    pool = pool_of(script, workers=1, mailbox_size=8)
+    outcomes: dict[str, Outcome] = {}
+    async with running(pool) as tg:
+        await enqueue(tg, pool, "person:a", outcomes)
+        await enqueue(tg, pool, "person:b", outcomes)
+        await wait_all_tasks_blocked()
+        statistics = pool.statistics()
+        assert (statistics.waiting_for_people, statistics.live) == (2, 2)
+        # The next request starts a worker in their place, as if none waited.
+        assert await pool.ask("echo:x") == "x"
+        assert pool.statistics().live == 3
+        await enqueue(tg, pool, "hold:c", outcomes)
+        assert pool.statistics().busy == 3
+        script.release("a")
+        script.release("b")
+        await wait_all_tasks_blocked()
+        # Two workers too many while "c" still runs: the two free ones retire.
+        statistics = pool.statistics()
+        assert (statistics.waiting_for_people, statistics.live) == (0, 1)
+        script.release("c")
+        await wait_all_tasks_blocked()
+        assert await pool.ask("echo:y") == "y"
+        assert pool.statistics().live == 1
+    assert outcomes == {"person:a": "a", "person:b": "b", "hold:c": "c"}
+
+
+def test_waiting_for_a_person_outside_a_pool_does_nothing() -> None:
+    with waiting_for_a_person():
+        pass
 
 
 async def test_the_senders_trace_context_reaches_the_handler() -> None:

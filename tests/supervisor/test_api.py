@@ -337,6 +337,31 @@ async def test_an_error_in_the_async_with_body_comes_out_as_it_was_raised() -> N
         await handle.result()
 
 
+class Unlistable(DelegatingStore):
+    """A journal that cannot list its runs (a failing disk)."""
+
+    async def list_runs(self, **options: Any) -> list[RunSummary]:
+        raise OSError(5, "Input/output error")
+
+
+async def test_a_journal_failing_as_runs_resume_on_start_comes_out_as_raised() -> None:
+    # Not wrapped in one ExceptionGroup per task group it passed through.
+    model = ScriptedModel(answers())
+    store = Unlistable(MemoryStore())
+    with pytest.raises(OSError, match="Input/output error"):
+        async with Supervisor(model, store, resume=True):
+            pass
+    sup = Supervisor(model, store, resume=True)
+    async with anyio.create_task_group() as tg:
+        with pytest.raises(OSError, match="Input/output error"):
+            await tg.start(sup.serve)
+    assert all(pool.stopped for pool in sup.pool_statistics())
+    # Nothing was left holding the journal: another supervisor serves on it.
+    async with Supervisor(model, store) as other:
+        result = await finish(await other.submit(RunSpec(goal="g")))
+    assert result.status is RunStatus.COMPLETED
+
+
 async def test_a_stopped_supervisor_says_it_does_not_serve_again() -> None:
     sup = Supervisor(ScriptedModel(answers()))
     async with sup:
@@ -476,6 +501,21 @@ def test_a_supervisor_argument_of_the_wrong_kind_names_itself(
     with pytest.raises(ConfigurationError) as caught:
         Supervisor(**arguments)
     assert caught.value.field == field
+
+
+async def test_a_journal_opened_read_only_is_refused_as_a_supervisor_store(
+    tmp_path: Path,
+) -> None:
+    # Refused here, not as a PermissionError from the first submit().
+    path = tmp_path / "runs.db"
+    async with SQLiteStore(path):
+        pass
+    async with SQLiteStore(path, read_only=True) as store:
+        for resume in (False, True):
+            with pytest.raises(ConfigurationError) as caught:
+                Supervisor(ScriptedModel(answers()), store, resume=resume)
+            assert caught.value.field == "store"
+            assert "read-only" in caught.value.problem
 
 
 async def test_good_supervisor_arguments_reach_the_pools() -> None:

@@ -161,6 +161,28 @@ async def test_the_applied_version_is_the_evolvers_output_not_a_candidate() -> N
     assert alignment.context["proposed"] == EVOLVED
 
 
+async def test_an_evolver_giving_up_on_the_goal_leaves_the_winner_applied() -> None:
+    # Only the planner judges whether the goal can be reached: a refinement
+    # that says it cannot is no refinement, and aborts nothing.
+    model = scripted(one_is_best)
+    inner = model.generate
+
+    async def generate(request: ModelRequest) -> Any:
+        if request.role == "evolver":
+            answer = PlanProposal(tasks=[], rationale="hopeless", achievable=False)
+            return replan.ModelResponse(output=answer)
+        return await inner(request)
+
+    model.generate = generate  # type: ignore[method-assign]
+    result = await run(model, 3)
+
+    assert result.status is RunStatus.COMPLETED
+    assert [r.outcome for r in result.replans] == [ReplanOutcome.APPLIED]
+    version = result.versions[-1]
+    by_id = {t.id: t for t in result.tasks}
+    assert [by_id[i].key for i in version.added] == ["cand1"]
+
+
 # Four candidates: 0 beats 1; 1 beats 2; 2 beats 0 and 3; 3 beats 0 and 1.
 # Wins: [1, 1, 2, 2]: candidates 2 and 3 tie at the top.
 FOUR_WAY = {(0, 1), (1, 2), (2, 0), (2, 3), (3, 0), (3, 1)}

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
-from scripts import clean, independent, scripted, spec, task_of
+from scripts import (
+    clean,
+    emails_first,
+    independent,
+    scripted,
+    send_email,
+    spec,
+    task_of,
+)
 
 from replan import (
     MemoryStore,
     ModelRequest,
     RunStatus,
+    ScriptedModel,
     Supervisor,
     TaskDraft,
     TaskOutcome,
@@ -162,3 +172,42 @@ async def test_a_run_cancelled_while_an_execution_waits_for_mailbox_room_ends() 
             assert executor.busy == 0
     assert result.status is RunStatus.CANCELLED
     assert cancelled == ["t1"]  # the running one stopped; the others never ran
+
+
+async def gates_open(sup: Supervisor, count: int) -> None:
+    while True:
+        if len(sup.gates.pending()) >= count:
+            return
+        await anyio.sleep(0.005)
+
+
+async def test_tool_calls_waiting_for_a_person_hold_no_executor_worker() -> None:
+    # Two runs' attempts wait for approvals of their emails on the only
+    # executor worker there is; the other runs' tasks must not wait for
+    # those people too.
+    mailing = spec(independent(1)).model_copy(update={"goal": "email the team"})
+    others_model = scripted()
+
+    async def answer(request: ModelRequest) -> Any:
+        if request.context["goal"] == mailing.goal:
+            return emails_first(request)
+        return await others_model.generate(request)
+
+    workers = {"executor": 1}
+    model = ScriptedModel(answer)
+    async with Supervisor(model, tools=[send_email], workers=workers) as sup:
+        with anyio.fail_after(10):
+            waiting = [await sup.submit(mailing) for _ in range(2)]
+            await gates_open(sup, 2)
+            others = [await sup.submit(spec(independent(3))) for _ in range(2)]
+            for handle in others:
+                result = await handle.result()
+                assert [t.status for t in result.tasks] == [TaskStatus.COMPLETED] * 3
+            for gate in sup.gates.pending():
+                await sup.gates.resolve(gate.gate_id, {"decision": "approve"})
+            for handle in waiting:
+                assert (await handle.result()).status is RunStatus.COMPLETED
+            executor = next(p for p in sup.pool_statistics() if p.role == "executor")
+    # Back to its size once the people answered.
+    assert executor.live <= 1
+    assert executor.busy == 0

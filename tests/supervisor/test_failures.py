@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 from scripts import (
     SYNTHESIS,
@@ -18,8 +19,12 @@ from scripts import (
 )
 
 from replan import (
+    MemoryStore,
     ModelRequest,
     RunStatus,
+    Supervisor,
+    Task,
+    TaskContext,
     TaskDraft,
     TaskOutcome,
     TaskStatus,
@@ -245,3 +250,74 @@ async def test_a_report_that_cannot_be_read_fails_the_task_not_the_pool(
     failed = next(t for t in result.tasks if t.id == "t1")
     assert failed.result is not None
     assert "could not be read: unreadable" in (failed.result.reason or "")
+
+
+async def test_a_raising_task_function_fails_its_tasks_not_the_executor_role() -> None:
+    # The user's task function raising is that task's failure, retried as a
+    # crash; the executor itself is sound, so no number of such failures may
+    # stop the role and fail every other run of the supervisor with it.
+    async def run_task(task: Task, ctx: TaskContext) -> TaskOutcome:
+        if task.description == "call the flaky service":
+            raise ConnectionError("the service hung up")
+        return TaskOutcome(success=True, summary=f"{task.id} done")
+
+    flaky = [TaskDraft(key="s1", description="call the flaky service")]
+    async with Supervisor(
+        scripted(),
+        MemoryStore(),
+        task_runner=run_task,
+        max_restarts=1,
+        restart_period_s=60,
+    ) as sup:
+        with anyio.fail_after(10):
+            failing = [await sup.submit(spec(flaky)) for _ in range(3)]
+            results = [await handle.result() for handle in failing]
+            healthy = await (await sup.submit(spec(independent(2)))).result()
+        executor = next(p for p in sup.pool_statistics() if p.role == "executor")
+
+    for result in results:
+        task = result.tasks[0]
+        assert task.status is TaskStatus.FAILED
+        assert task.attempts == 2
+        assert task.result is not None
+        assert task.result.reason == (
+            "executor crashed: executor: ConnectionError: the service hung up"
+        )
+    assert healthy.status is RunStatus.COMPLETED
+    assert [t.status for t in healthy.tasks] == [TaskStatus.COMPLETED] * 2
+    assert not executor.stopped
+    assert executor.restarts == 0
+
+
+async def test_a_task_function_returning_no_outcome_fails_the_attempt_saying_so() -> (
+    None
+):
+    async def run_task(task: Task, ctx: TaskContext) -> Any:
+        return f"{task.id} done"
+
+    model = scripted()
+    done = await run_to_end(model, spec(independent(1)), task_runner=run_task)
+
+    task = done.task("t1")
+    assert task.status is TaskStatus.FAILED
+    assert task.attempts == 2
+    assert task.result is not None
+    assert task.result.reason == (
+        "executor crashed: executor: TypeError: the task function returned str, "
+        "not a TaskOutcome"
+    )
+
+
+async def test_a_plain_function_runs_tasks_as_an_async_one_does() -> None:
+    # Its result is taken as it is: not awaited, failed, and run again.
+    ran: list[str] = []
+
+    def run_task(task: Task, ctx: TaskContext) -> TaskOutcome:
+        ran.append(task.id)
+        return TaskOutcome(success=True, summary=f"{task.id} done")
+
+    done = await run_to_end(scripted(), spec(independent(2)), task_runner=run_task)
+
+    assert done.result.status is RunStatus.COMPLETED
+    assert sorted(ran) == ["t1", "t2"]
+    assert [t.attempts for t in done.result.tasks] == [1, 1]

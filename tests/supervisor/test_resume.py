@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -56,7 +56,7 @@ from replan.messages import (
     TaskStarted,
     ToolCall,
 )
-from replan.store import EffectRecord, SQLiteStore, Store
+from replan.store import EffectRecord, RunSummary, SQLiteStore, Store
 from replan.supervisor import apply, build_version, replay
 from replan.supervisor._run import summary_of
 
@@ -426,6 +426,42 @@ async def test_resuming_a_finished_run_gives_its_journaled_result() -> None:
                 await sup.resume("no-such-run")
 
 
+class BrokenOnce(DelegatingStore):
+    """A journal whose disk fails once, when the second task's end comes."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.failed = False
+
+    async def append(
+        self, run_id: str, events: Sequence[Event], summary: RunSummary
+    ) -> None:
+        ends = [e for e in events if isinstance(e, TaskFinished)]
+        if not self.failed and any(e.task_id == "t2" for e in ends):
+            self.failed = True
+            raise OSError(28, "No space left on device")
+        await self.inner.append(run_id, events, summary)
+
+
+async def test_a_run_whose_journal_failed_resumes_in_the_same_supervisor() -> None:
+    # The run stops unfinished when its journal fails; once the disk has
+    # room again, resume() drives it on, here as after a restart.
+    model = scripted()
+    with anyio.fail_after(10):
+        async with Supervisor(model, BrokenOnce(MemoryStore())) as sup:
+            handle = await sup.submit(spec(chain(3), milestone_every=100))
+            with pytest.raises(SupervisorError, match="driver crashed"):
+                await handle.result()
+            resumed = await sup.resume(handle.run_id)
+            result = await resumed.result()
+            assert sup.get(handle.run_id).status is RunStatus.COMPLETED
+            assert await sup.replay(handle.run_id) == result
+    assert result.status is RunStatus.COMPLETED
+    assert [t.status for t in result.tasks] == [TaskStatus.COMPLETED] * 3
+    # t2's attempt ran again: its end was never journaled.
+    assert executed_ids(model) == ["t1", "t2", "t2", "t3"]
+
+
 async def test_resume_all_picks_up_every_unfinished_run_and_leaves_finished_ones() -> (
     None
 ):
@@ -602,6 +638,32 @@ async def test_resume_all_skips_a_run_whose_journal_cannot_be_read(
     assert result.status is RunStatus.COMPLETED
     [record] = [r for r in caplog.records if "cannot be resumed" in r.message]
     assert damaged in record.message
+
+
+async def test_a_run_another_supervisor_drives_is_not_taken_over_in_memory() -> None:
+    # Supervisors sharing one MemoryStore (a test of resume(), say) follow
+    # the rule of a shared SQLite journal: no run is driven twice.
+    store = MemoryStore()
+    reached = anyio.Event()
+    first_model = scripted(execute=blocking_at("s2", reached))
+    with anyio.fail_after(10):
+        async with Supervisor(first_model, store) as first:
+            handle = await first.submit(spec(chain(3), milestone_every=100))
+            await reached.wait()
+            with pytest.raises(ConfigurationError, match="to itself") as caught:
+                async with Supervisor(scripted(), store, resume=True):
+                    pass
+            assert caught.value.field == "store"
+            async with Supervisor(scripted(), store) as sharing:
+                with pytest.raises(ConfigurationError, match="to itself"):
+                    await sharing.resume(handle.run_id)
+        # Once the first has stopped, the run is free to be taken over.
+        second = scripted()
+        async with Supervisor(second, store, resume=True) as sup:
+            result = await sup.get(handle.run_id).result()
+    assert result.status is RunStatus.COMPLETED
+    assert executed_ids(first_model) == ["t1", "t2"]
+    assert executed_ids(second) == ["t2", "t3"]
 
 
 async def test_a_run_another_supervisor_drives_is_not_taken_over(

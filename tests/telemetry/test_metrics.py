@@ -196,3 +196,7 @@ async def test_an_attempt_whose_executor_crashed_is_counted_and_traced_as_crashe
         (s.attributes or {}).get(n.TASK_OUTCOME, "none") for s in executors
     )
     assert outcomes == ["completed", "crashed"]
+    # The span records the runner's own exception.
+    (crashed,) = (s for s in executors if s.attributes[n.TASK_OUTCOME] == "crashed")
+    assert crashed.attributes is not None
+    assert crashed.attributes[n.ERROR_TYPE] == "RuntimeError"
