@@ -159,17 +159,30 @@ def answered_by(completion: Any, model: str) -> str:
 
 
 def _tool_calls(listed: list[Any]) -> list[ToolCall]:
+    """The answer's tool calls.
+
+    Some OpenAI-compatible servers leave a call's ``id`` out, or send its
+    arguments as a JSON object rather than as text: a call without an id
+    gets ``call_<index>`` (the results answer it by that id), and arguments
+    sent as an object are taken as the JSON text of that object.
+    """
     calls = []
-    for call in listed:
+    for index, call in enumerate(listed):
         function = getattr(call, "function", None)
         if function is None:
             continue
+        call_id = getattr(call, "id", None)
+        if call_id is None or call_id == "":
+            call_id = f"call_{index}"
+        arguments = getattr(function, "arguments", None)
+        if isinstance(arguments, dict):
+            arguments = json.dumps(arguments, ensure_ascii=False)
         calls.append(
             ToolCall.model_validate(
                 {
-                    "id": getattr(call, "id", None),
+                    "id": call_id,
                     "name": getattr(function, "name", None),
-                    "arguments": getattr(function, "arguments", None),
+                    "arguments": arguments,
                 }
             )
         )

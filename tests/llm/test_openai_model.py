@@ -802,3 +802,28 @@ async def test_a_call_made_during_a_short_retry_after_waits_before_sending() -> 
                     assert len(server.chat_requests()) == 1
         assert len(server.chat_requests()) == 3
     assert answers == [Verdict(decision="continue")] * 2
+
+
+async def test_tool_calls_without_ids_or_with_object_arguments_are_read() -> None:
+    # Some OpenAI-compatible servers leave a tool call's id out, or send its
+    # arguments as a JSON object instead of text.
+    answer = completion(tool_calls=[("x", "lookup", {"city": "Paris"})])
+    assert isinstance(answer.body, dict)
+    calls = answer.body["choices"][0]["message"]["tool_calls"]
+    calls.append(json.loads(json.dumps(calls[0])))
+    del calls[0]["id"]
+    calls[1]["id"] = ""
+    calls[1]["function"]["arguments"] = {"city": "Lyon"}
+
+    def lookup(city: str) -> str:
+        """Look up a city's population."""
+        return city
+
+    with chat_server() as server:
+        server.reply(answer)
+        async with fast(server.base_url) as model:
+            response = await model.generate(execute_request(tools=[Tool(lookup).spec]))
+    assert response.tool_calls == [
+        ToolCall(id="call_0", name="lookup", arguments='{"city": "Paris"}'),
+        ToolCall(id="call_1", name="lookup", arguments='{"city": "Lyon"}'),
+    ]
