@@ -144,7 +144,25 @@ class RunSpec(Settings):
             raise ConfigurationError(
                 "tasks", "explore runs generate hypotheses, not a task list"
             )
+        if self.kind == "plan":
+            # Settings only an explore run reads, given to a plan run, would
+            # be ignored without a word; the defaults (as a journaled spec
+            # carries them) are fine.
+            for field, default in (
+                ("explore", _DEFAULT_EXPLORE),
+                ("safety_policy", _DEFAULT_SAFETY),
+            ):
+                if getattr(self, field) != default:
+                    raise ConfigurationError(
+                        field,
+                        "only explore runs use it: set kind='explore', "
+                        "or leave it out of a plan run",
+                    )
         return self
+
+
+_DEFAULT_EXPLORE = ExploreSettings()
+_DEFAULT_SAFETY = SafetyPolicy()
 
 
 def check_drafts(drafts: list[TaskDraft], known: frozenset[str]) -> None:

@@ -315,3 +315,25 @@ def test_metadata_that_is_no_json_is_refused_naming_its_path(
         RunSpec(goal="g", metadata=metadata)
     assert caught.value.field == field
     assert problem in caught.value.problem
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"explore": {"temperature": 0.3}}, "explore"),
+        ({"safety_policy": {"blocked_terms": ["bioweapon"]}}, "safety_policy"),
+    ],
+)
+def test_explore_settings_given_to_a_plan_run_are_refused_naming_them(
+    settings: dict[str, Any], field: str
+) -> None:
+    # A plan run reads neither: taken, they would be ignored without a word.
+    with pytest.raises(ConfigurationError) as caught:
+        RunSpec.model_validate({"goal": "g", **settings})
+    assert caught.value.field == field
+    assert "kind='explore'" in caught.value.problem
+    explore = RunSpec.model_validate({"goal": "g", "kind": "explore", **settings})
+    assert explore.kind == "explore"
+    # A plan run's spec as the journal keeps it (defaults spelt out) reads back.
+    plan = RunSpec(goal="g")
+    assert RunSpec.model_validate_json(plan.model_dump_json()) == plan

@@ -685,7 +685,7 @@ def test_a_boolean_is_no_number_in_a_map_of_numbers() -> None:
         ({"goal": "g", "metadata": {"\udc00": 1}}, "metadata"),
         ({"goal": "g", "metadata": {"a": [1, {"b": "\ud800"}]}}, "metadata.a.1.b"),
         (
-            {"goal": "g", "explore": {"constraints": ["\udfff"]}},
+            {"goal": "g", "kind": "explore", "explore": {"constraints": ["\udfff"]}},
             "explore.constraints.0",
         ),
     ],
