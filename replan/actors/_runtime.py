@@ -164,6 +164,8 @@ class PoolStatistics:
     workers: int
     """The most requests the role handles at once (the pool's size)."""
     busy: int
+    """Workers handling a request, not counting those whose handlers wait
+    for a person (``waiting_for_people``): at most ``workers``."""
     mailbox_depth: int
     """Requests waiting in the mailbox."""
     mailbox_size: int
@@ -405,7 +407,7 @@ class ActorPool(Generic[ReqT, RepT]):
         return PoolStatistics(
             role=self.role,
             workers=self._workers,
-            busy=self._busy,
+            busy=self._busy - self._aside,
             mailbox_depth=mailbox.current_buffer_used,
             mailbox_size=self._mailbox_size,
             restarts=self._restarts,

@@ -56,7 +56,18 @@ def render_metrics(daemon: Daemon) -> str:
     stats = sup.pool_statistics() if sup is not None else []
     for name, kind, help_text, value in (
         ("replan_actor_workers", "gauge", "Workers per actor role.", "workers"),
-        ("replan_actor_busy", "gauge", "Workers handling a request.", "busy"),
+        (
+            "replan_actor_busy",
+            "gauge",
+            "Workers handling a request, those waiting for a person aside.",
+            "busy",
+        ),
+        (
+            "replan_actor_waiting_for_people",
+            "gauge",
+            "Workers whose request waits for a person (a tool call's approval).",
+            "waiting_for_people",
+        ),
         (
             "replan_actor_mailbox_depth",
             "gauge",

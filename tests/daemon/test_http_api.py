@@ -394,6 +394,7 @@ def test_openapi_and_metrics_are_published(daemon: DaemonProcess) -> None:
     assert "replan_runs_submitted_total 1" in lines
     assert 'replan_actor_workers{role="executor"} 32' in lines
     assert "# TYPE replan_actor_mailbox_depth gauge" in lines
+    assert 'replan_actor_waiting_for_people{role="executor"} 0' in lines
     assert "replan_ready 1" in lines
 
 
