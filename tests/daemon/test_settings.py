@@ -37,6 +37,8 @@ def test_flags_then_environment_then_the_toml_file(
         ({"workers": {"painter": 2}}, "workers"),
         ({"retention": "shred"}, "retention"),
         ({"drain_grace_s": -1}, "drain_grace_s"),
+        # Longer, and `replan watch` would take the silence for a dead stream.
+        ({"heartbeat_s": 31}, "heartbeat_s"),
     ],
 )
 def test_bad_settings_name_the_field(flags: dict[str, object], field: str) -> None:
