@@ -220,6 +220,18 @@ def test_a_prefix_is_looked_up_over_every_page_of_runs() -> None:
     assert _remote._find_run(pages, "a1") == ("a1", {"run_id": "a1"})  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(("limit", "pages"), [(5, 2), (7, 3), (100, 3), (1, 1)])
+def test_runs_lists_as_many_runs_as_its_limit_over_every_page(
+    limit: int, pages: int
+) -> None:
+    daemon = _Pages(["a1", "b2", "c3", "d4", "e5", "ab6", "f7"])
+
+    listed = _remote._newest_runs(daemon, limit)  # type: ignore[arg-type]
+
+    assert [r["run_id"] for r in listed] == daemon.run_ids[:limit]
+    assert daemon.pages == pages
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
