@@ -14,6 +14,7 @@ from daemon_process import DaemonProcess, wait_for
 from replan import _client, _remote
 from replan._client import Backoff, ClientError
 from replan._demo import GOAL
+from replan._demo_explore import explore_demo_spec
 from replan.cli import main
 
 
@@ -117,6 +118,29 @@ def test_the_gate_id_show_prints_is_the_one_approve_takes(
     watched = capsys.readouterr().out
     assert f"gate {run_ids[1]}-g1 opened" in watched
     assert f"gate {run_ids[1]}-g1 resolved: approve by gina" in watched
+
+
+def test_show_lists_the_hypotheses_an_explore_review_gate_asks_about(
+    remote: DaemonProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "explore.json"
+    spec.write_text(explore_demo_spec().model_dump_json(exclude_defaults=True))
+    assert main(["submit", str(spec)]) == 0
+    run_id = capsys.readouterr().out.strip()
+    with remote.client() as client:
+        (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+
+    # The person asked to approve the selection from another terminal sees it.
+    assert main(["show", run_id]) == 0
+    shown = capsys.readouterr().out
+    assert f"gate {gate['gate_id']} opened: waiting for a decision" in shown
+    assert "    selection under review:" in shown
+    for hypothesis in gate["hypotheses"]:
+        first_words = " ".join(hypothesis["statement"].split()[:4])
+        assert f"    {hypothesis['id']:<5}{first_words}" in shown
+    # An explore run has no tasks nor plan versions to list.
+    assert "\ntasks\n" not in shown
+    assert "plan versions" not in shown
 
 
 @pytest.mark.parametrize("stop", ["drain", "crash"])
