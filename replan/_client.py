@@ -107,6 +107,7 @@ class Client:
             raise ClientError(f"{url!r} is not an http:// or https:// URL", code=2)
         self.url = url
         self.backoff = backoff or DEFAULT_BACKOFF
+        self._timeout_s = timeout_s
         self._silence_s = stream_silence_s
         self._stream_timeout = httpx.Timeout(timeout_s, read=stream_silence_s)
 
@@ -134,6 +135,12 @@ class Client:
             response = self._http.request(method, path, **kwargs)
         except httpx.InvalidURL as exc:
             raise ClientError(f"not a valid URL: {self._scrub(exc)}", code=2) from None
+        except httpx.ReadTimeout:
+            # Reached, and busy or frozen: not "cannot reach".
+            raise ClientError(
+                f"{self.url} took the request but did not answer "
+                f"in {self._timeout_s:g} s"
+            ) from None
         except httpx.HTTPError as exc:
             raise ClientError(f"cannot reach {self.url}: {self._scrub(exc)}") from None
         self._checked(response)

@@ -107,6 +107,19 @@ def test_a_refused_connection_is_retried_with_backoff() -> None:
     assert waited == [0.5, 1, 2, 4, 8, 10, 10, 10, 10, 4.5]
 
 
+def test_a_daemon_that_takes_the_request_and_never_answers_is_named_so() -> None:
+    # A frozen daemon: the kernel accepts the connection, nothing answers.
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        with (
+            Client(url, "t" * 20, timeout_s=0.2) as client,
+            pytest.raises(ClientError) as failure,
+        ):
+            client.call("POST", "/v1/runs/r1/cancel")
+    assert str(failure.value) == f"{url} took the request but did not answer in 0.2 s"
+    assert failure.value.status is None
+
+
 @pytest.fixture
 def silent_after_one_event() -> Iterator[tuple[str, list[bytes]]]:
     """A server that answers a stream with one event (the first time; after
