@@ -212,6 +212,18 @@ def test_client_errors_are_one_line(
     assert len(err.strip().splitlines()) == 1
 
 
+def test_a_demo_into_the_journal_a_daemon_serves_is_refused_in_one_line(
+    daemon: DaemonProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    journal = daemon.data_dir / "journal.db"
+    assert main(["demo", "--yes", "--db", str(journal)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"replan: error: store: another supervisor is resuming runs in {journal} "
+        "and needs the journal to itself\n"
+    )
+
+
 class _Pages:
     """A daemon's run listing, three runs to a page (what the API answers)."""
 
