@@ -63,6 +63,12 @@ DEFAULT_BACKOFF = Backoff()
 _RETRIED = (502, 503, 504)
 """Answers of a daemon (or a proxy before it) that is restarting or draining."""
 
+STREAM_SILENCE_S = 60.0
+"""How long an event stream may stay silent before it counts as dropped: a
+live daemon sends an event or a keep-alive at least every ``heartbeat_s``
+(15 s by default, 30 s at most), so a longer silence is a connection that
+died without closing (a frozen daemon, a NAT or proxy that forgot it)."""
+
 
 class Client:
     """The daemon at ``url``, with the bearer token ``token``."""
@@ -74,6 +80,7 @@ class Client:
         timeout_s: float = 30,
         *,
         backoff: Backoff | None = None,
+        stream_silence_s: float = STREAM_SILENCE_S,
     ) -> None:
         try:
             import httpx
@@ -100,6 +107,9 @@ class Client:
             raise ClientError(f"{url!r} is not an http:// or https:// URL", code=2)
         self.url = url
         self.backoff = backoff or DEFAULT_BACKOFF
+        self._timeout_s = timeout_s
+        self._silence_s = stream_silence_s
+        self._stream_timeout = httpx.Timeout(timeout_s, read=stream_silence_s)
 
     @classmethod
     def from_env(cls, url: str | None) -> Client:
@@ -125,6 +135,12 @@ class Client:
             response = self._http.request(method, path, **kwargs)
         except httpx.InvalidURL as exc:
             raise ClientError(f"not a valid URL: {self._scrub(exc)}", code=2) from None
+        except httpx.ReadTimeout:
+            # Reached, and busy or frozen: not "cannot reach".
+            raise ClientError(
+                f"{self.url} took the request but did not answer "
+                f"in {self._timeout_s:g} s"
+            ) from None
         except httpx.HTTPError as exc:
             raise ClientError(f"cannot reach {self.url}: {self._scrub(exc)}") from None
         self._checked(response)
@@ -139,10 +155,11 @@ class Client:
         """The run's events after ``after``, up to its ``run_finished`` (or
         ``run_compacted``) event, or to ``until`` if given.
 
-        A dropped connection, a refused one, or a stream that ends before
-        the run (a daemon draining for a restart) is resumed from the last
-        event seen (``Last-Event-ID``), waiting as :attr:`backoff` says; a
-        ClientError once it gives up.
+        A dropped connection, a refused one, one silent for longer than
+        ``stream_silence_s`` (no event, no keep-alive), or a stream that ends
+        before the run (a daemon draining for a restart) is resumed from the
+        last event seen (``Last-Event-ID``), waiting as :attr:`backoff` says;
+        a ClientError once it gives up.
         """
         import httpx
 
@@ -157,7 +174,7 @@ class Client:
                     "GET",
                     f"/v1/runs/{segment(run_id)}/events",
                     headers=headers,
-                    timeout=None,
+                    timeout=self._stream_timeout,
                 ) as response:
                     self._checked(response)
                     kind = response.headers.get("content-type", "")
@@ -172,6 +189,11 @@ class Client:
                         if until is not None and last >= until:
                             return
                 problem = "the event stream ended before the run did"
+            except httpx.ReadTimeout:
+                problem = (
+                    "lost the event stream: the daemon sent nothing "
+                    f"for {self._silence_s:g} s"
+                )
             except (httpx.TransportError, httpx.DecodingError) as exc:
                 problem = f"lost the event stream: {self._scrub(exc)}"
             except ClientError as exc:

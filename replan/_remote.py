@@ -219,11 +219,9 @@ def list_runs(args: argparse.Namespace) -> int:
     """``replan runs --url``: one line per run, newest first."""
     with _daemon_answers():
         with Client.from_env(args.url) as client:
-            page = client.call(
-                "GET", "/v1/runs", params={"limit": min(args.limit, 1000)}
-            )
+            runs = _newest_runs(client, args.limit)
         lines = []
-        for s in page["runs"]:
+        for s in runs:
             goal = " ".join(s["goal"].split())
             if len(goal) > 60:
                 goal = goal[:59] + "…"
@@ -234,6 +232,25 @@ def list_runs(args: argparse.Namespace) -> int:
     if not lines:
         print("no runs", file=sys.stderr)
     return 0
+
+
+PAGE = 1000
+"""The most runs the API lists in one page."""
+
+
+def _newest_runs(client: Client, limit: int) -> list[Any]:
+    """The daemon's ``limit`` newest runs, over as many pages as it takes."""
+    runs: list[Any] = []
+    offset: int | None = 0
+    while offset is not None and len(runs) < limit:
+        page = client.call(
+            "GET",
+            "/v1/runs",
+            params={"limit": min(limit - len(runs), PAGE), "offset": offset},
+        )
+        runs += page["runs"][: limit - len(runs)]
+        offset = page["next_offset"]
+    return runs
 
 
 def show(args: argparse.Namespace) -> int:
@@ -266,7 +283,7 @@ def _find_run(client: Client, run_id: str) -> tuple[str, Any]:
     matches: list[str] = []
     offset: int | None = 0
     while offset is not None:
-        page = client.call("GET", "/v1/runs", params={"limit": 1000, "offset": offset})
+        page = client.call("GET", "/v1/runs", params={"limit": PAGE, "offset": offset})
         matches += [r["run_id"] for r in page["runs"] if r["run_id"].startswith(run_id)]
         offset = page["next_offset"]
     if len(matches) == 1:

@@ -159,6 +159,11 @@ def gate_lines(
     if request.proposal is not None:
         lines.append(f"{indent}    proposed change:")
         lines.extend(version_lines(request.proposal, indent + "    "))
+    if request.hypotheses is not None:
+        # What an explore review asks a person to approve.
+        lines.append(f"{indent}    selection under review:")
+        for h in request.hypotheses:
+            lines.extend(wrap(h.statement, indent + "    ", hang=f"{h.id:<5}"))
     return lines
 
 
@@ -309,9 +314,11 @@ def run_report(
     ]
     if result.stop_reason:
         lines.append(f"stopped  {result.stop_reason}")
-    lines += ["", "tasks"]
-    for task in result.tasks:
-        lines.extend(task_lines(task, "  ", status=True))
+    explore = state.spec.kind == "explore"
+    if not explore:  # an explore run has hypotheses, not tasks
+        lines += ["", "tasks"]
+        for task in result.tasks:
+            lines.extend(task_lines(task, "  ", status=True))
     for info in state.open_gates:
         lines += ["", *gate_lines(info.request, "", full_id=True)]
     effects = list(side_effects)
@@ -322,6 +329,8 @@ def run_report(
         from ._render_explore import brief_lines
 
         return [*lines, *brief_lines(result.brief)]
+    if explore:  # no brief yet, nor plan versions to show
+        return [*lines, "usage by role", *usage_lines(result.usage)]
     lines.extend(outcome_lines(state))
     return lines
 

@@ -160,6 +160,10 @@ def _failed(exc: BaseException) -> int:
             message, code = str(first), first.code
         case _remote.RemoteError():
             message, code = str(first), first.code
+        case ConfigurationError():
+            # A setting the command was given that cannot be used, named (a
+            # --db journal another supervisor holds to itself, a bad limit).
+            message, code = str(first), 2
         case JournalCorrupt():
             message = str(first)
         case sqlite3.Error():

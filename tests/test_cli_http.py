@@ -107,6 +107,84 @@ def test_a_refused_connection_is_retried_with_backoff() -> None:
     assert waited == [0.5, 1, 2, 4, 8, 10, 10, 10, 10, 4.5]
 
 
+def test_a_daemon_that_takes_the_request_and_never_answers_is_named_so() -> None:
+    # A frozen daemon: the kernel accepts the connection, nothing answers.
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        with (
+            Client(url, "t" * 20, timeout_s=0.2) as client,
+            pytest.raises(ClientError) as failure,
+        ):
+            client.call("POST", "/v1/runs/r1/cancel")
+    assert str(failure.value) == f"{url} took the request but did not answer in 0.2 s"
+    assert failure.value.status is None
+
+
+@pytest.fixture
+def silent_after_one_event() -> Iterator[tuple[str, list[bytes]]]:
+    """A server that answers a stream with one event (the first time; after
+    it, nothing), then says nothing more and keeps the connection open (a
+    frozen daemon, a connection a NAT forgot); its URL, and the requests it
+    got."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    requests: list[bytes] = []
+
+    def answer() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)
+            requests.append(conn.recv(65536))
+            head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"
+            if len(requests) == 1:
+                head += (
+                    b'id: 1\nevent: run_submitted\ndata: {"kind": "run_submitted", '
+                    b'"run_id": "r1", "seq": 1, "at": "2026-01-01T00:00:00Z", '
+                    b'"spec": {"goal": "g"}}\n\n'
+                )
+            conn.sendall(head)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}", requests
+    listener.shutdown(socket.SHUT_RDWR)  # wakes the accept()
+    listener.close()
+    for conn in held:
+        conn.close()
+    thread.join(5)
+
+
+def test_a_stream_that_goes_silent_is_taken_for_dropped_and_resumed(
+    silent_after_one_event: tuple[str, list[bytes]],
+) -> None:
+    url, requests = silent_after_one_event
+    waited: list[float] = []
+    backoff = Backoff(first_s=0.1, max_s=0.1, total_s=0.2, sleep=waited.append)
+    seen: list[int] = []
+
+    with (
+        Client(url, "t" * 20, backoff=backoff, stream_silence_s=0.2) as client,
+        pytest.raises(ClientError) as failure,
+    ):
+        seen.extend(event.seq for event in client.events("r1"))
+
+    assert str(failure.value) == (
+        "lost the event stream: the daemon sent nothing for 0.2 s "
+        "(gave up after 0.2 s of retries)"
+    )
+    # Each reconnection resumed after the one event seen.
+    assert seen == [1]
+    assert waited == [0.1, 0.1]
+    assert [b"last-event-id: 1" in r.lower() for r in requests] == [
+        False,
+        True,
+        True,
+    ]
+
+
 @pytest.mark.parametrize(
     ("status", "kind", "body"),
     [

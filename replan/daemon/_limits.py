@@ -5,6 +5,7 @@ them."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
 from typing import Any
 from urllib.parse import unquote_plus
@@ -109,3 +110,29 @@ class KnownQuery:
     def _known(self, part: bytes) -> bool:
         name = part.split(b"=", 1)[0].decode("latin-1")
         return unquote_plus(name) in self.names
+
+
+class KnownQueryInAccessLog(logging.Filter):
+    """The access log's request line with the query :class:`KnownQuery`
+    passes on: the server logs the request as it came, before the app (and
+    its filter) sees it, which would write a token pasted into a URL into
+    the log."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        super().__init__()
+        self.names = frozenset(names)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # uvicorn logs '%s - "%s %s HTTP/%s" %d': client, method, the path
+        # with its query string, version, status.
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            path, sep, query = args[2].partition("?")
+            if sep:
+                kept = [p for p in query.split("&") if self._known(p)]
+                shown = f"{path}?{'&'.join(kept)}" if kept else path
+                record.args = (*args[:2], shown, *args[3:])
+        return True
+
+    def _known(self, part: str) -> bool:
+        return unquote_plus(part.split("=", 1)[0]) in self.names

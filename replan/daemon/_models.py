@@ -38,11 +38,22 @@ def build_model(settings: DaemonSettings) -> Model:
             if not rest:
                 raise ConfigurationError("model", "use openai:<model name>")
             # Key and endpoint from OPENAI_API_KEY / OPENAI_BASE_URL.
-            return OpenAIModel(
-                rest,
-                provider_name=settings.model_provider,
-                max_prompt_chars=settings.model_max_prompt_chars or None,
-            )
+            try:
+                return OpenAIModel(
+                    rest,
+                    provider_name=settings.model_provider,
+                    max_prompt_chars=settings.model_max_prompt_chars or None,
+                )
+            except ConfigurationError as exc:
+                if exc.field != "api_key":
+                    raise
+                # The adapter's advice names `replan run --base-url`, an
+                # option serve does not have.
+                raise ConfigurationError(
+                    "api_key",
+                    "no API key: set OPENAI_API_KEY, or OPENAI_BASE_URL for a "
+                    "local server",
+                ) from None
     raise ConfigurationError(
         "model",
         f"unknown model {settings.model!r}; use scripted:demo, "

@@ -27,7 +27,7 @@ from anyio.abc import TaskStatus
 
 from ..telemetry import setup_if_asked
 from ._app import QUERY_PARAMETERS, create_app
-from ._limits import KnownQuery
+from ._limits import KnownQuery, KnownQueryInAccessLog
 from ._listen import listen
 from ._lock import data_dir_lock
 from ._models import build_model, build_tools
@@ -138,6 +138,10 @@ def uvicorn_server(daemon: Daemon) -> uvicorn.Server:
         lifespan="on",
         timeout_graceful_shutdown=max(1, int(settings.drain_grace_s)),
     )
+    # After the config, which sets up uvicorn's loggers.
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, KnownQueryInAccessLog) for f in access.filters):
+        access.addFilter(KnownQueryInAccessLog(QUERY_PARAMETERS))
     return _Server(config)
 
 

@@ -84,8 +84,9 @@ class DaemonSettings(BaseSettings):
     a submission past it gets 429 and should be retried later."""
     drain_grace_s: float = Field(default=10.0, ge=0.0, le=3600.0)
     """On SIGTERM: how long model calls in flight may take to finish."""
-    heartbeat_s: float = Field(default=15.0, gt=0.0, le=3600.0)
-    """Seconds between keep-alive comments on an idle event stream."""
+    heartbeat_s: float = Field(default=15.0, gt=0.0, le=30.0)
+    """Seconds between keep-alive comments on an idle event stream (at most
+    30: ``replan watch`` takes a minute's silence for a dead connection)."""
     retention: Literal["compact", "delete", "off"] = "compact"
     """What happens to finished runs older than ``retention_age_s``."""
     retention_age_s: float = Field(default=7 * 86_400.0, ge=0.0)

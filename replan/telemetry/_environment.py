@@ -12,6 +12,7 @@ import math
 import os
 import re
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from .._errors import ConfigurationError
 
@@ -126,8 +127,11 @@ def _check_span_batches(env: Environ) -> None:
 
 
 def _check_otlp_exporter(env: Environ, signal: str) -> None:
-    """The timeouts and compressions an OTLP exporter of ``signal`` reads."""
+    """The endpoint, timeouts and compressions an OTLP exporter of ``signal``
+    reads."""
     grpc = protocol(env, signal) == "grpc"
+    if not grpc:  # gRPC also takes a bare host:port
+        _check_http_endpoint(env, signal)
     for scope in (f"{signal}_", ""):
         # An infinite timeout would fail every export in the HTTP client.
         timeout = f"OTEL_EXPORTER_OTLP_{scope}TIMEOUT"
@@ -140,6 +144,37 @@ def _check_otlp_exporter(env: Environ, signal: str) -> None:
             _one_of(variable, value.strip().lower(), ("gzip",))
         elif value:  # HTTP reads an empty value as unset
             _one_of(variable, value.strip().lower(), ("none", "deflate", "gzip"))
+
+
+def _check_http_endpoint(env: Environ, signal: str) -> None:
+    """The endpoint an OTLP/HTTP exporter of ``signal`` sends to: its own
+    variable if set, else the common one. Else each export would fail with
+    a logged error, for as long as the process runs."""
+    for variable in (
+        f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+    ):
+        value = env.get(variable)
+        if value is None:
+            continue
+        try:
+            parts = urlsplit(value)
+            usable = (
+                parts.scheme in ("http", "https")
+                and bool(parts.hostname)
+                and not any(c.isspace() for c in value)
+            )
+            parts.port  # noqa: B018 (raises for a port out of range)
+        except ValueError:
+            usable = False
+        if not usable:
+            shown = re.sub(r"//[^/@]*@", "//***@", value)
+            raise ConfigurationError(
+                variable,
+                f"{shown!r} is not an http:// or https:// URL with a host, "
+                "as OTLP over HTTP needs (e.g. http://localhost:4318)",
+            )
+        return
 
 
 def _number(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
+from collections import Counter
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -93,32 +95,70 @@ class Telemetry:
             unit="s",
             description="How long human gates waited for an answer",
         )
-        self._mailboxes: list[_Mailbox] = []
-        self._lock = threading.Lock()
-        meter.create_observable_gauge(
-            n.METRIC_MAILBOX_DEPTH,
-            callbacks=[self._observe_mailboxes],
-            unit="{request}",
-            description="Requests waiting in each role's mailbox",
+        self._mailboxes = _mailbox_gauge(
+            meter_provider or metrics.get_meter_provider(), meter
         )
 
     def watch(self, pools: Iterable[_Mailbox]) -> None:
         """Report the mailbox depth of ``pools`` until :meth:`unwatch`."""
-        with self._lock:
-            self._mailboxes = list(pools)
+        self._mailboxes.watch(self, pools)
 
     def unwatch(self) -> None:
-        with self._lock:
-            self._mailboxes = []
+        self._mailboxes.unwatch(self)
 
-    def _observe_mailboxes(self, options: CallbackOptions) -> Iterable[Observation]:
+
+class _MailboxGauge:
+    """The mailbox depth gauge of one meter provider, for every supervisor
+    that records with it.
+
+    A meter makes an instrument once per name: a second gauge of the same
+    name would be the first one, with the first one's callback alone, and
+    a later supervisor's mailboxes would never be reported. So there is one
+    gauge (and one callback) per provider; it sums the depths of each role
+    over the supervisors watched at the moment.
+    """
+
+    def __init__(self, meter: metrics.Meter) -> None:
+        self._lock = threading.Lock()
+        self._watched: dict[int, list[_Mailbox]] = {}
+        meter.create_observable_gauge(
+            n.METRIC_MAILBOX_DEPTH,
+            callbacks=[self._observe],
+            unit="{request}",
+            description="Requests waiting in each role's mailbox",
+        )
+
+    def watch(self, owner: object, pools: Iterable[_Mailbox]) -> None:
+        with self._lock:
+            self._watched[id(owner)] = list(pools)
+
+    def unwatch(self, owner: object) -> None:
+        with self._lock:
+            self._watched.pop(id(owner), None)
+
+    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
         # Collection runs on the SDK's reader thread: read a snapshot only.
         with self._lock:
-            pools = list(self._mailboxes)
+            pools = [pool for watched in self._watched.values() for pool in watched]
+        depths: Counter[str] = Counter()
+        for pool in pools:
+            depths[pool.role] += pool.statistics().mailbox_depth
         return [
-            Observation(pool.statistics().mailbox_depth, {n.ACTOR_ROLE: pool.role})
-            for pool in pools
+            Observation(depth, {n.ACTOR_ROLE: role}) for role, depth in depths.items()
         ]
+
+
+_GAUGES: weakref.WeakKeyDictionary[object, _MailboxGauge] = weakref.WeakKeyDictionary()
+_GAUGES_LOCK = threading.Lock()
+
+
+def _mailbox_gauge(provider: object, meter: metrics.Meter) -> _MailboxGauge:
+    """The mailbox gauge of ``provider``, made with ``meter`` the first time."""
+    with _GAUGES_LOCK:
+        gauge = _GAUGES.get(provider)
+        if gauge is None:
+            gauge = _GAUGES[provider] = _MailboxGauge(meter)
+        return gauge
 
 
 def truncate(text: str, limit: int = CONTENT_LIMIT) -> str:

@@ -145,6 +145,17 @@ def setup(
         ConfigurationError: a variable has a value this function cannot use,
             or OTLP is asked for without the ``replan[otel]`` extra.
     """
+    return _configure(
+        set_global=set_global,
+        defaults=(default_exporter, default_exporter),
+        console=console,
+    )
+
+
+def _configure(
+    *, set_global: bool, defaults: tuple[str, str], console: TextIO | None
+) -> TelemetrySetup:
+    """:func:`setup`, with a default exporter for traces and one for metrics."""
     env = os.environ
     # Runs propagate their context through the API, configured or not:
     # checked even with the SDK disabled.
@@ -154,8 +165,8 @@ def setup(
     if set_global and _providers_already_set():
         return TelemetrySetup(configured=False)
 
-    traces = _exporter_names(env, "OTEL_TRACES_EXPORTER", default_exporter)
-    metric_names = _exporter_names(env, "OTEL_METRICS_EXPORTER", default_exporter)
+    traces = _exporter_names(env, "OTEL_TRACES_EXPORTER", defaults[0])
+    metric_names = _exporter_names(env, "OTEL_METRICS_EXPORTER", defaults[1])
     if set_global and not traces and not metric_names:
         # Global providers that export nowhere would only make every span
         # record for nothing: leave the no-op API in place.
@@ -209,13 +220,30 @@ def setup_if_asked(*, console: TextIO | None = None) -> TelemetrySetup:
     An application's default is OTLP, as the standard says; a command run by
     hand with no collector listening would only log export failures, so here
     nothing is exported unless ``OTEL_TRACES_EXPORTER`` /
-    ``OTEL_METRICS_EXPORTER`` or ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set.
+    ``OTEL_METRICS_EXPORTER`` or an OTLP endpoint is set: a signal is sent
+    over OTLP by default when ``OTEL_EXPORTER_OTLP_ENDPOINT`` or its own
+    endpoint (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``,
+    ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``) is set, so traces alone can go
+    to a collector that takes no metrics (Jaeger).
 
     Raises:
         ConfigurationError: as :func:`setup`.
     """
-    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    return setup(default_exporter="otlp" if endpoint else "none", console=console)
+
+    def default(signal: str) -> str:
+        for name in (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT",
+        ):
+            if os.environ.get(name, "").strip():
+                return "otlp"
+        return "none"
+
+    return _configure(
+        set_global=True,
+        defaults=(default("TRACES"), default("METRICS")),
+        console=console,
+    )
 
 
 def check_propagators() -> None:

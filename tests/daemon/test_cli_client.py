@@ -14,6 +14,7 @@ from daemon_process import DaemonProcess, wait_for
 from replan import _client, _remote
 from replan._client import Backoff, ClientError
 from replan._demo import GOAL
+from replan._demo_explore import explore_demo_spec
 from replan.cli import main
 
 
@@ -119,6 +120,29 @@ def test_the_gate_id_show_prints_is_the_one_approve_takes(
     assert f"gate {run_ids[1]}-g1 resolved: approve by gina" in watched
 
 
+def test_show_lists_the_hypotheses_an_explore_review_gate_asks_about(
+    remote: DaemonProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "explore.json"
+    spec.write_text(explore_demo_spec().model_dump_json(exclude_defaults=True))
+    assert main(["submit", str(spec)]) == 0
+    run_id = capsys.readouterr().out.strip()
+    with remote.client() as client:
+        (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+
+    # The person asked to approve the selection from another terminal sees it.
+    assert main(["show", run_id]) == 0
+    shown = capsys.readouterr().out
+    assert f"gate {gate['gate_id']} opened: waiting for a decision" in shown
+    assert "    selection under review:" in shown
+    for hypothesis in gate["hypotheses"]:
+        first_words = " ".join(hypothesis["statement"].split()[:4])
+        assert f"    {hypothesis['id']:<5}{first_words}" in shown
+    # An explore run has no tasks nor plan versions to list.
+    assert "\ntasks\n" not in shown
+    assert "plan versions" not in shown
+
+
 @pytest.mark.parametrize("stop", ["drain", "crash"])
 def test_watch_follows_a_run_across_a_daemon_restart(
     remote: DaemonProcess,
@@ -188,6 +212,18 @@ def test_client_errors_are_one_line(
     assert len(err.strip().splitlines()) == 1
 
 
+def test_a_demo_into_the_journal_a_daemon_serves_is_refused_in_one_line(
+    daemon: DaemonProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    journal = daemon.data_dir / "journal.db"
+    assert main(["demo", "--yes", "--db", str(journal)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"replan: error: store: another supervisor is resuming runs in {journal} "
+        "and needs the journal to itself\n"
+    )
+
+
 class _Pages:
     """A daemon's run listing, three runs to a page (what the API answers)."""
 
@@ -218,6 +254,18 @@ def test_a_prefix_is_looked_up_over_every_page_of_runs() -> None:
     with pytest.raises(ClientError, match="run id prefix a matches 2 runs"):
         _remote._find_run(pages, "a")  # type: ignore[arg-type]
     assert _remote._find_run(pages, "a1") == ("a1", {"run_id": "a1"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("limit", "pages"), [(5, 2), (7, 3), (100, 3), (1, 1)])
+def test_runs_lists_as_many_runs_as_its_limit_over_every_page(
+    limit: int, pages: int
+) -> None:
+    daemon = _Pages(["a1", "b2", "c3", "d4", "e5", "ab6", "f7"])
+
+    listed = _remote._newest_runs(daemon, limit)  # type: ignore[arg-type]
+
+    assert [r["run_id"] for r in listed] == daemon.run_ids[:limit]
+    assert daemon.pages == pages
 
 
 @pytest.mark.parametrize(

@@ -62,9 +62,14 @@ async def test_unknown_parameters_are_dropped_and_known_ones_kept_byte_for_byte(
     ]
 
 
-def test_a_secret_in_the_query_reaches_no_span(tmp_path: Path) -> None:
+def test_a_secret_in_the_query_reaches_no_span_nor_the_access_log(
+    tmp_path: Path,
+) -> None:
     daemon = DaemonProcess(
-        tmp_path / "data", env={"OTEL_TRACES_EXPORTER": "console"}
+        tmp_path / "data",
+        "--log-level",
+        "info",
+        env={"OTEL_TRACES_EXPORTER": "console"},
     ).start()
     try:
         with daemon.client() as client:
@@ -79,3 +84,6 @@ def test_a_secret_in_the_query_reaches_no_span(tmp_path: Path) -> None:
     assert "limit=5" in output  # the spans were printed, known parameters kept
     assert "QUERYSECRET123" not in output
     assert "KEYSECRET456" not in output
+    # The access log shows each request with the parameters it was handled with.
+    assert '"GET /v1/runs?limit=5 HTTP/1.1" 200' in output
+    assert '"GET /healthz HTTP/1.1" 200' in output

@@ -168,6 +168,16 @@ GRPC = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
         ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "nan", {**OTLP_TRACES, **GRPC}),
         ("OTEL_EXPORTER_OTLP_COMPRESSION", "zip", OTLP_TRACES),
         ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "none", {**OTLP_TRACES, **GRPC}),
+        # OTLP over HTTP needs a URL: each export would fail, logged, for ever.
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4318", OTLP_TRACES),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "", OTLP_TRACES),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://", OTLP_TRACES),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://a b:4318", OTLP_TRACES),
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            "http://h:99999",
+            CONSOLE_METRICS | {"OTEL_METRICS_EXPORTER": "otlp"},
+        ),
     ],
 )
 def test_a_value_the_sdk_cannot_use_is_a_configuration_error_naming_it(
@@ -217,6 +227,14 @@ def test_a_sampling_ratio_outside_0_to_1_is_a_configuration_error(
         {**OTLP_TRACES, "OTEL_EXPORTER_OTLP_COMPRESSION": " Deflate"},
         {**OTLP_TRACES, "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": ""},
         {**OTLP_TRACES, **GRPC, "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip"},
+        {**OTLP_TRACES, **GRPC, "OTEL_EXPORTER_OTLP_ENDPOINT": "localhost:4317"},
+        {**OTLP_TRACES, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://[::1]/v1/t"},
+        # The traces' own endpoint is the one used: the common one is not read.
+        {
+            **OTLP_TRACES,
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://h:4318/v1/traces",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "h:4317",
+        },
         # Read only by the batching processor of the OTLP exporter.
         {"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "abc"},
     ],
@@ -224,7 +242,9 @@ def test_a_sampling_ratio_outside_0_to_1_is_a_configuration_error(
 def test_values_the_sdk_can_use_are_accepted(
     values: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    set_env(monkeypatch, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", **values)
+    set_env(
+        monkeypatch, **{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", **values}
+    )
     configured = setup(set_global=False, console=io.StringIO())
     assert configured.configured
     assert configured.shutdown(timeout_s=5)

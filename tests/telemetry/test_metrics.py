@@ -162,6 +162,52 @@ async def test_the_mailbox_depth_gauge_shows_requests_waiting_per_role(
     assert points(metric_reader, n.METRIC_MAILBOX_DEPTH) == []
 
 
+async def test_every_supervisor_on_a_meter_provider_reports_its_mailboxes(
+    meter_provider: MeterProvider, metric_reader: InMemoryMetricReader
+) -> None:
+    release = anyio.Event()
+    running = 0
+
+    async def blocked(task: Task, ctx: TaskContext) -> TaskOutcome:
+        nonlocal running
+        running += 1
+        await release.wait()
+        return TaskOutcome(success=True, summary="done")
+
+    def supervisor() -> Supervisor:
+        return Supervisor(
+            scripted(),
+            MemoryStore(),
+            task_runner=blocked,
+            workers={"executor": 1},
+            meter_provider=meter_provider,
+        )
+
+    # One supervisor after another (an application that restarts its own),
+    # then two at once: each one's waiting requests are reported.
+    async with supervisor():
+        pass
+    async with supervisor() as first, supervisor() as second:
+        handles = [
+            await sup.submit(spec(independent(3), max_concurrency=3))
+            for sup in (first, second)
+        ]
+        pools = [sup._roles.executor for sup in (first, second)]  # type: ignore[union-attr]
+        await until(
+            lambda: (
+                running == 2 and all(p.statistics().mailbox_depth == 2 for p in pools)
+            )
+        )
+        depth = by(points(metric_reader, n.METRIC_MAILBOX_DEPTH), n.ACTOR_ROLE)
+        release.set()
+        with anyio.fail_after(5):
+            for handle in handles:
+                await handle.result()
+    assert depth[("executor",)].value == 4
+    assert depth[("planner",)].value == 0
+    assert points(metric_reader, n.METRIC_MAILBOX_DEPTH) == []
+
+
 async def test_an_attempt_whose_executor_crashed_is_counted_and_traced_as_crashed(
     provider: TracerProvider,
     meter_provider: MeterProvider,

@@ -21,6 +21,7 @@ from opentelemetry.proto.collector.trace.v1 import (
     trace_service_pb2_grpc,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from processes import run_python
 from scripts import (
     chain,
     first_then_continue,
@@ -39,12 +40,18 @@ Request = trace_service_pb2.ExportTraceServiceRequest
 
 
 @contextmanager
-def http_receiver() -> Iterator[tuple[str, list[Request]]]:
+def http_receiver(
+    paths: list[str] | None = None,
+) -> Iterator[tuple[str, list[Request]]]:
+    """The receiver's URL and the trace requests it decoded; the path of
+    every request (``/v1/traces``, ``/v1/metrics``) goes to ``paths``."""
     received: list[Request] = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
+            if paths is not None:
+                paths.append(self.path)
             if self.path == "/v1/traces":
                 assert self.headers["Content-Type"] == "application/x-protobuf"
                 received.append(Request.FromString(body))
@@ -153,3 +160,25 @@ async def test_the_replan_span_reaches_an_otlp_receiver_with_its_attributes(
     assert replan.parent_span_id == root.span_id
     assert replan.trace_id == root.trace_id
     assert attributes(root.attributes)[n.RUN_OUTCOME] == "completed"
+
+
+def test_a_command_sends_its_traces_to_the_traces_endpoint_alone() -> None:
+    # Jaeger takes traces and no metrics: an operator points the traces
+    # alone at it, with the signal's own endpoint variable.
+    paths: list[str] = []
+    with http_receiver(paths) as (url, received):
+        done = run_python(
+            "from replan.cli import main; raise SystemExit(main(['demo', '--yes']))",
+            OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"{url}/v1/traces",
+        )
+    assert done.returncode == 0, done.stderr
+    names = {
+        span.name
+        for request in received
+        for resource_spans in request.resource_spans
+        for scope_spans in resource_spans.scope_spans
+        for span in scope_spans.spans
+    }
+    assert {n.SPAN_RUN, n.SPAN_REPLAN} <= names
+    # Metrics have no endpoint of their own, nor a common one: not sent.
+    assert set(paths) == {"/v1/traces"}
