@@ -206,8 +206,8 @@ class OpenAIModel:
                 if url is None or "api.openai.com" in url:
                     raise ConfigurationError(
                         "api_key",
-                        "no API key: set OPENAI_API_KEY or pass --base-url for "
-                        "a local server",
+                        "no API key: set OPENAI_API_KEY (or pass api_key), or "
+                        "give base_url (or OPENAI_BASE_URL) for a local server",
                     )
                 key = LOCAL_KEY
             try:

@@ -827,3 +827,16 @@ async def test_tool_calls_without_ids_or_with_object_arguments_are_read() -> Non
         ToolCall(id="call_0", name="lookup", arguments='{"city": "Paris"}'),
         ToolCall(id="call_1", name="lookup", arguments='{"city": "Lyon"}'),
     ]
+
+
+def test_no_key_for_openai_names_what_the_library_takes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The library's message names its own arguments, not a command's flags.
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with pytest.raises(ConfigurationError) as caught:
+        OpenAIModel("gpt-test")
+    assert caught.value.field == "api_key"
+    assert "--" not in caught.value.problem
+    assert "base_url" in caught.value.problem
