@@ -144,6 +144,11 @@ class RunSpec(Settings):
             raise ConfigurationError(
                 "tasks", "explore runs generate hypotheses, not a task list"
             )
+        if self.kind == "explore" and self.pattern != "discovery":
+            raise ConfigurationError(
+                "pattern",
+                "explore runs follow no plan pattern: leave it out of an explore run",
+            )
         if self.kind == "plan":
             # Settings only an explore run reads, given to a plan run, would
             # be ignored without a word; the defaults (as a journaled spec

@@ -337,3 +337,13 @@ def test_explore_settings_given_to_a_plan_run_are_refused_naming_them(
     # A plan run's spec as the journal keeps it (defaults spelt out) reads back.
     plan = RunSpec(goal="g")
     assert RunSpec.model_validate_json(plan.model_dump_json()) == plan
+
+
+@pytest.mark.parametrize("pattern", ["contract", "hybrid"])
+def test_an_explore_run_with_a_plan_pattern_is_refused_naming_it(pattern: str) -> None:
+    # An explore run follows no plan pattern: one given would be ignored.
+    with pytest.raises(ConfigurationError) as caught:
+        RunSpec.model_validate({"goal": "g", "kind": "explore", "pattern": pattern})
+    assert caught.value.field == "pattern"
+    spec = RunSpec(goal="g", kind="explore")
+    assert RunSpec.model_validate_json(spec.model_dump_json()) == spec
