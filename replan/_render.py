@@ -32,6 +32,7 @@ from .messages import (
     TaskInterrupted,
     TaskStarted,
     TaskStatus,
+    TraceStarted,
     TraceSuspended,
     Usage,
     UsageRecorded,
@@ -240,7 +241,7 @@ def event_lines(
             return [
                 f"gate {gate} resolved: {resolution.decision} by {resolution.by}{note}"
             ]
-        case UsageRecorded() | TraceSuspended():
+        case UsageRecorded() | TraceStarted() | TraceSuspended():
             return []
         case ModelCallFailed(failure=failure):
             where = f" for task {failure.task_id}" if failure.task_id else ""

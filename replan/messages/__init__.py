@@ -43,6 +43,7 @@ from ._events import RunSubmitted as RunSubmitted
 from ._events import TaskFinished as TaskFinished
 from ._events import TaskInterrupted as TaskInterrupted
 from ._events import TaskStarted as TaskStarted
+from ._events import TraceStarted as TraceStarted
 from ._events import TraceSuspended as TraceSuspended
 from ._events import UsageRecorded as UsageRecorded
 from ._events import event_json as event_json
@@ -205,6 +206,7 @@ __all__ = (
     "ToolCall",
     "ToolExchange",
     "ToolResult",
+    "TraceStarted",
     "TraceSuspended",
     "Trigger",
     "Usage",

@@ -107,6 +107,21 @@ class UsageRecorded(_Event):
     usage: TokenUsage
 
 
+class TraceStarted(_Event):
+    """A segment of the run's trace began (journaled only while traced).
+
+    Journaled with the run's next append, it lets a run resumed after a
+    crash, which journaled no suspension, link its new trace to the one
+    the crash cut off and number its segment after it.
+    """
+
+    kind: Literal["trace_started"] = "trace_started"
+    carrier: dict[str, str]
+    """The W3C trace context (``traceparent``...) of the new root span."""
+    segment: int
+    """The segment's number (``replan.run.segment``): 1 for a run's first."""
+
+
 class TraceSuspended(_Event):
     """The run's trace was ended while the run waits without bound.
 
@@ -178,6 +193,7 @@ Event = Annotated[
     | GateOpened
     | GateResolved
     | UsageRecorded
+    | TraceStarted
     | TraceSuspended
     | ModelCallFailed
     | RunFinished

@@ -381,7 +381,11 @@ class RunDriver:
         """Executions sent to the executor pool and not answered yet."""
         self._tg: TaskGroup | None = None
         self.trace = RunTrace(
-            self.telemetry, record.state, self.record_events, (RunEnded,)
+            self.telemetry,
+            record.state,
+            self.record_events,
+            (RunEnded,),
+            stage=self.stage,
         )
         self.effects = store if isinstance(store, EffectLedger) else None
         """Where finished attempts are kept until journaled (see ``_resume``)."""

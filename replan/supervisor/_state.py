@@ -38,6 +38,7 @@ from ..messages import (
     TaskStarted,
     TaskStatus,
     TokenUsage,
+    TraceStarted,
     TraceSuspended,
     Usage,
     UsageRecorded,
@@ -86,10 +87,17 @@ class RunState(Frozen):
     """What an explore run found (hypotheses, reviews, ratings, the brief)."""
     suspended_trace: dict[str, str] | None = None
     """The trace context of the run's last suspended root span (see
-    ``TraceSuspended``): a resumed run's new root links to it."""
+    ``TraceSuspended``)."""
     suspensions: int = 0
-    """How often the run's trace was suspended: its next trace is segment
-    ``suspensions + 1``."""
+    """How often the run's trace was suspended."""
+    last_trace: dict[str, str] | None = None
+    """The trace context of the run's last root span journaled as started
+    (``TraceStarted``): a resumed run's new root links to it (or, in a
+    journal without one, to ``suspended_trace``), whether the old root was
+    suspended or cut off by a crash."""
+    trace_segment: int = 0
+    """The last trace segment journaled as started: a run's next trace is
+    segment ``max(suspensions, trace_segment) + 1``."""
     suspended_replan: dict[str, str] | None = None
     """The trace context of the ``replan`` span of a decision the last
     suspension cut short, until the decision is made."""
@@ -287,6 +295,11 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
                     state.replanning_tokens + usage.total_tokens
                 )
             return changes
+        case TraceStarted(carrier=carrier, segment=segment):
+            return {
+                "last_trace": carrier,
+                "trace_segment": max(state.trace_segment, segment),
+            }
         case TraceSuspended(carrier=carrier):
             return {
                 "suspended_trace": carrier,

@@ -39,6 +39,7 @@ from ..messages import (
     TaskFinished,
     TaskStarted,
     TokenUsage,
+    TraceStarted,
     TraceSuspended,
     UsageRecorded,
     Verdict,
@@ -54,6 +55,9 @@ logger = logging.getLogger("replan.telemetry")
 
 Record = Callable[..., Awaitable[object]]
 """The driver's ``record_events``: journals ``(event class, fields)`` pairs."""
+Stage = Callable[..., object]
+"""The driver's ``stage``: builds ``(event class, fields)`` pairs into events
+that go out with its next append."""
 
 _W3C = TraceContextTextMapPropagator()
 """Journaled contexts are W3C whatever propagator the application set."""
@@ -81,7 +85,7 @@ def resumed_root(
     """
     telemetry = telemetry or Telemetry()
     links = []
-    old = journaled_context(state.suspended_trace)
+    old = journaled_context(state.last_trace or state.suspended_trace)
     if old is not None:
         links.append(Link(old, {n.LINK_KIND: "resumes"}))
     return _start_root(telemetry, state, links, segment)
@@ -118,6 +122,8 @@ class RunTrace:
         state: the run's state when the driver takes it.
         record: the driver's ``record_events``, to journal a suspension.
         normal_ends: exception types that end a run normally (not errors).
+        stage: the driver's ``stage``, to journal each trace segment's start
+            with the next append (none: not journaled).
     """
 
     def __init__(
@@ -126,10 +132,12 @@ class RunTrace:
         state: RunState,
         record: Record,
         normal_ends: tuple[type[BaseException], ...] = (),
+        stage: Stage | None = None,
     ) -> None:
         self._t = telemetry
         self._state = state
         self._record = record
+        self._stage = stage
         self._normal_ends = normal_ends
         self.recording = False
         self._root: Span | None = None
@@ -203,13 +211,28 @@ class RunTrace:
         submitter = trace.get_current_span().get_span_context()
         if submitter.is_valid:
             links.append(Link(submitter, {n.LINK_KIND: "submitted_by"}))
-        old = journaled_context(state.suspended_trace)
+        old = journaled_context(state.last_trace or state.suspended_trace)
         if old is not None:
             links.append(Link(old, {n.LINK_KIND: "resumes"}))
-        self._segment = max(self._segment, state.suspensions) + 1
+        self._segment = self._next_segment(state)
         self._root = _start_root(self._t, state, links, self._segment)
         self.recording = self._root.is_recording()
+        self._started_segment()
         self._refresh()
+
+    def _next_segment(self, state: RunState) -> int:
+        return max(self._segment, state.suspensions, state.trace_segment) + 1
+
+    def _started_segment(self) -> None:
+        """Stage the new root's context, for a resume after a crash to link
+        to (only while traced: an untraced run journals nothing of it)."""
+        root = self._root
+        if self._stage is None or root is None or not root.is_recording():
+            return
+        carrier: dict[str, str] = {}
+        _W3C.inject(carrier, context=trace.set_span_in_context(root))
+        if carrier:
+            self._stage((TraceStarted, {"carrier": carrier, "segment": self._segment}))
 
     def _refresh(self, *, final: bool = False) -> None:
         """Make the innermost open span current in the driver's task.
@@ -492,10 +515,11 @@ class RunTrace:
         if old is None or self._root is not None:
             return
         self._suspended_root = None
-        self._segment = max(self._segment, self._state.suspensions) + 1
+        self._segment = self._next_segment(self._state)
         self._root = _start_root(
             self._t, self._state, [Link(old, {n.LINK_KIND: "resumes"})], self._segment
         )
+        self._started_segment()
         if self._suspended_replan is not None:
             self._replan = self._t.tracer.start_span(
                 n.SPAN_REPLAN,

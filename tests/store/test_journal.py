@@ -49,6 +49,7 @@ from replan.messages import (
     TaskStarted,
     TaskStatus,
     TokenUsage,
+    TraceStarted,
     TraceSuspended,
     Trigger,
     Usage,
@@ -237,8 +238,16 @@ def sample_events(run_id: str = "run-1") -> list[Event]:
                 input_tokens=1_812, output_tokens=407, cached_tokens=1_024, calls=2
             ),
         ),
-        TraceSuspended(
+        TraceStarted(
             seq=11,
+            at=at(10),
+            carrier={
+                "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+            },
+            segment=1,
+        ),
+        TraceSuspended(
+            seq=12,
             at=at(10),
             carrier={
                 "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -246,7 +255,7 @@ def sample_events(run_id: str = "run-1") -> list[Event]:
             reason="the supervisor stopped with the run in flight",
         ),
         ModelCallFailed(
-            seq=12,
+            seq=13,
             at=at(11),
             failure=ModelFailure(
                 role="executor",
@@ -259,7 +268,7 @@ def sample_events(run_id: str = "run-1") -> list[Event]:
             ),
         ),
         RunFinished(
-            seq=13,
+            seq=14,
             at=at(12),
             status=RunStatus.COMPLETED,
             synthesis=Synthesis(

@@ -301,3 +301,66 @@ async def test_a_run_resumed_by_a_new_supervisor_traces_on_in_a_linked_trace(
         if s.context.trace_id == new_root.context.trace_id  # type: ignore[union-attr]
     ]
     assert resumed_tasks
+
+
+async def test_a_run_resumed_after_a_crash_links_to_the_trace_the_crash_cut_off(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    # A crash journals no suspension: what the journal holds of the cut-off
+    # trace is the context its start was journaled with (TraceStarted), so
+    # the resumed run's root links to it and takes the next segment.
+    from replan.messages import TraceStarted
+
+    async def stuck_at_t2(task: Task, ctx: TaskContext) -> TaskOutcome:
+        if task.id != "t1":
+            await anyio.sleep_forever()
+        return TaskOutcome(success=True, summary=f"{task.id} done")
+
+    async def runs(task: Task, ctx: TaskContext) -> TaskOutcome:
+        return TaskOutcome(success=True, summary=f"{task.id} done")
+
+    crashed = MemoryStore()
+    async with Supervisor(
+        scripted(), crashed, tracer_provider=provider, task_runner=stuck_at_t2
+    ) as sup:
+        handle = await sup.submit(spec(chain(3)))
+        await until(lambda: "t1" in handle.state.completion_order)
+        # The journal as a crash would leave it: no suspension in it.
+        image = MemoryStore()
+        summary = await crashed.get_run(handle.run_id)
+        assert summary is not None
+        await image.append(handle.run_id, await crashed.read(handle.run_id), summary)
+    first_root = Tree(exporter.get_finished_spans()).one(n.SPAN_RUN)
+    exporter.clear()
+
+    async with Supervisor(
+        scripted(), image, tracer_provider=provider, task_runner=runs, resume=True
+    ) as sup:
+        with anyio.fail_after(5):
+            result = await sup.get(handle.run_id).result()
+        events = await image.read(handle.run_id)
+    assert result.status is RunStatus.COMPLETED
+    started = [e for e in events if isinstance(e, TraceStarted)]
+    assert [e.segment for e in started] == [1, 2]
+    assert points_at(started[0].carrier, first_root)
+    root = Tree(exporter.get_finished_spans()).one(n.SPAN_RUN)
+    assert attr(root, n.RUN_SEGMENT) == 2
+    assert first_root.context is not None
+    [link] = root.links
+    assert (link.context.trace_id, link.context.span_id) == (
+        first_root.context.trace_id,
+        first_root.context.span_id,
+    )
+    assert link.attributes is not None
+    assert link.attributes[n.LINK_KIND] == "resumes"
+
+
+async def test_an_untraced_run_journals_no_trace_start() -> None:
+    from replan.messages import TraceStarted
+
+    store = MemoryStore()
+    async with Supervisor(scripted(), store) as sup:
+        handle = await sup.submit(spec(chain(2)))
+        await handle.result()
+        events = await store.read(handle.run_id)
+    assert not [e for e in events if isinstance(e, TraceStarted)]
