@@ -6,6 +6,7 @@ Needs the ``postgres`` extra (``pip install 'replan[postgres]'``: psycopg 3).
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from collections.abc import Sequence
 from datetime import datetime
@@ -90,10 +91,12 @@ class PostgresStore:
     Raises:
         ConfigurationError: (field ``dsn``) the string is not a connection
             string, the server cannot be reached or refuses the login, the
-            database is not UTF-8, or the tables cannot be created; (field
-            ``schema``) the name is empty or too long, or the schema holds
-            another application's tables or a newer replan's journal;
-            (``pool_size``, ``connect_timeout_s``) not positive.
+            database is not UTF-8, or the tables cannot be created or
+            checked (no privilege, a read-only server); (field ``schema``)
+            the name is empty, too long or PostgreSQL's own (``pg_...``), or
+            the schema holds another application's tables or a newer
+            replan's journal; (``pool_size``) not a whole number, 1 or more;
+            (``connect_timeout_s``) not positive and finite.
     """
 
     def __init__(
@@ -109,14 +112,23 @@ class PostgresStore:
             raise ConfigurationError(
                 "schema", f"expected a name of 1 to {_MAX_NAME} bytes, got {schema!r}"
             )
-        if pool_size < 1:
+        if schema.startswith("pg_"):
             raise ConfigurationError(
-                "pool_size", f"expected 1 or more, got {pool_size}"
+                "schema",
+                f"names that start with 'pg_' are PostgreSQL's own, got {schema!r}",
             )
-        if not connect_timeout_s > 0:
+        if (
+            not isinstance(pool_size, int)
+            or isinstance(pool_size, bool)
+            or pool_size < 1
+        ):
+            raise ConfigurationError(
+                "pool_size", f"expected a whole number, 1 or more, got {pool_size!r}"
+            )
+        if not 0 < connect_timeout_s < math.inf:
             raise ConfigurationError(
                 "connect_timeout_s",
-                f"expected a positive time, got {connect_timeout_s}",
+                f"expected a positive, finite time, got {connect_timeout_s}",
             )
         try:
             params = conninfo.conninfo_to_dict(dsn)
@@ -142,6 +154,12 @@ class PostgresStore:
         self.journal = f"{_where({**where, 'dbname': info.dbname})} (schema {schema})"
         try:
             set_up(first, schema, self.journal)
+        except psycopg.Error as exc:
+            # A read-only server or database, a lost connection...
+            first.close()
+            raise ConfigurationError(
+                "dsn", f"{self.journal}: cannot set up the journal: {_one_line(exc)}"
+            ) from None
         except BaseException:
             first.close()
             raise

@@ -166,8 +166,11 @@ def test_a_server_that_cannot_be_reached_is_a_configuration_error_without_passwo
         ({"dsn": "host='unclosed"}, "dsn"),
         ({"schema": ""}, "schema"),
         ({"schema": "x" * 64}, "schema"),
+        ({"schema": "pg_journal"}, "schema"),
         ({"pool_size": 0}, "pool_size"),
+        ({"pool_size": 2.5}, "pool_size"),
         ({"connect_timeout_s": 0}, "connect_timeout_s"),
+        ({"connect_timeout_s": float("inf")}, "connect_timeout_s"),
     ],
 )
 def test_bad_arguments_are_configuration_errors_naming_them(
@@ -176,6 +179,20 @@ def test_bad_arguments_are_configuration_errors_naming_them(
     with pytest.raises(ConfigurationError) as caught:
         PostgresStore(**{"dsn": postgres_dsn, **arguments})
     assert caught.value.field == field
+
+
+def test_a_read_only_server_is_a_configuration_error_naming_the_dsn(
+    postgres_dsn: str,
+) -> None:
+    dbname = psycopg.conninfo.conninfo_to_dict(postgres_dsn)["dbname"]
+    sql(
+        postgres_dsn,
+        f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on',
+    )
+    with pytest.raises(ConfigurationError, match="read-only") as caught:
+        PostgresStore(postgres_dsn)
+    assert caught.value.field == "dsn"
+    assert "cannot set up the journal" in str(caught.value)
 
 
 # Stores on one journal
