@@ -133,7 +133,9 @@ class PostgresStore:
         try:
             params = conninfo.conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as exc:
-            raise ConfigurationError("dsn", f"not a connection string: {exc}") from None
+            raise ConfigurationError(
+                "dsn", f"not a connection string: {_one_line(exc)}"
+            ) from None
         params.setdefault("application_name", "replan")
         # libpq takes whole seconds; 1 s is its shortest wait.
         params["connect_timeout"] = str(max(1, round(connect_timeout_s)))

@@ -192,7 +192,31 @@ def test_a_read_only_server_is_a_configuration_error_naming_the_dsn(
     with pytest.raises(ConfigurationError, match="read-only") as caught:
         PostgresStore(postgres_dsn)
     assert caught.value.field == "dsn"
-    assert "cannot set up the journal" in str(caught.value)
+
+
+async def test_a_journal_on_a_server_become_read_only_is_refused_on_open(
+    postgres_dsn: str,
+) -> None:
+    async with PostgresStore(postgres_dsn):
+        pass
+    dbname = psycopg.conninfo.conninfo_to_dict(postgres_dsn)["dbname"]
+    sql(
+        postgres_dsn,
+        f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on',
+    )
+    # Opened, it would fail every append of every run.
+    with pytest.raises(ConfigurationError, match="read-only") as caught:
+        PostgresStore(postgres_dsn)
+    assert caught.value.field == "dsn"
+
+
+def test_a_dsn_that_is_no_connection_string_is_named_in_one_line(
+    postgres_dsn: str,
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        PostgresStore("not a dsn")
+    assert caught.value.field == "dsn"
+    assert "\n" not in str(caught.value)
 
 
 # Stores on one journal
