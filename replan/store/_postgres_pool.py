@@ -112,10 +112,30 @@ class Pool:
         self._close_idle()
 
 
+LOCK_TIMEOUT_MS = 5000
+"""How long a statement waits for a lock another session holds (a run's row
+in another process's long transaction, a table an administrator locked)
+before it fails, as the SQLite journal's busy timeout: the worker thread,
+and a caller cancelled meanwhile, would otherwise wait for as long as the
+other session pleases. A ``lock_timeout`` the DSN or the server sets is
+kept."""
+
+
 def connect(info: str) -> psycopg.Connection[Any]:
     """A connection to ``info`` in autocommit mode: a transaction is begun
-    where one is needed (``with conn.transaction()``), never implicitly."""
-    return psycopg.connect(info, autocommit=True)
+    where one is needed (``with conn.transaction()``), never implicitly.
+    Its lock waits are bounded (see :data:`LOCK_TIMEOUT_MS`)."""
+    conn = psycopg.connect(info, autocommit=True)
+    try:
+        conn.execute(
+            "SELECT set_config('lock_timeout', %s, false) "
+            "WHERE current_setting('lock_timeout') = '0'",
+            (f"{LOCK_TIMEOUT_MS}ms",),
+        )
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def _hung_up(conn: psycopg.Connection[Any]) -> bool:

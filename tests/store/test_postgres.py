@@ -414,6 +414,33 @@ async def test_an_append_cancelled_in_flight_finishes_and_the_store_goes_on(
         assert states == [("idle",)]
 
 
+async def test_an_append_waiting_for_a_lock_held_elsewhere_gives_up_in_time(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("replan.store._postgres_pool.LOCK_TIMEOUT_MS", 300)
+    async with PostgresStore(postgres_dsn) as store:
+        await store.append("run-1", [started(1)], summary(1))
+        with psycopg.connect(postgres_dsn, autocommit=True) as blocker:
+            # A long transaction elsewhere holds the run's row and keeps it.
+            blocker.execute("BEGIN")
+            blocker.execute("SELECT 1 FROM replan.runs FOR UPDATE")
+            with anyio.fail_after(10), pytest.raises(psycopg.errors.LockNotAvailable):
+                await store.append("run-1", [started(2)], summary(2))
+            blocker.execute("ROLLBACK")
+        # Nothing of the failed append was kept; the next one goes in.
+        assert [e.seq for e in await store.read("run-1")] == [1]
+        await store.append("run-1", [started(2)], summary(2))
+        assert [e.seq for e in await store.read("run-1")] == [1, 2]
+
+
+async def test_a_lock_timeout_the_dsn_sets_is_kept(postgres_dsn: str) -> None:
+    async with PostgresStore(f"{postgres_dsn} options='-c lock_timeout=42s'") as store:
+        setting = await store._connections().run(
+            lambda conn: conn.execute("SHOW lock_timeout").fetchone()
+        )
+    assert setting == ("42s",)
+
+
 async def test_calls_use_at_most_pool_size_connections(postgres_dsn: str) -> None:
     async with PostgresStore(postgres_dsn, pool_size=2) as store:
         await store.append("run-1", [started(1)], summary(1))
