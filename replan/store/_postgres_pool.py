@@ -143,7 +143,17 @@ def _hung_up(conn: psycopg.Connection[Any]) -> bool:
     server ended (a restart, an administrator) says so before it closes,
     and the next query on it would fail. One poll, no round trip."""
     try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+        fd = conn.fileno()
+        if _poll is None:  # pragma: no cover - Windows
+            readable, _, _ = select.select([fd], [], [], 0)
+            return bool(readable)
+        # poll, not select: select refuses a descriptor past 1023 (a daemon
+        # with many clients), and every call would open a new connection.
+        poller = _poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
     except (OSError, ValueError, psycopg.Error):
         return True
-    return bool(readable)
+
+
+_poll = getattr(select, "poll", None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -439,6 +440,33 @@ async def test_a_lock_timeout_the_dsn_sets_is_kept(postgres_dsn: str) -> None:
             lambda conn: conn.execute("SHOW lock_timeout").fetchone()
         )
     assert setting == ("42s",)
+
+
+async def test_a_connection_past_descriptor_1023_is_used_again(
+    postgres_dsn: str,
+) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"at most {hard} open files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    # A daemon with a thousand clients: the store's socket comes after them.
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
+    try:
+        async with PostgresStore(postgres_dsn, pool_size=1) as store:
+
+            def backend(conn: Any) -> int:
+                fd = conn.fileno()
+                assert isinstance(fd, int)
+                assert fd > 1023
+                row = conn.execute("SELECT pg_backend_pid()").fetchone()
+                return int(row[0])
+
+            pids = {await store._connections().run(backend) for _ in range(3)}
+        assert len(pids) == 1
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 async def test_calls_use_at_most_pool_size_connections(postgres_dsn: str) -> None:
