@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import warnings
 from collections.abc import Sequence
 from datetime import datetime
@@ -134,7 +135,8 @@ class PostgresStore:
             params = conninfo.conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as exc:
             raise ConfigurationError(
-                "dsn", f"not a connection string: {_one_line(exc)}"
+                "dsn",
+                f"not a connection string: {_without_password(_one_line(exc), dsn)}",
             ) from None
         params.setdefault("application_name", "replan")
         # libpq takes whole seconds; 1 s is its shortest wait.
@@ -148,7 +150,9 @@ class PostgresStore:
             first = connect(self._conninfo)
         except psycopg.Error as exc:
             raise ConfigurationError(
-                "dsn", f"cannot connect to {self.journal}: {_one_line(exc)}"
+                "dsn",
+                f"cannot connect to {self.journal}: "
+                f"{_without_password(_one_line(exc), dsn)}",
             ) from None
         # Where it connected, libpq's defaults (PGHOST, PGUSER...) resolved.
         info = first.info
@@ -439,6 +443,24 @@ def _where(params: dict[str, Any]) -> str:
     port = params.get("port") or "5432"
     dbname = params.get("dbname") or user
     return f"postgresql://{user}@{host}:{port}/{dbname}"
+
+
+_PASSWORDS = re.compile(
+    # A URI's user info (scheme://user:PASSWORD@), or a keyword/value pair
+    # (password=PASSWORD, password = 'PASS WORD').
+    r"^\s*[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*?:(?P<uri>[^/?#]*)@"
+    r"|\bpassword\s*=\s*(?P<kv>'(?:[^'\\]|\\.)*'?|\S+)"
+)
+
+
+def _without_password(message: str, dsn: str) -> str:
+    """``message`` (libpq's, which may quote the DSN it could not read)
+    with every password the DSN holds, as it is written there, left out."""
+    for found in _PASSWORDS.finditer(dsn):
+        secret = found.group("uri") or found.group("kv")
+        if secret:
+            message = message.replace(secret, "***")
+    return message
 
 
 def _one_line(exc: BaseException) -> str:

@@ -162,6 +162,23 @@ def test_a_server_that_cannot_be_reached_is_a_configuration_error_without_passwo
 
 
 @pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://replan:s3cr%zzet@localhost/journal",
+        "postgresql://replan:s3cret@[::1/journal",
+        "postgres://replan:s3cret@localhost:5x/journal",
+        "host=localhost password=s3cret port='x",
+        "host=localhost password = 's3cret with space' port='x",
+    ],
+)
+def test_a_dsn_that_cannot_be_read_is_named_without_its_password(dsn: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        PostgresStore(dsn, connect_timeout_s=1)
+    assert caught.value.field == "dsn"
+    assert "s3cr" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
     ("arguments", "field"),
     [
         ({"dsn": "host='unclosed"}, "dsn"),
