@@ -486,6 +486,22 @@ async def test_a_connection_past_descriptor_1023_is_used_again(
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+@pytest.mark.parametrize(
+    "encoding", ["client_encoding=LATIN1", "options='-c client_encoding=SQL_ASCII'"]
+)
+async def test_text_of_any_script_is_kept_whatever_client_encoding_the_dsn_asks(
+    postgres_dsn: str, encoding: str
+) -> None:
+    goal = "résumé 日本語 ✓"
+    async with PostgresStore(f"{postgres_dsn} {encoding}") as store:
+        await store.append(
+            "run-1", [started(1)], summary(1).model_copy(update={"goal": goal})
+        )
+        found = await store.get_run("run-1")
+    assert found is not None
+    assert found.goal == goal
+
+
 async def test_calls_use_at_most_pool_size_connections(postgres_dsn: str) -> None:
     async with PostgresStore(postgres_dsn, pool_size=2) as store:
         await store.append("run-1", [started(1)], summary(1))
