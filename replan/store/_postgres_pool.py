@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 import psycopg
+from anyio.lowlevel import RunVar
 from psycopg import pq
 
 _T = TypeVar("_T")
@@ -40,7 +41,10 @@ class Pool:
         self._size = size
         self._idle: list[psycopg.Connection[Any]] = []
         self._lock = threading.Lock()
-        self._limiter: anyio.CapacityLimiter | None = None
+        # One per event loop: a store may outlive the loop it was first used
+        # in (one anyio.run after another, a fixture shared by tests), and
+        # an anyio primitive is bound to one loop of one backend.
+        self._limiters: RunVar[anyio.CapacityLimiter] = RunVar("replan-pg-pool")
         self.closed = False
 
     def give(self, conn: psycopg.Connection[Any]) -> None:
@@ -55,11 +59,11 @@ class Pool:
         """
         if self.closed:
             raise anyio.ClosedResourceError
-        if self._limiter is None:
-            # Made here, in the event loop that uses it (an anyio primitive
-            # made outside one binds to the first that does anyway).
-            self._limiter = anyio.CapacityLimiter(self._size)
-        return await anyio.to_thread.run_sync(self._work, work, limiter=self._limiter)
+        limiter = self._limiters.get(None)
+        if limiter is None:
+            limiter = anyio.CapacityLimiter(self._size)
+            self._limiters.set(limiter)
+        return await anyio.to_thread.run_sync(self._work, work, limiter=limiter)
 
     def _work(self, work: Callable[[psycopg.Connection[Any]], _T]) -> _T:
         conn = self._take()

@@ -502,6 +502,26 @@ async def test_text_of_any_script_is_kept_whatever_client_encoding_the_dsn_asks(
     assert found.goal == goal
 
 
+def test_a_store_serves_one_event_loop_after_another(postgres_dsn: str) -> None:
+    store = PostgresStore(postgres_dsn, pool_size=1)
+
+    async def append(seq: int) -> None:
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):  # more calls than connections: some wait
+                tg.start_soon(store.read, "run-1")
+        await store.append("run-1", [started(seq)], summary(seq))
+
+    for seq, backend in enumerate(["asyncio", "trio", "asyncio", "trio"], start=1):
+        anyio.run(append, seq, backend=backend)
+    anyio.run(store.aclose)
+    assert [e.seq for e in anyio.run(_read_all, postgres_dsn)] == [1, 2, 3, 4]
+
+
+async def _read_all(dsn: str) -> list[Any]:
+    async with PostgresStore(dsn) as store:
+        return await store.read("run-1")
+
+
 async def test_calls_use_at_most_pool_size_connections(postgres_dsn: str) -> None:
     async with PostgresStore(postgres_dsn, pool_size=2) as store:
         await store.append("run-1", [started(1)], summary(1))
