@@ -128,14 +128,18 @@ kept."""
 def connect(info: str) -> psycopg.Connection[Any]:
     """A connection to ``info`` in autocommit mode: a transaction is begun
     where one is needed (``with conn.transaction()``), never implicitly.
-    Its lock waits are bounded (see :data:`LOCK_TIMEOUT_MS`), and it talks
+    Its lock waits are bounded (see :data:`LOCK_TIMEOUT_MS`); it talks
     UTF-8 whatever the DSN or ``PGCLIENTENCODING`` say: in another client
     encoding, text it cannot encode (a goal in Japanese on LATIN1) would
-    fail the append that carries it."""
+    fail the append that carries it; and its transactions are READ
+    COMMITTED whatever the database's default: the journal orders a run's
+    writers by its row's lock, and a serializable default would fail
+    appends of unrelated runs that merely ran at once."""
     conn = psycopg.connect(info, autocommit=True)
     try:
         conn.execute(
             "SELECT set_config('client_encoding', 'UTF8', false), "
+            "set_config('default_transaction_isolation', 'read committed', false), "
             "CASE WHEN current_setting('lock_timeout') = '0' "
             "THEN set_config('lock_timeout', %s, false) END",
             (f"{LOCK_TIMEOUT_MS}ms",),

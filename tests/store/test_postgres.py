@@ -502,6 +502,28 @@ async def test_text_of_any_script_is_kept_whatever_client_encoding_the_dsn_asks(
     assert found.goal == goal
 
 
+async def test_runs_appending_at_once_do_not_fail_under_a_serializable_default(
+    postgres_dsn: str,
+) -> None:
+    isolation = "default_transaction_isolation=serializable"
+    dsn = f"{postgres_dsn} options='-c {isolation}'"
+    async with PostgresStore(dsn, pool_size=8) as store:
+
+        async def run(name: str) -> None:
+            for seq in range(1, 11):
+                await store.append(name, [started(seq)], summary(seq, run_id=name))
+
+        async with anyio.create_task_group() as tg:
+            for n in range(40):
+                tg.start_soon(run, f"run-{n}")
+        level = await store._connections().run(
+            lambda conn: conn.execute("SHOW transaction_isolation").fetchone()
+        )
+        runs = await store.list_runs()
+    assert level == ("read committed",)
+    assert sorted(r.last_seq for r in runs) == [10] * 40
+
+
 def test_a_store_serves_one_event_loop_after_another(postgres_dsn: str) -> None:
     store = PostgresStore(postgres_dsn, pool_size=1)
 
