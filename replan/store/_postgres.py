@@ -6,6 +6,8 @@ Needs the ``postgres`` extra (``pip install 'replan[postgres]'``: psycopg 3).
 from __future__ import annotations
 
 import functools
+import math
+import re
 import warnings
 from collections.abc import Sequence
 from datetime import datetime
@@ -90,10 +92,12 @@ class PostgresStore:
     Raises:
         ConfigurationError: (field ``dsn``) the string is not a connection
             string, the server cannot be reached or refuses the login, the
-            database is not UTF-8, or the tables cannot be created; (field
-            ``schema``) the name is empty or too long, or the schema holds
-            another application's tables or a newer replan's journal;
-            (``pool_size``, ``connect_timeout_s``) not positive.
+            database is not UTF-8, or the tables cannot be created or
+            checked (no privilege, a read-only server); (field ``schema``)
+            the name is empty, too long or PostgreSQL's own (``pg_...``), or
+            the schema holds another application's tables or a newer
+            replan's journal; (``pool_size``) not a whole number, 1 or more;
+            (``connect_timeout_s``) not positive and finite.
     """
 
     def __init__(
@@ -109,19 +113,31 @@ class PostgresStore:
             raise ConfigurationError(
                 "schema", f"expected a name of 1 to {_MAX_NAME} bytes, got {schema!r}"
             )
-        if pool_size < 1:
+        if schema.startswith("pg_"):
             raise ConfigurationError(
-                "pool_size", f"expected 1 or more, got {pool_size}"
+                "schema",
+                f"names that start with 'pg_' are PostgreSQL's own, got {schema!r}",
             )
-        if not connect_timeout_s > 0:
+        if (
+            not isinstance(pool_size, int)
+            or isinstance(pool_size, bool)
+            or pool_size < 1
+        ):
+            raise ConfigurationError(
+                "pool_size", f"expected a whole number, 1 or more, got {pool_size!r}"
+            )
+        if not 0 < connect_timeout_s < math.inf:
             raise ConfigurationError(
                 "connect_timeout_s",
-                f"expected a positive time, got {connect_timeout_s}",
+                f"expected a positive, finite time, got {connect_timeout_s}",
             )
         try:
             params = conninfo.conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as exc:
-            raise ConfigurationError("dsn", f"not a connection string: {exc}") from None
+            raise ConfigurationError(
+                "dsn",
+                f"not a connection string: {_without_password(_one_line(exc), dsn)}",
+            ) from None
         params.setdefault("application_name", "replan")
         # libpq takes whole seconds; 1 s is its shortest wait.
         params["connect_timeout"] = str(max(1, round(connect_timeout_s)))
@@ -134,7 +150,9 @@ class PostgresStore:
             first = connect(self._conninfo)
         except psycopg.Error as exc:
             raise ConfigurationError(
-                "dsn", f"cannot connect to {self.journal}: {_one_line(exc)}"
+                "dsn",
+                f"cannot connect to {self.journal}: "
+                f"{_without_password(_one_line(exc), dsn)}",
             ) from None
         # Where it connected, libpq's defaults (PGHOST, PGUSER...) resolved.
         info = first.info
@@ -142,6 +160,12 @@ class PostgresStore:
         self.journal = f"{_where({**where, 'dbname': info.dbname})} (schema {schema})"
         try:
             set_up(first, schema, self.journal)
+        except psycopg.Error as exc:
+            # A read-only server or database, a lost connection...
+            first.close()
+            raise ConfigurationError(
+                "dsn", f"{self.journal}: cannot set up the journal: {_one_line(exc)}"
+            ) from None
         except BaseException:
             first.close()
             raise
@@ -419,6 +443,24 @@ def _where(params: dict[str, Any]) -> str:
     port = params.get("port") or "5432"
     dbname = params.get("dbname") or user
     return f"postgresql://{user}@{host}:{port}/{dbname}"
+
+
+_PASSWORDS = re.compile(
+    # A URI's user info (scheme://user:PASSWORD@), or a keyword/value pair
+    # (password=PASSWORD, password = 'PASS WORD').
+    r"^\s*[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*?:(?P<uri>[^/?#]*)@"
+    r"|\bpassword\s*=\s*(?P<kv>'(?:[^'\\]|\\.)*'?|\S+)"
+)
+
+
+def _without_password(message: str, dsn: str) -> str:
+    """``message`` (libpq's, which may quote the DSN it could not read)
+    with every password the DSN holds, as it is written there, left out."""
+    for found in _PASSWORDS.finditer(dsn):
+        secret = found.group("uri") or found.group("kv")
+        if secret:
+            message = message.replace(secret, "***")
+    return message
 
 
 def _one_line(exc: BaseException) -> str:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 import psycopg
+from anyio.lowlevel import RunVar
 from psycopg import pq
 
 _T = TypeVar("_T")
@@ -40,7 +41,10 @@ class Pool:
         self._size = size
         self._idle: list[psycopg.Connection[Any]] = []
         self._lock = threading.Lock()
-        self._limiter: anyio.CapacityLimiter | None = None
+        # One per event loop: a store may outlive the loop it was first used
+        # in (one anyio.run after another, a fixture shared by tests), and
+        # an anyio primitive is bound to one loop of one backend.
+        self._limiters: RunVar[anyio.CapacityLimiter] = RunVar("replan-pg-pool")
         self.closed = False
 
     def give(self, conn: psycopg.Connection[Any]) -> None:
@@ -55,11 +59,11 @@ class Pool:
         """
         if self.closed:
             raise anyio.ClosedResourceError
-        if self._limiter is None:
-            # Made here, in the event loop that uses it (an anyio primitive
-            # made outside one binds to the first that does anyway).
-            self._limiter = anyio.CapacityLimiter(self._size)
-        return await anyio.to_thread.run_sync(self._work, work, limiter=self._limiter)
+        limiter = self._limiters.get(None)
+        if limiter is None:
+            limiter = anyio.CapacityLimiter(self._size)
+            self._limiters.set(limiter)
+        return await anyio.to_thread.run_sync(self._work, work, limiter=limiter)
 
     def _work(self, work: Callable[[psycopg.Connection[Any]], _T]) -> _T:
         conn = self._take()
@@ -112,10 +116,38 @@ class Pool:
         self._close_idle()
 
 
+LOCK_TIMEOUT_MS = 5000
+"""How long a statement waits for a lock another session holds (a run's row
+in another process's long transaction, a table an administrator locked)
+before it fails, as the SQLite journal's busy timeout: the worker thread,
+and a caller cancelled meanwhile, would otherwise wait for as long as the
+other session pleases. A ``lock_timeout`` the DSN or the server sets is
+kept."""
+
+
 def connect(info: str) -> psycopg.Connection[Any]:
     """A connection to ``info`` in autocommit mode: a transaction is begun
-    where one is needed (``with conn.transaction()``), never implicitly."""
-    return psycopg.connect(info, autocommit=True)
+    where one is needed (``with conn.transaction()``), never implicitly.
+    Its lock waits are bounded (see :data:`LOCK_TIMEOUT_MS`); it talks
+    UTF-8 whatever the DSN or ``PGCLIENTENCODING`` say: in another client
+    encoding, text it cannot encode (a goal in Japanese on LATIN1) would
+    fail the append that carries it; and its transactions are READ
+    COMMITTED whatever the database's default: the journal orders a run's
+    writers by its row's lock, and a serializable default would fail
+    appends of unrelated runs that merely ran at once."""
+    conn = psycopg.connect(info, autocommit=True)
+    try:
+        conn.execute(
+            "SELECT set_config('client_encoding', 'UTF8', false), "
+            "set_config('default_transaction_isolation', 'read committed', false), "
+            "CASE WHEN current_setting('lock_timeout') = '0' "
+            "THEN set_config('lock_timeout', %s, false) END",
+            (f"{LOCK_TIMEOUT_MS}ms",),
+        )
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def _hung_up(conn: psycopg.Connection[Any]) -> bool:
@@ -123,7 +155,17 @@ def _hung_up(conn: psycopg.Connection[Any]) -> bool:
     server ended (a restart, an administrator) says so before it closes,
     and the next query on it would fail. One poll, no round trip."""
     try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+        fd = conn.fileno()
+        if _poll is None:  # pragma: no cover - Windows
+            readable, _, _ = select.select([fd], [], [], 0)
+            return bool(readable)
+        # poll, not select: select refuses a descriptor past 1023 (a daemon
+        # with many clients), and every call would open a new connection.
+        poller = _poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
     except (OSError, ValueError, psycopg.Error):
         return True
-    return bool(readable)
+
+
+_poll = getattr(select, "poll", None)

@@ -108,8 +108,8 @@ def set_up(conn: psycopg.Connection[Any], schema: str, journal: str) -> None:
     Raises:
         ConfigurationError: (field ``schema``) the schema holds another
             application's tables, or a newer replan's journal; (field
-            ``dsn``) the database is not UTF-8, or the tables cannot be
-            created (no privilege, say).
+            ``dsn``) the database is not UTF-8, the server is read-only,
+            or the tables cannot be created (no privilege, say).
     """
     encoding = conn.info.parameter_status("server_encoding")
     if encoding is not None and encoding != "UTF8":
@@ -117,6 +117,14 @@ def set_up(conn: psycopg.Connection[Any], schema: str, journal: str) -> None:
             "dsn",
             f"{journal}: the database's encoding is {encoding}; a "
             "replan journal needs UTF8",
+        )
+    (read_only,) = _one(conn.execute("SELECT current_setting('transaction_read_only')"))
+    if read_only == "on":
+        # A standby, or default_transaction_read_only: every append would fail.
+        raise ConfigurationError(
+            "dsn",
+            f"{journal}: the server is read-only (a standby?); a replan journal "
+            "needs one it can write to",
         )
     if _version(conn, schema, journal) == SCHEMA_VERSION:
         return

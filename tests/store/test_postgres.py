@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -161,13 +162,33 @@ def test_a_server_that_cannot_be_reached_is_a_configuration_error_without_passwo
 
 
 @pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://replan:s3cr%zzet@localhost/journal",
+        "postgresql://replan:s3cret@[::1/journal",
+        "postgres://replan:s3cret@localhost:5x/journal",
+        "host=localhost password=s3cret port='x",
+        "host=localhost password = 's3cret with space' port='x",
+    ],
+)
+def test_a_dsn_that_cannot_be_read_is_named_without_its_password(dsn: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        PostgresStore(dsn, connect_timeout_s=1)
+    assert caught.value.field == "dsn"
+    assert "s3cr" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
     ("arguments", "field"),
     [
         ({"dsn": "host='unclosed"}, "dsn"),
         ({"schema": ""}, "schema"),
         ({"schema": "x" * 64}, "schema"),
+        ({"schema": "pg_journal"}, "schema"),
         ({"pool_size": 0}, "pool_size"),
+        ({"pool_size": 2.5}, "pool_size"),
         ({"connect_timeout_s": 0}, "connect_timeout_s"),
+        ({"connect_timeout_s": float("inf")}, "connect_timeout_s"),
     ],
 )
 def test_bad_arguments_are_configuration_errors_naming_them(
@@ -176,6 +197,44 @@ def test_bad_arguments_are_configuration_errors_naming_them(
     with pytest.raises(ConfigurationError) as caught:
         PostgresStore(**{"dsn": postgres_dsn, **arguments})
     assert caught.value.field == field
+
+
+def test_a_read_only_server_is_a_configuration_error_naming_the_dsn(
+    postgres_dsn: str,
+) -> None:
+    dbname = psycopg.conninfo.conninfo_to_dict(postgres_dsn)["dbname"]
+    sql(
+        postgres_dsn,
+        f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on',
+    )
+    with pytest.raises(ConfigurationError, match="read-only") as caught:
+        PostgresStore(postgres_dsn)
+    assert caught.value.field == "dsn"
+
+
+async def test_a_journal_on_a_server_become_read_only_is_refused_on_open(
+    postgres_dsn: str,
+) -> None:
+    async with PostgresStore(postgres_dsn):
+        pass
+    dbname = psycopg.conninfo.conninfo_to_dict(postgres_dsn)["dbname"]
+    sql(
+        postgres_dsn,
+        f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on',
+    )
+    # Opened, it would fail every append of every run.
+    with pytest.raises(ConfigurationError, match="read-only") as caught:
+        PostgresStore(postgres_dsn)
+    assert caught.value.field == "dsn"
+
+
+def test_a_dsn_that_is_no_connection_string_is_named_in_one_line(
+    postgres_dsn: str,
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        PostgresStore("not a dsn")
+    assert caught.value.field == "dsn"
+    assert "\n" not in str(caught.value)
 
 
 # Stores on one journal
@@ -371,6 +430,118 @@ async def test_an_append_cancelled_in_flight_finishes_and_the_store_goes_on(
             "SELECT state FROM pg_stat_activity WHERE application_name = 'replan'",
         )
         assert states == [("idle",)]
+
+
+async def test_an_append_waiting_for_a_lock_held_elsewhere_gives_up_in_time(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("replan.store._postgres_pool.LOCK_TIMEOUT_MS", 300)
+    async with PostgresStore(postgres_dsn) as store:
+        await store.append("run-1", [started(1)], summary(1))
+        with psycopg.connect(postgres_dsn, autocommit=True) as blocker:
+            # A long transaction elsewhere holds the run's row and keeps it.
+            blocker.execute("BEGIN")
+            blocker.execute("SELECT 1 FROM replan.runs FOR UPDATE")
+            with anyio.fail_after(10), pytest.raises(psycopg.errors.LockNotAvailable):
+                await store.append("run-1", [started(2)], summary(2))
+            blocker.execute("ROLLBACK")
+        # Nothing of the failed append was kept; the next one goes in.
+        assert [e.seq for e in await store.read("run-1")] == [1]
+        await store.append("run-1", [started(2)], summary(2))
+        assert [e.seq for e in await store.read("run-1")] == [1, 2]
+
+
+async def test_a_lock_timeout_the_dsn_sets_is_kept(postgres_dsn: str) -> None:
+    async with PostgresStore(f"{postgres_dsn} options='-c lock_timeout=42s'") as store:
+        setting = await store._connections().run(
+            lambda conn: conn.execute("SHOW lock_timeout").fetchone()
+        )
+    assert setting == ("42s",)
+
+
+async def test_a_connection_past_descriptor_1023_is_used_again(
+    postgres_dsn: str,
+) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"at most {hard} open files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    # A daemon with a thousand clients: the store's socket comes after them.
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
+    try:
+        async with PostgresStore(postgres_dsn, pool_size=1) as store:
+
+            def backend(conn: Any) -> int:
+                fd = conn.fileno()
+                assert isinstance(fd, int)
+                assert fd > 1023
+                row = conn.execute("SELECT pg_backend_pid()").fetchone()
+                return int(row[0])
+
+            pids = {await store._connections().run(backend) for _ in range(3)}
+        assert len(pids) == 1
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize(
+    "encoding", ["client_encoding=LATIN1", "options='-c client_encoding=SQL_ASCII'"]
+)
+async def test_text_of_any_script_is_kept_whatever_client_encoding_the_dsn_asks(
+    postgres_dsn: str, encoding: str
+) -> None:
+    goal = "résumé 日本語 ✓"
+    async with PostgresStore(f"{postgres_dsn} {encoding}") as store:
+        await store.append(
+            "run-1", [started(1)], summary(1).model_copy(update={"goal": goal})
+        )
+        found = await store.get_run("run-1")
+    assert found is not None
+    assert found.goal == goal
+
+
+async def test_runs_appending_at_once_do_not_fail_under_a_serializable_default(
+    postgres_dsn: str,
+) -> None:
+    isolation = "default_transaction_isolation=serializable"
+    dsn = f"{postgres_dsn} options='-c {isolation}'"
+    async with PostgresStore(dsn, pool_size=8) as store:
+
+        async def run(name: str) -> None:
+            for seq in range(1, 11):
+                await store.append(name, [started(seq)], summary(seq, run_id=name))
+
+        async with anyio.create_task_group() as tg:
+            for n in range(40):
+                tg.start_soon(run, f"run-{n}")
+        level = await store._connections().run(
+            lambda conn: conn.execute("SHOW transaction_isolation").fetchone()
+        )
+        runs = await store.list_runs()
+    assert level == ("read committed",)
+    assert sorted(r.last_seq for r in runs) == [10] * 40
+
+
+def test_a_store_serves_one_event_loop_after_another(postgres_dsn: str) -> None:
+    store = PostgresStore(postgres_dsn, pool_size=1)
+
+    async def append(seq: int) -> None:
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):  # more calls than connections: some wait
+                tg.start_soon(store.read, "run-1")
+        await store.append("run-1", [started(seq)], summary(seq))
+
+    for seq, backend in enumerate(["asyncio", "trio", "asyncio", "trio"], start=1):
+        anyio.run(append, seq, backend=backend)
+    anyio.run(store.aclose)
+    assert [e.seq for e in anyio.run(_read_all, postgres_dsn)] == [1, 2, 3, 4]
+
+
+async def _read_all(dsn: str) -> list[Any]:
+    async with PostgresStore(dsn) as store:
+        return await store.read("run-1")
 
 
 async def test_calls_use_at_most_pool_size_connections(postgres_dsn: str) -> None:
