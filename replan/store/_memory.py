@@ -7,9 +7,9 @@ from typing import Self
 
 import anyio
 
-from .._errors import ConfigurationError
 from ..messages import EVENT_ADAPTER, Event, RunCompacted, RunStatus, event_json
 from ._port import EffectRecord, JournalConflict, RunSummary, ToolEffectRecord
+from ._rows import LeaseHolders, lease_refused
 
 
 class MemoryStore:
@@ -32,8 +32,8 @@ class MemoryStore:
         self._tool_effects: dict[str, dict[tuple[str, str], ToolEffectRecord]] = {}
         self._compacted: set[str] = set()
         self._closed = False
-        self._holders: dict[int, bool] = {}
-        """The supervisors serving on this store, by id: True if alone."""
+        self._holders = LeaseHolders()
+        """The supervisors serving on this store."""
 
     async def __aenter__(self) -> Self:
         return self
@@ -105,21 +105,15 @@ class MemoryStore:
             ConfigurationError: another supervisor holds it so that this one
                 cannot (field ``store``).
         """
-        exclusive = exclusive or self._holders.get(id(holder), False)
-        others = [alone for key, alone in self._holders.items() if key != id(holder)]
-        if others and (exclusive or any(others)):
-            problem = (
-                "another supervisor drives runs in this MemoryStore: resuming "
-                "runs needs the journal to itself"
-                if exclusive
-                else "another supervisor is resuming runs in this MemoryStore "
-                "and needs the journal to itself"
-            )
-            raise ConfigurationError("store", problem)
-        self._holders[id(holder)] = exclusive
+        exclusive = self._holders.admit(
+            holder,
+            exclusive,
+            lambda alone: lease_refused("this MemoryStore", exclusive=alone),
+        )
+        self._holders.hold(holder, exclusive)
 
     def release_lease(self, holder: object) -> None:
-        self._holders.pop(id(holder), None)
+        self._holders.release(holder)
 
     # Effect ledger --------------------------------------------------------------
 

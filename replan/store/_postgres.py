@@ -40,6 +40,7 @@ from ._postgres_pool import Pool, connect
 from ._postgres_rows import summary_of_row, summary_values
 from ._postgres_schema import Queries, lease_key, set_up
 from ._rows import (
+    LeaseHolders,
     check_follows,
     corrupt,
     event_row,
@@ -178,7 +179,7 @@ class PostgresStore:
             lease_key(schema),
             self.journal,
         )
-        self._holders: dict[int, bool] = {}  # id(holder) -> holds it alone
+        self._holders = LeaseHolders()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.journal!r})"
@@ -411,16 +412,16 @@ class PostgresStore:
                 ``store``).
         """
         self._connections()
-        exclusive = exclusive or self._holders.get(id(holder), False)
-        others = [alone for key, alone in self._holders.items() if key != id(holder)]
-        if others and (exclusive or any(others)):
-            raise lease_refused(self.journal, exclusive=exclusive)
+        exclusive = self._holders.admit(
+            holder,
+            exclusive,
+            lambda alone: lease_refused(self.journal, exclusive=alone),
+        )
         self._lease.hold(exclusive=exclusive)
-        self._holders[id(holder)] = exclusive
+        self._holders.hold(holder, exclusive)
 
     def release_lease(self, holder: object) -> None:
-        self._holders.pop(id(holder), None)
-        if not self._holders:
+        if self._holders.release(holder):
             self._lease.release()
 
     def _summary(self, row: Any) -> RunSummary:

@@ -8,7 +8,7 @@ in time order, so a journal reads back the same from either.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -90,6 +90,43 @@ def corrupt(
         run_id=run_id,
         seq=seq,
     )
+
+
+class LeaseHolders:
+    """The supervisors of this process serving on one store, told apart by
+    ``id()``: each holds the drivers' lease shared, or alone (see
+    :class:`~replan.store.DriverLease`)."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, bool] = {}  # id(holder) -> holds it alone
+
+    def admit(
+        self, holder: object, exclusive: bool, refused: Callable[[bool], Exception]
+    ) -> bool:
+        """How ``holder`` may hold the lease: alone if asked, or if it holds
+        it alone already (True), else shared.
+
+        Raises:
+            Exception: ``refused(exclusive)``, when another holder of this
+                store holds it so that ``holder`` cannot.
+        """
+        key = id(holder)
+        exclusive = exclusive or self._held.get(key, False)
+        others = [alone for other, alone in self._held.items() if other != key]
+        if others and (exclusive or any(others)):
+            raise refused(exclusive)
+        return exclusive
+
+    def hold(self, holder: object, exclusive: bool) -> None:
+        self._held[id(holder)] = exclusive
+
+    def release(self, holder: object) -> bool:
+        """Forget ``holder``; True when no holder is left."""
+        self._held.pop(id(holder), None)
+        return not self._held
+
+    def clear(self) -> None:
+        self._held.clear()
 
 
 def lease_refused(journal: object, *, exclusive: bool) -> ConfigurationError:

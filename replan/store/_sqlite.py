@@ -29,8 +29,8 @@ from ._port import (
     RunSummary,
     ToolEffectRecord,
 )
+from ._rows import LeaseHolders, corrupt
 from ._rows import check_follows as _check_follows
-from ._rows import corrupt
 from ._rows import event_row as _event_row
 from ._rows import lease_refused as _lease_refused
 from ._rows import summary_from_row as _summary_from_row
@@ -225,7 +225,7 @@ class SQLiteStore:
         real = self.path.resolve()
         self._checkpointer = _Checkpointer(real, synchronous)
         self._lease = _Lease(real.with_name(real.name + _LEASE_SUFFIX))
-        self._holders: dict[int, bool] = {}  # id(holder) -> holds it alone
+        self._holders = LeaseHolders()
         # The last seq this store committed per run: an append then needs no
         # query to check that its events follow on. Another writer's rows
         # still collide on the primary key, which reads as a conflict.
@@ -617,16 +617,14 @@ class SQLiteStore:
         """
         if self.read_only:
             return
-        exclusive = exclusive or self._holders.get(id(holder), False)
-        others = [alone for key, alone in self._holders.items() if key != id(holder)]
-        if others and (exclusive or any(others)):
-            raise _lease_refused(self.path, exclusive=exclusive)
+        exclusive = self._holders.admit(
+            holder, exclusive, lambda alone: _lease_refused(self.path, exclusive=alone)
+        )
         self._lease.hold(exclusive=exclusive)
-        self._holders[id(holder)] = exclusive
+        self._holders.hold(holder, exclusive)
 
     def release_lease(self, holder: object) -> None:
-        self._holders.pop(id(holder), None)
-        if not self._holders:
+        if self._holders.release(holder):
             self._lease.release()
 
     def _summary(self, row: Any) -> RunSummary:
