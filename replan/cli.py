@@ -113,8 +113,15 @@ def _tolerant_output() -> None:
 
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Argument errors argparse cannot see by itself."""
-    if getattr(args, "db", None) == "":
+    db = getattr(args, "db", None)
+    if db == "":
         parser.error(f"{args.command}: --db needs a file path")
+    if db is not None and re.match(r"(?i)postgres(ql)?://", db):
+        # A DSN would be read as a (missing) file with its slashes collapsed.
+        parser.error(
+            f"{args.command}: --db takes a SQLite journal file; a PostgreSQL "
+            "journal is read through the daemon serving it (--url URL)"
+        )
     for name in ("run_id", "gate_id"):
         value = getattr(args, name, None)
         if value is not None and not value.strip():

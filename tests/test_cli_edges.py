@@ -84,6 +84,11 @@ def test_the_journal_hint_can_be_pasted_into_a_shell(
         (["explore", "g", "--db", ""], "explore: --db needs a file path"),
         (["runs", "--db", ""], "runs: --db needs a file path"),
         (["show", "abc", "--db", ""], "show: --db needs a file path"),
+        (
+            ["runs", "--db", "postgresql://replan@db.internal/agents"],
+            "runs: --db takes a SQLite journal file; a PostgreSQL journal",
+        ),
+        (["show", "abc", "--db", "postgres://h/db"], "show: --db takes a SQLite"),
         (["show", "", "--db", "x.db"], "show: RUN_ID cannot be empty"),
         (["show", " ", "--url", "http://127.0.0.1:9"], "show: RUN_ID cannot be empty"),
         (["approve", "", "--url", "http://127.0.0.1:9"], "approve: GATE_ID cannot"),
