@@ -150,7 +150,8 @@ async def explore_call(
     temperature: float,
 ) -> ExploreReply:
     """One explore model call, asked once more when the answer is malformed
-    (unless the adapter asked again already: ``ModelOutputError.final``).
+    (unless the adapter asked again already: ``ModelOutputError.final``); a
+    refusal is not asked again.
 
     A second malformed answer is reported in ``errors`` rather than raised:
     an explore run records it and goes on without that answer. A fatal model
@@ -191,6 +192,8 @@ async def explore_call(
                 allowance.charge(call)
             if isinstance(exc, ModelOutputError) and exc.final:
                 break  # the adapter asked again already: a third try is waste
+            if isinstance(exc, ModelRefusal):
+                break  # the same prompt again would be refused again
             continue
         calls.append(call)
         allowance.charge(call)

@@ -176,3 +176,31 @@ async def test_a_critique_out_of_range_is_asked_again_with_its_problem_shown() -
     assert reasked
     assert all(answer_type(r) == "Critique" for r in reasked)
     assert "is outside 0..1" in reasked[0].messages[-1]["content"]
+
+
+async def test_a_refused_critique_is_not_asked_again() -> None:
+    # The same prompt, asked again, is refused again: a refusal costs one
+    # request, not two.
+    from replan.actors import ActorContext
+    from replan.actors._calls import explore_call
+    from replan.messages import ExploreRequest
+
+    sent = 0
+
+    def refusing(logged: Logged) -> Reply:
+        nonlocal sent
+        sent += 1
+        return completion(None, refusal="I will not judge budgets.")
+
+    with chat_server(refusing) as server:
+        async with model_for(server.base_url) as model:
+            reply = await explore_call(
+                model,
+                "reviewer",
+                ExploreRequest(purpose="critique", context={"goal": "g"}),
+                ActorContext("reviewer", "run", None),
+                0.0,
+            )
+    assert sent == 1
+    assert [e.split(": ")[1] for e in reply.errors] == ["refused"]
+    assert len(reply.calls) == 1
