@@ -20,6 +20,10 @@ from ..messages import GateRequest, GateResolution
 
 GATE_CLOSED = "the gate was closed before a gate worker took it"
 
+ANSWERED_KEPT = 1024
+"""How many answered gates a registry remembers, to tell a late second
+answer that the gate is resolved rather than unknown."""
+
 Validator = Callable[[GateResolution], None]
 """Raises ``ValueError`` when a resolution does not fit the gate (a
 ``ConfigurationError`` to name the field)."""
@@ -47,6 +51,9 @@ class GateRegistry:
 
     def __init__(self) -> None:
         self._open: dict[str, _Pending] = {}
+        self._answered: dict[str, GateResolution] = {}
+        """Gates closed with their answer journaled, newest last (at most
+        :data:`ANSWERED_KEPT`): a second answer to one is told so."""
 
     def pending(self, run_id: str | None = None) -> list[GateRequest]:
         """The open gates, oldest first (of one run, if ``run_id`` is given)."""
@@ -83,6 +90,12 @@ class GateRegistry:
             review = pending is not None and pending.request.hypotheses is not None
             resolution = _resolution_from(gate_id, resolution, review=review)
         if pending is None:
+            answered = self._answered.get(gate_id)
+            if answered is not None:
+                raise GateAlreadyResolved(
+                    f"gate {gate_id} is already resolved "
+                    f"({answered.decision} by {answered.by})"
+                )
             raise GateError(f"no open gate {gate_id!r}")
         if pending.resolution is not None:
             raise GateAlreadyResolved(f"gate {gate_id} is already resolved")
@@ -160,6 +173,10 @@ class GateRegistry:
             pending.error = error
             pending.waited_on.set()
             pending.journaled.set()
+            if error is None and pending.resolution is not None:
+                self._answered[gate_id] = pending.resolution
+                if len(self._answered) > ANSWERED_KEPT:
+                    del self._answered[next(iter(self._answered))]
 
     async def waited_on(self, gate_id: str) -> None:
         """Return once the gate's actor waits on it (or it is closed): its

@@ -258,13 +258,17 @@ async def test_resolving_an_unknown_gate_raises_gate_error() -> None:
             await sup.gates.resolve("no-such-gate", GateResolution(decision="approve"))
 
 
-async def test_resolving_a_gate_twice_raises_gate_error() -> None:
+async def test_resolving_a_gate_twice_raises_gate_already_resolved() -> None:
+    # The first answer is journaled and the gate closed: the second is told
+    # the gate is resolved (and how), not that no such gate exists.
     model = ScriptedModel(Script())
     async with Supervisor(model) as sup:
         handle = await sup.submit(chain_spec())
         gate = await next_gate(sup)
-        await sup.gates.resolve(gate.gate_id, GateResolution(decision="approve"))
-        with pytest.raises(replan.GateError):
+        await sup.gates.resolve(
+            gate.gate_id, GateResolution(decision="approve", by="alice")
+        )
+        with pytest.raises(GateAlreadyResolved, match="approve by alice"):
             await sup.gates.resolve(gate.gate_id, GateResolution(decision="reject"))
         result = await finish(handle)
     assert [r.outcome for r in result.replans] == [ReplanOutcome.APPLIED]
