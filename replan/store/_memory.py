@@ -9,7 +9,7 @@ import anyio
 
 from ..messages import EVENT_ADAPTER, Event, RunCompacted, RunStatus, event_json
 from ._port import EffectRecord, JournalConflict, RunSummary, ToolEffectRecord
-from ._rows import LeaseHolders, lease_refused
+from ._rows import LeaseHolders, check_page, lease_refused
 
 
 class MemoryStore:
@@ -85,6 +85,7 @@ class MemoryStore:
         offset: int = 0,
     ) -> list[RunSummary]:
         self._check_open()
+        check_page(limit, offset)
         rows = [
             r for r in self._runs.values() if statuses is None or r.status in statuses
         ]

@@ -42,6 +42,7 @@ from ._postgres_schema import Queries, lease_key, set_up
 from ._rows import (
     LeaseHolders,
     check_follows,
+    check_page,
     corrupt,
     event_row,
     lease_refused,
@@ -281,6 +282,7 @@ class PostgresStore:
         limit: int = 100,
         offset: int = 0,
     ) -> list[RunSummary]:
+        check_page(limit, offset)
         params: tuple[object, ...]
         if statuses is None:
             query, params = self._queries.list_runs, (limit, offset)

@@ -129,6 +129,18 @@ class LeaseHolders:
         self._held.clear()
 
 
+def check_page(limit: int, offset: int) -> None:
+    """Refuse a page no journal could give alike (SQLite reads a negative
+    limit as none, PostgreSQL refuses it, a list slices from its end).
+
+    Raises:
+        ConfigurationError: ``limit`` or ``offset`` below 0 (names it).
+    """
+    for name, value in (("limit", limit), ("offset", offset)):
+        if value < 0:
+            raise ConfigurationError(name, f"must be at least 0, not {value}")
+
+
 def lease_refused(journal: object, *, exclusive: bool) -> ConfigurationError:
     """The error for a drivers' lease another supervisor holds (see
     :class:`~replan.store.DriverLease`)."""

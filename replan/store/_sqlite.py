@@ -29,7 +29,7 @@ from ._port import (
     RunSummary,
     ToolEffectRecord,
 )
-from ._rows import LeaseHolders, corrupt
+from ._rows import LeaseHolders, check_page, corrupt
 from ._rows import check_follows as _check_follows
 from ._rows import event_row as _event_row
 from ._rows import lease_refused as _lease_refused
@@ -466,6 +466,7 @@ class SQLiteStore:
         limit: int = 100,
         offset: int = 0,
     ) -> list[RunSummary]:
+        check_page(limit, offset)
         conn = self._connection()
         if statuses is None:
             query = f"{_SELECT_RUNS} {_ORDER}"

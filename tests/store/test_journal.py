@@ -486,6 +486,19 @@ async def test_list_runs_orders_by_instant_whatever_the_utc_offset(
     assert await store.list_runs() == [late, early]
 
 
+@pytest.mark.parametrize(
+    ("limit", "offset", "field"), [(-1, 0, "limit"), (5, -2, "offset")]
+)
+async def test_list_runs_refuses_a_negative_page_naming_it(
+    store: Store, limit: int, offset: int, field: str
+) -> None:
+    # SQLite read a negative limit as none, a list sliced from its end, and
+    # PostgreSQL refused it with its own error: every journal now says so.
+    with pytest.raises(ConfigurationError) as caught:
+        await store.list_runs(limit=limit, offset=offset)
+    assert caught.value.field == field
+
+
 async def test_list_runs_filters_by_status(store: Store) -> None:
     rows = await fill(
         store,
