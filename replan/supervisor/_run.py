@@ -98,7 +98,18 @@ class RunEnded(Exception):
         self.reason = reason
 
 
-class RoleFailed(RunEnded):
+class Unanswered(RunEnded):
+    """A role gave no usable answer to one request, and no retry is left.
+
+    Its model's answer failed for good without being fatal (malformed even
+    after the model port's re-ask, a refusal), or the role crashed or timed
+    out on every attempt. A plan run goes on without the answer where it can
+    (a milestone review continues, a replan is refused); where it cannot (the
+    first plan, the boundary, the synthesis) the run ends ``failed``.
+    """
+
+
+class RoleFailed(Unanswered):
     """A role crashed on every attempt of one request (explore runs go on)."""
 
 
@@ -306,12 +317,16 @@ def finish_events(item: _Done) -> list[tuple[type[Event], dict[str, Any]]]:
 
 
 def failure_ending(failure: ModelFailure) -> RunEnded:
-    """How a model failure that cannot be retried ends the run."""
+    """How a model failure that cannot be retried ends the run.
+
+    A failure that is not fatal is :class:`Unanswered`: a plan run goes on
+    without the answer where it can.
+    """
     if failure.error_type == "BudgetExhausted":
         return RunEnded(RunStatus.LIMIT_REACHED, failure.message)
     if failure.fatal:
         return RunEnded(RunStatus.FAILED, failure.message)
-    return RunEnded(
+    return Unanswered(
         RunStatus.FAILED,
         f"the {failure.role} could not answer ({failure.error_type}): "
         f"{failure.message}",
@@ -542,8 +557,14 @@ class RunDriver:
     ) -> Rep:
         """Ask a model-backed role for a ``reply_type`` answer.
 
-        Crashes and timeouts are retried up to ``max_task_attempts``; a
-        stopped role, or the last failed attempt, ends the run ``failed``.
+        Crashes and timeouts are retried up to ``max_task_attempts``.
+
+        Raises:
+            Unanswered: the model's answer failed for good (not fatally), or
+                the last attempt failed (:class:`RoleFailed`); the failure's
+                events are staged.
+            RunEnded: the role stopped, or the model failure ends the run
+                (bad credentials, a spent budget).
         """
         attempts = self.limits.max_task_attempts
         for attempt in range(1, attempts + 1):
