@@ -26,6 +26,8 @@ from replan import (
     Critique,
     Limits,
     ModelAuthenticationError,
+    ModelError,
+    ModelRefusal,
     ModelRequest,
     ReplanOutcome,
     RunSpec,
@@ -59,6 +61,14 @@ def denied(request: ModelRequest) -> Any:
     raise ModelAuthenticationError("the API key was rejected")
 
 
+def bad_request(request: ModelRequest) -> Any:
+    raise ModelError("HTTP 400: the prompt is too long")
+
+
+def refusing(request: ModelRequest) -> Any:
+    raise ModelRefusal("the model refused to answer", reason="refusal")
+
+
 async def test_a_review_whose_reviewer_answers_malformed_continues_the_plan() -> None:
     model = scripted(execute=with_finding, milestone=malformed, usage=USAGE)
 
@@ -90,6 +100,17 @@ async def test_a_review_whose_reviewer_answers_malformed_continues_the_plan() ->
     )
     assert first_failure < done.events.index(reviews[0])
     assert done.replayed == result
+
+
+async def test_a_review_whose_model_refuses_to_answer_continues_the_plan() -> None:
+    model = scripted(execute=with_finding, milestone=refusing)
+
+    done = await run_to_end(model, spec(chain(3, milestone_at=[1])))
+
+    assert done.result.status is RunStatus.COMPLETED
+    assert [r.by for r in done.reviews()] == ["error", "error"]
+    assert "ModelRefusal" in done.reviews()[0].verdict.rationale
+    assert done.replayed == done.result
 
 
 async def test_a_reviewer_that_always_crashes_cannot_keep_a_run_going_forever() -> None:
@@ -374,6 +395,34 @@ async def test_a_fatal_model_failure_at_a_review_or_a_replan_still_fails_the_run
 
     assert done.result.status is RunStatus.FAILED
     assert done.result.stop_reason == "the API key was rejected"
+    assert done.result.replans == []
+    assert done.replayed == done.result
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        pytest.param({"milestone": bad_request}, id="review"),
+        pytest.param(
+            {"milestone": first_then_continue(replan_verdict()), "replan": bad_request},
+            id="replan",
+        ),
+    ],
+)
+async def test_a_bad_request_at_a_review_or_a_replan_still_fails_the_run(
+    answers: dict[str, Answer],
+) -> None:
+    # Not about one answer: every call would fail alike (an unknown model, a
+    # prompt too long), so the run does not go on without reviews or replans.
+    model = scripted(execute=with_finding, **answers)
+
+    done = await run_to_end(model, spec(chain(3, milestone_at=[1])))
+
+    assert done.result.status is RunStatus.FAILED
+    assert done.result.stop_reason is not None
+    assert done.result.stop_reason.endswith(
+        "could not answer (ModelError): HTTP 400: the prompt is too long"
+    )
     assert done.result.replans == []
     assert done.replayed == done.result
 

@@ -18,16 +18,15 @@ def not_a_verdict(request: ModelRequest) -> Any:
     return ModelResponse(output=outcome, usage=USAGE)
 
 
-async def test_a_reviewer_answering_the_wrong_type_is_recorded_naming_it() -> None:
+async def test_a_reviewer_answering_the_wrong_type_fails_the_run_naming_it() -> None:
     model = scripted(execute=with_finding, milestone=not_a_verdict, usage=USAGE)
 
     done = await run_to_end(model, spec(independent(1)))
 
-    # No verdict: the run goes on with its plan.
-    assert done.result.status.value == "completed"
-    (review,) = done.reviews()
-    assert review.by == "error"
-    assert review.verdict.rationale.endswith(
+    # An adapter that answers with the wrong type would do so on every call:
+    # unlike a malformed answer, the run does not go on without reviews.
+    assert done.result.status.value == "failed"
+    assert done.result.stop_reason == (
         "the reviewer could not answer (ModelError): reviewer/milestone: "
         "expected Verdict, got TaskOutcome"
     )
