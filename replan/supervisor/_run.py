@@ -335,8 +335,7 @@ def failure_ending(failure: ModelFailure) -> RunEnded:
     if failure.fatal:
         return RunEnded(RunStatus.FAILED, failure.message)
     reason = (
-        f"the {failure.role} could not answer ({failure.error_type}): "
-        f"{failure.message}"
+        f"the {failure.role} could not answer ({failure.error_type}): {failure.message}"
     )
     if failure.error_type in ANSWER_FAILURES:
         return Unanswered(RunStatus.FAILED, reason)
