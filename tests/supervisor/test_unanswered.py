@@ -39,6 +39,7 @@ from replan import (
     TaskOutcome,
     TaskStatus,
     TokenUsage,
+    TransientModelError,
     apply,
 )
 from replan._render import event_lines, run_report
@@ -63,6 +64,10 @@ def denied(request: ModelRequest) -> Any:
 
 def bad_request(request: ModelRequest) -> Any:
     raise ModelError("HTTP 400: the prompt is too long")
+
+
+def timing_out(request: ModelRequest) -> Any:
+    raise TransientModelError("the request timed out", usage=USAGE)
 
 
 def refusing(request: ModelRequest) -> Any:
@@ -111,6 +116,24 @@ async def test_a_review_whose_model_refuses_to_answer_continues_the_plan() -> No
     assert [r.by for r in done.reviews()] == ["error", "error"]
     assert "ModelRefusal" in done.reviews()[0].verdict.rationale
     assert done.replayed == done.result
+
+
+async def test_a_reviewer_that_times_out_on_every_attempt_is_gone_without() -> None:
+    model = scripted(execute=with_finding, milestone=timing_out)
+
+    done = await run_to_end(
+        model, spec(chain(3, milestone_at=[1]), max_task_attempts=3)
+    )
+
+    result = done.result
+    assert result.status is RunStatus.COMPLETED
+    assert [r.by for r in done.reviews()] == ["error", "error"]
+    assert "reviewer failed 3 time(s)" in done.reviews()[0].verdict.rationale
+    # Every attempt is journaled with what it cost.
+    assert len(model.calls_for("reviewer", "milestone")) == 2 * 3
+    assert [f.error_type for f in result.model_failures] == ["TransientModelError"] * 6
+    assert result.usage.by_role["reviewer"] == sum([USAGE] * 5, USAGE)
+    assert done.replayed == result
 
 
 async def test_a_reviewer_that_always_crashes_cannot_keep_a_run_going_forever() -> None:
