@@ -208,7 +208,10 @@ def event_lines(
         case TaskInterrupted(task_id=task_id, reason=reason):
             return [f"task {task_id} interrupted: {reason}; it will run again"]
         case MilestoneReviewed(index=index, verdict=verdict, by=by):
-            head = f"milestone {index} reviewed by the {by}: {verdict.decision}"
+            if by == "error":
+                head = f"milestone {index} not reviewed: {verdict.decision}"
+            else:
+                head = f"milestone {index} reviewed by the {by}: {verdict.decision}"
             if verdict.decision == "replan":
                 trigger = verdict.trigger.value if verdict.trigger else "no trigger"
                 head += (

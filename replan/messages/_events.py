@@ -73,9 +73,12 @@ class MilestoneReviewed(_Event):
     kind: Literal["milestone_reviewed"] = "milestone_reviewed"
     index: int
     verdict: Verdict
-    by: Literal["heuristic", "model", "policy"]
+    by: Literal["heuristic", "model", "policy", "error"]
     """``heuristic``: the cheap checks decided; ``model``: the reviewer did;
-    ``policy``: the pattern's rules rewrote the reviewer's answer."""
+    ``policy``: the pattern's rules rewrote the reviewer's answer; ``error``:
+    the reviewer gave no usable answer (a model's failure is journaled with
+    this event; the verdict's rationale says why) and the run continues on
+    its plan."""
 
 
 class ReplanRefused(_Event):

@@ -113,6 +113,10 @@ class ReplanOutcome(StrEnum):
     REFUSED_INVALID = "refused_invalid"
     """The proposal was not a valid plan (unknown dependencies, a cycle) or
     the reviewer asked to replan without naming a trigger."""
+    REFUSED_ERROR = "refused_error"
+    """A role the replan needed (the planner, the candidates' critic, the
+    ranker) gave no usable answer: malformed even after the re-ask, a
+    refusal, or a crash or timeout on every attempt."""
 
 
 class ReplanRecord(Frozen):

@@ -119,6 +119,19 @@ def heuristic_verdict(state: RunState) -> Verdict | None:
     )
 
 
+def unanswered_verdict(reason: str) -> Verdict:
+    """The verdict of a milestone whose reviewer gave no usable answer.
+
+    ``continue``: nothing was judged, so nothing changes; the run goes on
+    with its plan, and the review counts toward ``max_iterations`` as any
+    other (a reviewer that always fails cannot hold a run in a loop).
+    """
+    return Verdict(
+        decision="continue",
+        rationale=f"no verdict, the run continues on its plan: {reason}",
+    )
+
+
 def under_contract(verdict: Verdict) -> Verdict:
     """Under contract rules a reviewer may only continue, abort or escalate.
 

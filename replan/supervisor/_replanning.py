@@ -2,10 +2,18 @@
 
 Each step records its outcome in the journal; a refused replan is a normal
 outcome (the run goes on with its plan), never an exception.
+
+A role that gives no usable answer (:class:`Unanswered`) does not throw the
+run away where it can go on without the answer: a milestone review whose
+reviewer fails continues, a replan whose planner, critic or ranker fails is
+refused (``refused_error``), and a failed evolver leaves the tournament's
+winner as it is. The first plan and the boundary have nothing to go on with:
+their planner's failure ends the run ``failed``.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..messages import (
@@ -40,15 +48,17 @@ from ._decide import (
     drifted,
     guard_replan,
     heuristic_verdict,
+    unanswered_verdict,
     under_contract,
 )
 from ._gates import Validator
-from ._run import RunEnded
+from ._run import RunEnded, Unanswered
 from ._versions import build_version, drafts_of
 
 if TYPE_CHECKING:
     from ._run import RunDriver
 
+logger = logging.getLogger("replan.supervisor")
 
 PLAN_ASKS = 2
 """How often the planner is asked for a plan that is no valid plan (a cycle,
@@ -134,10 +144,15 @@ async def review(run: RunDriver) -> None:
             findings=state.findings(),
             milestone_index=state.iterations + 1,
         )
-        reply = await run.ask(
-            run.roles.reviewer, ReviewRequest(context=context), ReviewReply
-        )
-        verdict, by = reply.verdict, "model"
+        try:
+            reply = await run.ask(
+                run.roles.reviewer, ReviewRequest(context=context), ReviewReply
+            )
+        except Unanswered as failed:
+            # Its failure is staged: journaled with the review below.
+            verdict, by = unanswered_verdict(failed.reason), "error"
+        else:
+            verdict, by = reply.verdict, "model"
     if contract_rules(state):
         ruled = under_contract(verdict)
         if ruled != verdict:
@@ -223,6 +238,19 @@ async def _replan(run: RunDriver, verdict: Verdict, resumed: GateInfo | None) ->
     if refusal is not None:
         await _refuse(run, verdict, *refusal)
         return
+    try:
+        await _proposed(run, verdict)
+    except Unanswered as failed:
+        # The failure's events are staged: journaled with the refusal.
+        await _refuse(run, verdict, ReplanOutcome.REFUSED_ERROR, failed.reason)
+
+
+async def _proposed(run: RunDriver, verdict: Verdict) -> None:
+    """The proposal past the guards: asked, checked for drift, gated, applied.
+
+    Raises:
+        Unanswered: a role the proposal needs gave no usable answer.
+    """
     proposal = await _propose(run, verdict)
     asked = 1
     while True:
@@ -249,9 +277,21 @@ async def _replan(run: RunDriver, verdict: Verdict, resumed: GateInfo | None) ->
     if proposal.tasks:
         context = run.base_context()
         context["proposed"] = proposal.tasks
-        reply = await run.ask(
-            run.roles.ranker, AlignmentRequest(context=context), AlignmentReply
-        )
+        try:
+            reply = await run.ask(
+                run.roles.ranker, AlignmentRequest(context=context), AlignmentReply
+            )
+        except Unanswered as failed:
+            # Unchecked for drift, the change is not made; it is kept with
+            # the refusal, as a drifting one is.
+            await _refuse(
+                run,
+                verdict,
+                ReplanOutcome.REFUSED_ERROR,
+                failed.reason,
+                proposed=version,
+            )
+            return
         drift = drifted(reply.alignment, len(proposal.tasks))
         if drift is not None:
             await _refuse(
@@ -355,15 +395,23 @@ async def _propose(run: RunDriver, verdict: Verdict, problem: str = "") -> PlanP
         run.roles.ranker, RankRequest(candidates=proposals, context=context), RankReply
     )
     best = ranking.order[0]
-    evolved = await run.ask(
-        run.roles.evolver,
-        EvolveRequest(
-            candidate=proposals[best],
-            critiques=[critiques.critiques[best]],
-            context=context,
-        ),
-        EvolveReply,
-    )
+    try:
+        evolved = await run.ask(
+            run.roles.evolver,
+            EvolveRequest(
+                candidate=proposals[best],
+                critiques=[critiques.critiques[best]],
+                context=context,
+            ),
+            EvolveReply,
+        )
+    except Unanswered as failed:
+        # The evolver only refines the winner, which is a plan the planner
+        # proposed and the ranker chose: it stands, and goes through the same
+        # checks as any proposal (validity, drift, the gate). A model's
+        # failure is journaled with the replan's outcome.
+        logger.warning("the winning candidate stands unrefined: %s", failed.reason)
+        return proposals[best]
     if not evolved.proposal.achievable and proposals[best].achievable:
         # Only the planner judges whether the goal can be reached: a
         # refinement that gives up on it is none, and the winner stands.

@@ -28,6 +28,8 @@ from .._errors import (
     ActorStopped,
     ActorTimeout,
     ConfigurationError,
+    ModelOutputError,
+    ModelRefusal,
 )
 from ..actors import ActorPool, ReplySlot
 from ..messages import (
@@ -84,6 +86,12 @@ Req = TypeVar("Req")
 Rep = TypeVar("Rep")
 
 
+ANSWER_FAILURES = frozenset({ModelOutputError.__name__, ModelRefusal.__name__})
+"""Model failures of one answer (malformed even after the re-ask, refused):
+a plan run goes on without it where it can. Any other failure that is neither
+transient nor fatal (a bad request, an unknown model, an adapter's answer of
+the wrong type) would fail every call alike: it ends the run."""
+
 APPROVAL_TAKEN_WAIT_S = 5.0
 """How long a run waiting only for approvals lets the gate actor take them
 before it suspends its trace."""
@@ -98,7 +106,18 @@ class RunEnded(Exception):
         self.reason = reason
 
 
-class RoleFailed(RunEnded):
+class Unanswered(RunEnded):
+    """A role gave no usable answer to one request, and no retry is left.
+
+    Its model's answer failed for good (malformed even after the model
+    port's re-ask, or refused: :data:`ANSWER_FAILURES`), or the role crashed
+    or timed out on every attempt. A plan run goes on without the answer where it can
+    (a milestone review continues, a replan is refused); where it cannot (the
+    first plan, the boundary, the synthesis) the run ends ``failed``.
+    """
+
+
+class RoleFailed(Unanswered):
     """A role crashed on every attempt of one request (explore runs go on)."""
 
 
@@ -306,16 +325,21 @@ def finish_events(item: _Done) -> list[tuple[type[Event], dict[str, Any]]]:
 
 
 def failure_ending(failure: ModelFailure) -> RunEnded:
-    """How a model failure that cannot be retried ends the run."""
+    """How a model failure that cannot be retried ends the run.
+
+    One of :data:`ANSWER_FAILURES` is :class:`Unanswered`: a plan run goes
+    on without the answer where it can.
+    """
     if failure.error_type == "BudgetExhausted":
         return RunEnded(RunStatus.LIMIT_REACHED, failure.message)
     if failure.fatal:
         return RunEnded(RunStatus.FAILED, failure.message)
-    return RunEnded(
-        RunStatus.FAILED,
-        f"the {failure.role} could not answer ({failure.error_type}): "
-        f"{failure.message}",
+    reason = (
+        f"the {failure.role} could not answer ({failure.error_type}): {failure.message}"
     )
+    if failure.error_type in ANSWER_FAILURES:
+        return Unanswered(RunStatus.FAILED, reason)
+    return RunEnded(RunStatus.FAILED, reason)
 
 
 def execution_usage(calls: Sequence[ModelCall]) -> TokenUsage | None:
@@ -542,8 +566,14 @@ class RunDriver:
     ) -> Rep:
         """Ask a model-backed role for a ``reply_type`` answer.
 
-        Crashes and timeouts are retried up to ``max_task_attempts``; a
-        stopped role, or the last failed attempt, ends the run ``failed``.
+        Crashes and timeouts are retried up to ``max_task_attempts``.
+
+        Raises:
+            Unanswered: the model's answer failed for good (one of
+                :data:`ANSWER_FAILURES`), or the last attempt failed
+                (:class:`RoleFailed`); the failure's events are staged.
+            RunEnded: the role stopped, or the model failure ends the run
+                (bad credentials, a bad request, a spent budget).
         """
         attempts = self.limits.max_task_attempts
         for attempt in range(1, attempts + 1):

@@ -23,6 +23,8 @@ async def test_a_reviewer_answering_the_wrong_type_fails_the_run_naming_it() -> 
 
     done = await run_to_end(model, spec(independent(1)))
 
+    # An adapter that answers with the wrong type would do so on every call:
+    # unlike a malformed answer, the run does not go on without reviews.
     assert done.result.status.value == "failed"
     assert done.result.stop_reason == (
         "the reviewer could not answer (ModelError): reviewer/milestone: "

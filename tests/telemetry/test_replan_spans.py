@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
+from opentelemetry.trace import StatusCode
 from scripts import (
     chain,
     first_then_continue,
@@ -25,6 +28,7 @@ from replan import (
     ModelRequest,
     ReplanOutcome,
     Supervisor,
+    TokenUsage,
     Trigger,
     Verdict,
 )
@@ -116,6 +120,75 @@ async def test_a_drifting_replan_span_shows_the_refused_diff(
     (ranker,) = tree.children(span, "invoke_agent ranker")
     (check,) = ranker.events
     assert (check.attributes or {})[n.GEN_AI_EVALUATION_SCORE_LABEL] == "1/3 aligned"
+
+
+async def test_a_replan_whose_planner_answers_malformed_is_refused_on_its_span(
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+    meter_provider: MeterProvider,
+    metric_reader: InMemoryMetricReader,
+) -> None:
+    model = scripted(
+        execute=with_finding,
+        milestone=first_then_continue(replan_verdict()),
+        replan=lambda request: {"tasks": "none"},
+        usage=TokenUsage(input_tokens=10, output_tokens=4, calls=1),
+    )
+    result = await run_traced(
+        model, spec(chain(3, milestone_at=[1])), provider, meter_provider
+    )
+    tree = Tree(exporter.get_finished_spans())
+    (span,) = tree.named(n.SPAN_REPLAN)
+    (record,) = result.replans
+    assert record.outcome is ReplanOutcome.REFUSED_ERROR
+    assert attr(span, n.REPLAN_OUTCOME) == "refused_error"
+    assert attr(span, n.REPLAN_REASON) == record.reason
+    assert "the planner could not answer (ModelOutputError)" in record.reason
+    assert attr(span, n.REPLAN_VERSION) == 1
+    assert attr(span, n.REPLAN_TRIGGER) == "contradiction"
+    assert attr(span, n.REPLAN_REPLANS_REMAINING) == 3
+    # What the failed answer cost is the decision's.
+    assert attr(span, n.REPLAN_USAGE_INPUT_TOKENS) == 10
+    assert attr(span, n.REPLAN_USAGE_OUTPUT_TOKENS) == 4
+    # A refusal is a normal outcome: the error is the planner's span's.
+    assert span.status.status_code is not StatusCode.ERROR
+    (planner,) = tree.children(span, n.SPAN_PLAN)
+    assert planner.status.status_code is StatusCode.ERROR
+    root = tree.one("invoke_workflow replan")
+    assert attr(root, n.RUN_OUTCOME) == "completed"
+    data = metric_reader.get_metrics_data()
+    assert data is not None
+    replans = [
+        dict(point.attributes or {})
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == n.METRIC_REPLANS
+        for point in metric.data.data_points
+    ]
+    assert replans == [
+        {n.REPLAN_TRIGGER: "contradiction", n.REPLAN_OUTCOME: "refused_error"}
+    ]
+
+
+async def test_a_review_without_a_verdict_shows_its_decision_on_the_run_span(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    model = scripted(execute=with_finding, milestone=lambda request: {"x": 1})
+    result = await run_traced(model, spec(chain(3, milestone_at=[1])), provider)
+    assert result.status.value == "completed"
+    tree = Tree(exporter.get_finished_spans())
+    root = tree.one("invoke_workflow replan")
+    decisions = [e for e in root.events if e.name == n.EVENT_DECISION]
+    assert [dict(e.attributes or {}) for e in decisions] == [
+        {
+            n.MILESTONE_INDEX: index,
+            n.REPLAN_DECISION: "continue",
+            n.REPLAN_DECIDED_BY: "error",
+        }
+        for index in (1, 2)
+    ]
+    assert tree.named(n.SPAN_REPLAN) == []
 
 
 async def test_with_candidates_the_critique_tournament_and_evolver_nest_in_the_replan(

@@ -23,7 +23,7 @@ from spans import Tree, attr, until
 from replan import (
     GateResolution,
     MemoryStore,
-    ModelError,
+    ModelAuthenticationError,
     ModelRequest,
     RunResult,
     RunStatus,
@@ -178,8 +178,10 @@ async def test_a_cancel_during_a_decision_gives_a_plain_reason(
 async def test_a_decision_cut_by_a_model_error_says_what_it_cost(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
+    # Fatal: the run ends (a failure that is not is a refusal, see
+    # test_replan_spans).
     def broken(request: ModelRequest) -> Any:
-        raise ModelError("planner broke", usage=COST)
+        raise ModelAuthenticationError("planner broke", usage=COST)
 
     with anyio.fail_after(10):
         async with Supervisor(
