@@ -99,7 +99,12 @@ class RunEnded(Exception):
 
 
 class RoleFailed(RunEnded):
-    """A role crashed on every attempt of one request (explore runs go on)."""
+    """A role crashed on every attempt of one request (explore runs go on);
+    ``transient``: the last attempt was a transient model failure or timed out."""
+
+    def __init__(self, status: RunStatus, reason: str, *, transient: bool) -> None:
+        super().__init__(status, reason)
+        self.transient = transient
 
 
 class Unjournalable(RunEnded):
@@ -587,6 +592,7 @@ class RunDriver:
                     raise RoleFailed(
                         RunStatus.FAILED,
                         f"{pool.role} failed {attempts} time(s); last: {exc}",
+                        transient=failure is not None or isinstance(exc, ActorTimeout),
                     ) from None
             finally:
                 if answered:
