@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from scripts import chain, scripted, spec
+from stores import STORE_KINDS
 
 from replan import (
     GateResolution,
@@ -25,7 +27,7 @@ from replan import (
     tool,
 )
 from replan.messages import Event, GateOpened, TaskInterrupted, ToolCall, ToolResult
-from replan.store import SQLiteStore, ToolEffectRecord
+from replan.store import PostgresStore, SQLiteStore, Store, ToolEffectRecord
 
 pytestmark = pytest.mark.anyio
 
@@ -202,15 +204,13 @@ async def test_an_email_cut_short_while_sending_goes_to_a_person_again_not_the_a
 # Finer rules, with the stop made in-process ---------------------------------
 
 
-class Holding(MemoryStore):
+class Holding:
     """A journal whose ledger holds the ``hold_at``-th call that goes ahead
     before it is recorded as started (so it never starts): a stop can come
     there."""
 
-    def __init__(self, hold_at: int) -> None:
-        super().__init__()
-        self.hold_at: int | None = hold_at
-        self.held = anyio.Event()
+    hold_at: int | None = None
+    held: anyio.Event
 
     async def record_tool_effect(self, run_id: str, record: ToolEffectRecord) -> None:
         if record.content is None and self.hold_at is not None:
@@ -218,7 +218,35 @@ class Holding(MemoryStore):
             if not self.hold_at:
                 self.held.set()
                 await anyio.sleep_forever()
-        await super().record_tool_effect(run_id, record)
+        await super().record_tool_effect(run_id, record)  # type: ignore[misc]
+
+
+class HoldingMemory(Holding, MemoryStore):
+    pass
+
+
+class HoldingSQLite(Holding, SQLiteStore):
+    pass
+
+
+class HoldingPostgres(Holding, PostgresStore):
+    pass
+
+
+@pytest.fixture(params=STORE_KINDS)
+async def holding(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[Holding]:
+    store: Holding
+    if request.param == "memory":
+        store = HoldingMemory()
+    elif request.param == "sqlite":
+        store = HoldingSQLite(tmp_path / "j.db")
+    else:
+        store = HoldingPostgres(request.getfixturevalue("postgres_dsn"))
+    store.held = anyio.Event()
+    yield store
+    await store.aclose()  # type: ignore[attr-defined]
 
 
 class Mailer:
@@ -258,12 +286,13 @@ class Mailer:
 
 
 async def stopped_and_resumed(
-    steps: list[list[str]], answers: dict[str, str], hold_at: int
+    holding: Holding, steps: list[list[str]], answers: dict[str, str], hold_at: int
 ) -> tuple[Mailer, Mailer, list[str], list[Event]]:
     """Run, answering each email's gate as ``answers`` says, until the
     ``hold_at``-th approved email is about to start; stop there and resume:
     both mailers, the emails asked about after the resume and the journal."""
-    store = Holding(hold_at)
+    holding.hold_at = hold_at
+    store: Store = holding  # type: ignore[assignment]
     first = Mailer(steps)
     with anyio.fail_after(10):
         async with Supervisor(first.model(), store, tools=[first.tool()]) as sup:
@@ -280,9 +309,9 @@ async def stopped_and_resumed(
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(answer_gates)
-                await store.held.wait()
+                await holding.held.wait()
                 tg.cancel_scope.cancel()
-        store.hold_at = None
+        holding.hold_at = None
         again = Mailer(steps)
         asked: list[str] = []
         async with Supervisor(
@@ -305,15 +334,16 @@ async def stopped_and_resumed(
                 tg.cancel_scope.cancel()
         assert result.status is RunStatus.COMPLETED
         events = await store.read(handle.run_id)
-    await store.aclose()
     return first, again, asked, events
 
 
-async def test_every_answer_journaled_before_the_stop_stands_in_order() -> None:
+async def test_every_answer_journaled_before_the_stop_stands_in_order(
+    holding: Holding,
+) -> None:
     # ana was refused, then bo approved: run again, the attempt is refused
     # ana's email and sends bo's, asking no one.
     first, again, asked, events = await stopped_and_resumed(
-        [["ana"], ["bo"]], {"ana": "reject", "bo": "approve"}, hold_at=1
+        holding, [["ana"], ["bo"]], {"ana": "reject", "bo": "approve"}, hold_at=1
     )
     assert first.sent == []
     assert again.sent == ["bo t1:s2c0"]
@@ -325,12 +355,14 @@ async def test_every_answer_journaled_before_the_stop_stands_in_order() -> None:
     assert (sent_bo.content, sent_bo.error) == ("sent to bo", False)
 
 
-async def test_an_approval_for_a_call_the_ledger_holds_goes_to_a_person_again() -> None:
+async def test_an_approval_for_a_call_the_ledger_holds_goes_to_a_person_again(
+    holding: Holding,
+) -> None:
     # ana's first email went; the second, approved, had not started. Which of
     # the two approvals it was cannot be told from the ledger: a person is
     # asked again, so that nothing is sent on an approval that was used.
     first, again, asked, events = await stopped_and_resumed(
-        [["ana"], ["ana"]], {"ana": "approve"}, hold_at=2
+        holding, [["ana"], ["ana"]], {"ana": "approve"}, hold_at=2
     )
     assert first.sent == ["ana t1:s1c0"]
     assert again.sent == ["ana t1:s2c0"]
