@@ -102,7 +102,9 @@ class RoleFailed(RunEnded):
     """A role crashed on every attempt of one request (explore runs go on);
     ``transient``: the last attempt was a transient model failure or timed out."""
 
-    def __init__(self, status: RunStatus, reason: str, *, transient: bool) -> None:
+    def __init__(
+        self, status: RunStatus, reason: str, *, transient: bool = False
+    ) -> None:
         super().__init__(status, reason)
         self.transient = transient
 
