@@ -19,6 +19,11 @@ acted: the same call made again runs again, after approval, under the same
 key. A new call gets the key of its step and position unless a different
 call took it, then ``-2`` (``-3``...) appended, so the system acted on never
 takes it for a repeat.
+
+A person's answer stands once journaled: an attempt run again after a stop
+cut it short takes the answers its earlier runs got to calls that never
+started (see ``_tool_answers``) instead of opening new gates, so an approved
+call goes ahead, once, under its key, and a rejected one is refused.
 """
 
 from __future__ import annotations
@@ -45,10 +50,11 @@ from ..messages import (
     ToolExchange,
     ToolResult,
 )
-from ..store import ToolEffectLedger, ToolEffectRecord
+from ..store import Store, ToolEffectLedger, ToolEffectRecord
 from ..telemetry import tool_call
 from ._calls import generate, wrong_answer
 from ._runtime import waiting_for_a_person
+from ._tool_answers import StandingAnswers, ToolCallAnswer, interrupted_answers
 
 logger = logging.getLogger("replan.actors")
 
@@ -87,6 +93,9 @@ class _Attempt:
         self._used: set[str] = set()
         """The keys of the calls this attempt ran or matched (not those that
         raised: made again, they run again under the same key)."""
+        self._answers: StandingAnswers | None = None
+        """Answers journaled by earlier runs of this attempt that still stand
+        (read when a call first needs an answer)."""
 
     async def run(self) -> ExecuteReply:
         loop, request, run_id = self._loop, self._request, self._run_id
@@ -184,8 +193,23 @@ class _Attempt:
         before = await self._recorded(task_id, call.name, arguments)
         if before is not None and before.content is not None:
             return self._reused(call, tool, before)
-        with waiting_for_a_person():
-            resolution = await loop.approver(run_id, task_id, call)
+        journaled = None
+        if before is None:
+            journaled = await self._journaled(task_id, call.name, arguments)
+        if journaled is not None:
+            resolution = journaled.resolution
+            logger.info(
+                "tool call %s of task %s: the answer journaled at gate %s stands "
+                "(%s by %s)",
+                call.name,
+                task_id,
+                journaled.gate_id,
+                resolution.decision,
+                resolution.by,
+            )
+        else:
+            with waiting_for_a_person():
+                resolution = await loop.approver(run_id, task_id, call)
         if resolution.decision != "approve":
             note = f": {resolution.note}" if resolution.note else ""
             return failed(f"the call was not approved by {resolution.by}{note}")
@@ -245,6 +269,34 @@ class _Attempt:
         with tool_call(call, spec.description, True, record.key, self._run_id) as done:
             done("reused", record.content, None)
         return ToolResult(call_id=call.id, name=call.name, content=record.content)
+
+    async def _journaled(
+        self, task_id: str, tool: str, arguments: BaseModel
+    ) -> ToolCallAnswer | None:
+        """The answer a run of this attempt that a stop cut short got to this
+        very call, if it still stands (taken: it answers one call only)."""
+        if self._answers is None:
+            self._answers = await self._standing(task_id)
+        return self._answers.take(tool, arguments)
+
+    async def _standing(self, task_id: str) -> StandingAnswers:
+        """Which answers still stand, from the journal and the ledger as they
+        are when a call first needs an answer (this run of the attempt has
+        recorded no call of its own by then, only run again calls the
+        ledger held already)."""
+        tools = self._loop.tools
+        journal = self._loop.effects
+        if not isinstance(journal, Store):
+            return StandingAnswers([], [], tools)  # no journal to read them in
+        try:
+            events = await journal.read(self._run_id)
+            records = await journal.read_tool_effects(self._run_id, task_id)
+        except Exception as exc:
+            logger.warning("journaled tool call answers not read: %s", exc)
+            return StandingAnswers([], [], tools)  # a person is asked again
+        attempt = self._request.task.attempts
+        answers = interrupted_answers(events, task_id, attempt)
+        return StandingAnswers(answers, records, tools)
 
     async def _recorded(
         self, task_id: str, tool: str, arguments: BaseModel

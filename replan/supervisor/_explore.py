@@ -3,8 +3,9 @@
 Each step journals its outcome before the next one reads it; the decisions
 are the pure functions of :mod:`replan.explore`. Malformed model output is
 recorded in the run's errors and the run goes on without that answer; only a
-limit, a stopped role or a cancellation ends it early, and even then the
-brief says what was found so far.
+limit, a stopped role, a model out of reach (see ``_explore_reach``) or a
+cancellation ends it early, and even then the brief says what was found so
+far.
 
 A resumed run goes through the same steps, replaying its journal first:
 while journaled events remain, a step asks no model and journals nothing; it
@@ -77,6 +78,7 @@ from ..messages._explore_events import ExploreEvent
 from ..telemetry import _names as names
 from ._decide import budget_spent
 from ._explore_brief import BriefStatus, admit, build_brief
+from ._explore_reach import Reach
 from ._explore_state import ExploreState, fold_explore
 from ._resume import Recovery
 from ._run import RoleFailed, RunEnded
@@ -167,6 +169,7 @@ class _Flow:
         """A resumed run's journaled steps the flow has not replayed yet."""
         self._replayed = ExploreState()
         """The explore state as of the last replayed event."""
+        self._reach = Reach()
 
     @property
     def explore(self) -> ExploreState:
@@ -263,10 +266,14 @@ class _Flow:
             # The answer is in the journal (or had no effect): ask nobody.
             return ExploreReply()
         request = ExploreRequest(purpose=purpose, context=full, **fields)
+        self._reach.asked()
         try:
             reply = await self.run.ask(pool, request, ExploreReply)
         except RoleFailed as failed:
-            reply = ExploreReply(errors=[f"{pool.role}/{purpose}: {failed.reason}"])
+            error = f"{pool.role}/{purpose}: {failed.reason}"
+            if failed.transient:
+                self._reach.failed(pool.role, error)
+            reply = ExploreReply(errors=[error])
         self._errors.extend(reply.errors)
         return reply
 
@@ -309,12 +316,21 @@ class _Flow:
                 reason=detail,
             )
         await self.gather()
+        self.end_round("the evidence step")
         decision: str = "limit"
         for iteration in range(1, self.spec.limits.max_iterations + 1):
             decision = await self.cycle(iteration)
+            self.end_round(f"cycle {iteration}")
             if decision != "evolve":
                 break
         return await self.conclude(decision)
+
+    def end_round(self, name: str) -> None:
+        """End the run ``failed`` when the model has been out of reach for
+        too many rounds in a row (the brief says what was found)."""
+        unreachable = self._reach.end_round(name)
+        if unreachable is not None:
+            raise RunEnded(RunStatus.FAILED, unreachable)
 
     async def gather(self) -> None:
         """Evidence items from the context; gaps and questions from the planner."""

@@ -118,7 +118,14 @@ class Unanswered(RunEnded):
 
 
 class RoleFailed(Unanswered):
-    """A role crashed on every attempt of one request (explore runs go on)."""
+    """A role crashed on every attempt of one request (explore runs go on);
+    ``transient``: the last attempt was a transient model failure or timed out."""
+
+    def __init__(
+        self, status: RunStatus, reason: str, *, transient: bool = False
+    ) -> None:
+        super().__init__(status, reason)
+        self.transient = transient
 
 
 class Unjournalable(RunEnded):
@@ -617,6 +624,7 @@ class RunDriver:
                     raise RoleFailed(
                         RunStatus.FAILED,
                         f"{pool.role} failed {attempts} time(s); last: {exc}",
+                        transient=failure is not None or isinstance(exc, ActorTimeout),
                     ) from None
             finally:
                 if answered:
