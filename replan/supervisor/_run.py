@@ -109,9 +109,9 @@ class RunEnded(Exception):
 class Unanswered(RunEnded):
     """A role gave no usable answer to one request, and no retry is left.
 
-    Its model's answer failed for good (malformed even after the model
-    port's re-ask, or refused: :data:`ANSWER_FAILURES`), or the role crashed
-    or timed out on every attempt. A plan run goes on without the answer where it can
+    Its model's answer failed for good (malformed even after its one
+    re-ask, or refused: :data:`ANSWER_FAILURES`), or the role crashed or
+    timed out on every attempt. A plan run goes on without the answer where it can
     (a milestone review continues, a replan is refused); where it cannot (the
     first plan, the boundary, the synthesis) the run ends ``failed``.
     """
