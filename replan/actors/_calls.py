@@ -150,6 +150,14 @@ async def _generate(model: Model, request: ModelRequest) -> ModelResponse:
         raise
 
 
+def spent_before(exc: ModelError, calls: list[ModelCall]) -> None:
+    """Add the tokens of a request's earlier calls (``calls``) to the failure
+    of a later one, which ends the request: no reply will report them."""
+    if calls:
+        spent = sum((c.usage for c in calls), exc.usage or TokenUsage())
+        exc.usage = spent
+
+
 class Allowance:
     """The tokens a handler may still spend on its model calls."""
 

@@ -256,3 +256,54 @@ async def test_a_refusal_is_not_asked_again() -> None:
     assert [r.by for r in done.reviews()] == ["error", "error"]
     assert len(model.calls_for("reviewer", "milestone")) == 2
     assert done.replayed == done.result
+
+
+@pytest.mark.parametrize(
+    ("purpose", "role", "calls"),
+    [
+        # Candidate 0 answered, candidate 1 twice malformed.
+        pytest.param("replan", "planner", 1 + 2, id="planner"),
+        # Both candidates proposed; the critique of candidate 1 malformed.
+        pytest.param("critiques", "reviewer", 1 + 2, id="critic"),
+        # Three candidates: pair (0, 1) answered, pair (0, 2) malformed.
+        pytest.param("compare", "ranker", 1 + 2, id="tournament"),
+    ],
+)
+async def test_a_request_failing_after_some_calls_keeps_every_calls_tokens(
+    purpose: str, role: str, calls: int
+) -> None:
+    def later_malformed(answer: Answer, index: Any) -> Answer:
+        def answered(request: ModelRequest) -> Any:
+            if index(request.context) == 1:
+                return MALFORMED
+            return answer(request)
+
+        return answered
+
+    answers: dict[str, Answer] = {
+        "replan": later_malformed(
+            lambda r: fresh_tasks(1, tag=f"c{r.context.get('candidate', 0)}-"),
+            lambda c: c.get("candidate"),
+        ),
+        "critiques": later_malformed(critique, lambda c: c.get("candidate_index")),
+        "compare": later_malformed(
+            lambda r: {"winner": "a"}, lambda c: c.get("b_index", 0) - 1
+        ),
+    }
+    model = replanning(**{purpose: answers[purpose]})
+    candidates = 3 if purpose == "compare" else 2
+
+    done = await run_to_end(
+        model, spec(chain(3, milestone_at=[1]), replan_candidates=candidates)
+    )
+
+    result = done.result
+    assert done.outcomes() == [ReplanOutcome.REFUSED_ERROR]
+    made = [c for c in model.calls_for(role) if c.purpose != "milestone"]
+    assert len(made) == calls
+    (failure,) = result.model_failures
+    # The failure carries what the whole request cost: no reply reported the
+    # calls that were answered before it.
+    assert failure.usage == sum([USAGE] * (calls - 1), USAGE)
+    assert result.usage.total.calls == len(model.calls)
+    assert done.replayed == result
