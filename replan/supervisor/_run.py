@@ -111,14 +111,16 @@ class Unanswered(RunEnded):
 
     Its model's answer failed for good (malformed even after its one
     re-ask, or refused: :data:`ANSWER_FAILURES`), or the role crashed or
-    timed out on every attempt. A plan run goes on without the answer where it can
-    (a milestone review continues, a replan is refused); where it cannot (the
-    first plan, the boundary, the synthesis) the run ends ``failed``.
+    passed ``call_timeout_s`` on every attempt. A plan run goes on without
+    the answer where it can (a milestone review continues, a replan is
+    refused); where it cannot (the first plan, the boundary, the synthesis)
+    the run ends ``failed``.
     """
 
 
 class RoleFailed(Unanswered):
-    """A role crashed on every attempt of one request (explore runs go on)."""
+    """A role crashed or passed ``call_timeout_s`` on every attempt of one
+    request (explore runs go on)."""
 
 
 class Unjournalable(RunEnded):
