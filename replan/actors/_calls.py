@@ -40,14 +40,19 @@ async def call_model(
     temperature: float,
     run_id: str | None,
     task_id: str | None = None,
+    once: bool = False,
 ) -> tuple[T, ModelCall]:
-    """Ask ``model`` for one ``output_type`` answer and report the call's usage.
+    """Ask ``model`` for one ``output_type`` answer and report the usage.
 
     The request carries the structured ``context``; adapters for real models
     render the role's prompt from it, scripted models answer from it directly.
+    A malformed answer is asked once more (see :func:`answer`), unless
+    ``once``: the caller re-asks itself (an explore call). The usage
+    reported covers both calls.
 
     Raises:
-        ModelError: the model answered with the wrong type.
+        ModelError: the model answered with the wrong type, or its answer
+            failed for good (a second malformed one is ``final``).
     """
     request = ModelRequest(
         role=role,
@@ -58,7 +63,7 @@ async def call_model(
         task_id=task_id,
         context=context,
     )
-    response = await generate(model, request)
+    response = await (generate(model, request) if once else answer(model, request))
     output = response.output
     if not isinstance(output, output_type):
         raise wrong_answer(request, output_type, output, response.usage)
@@ -87,6 +92,40 @@ def wrong_answer(
     return error
 
 
+async def answer(model: Model, request: ModelRequest) -> ModelResponse:
+    """:func:`generate`, asked once more when the answer is malformed.
+
+    DESIGN §5: malformed output is retried once, then recorded as an error.
+    An adapter that re-asks by itself marks its error ``final``
+    (``OpenAIModel``): it is not asked a third time. A model that does not
+    (a ``ScriptedModel``, a user's own) is asked again here, with the problem
+    in the request's context as ``answer_problem``, or the same prompt could
+    get the same answer. The response (or the error of a second malformed
+    answer, then ``final``) carries the tokens of both calls: a rejected
+    answer costs as much as an accepted one.
+    """
+    try:
+        return await generate(model, request)
+    except ModelOutputError as exc:
+        if exc.final:
+            raise
+        first = exc
+    again = request.model_copy(
+        update={"context": with_problem(request.context, _brief(first))}
+    )
+    try:
+        response = await generate(model, again)
+    except ModelError as exc:
+        if first.usage is not None:
+            exc.usage = first.usage if exc.usage is None else first.usage + exc.usage
+        if isinstance(exc, ModelOutputError):
+            exc.final = True  # asked twice: a caller does not ask again
+        raise
+    if first.usage is None:
+        return response
+    return response.model_copy(update={"usage": first.usage + response.usage})
+
+
 async def generate(model: Model, request: ModelRequest) -> ModelResponse:
     """``model.generate`` in its model-call span, with any model error marked
     with where it happened."""
@@ -109,6 +148,14 @@ async def _generate(model: Model, request: ModelRequest) -> ModelResponse:
             request.task_id,
         )
         raise
+
+
+def spent_before(exc: ModelError, calls: list[ModelCall]) -> None:
+    """Add the tokens of a request's earlier calls (``calls``) to the failure
+    of a later one, which ends the request: no reply will report them."""
+    if calls:
+        spent = sum((c.usage for c in calls), exc.usage or TokenUsage())
+        exc.usage = spent
 
 
 class Allowance:
@@ -176,6 +223,7 @@ async def explore_call(
                 context=context,
                 temperature=temperature,
                 run_id=ctx.run_id,
+                once=True,  # re-asked below, each malformed answer recorded
             )
         except (TransientModelError, BudgetExhausted):
             raise
@@ -194,6 +242,7 @@ async def explore_call(
                 break  # the adapter asked again already: a third try is waste
             if isinstance(exc, ModelRefusal):
                 break  # the same prompt again would be refused again
+            context = with_problem(request.context, _brief(exc))
             continue
         calls.append(call)
         allowance.charge(call)
@@ -207,8 +256,14 @@ async def explore_call(
         errors.append(f"{role}/{request.purpose}: malformed output: {problem}")
         # The answer was valid JSON, so no adapter saw the problem: say it,
         # or the same prompt would get the same answer.
-        context = {**request.context, "answer_problem": problem}
+        context = with_problem(request.context, problem)
     return ExploreReply(errors=errors, calls=calls)
+
+
+def with_problem(context: dict[str, Any], problem: str) -> dict[str, Any]:
+    """The context of a re-ask: what was wrong with the last answer, as
+    ``answer_problem`` (the prompts show it; a scripted model can read it)."""
+    return {**context, "answer_problem": problem}
 
 
 def _brief(exc: Exception) -> str:

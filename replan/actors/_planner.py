@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from .._errors import ModelError
 from ..llm import Model
 from ..messages import (
     ExploreReply,
@@ -9,7 +10,7 @@ from ..messages import (
     PlanReply,
     PlanRequest,
 )
-from ._calls import Allowance, call_model, explore_call
+from ._calls import Allowance, call_model, explore_call, spent_before
 from ._runtime import ActorContext
 
 
@@ -38,15 +39,19 @@ class Planner:
             if request.candidates > 1:
                 context["candidate"] = index
                 context["candidates"] = request.candidates
-            proposal, call = await call_model(
-                self._model,
-                role="planner",
-                purpose=request.purpose,
-                output_type=PlanProposal,
-                context=context,
-                temperature=0.0,
-                run_id=ctx.run_id,
-            )
+            try:
+                proposal, call = await call_model(
+                    self._model,
+                    role="planner",
+                    purpose=request.purpose,
+                    output_type=PlanProposal,
+                    context=context,
+                    temperature=0.0,
+                    run_id=ctx.run_id,
+                )
+            except ModelError as exc:
+                spent_before(exc, calls)
+                raise
             proposals.append(proposal)
             calls.append(call)
             allowance.charge(call)

@@ -3,6 +3,7 @@ from __future__ import annotations
 from itertools import combinations
 from typing import assert_never
 
+from .._errors import ModelError
 from ..llm import Model
 from ..messages import (
     Alignment,
@@ -15,7 +16,7 @@ from ..messages import (
     RankReply,
     RankRequest,
 )
-from ._calls import Allowance, call_model, explore_call
+from ._calls import Allowance, call_model, explore_call, spent_before
 from ._runtime import ActorContext
 
 
@@ -68,15 +69,19 @@ class Ranker:
                 a_index=i,
                 b_index=j,
             )
-            comparison, call = await call_model(
-                self._model,
-                role="ranker",
-                purpose="compare",
-                output_type=Comparison,
-                context=context,
-                temperature=0.0,
-                run_id=ctx.run_id,
-            )
+            try:
+                comparison, call = await call_model(
+                    self._model,
+                    role="ranker",
+                    purpose="compare",
+                    output_type=Comparison,
+                    context=context,
+                    temperature=0.0,
+                    run_id=ctx.run_id,
+                )
+            except ModelError as exc:
+                spent_before(exc, calls)
+                raise
             wins[i if comparison.winner == "a" else j] += 1
             comparisons.append(comparison)
             calls.append(call)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import assert_never
 
+from .._errors import ModelError
 from ..llm import Model
 from ..messages import (
     Critique,
@@ -14,7 +15,7 @@ from ..messages import (
     ReviewRequest,
     Verdict,
 )
-from ._calls import Allowance, call_model, explore_call
+from ._calls import Allowance, call_model, explore_call, spent_before
 from ._runtime import ActorContext
 
 
@@ -54,15 +55,19 @@ class Reviewer:
                         )
                     context = dict(request.context)
                     context.update(candidate=candidate, candidate_index=index)
-                    critique, call = await call_model(
-                        self._model,
-                        role="reviewer",
-                        purpose="critique",
-                        output_type=Critique,
-                        context=context,
-                        temperature=0.0,
-                        run_id=ctx.run_id,
-                    )
+                    try:
+                        critique, call = await call_model(
+                            self._model,
+                            role="reviewer",
+                            purpose="critique",
+                            output_type=Critique,
+                            context=context,
+                            temperature=0.0,
+                            run_id=ctx.run_id,
+                        )
+                    except ModelError as exc:
+                        spent_before(exc, calls)
+                        raise
                     critiques.append(critique)
                     calls.append(call)
                     allowance.charge(call)

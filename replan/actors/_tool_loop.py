@@ -52,7 +52,7 @@ from ..messages import (
 )
 from ..store import Store, ToolEffectLedger, ToolEffectRecord
 from ..telemetry import tool_call
-from ._calls import generate, wrong_answer
+from ._calls import answer, wrong_answer
 from ._runtime import waiting_for_a_person
 from ._tool_answers import StandingAnswers, ToolCallAnswer, interrupted_answers
 
@@ -117,7 +117,7 @@ class _Attempt:
                     tools=specs,
                     transcript=list(transcript),
                 )
-                response = await generate(loop.model, request_sent)
+                response = await answer(loop.model, request_sent)
                 calls.append(_call(response.usage))
                 if response.tool_calls and specs:
                     if step == request.max_tool_steps:

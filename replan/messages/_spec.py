@@ -63,6 +63,17 @@ class Limits(Settings):
     """Seconds one attempt of a plan run's task may take, waits at its tool
     calls' gates included; a slower attempt is cut short and fails
     ``transient`` (retried up to ``max_task_attempts``). None: no limit."""
+    call_timeout_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    """Seconds one request to a model-backed role other than a task attempt
+    may take: a plan, a revision, a boundary, a review, critiques, a drift
+    check, a tournament, a refinement, the synthesis (each with all of its
+    model calls, a re-ask included), and an explore run's calls. A slower one
+    is cut short and counts as a failed attempt (retried up to
+    ``max_task_attempts``); when every attempt is cut short, the run goes on
+    without the answer where it can (a review continues, a replan is
+    refused) and ends ``failed`` where it cannot. None: no limit but
+    ``deadline_s``; it does not follow ``task_timeout_s``, which bounds tool
+    calls and waits at their gates as well."""
 
 
 class GatePolicy(Settings):

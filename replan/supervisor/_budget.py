@@ -15,6 +15,10 @@ from .._errors import BudgetExhausted, ModelError
 from ..llm import Model, ModelRequest, ModelResponse
 from ..messages import TokenUsage
 
+REQUEST_KEY = "request_id"
+"""The ``ModelRequest.context`` key of a timed request (``call_timeout_s``):
+the meter counts its calls' tokens by it."""
+
 
 class RunMeter:
     """Tokens a run used, counted as responses arrive."""
@@ -24,16 +28,37 @@ class RunMeter:
         self.used = used
         self._attempts: dict[tuple[str, object], TokenUsage] = {}
         """Tokens of each task attempt in flight, by (task id, attempt)."""
+        self._requests: dict[object, TokenUsage] = {}
+        """Tokens of each timed request in flight (see :meth:`watch`), by
+        its ``REQUEST_KEY``."""
 
     def left(self) -> int | None:
         return None if self.budget is None else self.budget - self.used
 
     def charge(self, usage: TokenUsage, request: ModelRequest | None = None) -> None:
         self.used += usage.total_tokens
-        if request is not None and request.task_id is not None:
+        if request is None:
+            return
+        if request.task_id is not None:
             key = (request.task_id, request.context.get("attempt"))
             spent = self._attempts.get(key)
             self._attempts[key] = usage if spent is None else spent + usage
+        elif self._requests:
+            watched = request.context.get(REQUEST_KEY)
+            spent = self._requests.get(watched)
+            if spent is not None:
+                self._requests[watched] = spent + usage
+
+    def watch(self, key: object) -> None:
+        """Count the tokens of the calls made for the request ``key`` (its
+        context's ``REQUEST_KEY``) until :meth:`take_request`."""
+        self._requests[key] = TokenUsage()
+
+    def take_request(self, key: object) -> TokenUsage:
+        """The tokens a watched request's calls used, forgetting them: what
+        a request cut short (``call_timeout_s``), whose reply never came,
+        spent. A call answered later is not counted for it."""
+        return self._requests.pop(key, None) or TokenUsage()
 
     def take_attempt(self, task_id: str, attempt: int) -> TokenUsage | None:
         """The tokens an attempt's model calls used, forgetting them: what a

@@ -66,7 +66,7 @@ from ..messages import (
 )
 from ..store import EffectLedger, EffectRecord, RunSummary, Store
 from ..telemetry import RunTrace, Telemetry, actor_span_suspended
-from ._budget import RunMeter
+from ._budget import REQUEST_KEY, RunMeter
 from ._decide import (
     budget_spent,
     iter_ready,
@@ -109,17 +109,19 @@ class RunEnded(Exception):
 class Unanswered(RunEnded):
     """A role gave no usable answer to one request, and no retry is left.
 
-    Its model's answer failed for good (malformed even after the model
-    port's re-ask, or refused: :data:`ANSWER_FAILURES`), or the role crashed
-    or timed out on every attempt. A plan run goes on without the answer where it can
-    (a milestone review continues, a replan is refused); where it cannot (the
-    first plan, the boundary, the synthesis) the run ends ``failed``.
+    Its model's answer failed for good (malformed even after its one
+    re-ask, or refused: :data:`ANSWER_FAILURES`), or the role crashed or
+    passed ``call_timeout_s`` on every attempt. A plan run goes on without
+    the answer where it can (a milestone review continues, a replan is
+    refused); where it cannot (the first plan, the boundary, the synthesis)
+    the run ends ``failed``.
     """
 
 
 class RoleFailed(Unanswered):
-    """A role crashed on every attempt of one request (explore runs go on);
-    ``transient``: the last attempt was a transient model failure or timed out."""
+    """A role crashed or passed ``call_timeout_s`` on every attempt of one
+    request (explore runs go on); ``transient``: the last attempt was a
+    transient model failure or timed out."""
 
     def __init__(
         self, status: RunStatus, reason: str, *, transient: bool = False
@@ -331,6 +333,24 @@ def finish_events(item: _Done) -> list[tuple[type[Event], dict[str, Any]]]:
     ]
 
 
+_PURPOSES = {
+    "review_request": "milestone",
+    "critique_request": "critique",
+    "alignment_request": "alignment",
+    "rank_request": "compare",
+    "evolve_request": "evolve",
+    "synthesize_request": "synthesize",
+}
+
+
+def purpose_of(request: object) -> str:
+    """The model purpose a role's request asks for (see DESIGN §5)."""
+    purpose = getattr(request, "purpose", None)
+    if isinstance(purpose, str):
+        return purpose  # a plan's, an explore call's
+    return _PURPOSES.get(getattr(request, "kind", ""), "")
+
+
 def failure_ending(failure: ModelFailure) -> RunEnded:
     """How a model failure that cannot be retried ends the run.
 
@@ -396,6 +416,8 @@ class RunDriver:
         )
         """Tokens used as responses arrive (the model wrapper checks it)."""
         self._gate_seq = len(record.state.gates)
+        self._requests = 0
+        """Requests timed by ``call_timeout_s`` so far (their meter keys)."""
         self._in_flight = 0
         self._tool_gates: dict[str, str] = {}
         """Tool calls' gates with no timeout that attempts in flight wait at:
@@ -573,7 +595,9 @@ class RunDriver:
     ) -> Rep:
         """Ask a model-backed role for a ``reply_type`` answer.
 
-        Crashes and timeouts are retried up to ``max_task_attempts``.
+        Crashes and timeouts (``call_timeout_s``) are retried up to
+        ``max_task_attempts``; a malformed answer was asked once more by
+        the role already (see ``actors._calls.answer``).
 
         Raises:
             Unanswered: the model's answer failed for good (one of
@@ -583,6 +607,9 @@ class RunDriver:
                 (bad credentials, a bad request, a spent budget).
         """
         attempts = self.limits.max_task_attempts
+        timeout = self.limits.call_timeout_s
+        timed_out = 0
+        key = ""
         for attempt in range(1, attempts + 1):
             await self._hold_if_draining()
             self.check_budget()
@@ -590,11 +617,18 @@ class RunDriver:
             if budget is not None and hasattr(request, "token_allowance"):
                 left = budget - self.view.usage.total.total_tokens
                 request = request.model_copy(update={"token_allowance": left})  # type: ignore[attr-defined]
+            deadline: float | None = None
+            if timeout is not None:
+                request, key = self._timed(request)
+                deadline = anyio.current_time() + timeout
             self._begin()
             answered = False
             try:
                 reply = expect(
-                    await pool.ask(request, run_id=self.state.run_id), reply_type
+                    await pool.ask(
+                        request, run_id=self.state.run_id, deadline=deadline
+                    ),
+                    reply_type,
                 )
                 # Staged, not committed: the budget checks read the staged view,
                 # and the flow's next append journals it with its outcome.
@@ -614,25 +648,60 @@ class RunDriver:
                 ) from None
             except (ActorCrashed, ActorTimeout) as exc:
                 failure = (
-                    exc.failure.model_failure if isinstance(exc, ActorCrashed) else None
+                    exc.failure.model_failure
+                    if isinstance(exc, ActorCrashed)
+                    else self._cut_short(pool.role, request, key)
                 )
                 if failure is not None:
                     self.stage(*failure_events(failure, with_usage=True))
                     if failure.fatal or not failure.transient:
                         raise failure_ending(failure) from None
+                timed_out += isinstance(exc, ActorTimeout)
                 if attempt == attempts:
                     raise RoleFailed(
                         RunStatus.FAILED,
-                        f"{pool.role} failed {attempts} time(s); last: {exc}",
+                        f"call_timeout_s: the {pool.role} gave no answer within "
+                        f"{timeout:g}s, {attempts} time(s)"
+                        if timed_out == attempts
+                        else f"{pool.role} failed {attempts} time(s); last: "
+                        + (
+                            failure.message
+                            if isinstance(exc, ActorTimeout) and failure is not None
+                            else str(exc)
+                        ),
                         transient=failure is not None or isinstance(exc, ActorTimeout),
                     ) from None
             finally:
+                if timeout is not None:
+                    self.meter.take_request(key)  # none left behind
                 if answered:
                     # Busy until journaled: a drain waits for the append.
                     self._unrecorded += 1
                 else:
                     self._end()
         raise AssertionError("unreachable")
+
+    def _timed(self, request: Req) -> tuple[Req, str]:
+        """``request`` marked for the run's meter, which counts what its
+        calls spend: a request cut short has no reply to say it."""
+        self._requests += 1
+        key = f"{self.state.run_id}-r{self._requests}"
+        self.meter.watch(key)
+        context = {**request.context, REQUEST_KEY: key}  # type: ignore[attr-defined]
+        return request.model_copy(update={"context": context}), key  # type: ignore[attr-defined]
+
+    def _cut_short(self, role: str, request: object, key: str) -> ModelFailure:
+        """The failure a request cut short by ``call_timeout_s`` journals,
+        with what its model calls used until then."""
+        timeout = self.limits.call_timeout_s
+        return ModelFailure(
+            role=role,
+            purpose=purpose_of(request),
+            error_type="ActorTimeout",
+            message=f"call_timeout_s: no answer within {timeout:g}s",
+            transient=True,
+            usage=self.meter.take_request(key),
+        )
 
     def check_budget(self) -> None:
         reason = budget_spent(self.view) or self.meter.spent_reason()

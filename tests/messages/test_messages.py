@@ -99,6 +99,7 @@ def test_limits_and_the_gate_policy_default_to_the_documented_values() -> None:
         "replan_candidates": 1,
         "max_tool_steps": 8,
         "task_timeout_s": None,
+        "call_timeout_s": None,
     }
     policy = GatePolicy()
     assert policy.gate_on == {Trigger.SCOPE_SHIFT}

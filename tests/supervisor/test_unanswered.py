@@ -83,9 +83,12 @@ async def test_a_review_whose_reviewer_answers_malformed_continues_the_plan() ->
     assert result.status is RunStatus.COMPLETED
     assert result.output == SYNTHESIS
     assert set(done.statuses().values()) == {"completed"}
-    # One call per review: a malformed answer is asked again by the model
-    # port, not by the run.
-    assert len(model.calls_for("reviewer", "milestone")) == 2
+    # Two calls per review: a malformed answer is asked once more, with the
+    # problem shown, before the review goes on without a verdict.
+    calls = model.calls_for("reviewer", "milestone")
+    assert len(calls) == 2 * 2
+    assert "answer_problem" not in calls[0].context
+    assert "not a valid Verdict" in calls[1].context["answer_problem"]
     reviews = done.reviews()
     assert [(r.index, r.by, r.verdict.decision) for r in reviews] == [
         (1, "error", "continue"),
@@ -98,8 +101,8 @@ async def test_a_review_whose_reviewer_answers_malformed_continues_the_plan() ->
     assert [(f.role, f.purpose, f.error_type) for f in failures] == [
         ("reviewer", "milestone", "ModelOutputError")
     ] * 2
-    # The failed calls' tokens are the run's, journaled before each review.
-    assert result.usage.by_role["reviewer"] == USAGE + USAGE
+    # Both calls' tokens are the run's, journaled before each review.
+    assert result.usage.by_role["reviewer"] == USAGE + USAGE + USAGE + USAGE
     first_failure = next(
         i for i, e in enumerate(done.events) if isinstance(e, ModelCallFailed)
     )
@@ -249,10 +252,13 @@ async def test_a_refused_replan_keeps_its_failed_calls_in_the_run_usage() -> Non
 
     done = await run_to_end(model, spec(chain(3, milestone_at=[1])))
 
+    # One failure, for the answer still malformed once asked again; the
+    # tokens of both calls.
     (failure,) = done.result.model_failures
     assert (failure.role, failure.purpose) == ("planner", "replan")
-    assert done.result.usage.by_role["planner"] == USAGE
-    assert done.result.replanning_tokens == USAGE.total_tokens
+    assert failure.usage == USAGE + USAGE
+    assert done.result.usage.by_role["planner"] == USAGE + USAGE
+    assert done.result.replanning_tokens == 2 * USAGE.total_tokens
     assert done.replayed == done.result
 
 

@@ -147,9 +147,10 @@ async def test_a_replan_whose_planner_answers_malformed_is_refused_on_its_span(
     assert attr(span, n.REPLAN_VERSION) == 1
     assert attr(span, n.REPLAN_TRIGGER) == "contradiction"
     assert attr(span, n.REPLAN_REPLANS_REMAINING) == 3
-    # What the failed answer cost is the decision's.
-    assert attr(span, n.REPLAN_USAGE_INPUT_TOKENS) == 10
-    assert attr(span, n.REPLAN_USAGE_OUTPUT_TOKENS) == 4
+    # What the failed answers cost (the first and its re-ask) is the
+    # decision's.
+    assert attr(span, n.REPLAN_USAGE_INPUT_TOKENS) == 2 * 10
+    assert attr(span, n.REPLAN_USAGE_OUTPUT_TOKENS) == 2 * 4
     # A refusal is a normal outcome: the error is the planner's span's.
     assert span.status.status_code is not StatusCode.ERROR
     (planner,) = tree.children(span, n.SPAN_PLAN)
