@@ -14,6 +14,7 @@ from .._errors import ConfigurationError, SupervisorError, UnknownRunError
 from ..llm import Model, Tool
 from ..store import SQLiteStore, ToolEffectRecord
 from ..supervisor import RunState, Supervisor, fold_journal
+from ._redrive import redrive_loop
 from ._retention import retention_loop
 from ._settings import DaemonSettings
 from ._token import Token
@@ -126,6 +127,7 @@ class Daemon:
             tasks = await stack.enter_async_context(anyio.create_task_group())
             self._store, self._supervisor = store, supervisor
             tasks.start_soon(retention_loop, self)
+            tasks.start_soon(redrive_loop, self)
             logger.info(
                 "serving; %d unfinished run(s) resumed", len(supervisor.handles())
             )
