@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psycopg
 import pytest
 from counting_model import read_counts
 from daemon_process import TOKEN, DaemonProcess, wait_for
@@ -181,3 +182,54 @@ async def test_with_the_scan_off_a_run_let_go_of_waits_for_a_restart(
         monkeypatch.undo()
         async with serving(daemon):
             assert await finished(daemon, run_id) is RunStatus.COMPLETED
+
+
+def end_the_journal_sessions(dsn: str) -> None:
+    """End the daemon's sessions, as a server restart does (the lease's lock
+    goes with its session), and wait until they are gone. Blocking, with no
+    checkpoint: no scan runs meanwhile."""
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        ended = [
+            pid
+            for (pid,) in admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'replan'"
+            ).fetchall()
+        ]
+        admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s) pid", [ended])
+        while admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [ended]
+        ).fetchone() != (0,):
+            pass
+
+
+async def test_the_scan_leaves_alone_the_runs_of_a_daemon_that_took_the_journal(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    postgres_dsn: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from replan.store import PostgresStore
+
+    settings = DaemonSettings(
+        data_dir=tmp_path, journal_dsn=postgres_dsn, redrive_interval_s=0.1
+    )
+    _, disk = journal_of(settings, monkeypatch)
+    daemon = Daemon(settings=settings, token=Token(TOKEN), model=demo_model())
+    with anyio.fail_after(30):
+        async with serving(daemon):
+            run_id = await let_go_of(daemon, disk)
+            seq = (await daemon.run_state(run_id)).seq
+            end_the_journal_sessions(postgres_dsn)
+            async with PostgresStore(postgres_dsn) as other:
+                other.hold_lease(other, exclusive=True)  # another daemon's
+                disk.full = False
+                await anyio.sleep(1)
+                # Its runs are its own: this daemon drives none of them on.
+                assert not daemon.supervisor.drives(run_id)
+                state = await daemon.run_state(run_id)
+                assert (state.status, state.seq) == (RunStatus.RUNNING, seq)
+                other.release_lease(other)
+            # Gone: the journal is this daemon's again, and so is the run.
+            assert await finished(daemon, run_id) is RunStatus.COMPLETED
+    [failing] = [r for r in caplog.records if "journal is failing" in r.message]
+    assert "resuming runs needs the journal to itself" in failing.message
