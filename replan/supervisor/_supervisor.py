@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import Any, Self
 
 import anyio
+import anyio.to_thread
 from anyio.abc import TaskGroup, TaskStatus
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
@@ -360,6 +361,9 @@ class Supervisor:
         if isinstance(self.store, DriverLease):
             self.store.hold_lease(self, exclusive=exclusive)
 
+    def _hold_lease_alone(self) -> None:
+        self._hold_lease(exclusive=True)
+
     def _release_lease(self) -> None:
         if isinstance(self.store, DriverLease):
             self.store.release_lease(self)
@@ -539,7 +543,7 @@ class Supervisor:
             else:
                 logger.exception("run %s crashed", run_id)
             self._crashes[run_id] = exc
-            self._records[run_id].detach("the run's driver crashed (see the log)")
+            driver.record.detach("the run's driver crashed (see the log)")
         finally:
             run_id = driver.state.run_id
             self._drivers.pop(run_id, None)
@@ -686,7 +690,10 @@ class Supervisor:
             Exception: the journal cannot be read (a full disk, a lost
                 connection).
         """
-        self._hold_lease(exclusive=True)
+        # In a worker thread: a PostgreSQL lease whose session ended (the
+        # server restarted) connects again, which may take a while when the
+        # server does not answer, and must not hold up the event loop.
+        await anyio.to_thread.run_sync(self._hold_lease_alone)
         handles: list[RunHandle] = []
         for run_id in reversed(await self._unfinished_runs(unreadable)):
             if run_id in unreadable or self.drives(run_id):
