@@ -581,6 +581,9 @@ class Supervisor:
         let go of unfinished (its journal failed, say) is resumed like any
         other, with a new handle.
 
+        Within this supervisor a run has one driver at most: a run being
+        submitted or resumed at the same moment (its journal written or read,
+        its driver not yet started) is waited for, and its handle returned.
         Taking over runs needs the journal to itself: with a store shared by
         processes (``SQLiteStore``), no other supervisor may be serving on
         it, lest a run be driven twice and its tasks run again.
@@ -654,6 +657,8 @@ class Supervisor:
 
         A run whose journal cannot be read (a damaged row, an event this
         version cannot parse) is logged and left as it is; the others resume.
+        Runs this supervisor drives already keep their driver (their handles
+        are returned), so it may be called at any time, periodically too.
 
         Raises:
             ConfigurationError: another supervisor serves on the same journal
