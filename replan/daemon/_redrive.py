@@ -61,8 +61,6 @@ class Scan:
     def __init__(self) -> None:
         self.driven: list[str] = []
         """The runs the last scan drove on."""
-        self.unreadable: set[str] = set()
-        """Runs whose journal cannot be read back (logged once, left alone)."""
         self.failing: str | None = None
         """What went wrong, while the journal keeps failing."""
 
@@ -80,7 +78,7 @@ class Scan:
                 break
         self.driven = []
         try:
-            handles = await supervisor._drive_on(self.unreadable)
+            handles = await supervisor._drive_on()
         except SupervisorError:
             raise
         except Exception as exc:

@@ -240,6 +240,9 @@ class Supervisor:
         that a run never gets two drivers."""
         self._crashes: dict[str, Exception] = {}
         """Why the driver of a run let go of unfinished had to stop."""
+        self._unreadable: set[str] = set()
+        """Unfinished runs whose journal a resume found it cannot read back:
+        :meth:`_drive_on` leaves them alone (they were logged)."""
         self._task_group: TaskGroup | None = None
         self._serve_scope: anyio.CancelScope | None = None
         self._exit_stack: AsyncExitStack | None = None
@@ -666,7 +669,10 @@ class Supervisor:
         """
         self._hold_lease(exclusive=True)
         handles: list[RunHandle] = []
-        for run_id in reversed(await self._unfinished_runs(set())):
+        damaged: set[str] = set()  # each call says so again
+        run_ids = await self._unfinished_runs(damaged)
+        self._unreadable |= damaged
+        for run_id in reversed(run_ids):
             try:
                 handles.append(
                     await self._resume(run_id, hold_lease=False, quiet=False)
@@ -676,17 +682,18 @@ class Supervisor:
             except (ReplanError, ValueError) as exc:
                 # ValueError: pydantic's ValidationError and JSON errors too.
                 _unreadable(run_id, exc)
+                self._unreadable.add(run_id)
         return handles
 
-    async def _drive_on(self, unreadable: set[str]) -> list[RunHandle]:
+    async def _drive_on(self) -> list[RunHandle]:
         """Resume the journal's unfinished runs this supervisor does not drive:
         those it let go of (their journal failed), or that nobody drives.
         Returns the handles of the runs it drove on.
 
-        The daemon calls it periodically: a run in ``unreadable`` is left as
-        it is, and one found unreadable is logged once and added to it. A
-        run driven on here that crashes again is not logged (at debug
-        only): the caller reports it (see :meth:`_crash`).
+        The daemon calls it periodically: a run whose journal cannot be
+        read back is logged once (here or by :meth:`resume_all`) and left
+        as it is. A run driven on here that crashes again is not logged (at
+        debug only): the caller reports it (see :meth:`_crash`).
 
         Raises:
             ConfigurationError: another supervisor holds the journal's lease
@@ -700,6 +707,7 @@ class Supervisor:
         # server does not answer, and must not hold up the event loop.
         await anyio.to_thread.run_sync(self._hold_lease_alone)
         handles: list[RunHandle] = []
+        unreadable = self._unreadable
         for run_id in reversed(await self._unfinished_runs(unreadable)):
             if run_id in unreadable or self.drives(run_id):
                 continue

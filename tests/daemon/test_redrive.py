@@ -16,6 +16,7 @@ import pytest
 from counting_model import read_counts
 from daemon_process import TOKEN, DaemonProcess, wait_for
 from in_process import serving
+from test_damaged_journal import damage, journal_runs
 
 from replan import RunStatus, SupervisorError
 from replan._demo import GOAL, demo_model
@@ -251,3 +252,24 @@ async def test_the_scan_leaves_alone_the_runs_of_a_daemon_that_took_the_journal(
     # Said once, whether the first scan to fail found the journal full or
     # its lease taken.
     [_] = [r for r in caplog.records if "journal is failing" in r.message]
+
+
+async def test_a_run_whose_journal_cannot_be_read_is_logged_once_not_every_scan(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = DaemonSettings(
+        data_dir=tmp_path, retention="off", redrive_interval_s=0.1
+    )
+    damaged, healthy = await journal_runs(settings.journal_path, 2, gated=True)
+    damage(settings.journal_path, damaged)
+    caplog.set_level(logging.INFO, logger="replan")
+    daemon = Daemon(settings=settings, token=Token(TOKEN), model=demo_model())
+    with anyio.fail_after(20):
+        async with serving(daemon):
+            await anyio.sleep(1)  # several scans
+            assert daemon.supervisor.drives(healthy)
+            assert not daemon.supervisor.drives(damaged)
+    said = [r for r in caplog.records if damaged in r.message]
+    assert len(said) == 1, [r.message for r in said]
+    assert "cannot be resumed" in said[0].message
+    assert not [r for r in caplog.records if "journal is failing" in r.message]
