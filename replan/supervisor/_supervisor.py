@@ -681,7 +681,7 @@ class Supervisor:
                 raise
             except (ReplanError, ValueError) as exc:
                 # ValueError: pydantic's ValidationError and JSON errors too.
-                _unreadable(run_id, exc)
+                _log_unreadable(run_id, exc)
                 self._unreadable.add(run_id)
         return handles
 
@@ -716,7 +716,7 @@ class Supervisor:
             except SupervisorError:
                 raise
             except (ReplanError, ValueError) as exc:
-                _unreadable(run_id, exc)
+                _log_unreadable(run_id, exc)
                 unreadable.add(run_id)
                 continue
             if not handle.status.final:
@@ -820,7 +820,7 @@ class Supervisor:
         return fold_journal(run_id, events).result()
 
 
-def _unreadable(run_id: str, exc: Exception) -> None:
+def _log_unreadable(run_id: str, exc: Exception) -> None:
     logger.error(
         "run %s cannot be resumed, its journal could not be read: %s: %s",
         run_id,
