@@ -165,8 +165,10 @@ async def test_a_failing_journal_is_scanned_less_often_and_reported_once(
             disk.scans = 0
             await anyio.sleep(2)
             # 0.1, 0.2, 0.4, 0.8 s apart, then 1.6 s (16 intervals) at most:
-            # 5 scans in 2 s, where 20 would look every 0.1 s.
-            assert 2 <= disk.scans <= 5
+            # about 5 scans in 2 s (a few more on a loaded machine, should a
+            # run driven on not have crashed again by the next scan), where
+            # 20 would look every 0.1 s.
+            assert 1 <= disk.scans <= 8
             failing = [r for r in caplog.records if "journal is failing" in r.message]
             assert len(failing) == 1
             assert f"run {run_id} was let go of again: OSError" in failing[0].message
