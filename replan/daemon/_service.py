@@ -104,7 +104,9 @@ class Daemon:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        """Open the journal, resume unfinished runs, serve; drain on the way out.
+        """Open the journal, resume unfinished runs, serve (applying retention
+        and driving on the runs a journal failure let go of, see
+        ``_redrive``); drain on the way out.
 
         Each long-lived part is one entry of the exit stack, undone in reverse
         order (telemetry wraps the whole server: see ``serve``).
