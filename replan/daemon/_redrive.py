@@ -84,6 +84,7 @@ class Scan:
         except Exception as exc:
             # The journal cannot be read (the server is down), or another
             # daemon holds its lease: left as they are until the next scan.
+            logger.debug("the scan for runs let go of failed", exc_info=True)
             problem = problem or _describe(exc)
             handles = []
         self.driven = [h.run_id for h in handles]
