@@ -141,15 +141,24 @@ def start() -> PostgresServer:
             "--locale=C.UTF-8",
         ]
     )
+    server = PostgresServer(directory, port, bindir)
+    start_again(server)
+    return server
+
+
+def start_again(server: PostgresServer) -> None:
+    """Start the server of ``server``'s cluster (after :func:`halt`)."""
+    directory = server.directory
     options = (
-        f"-k {directory} -p {port} -c listen_addresses='' -c max_connections=200 "
+        f"-k {directory} -p {server.port} -c listen_addresses='' "
+        "-c max_connections=200 "
         "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
     )
     _run(
         [
-            str(bindir / "pg_ctl"),
+            str(server.bindir / "pg_ctl"),
             "-D",
-            str(data),
+            str(directory / "data"),
             "-o",
             options,
             "-l",
@@ -158,7 +167,22 @@ def start() -> PostgresServer:
             "start",
         ]
     )
-    return PostgresServer(directory, port, bindir)
+
+
+def halt(server: PostgresServer) -> None:
+    """Stop the server as a restart does (its sessions are ended), keeping
+    its cluster for :func:`start_again`."""
+    _run(
+        [
+            str(server.bindir / "pg_ctl"),
+            "-D",
+            str(server.directory / "data"),
+            "-m",
+            "fast",
+            "-w",
+            "stop",
+        ]
+    )
 
 
 def stop(server: PostgresServer) -> None:

@@ -14,6 +14,7 @@ from .._errors import ConfigurationError, SupervisorError, UnknownRunError
 from ..llm import Model, Tool
 from ..store import SQLiteStore, ToolEffectRecord
 from ..supervisor import RunState, Supervisor, fold_journal
+from ._redrive import redrive_loop
 from ._retention import retention_loop
 from ._settings import DaemonSettings
 from ._token import Token
@@ -103,7 +104,9 @@ class Daemon:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        """Open the journal, resume unfinished runs, serve; drain on the way out.
+        """Open the journal, resume unfinished runs, serve (applying retention
+        and driving on the runs a journal failure let go of, see
+        ``_redrive``); drain on the way out.
 
         Each long-lived part is one entry of the exit stack, undone in reverse
         order (telemetry wraps the whole server: see ``serve``).
@@ -126,6 +129,7 @@ class Daemon:
             tasks = await stack.enter_async_context(anyio.create_task_group())
             self._store, self._supervisor = store, supervisor
             tasks.start_soon(retention_loop, self)
+            tasks.start_soon(redrive_loop, self)
             logger.info(
                 "serving; %d unfinished run(s) resumed", len(supervisor.handles())
             )

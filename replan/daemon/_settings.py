@@ -92,12 +92,31 @@ class DaemonSettings(BaseSettings):
     retention_age_s: float = Field(default=7 * 86_400.0, ge=0.0)
     retention_interval_s: float = Field(default=3_600.0, gt=0.0)
     """How often retention looks for old runs."""
+    redrive_interval_s: float = Field(default=30.0, ge=0.0, le=86_400.0)
+    """How often the daemon looks for unfinished runs it does not drive (a
+    journal failure let go of them) and drives them on: at least 0.1, or 0
+    (or ``off``) not to look. While the journal keeps failing it looks less
+    often, down to once per 16 intervals (at most 10 minutes apart)."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("*", mode="before")
     @classmethod
     def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         return refuse_boolean_number(cls, value, info)
+
+    @field_validator("redrive_interval_s", mode="before")
+    @classmethod
+    def _off_is_zero(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() == "off":
+            return 0.0
+        return value
+
+    @field_validator("redrive_interval_s")
+    @classmethod
+    def _not_busy(cls, seconds: float) -> float:
+        if 0 < seconds < 0.1:
+            raise ValueError("must be at least 0.1 seconds, or 0 (off) not to look")
+        return seconds
 
     @field_validator("model_max_prompt_chars")
     @classmethod

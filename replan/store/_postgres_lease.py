@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 
 from .._errors import ConfigurationError
-from ._postgres_pool import Connect, connect
+from ._postgres_pool import Connect, connect, hung_up
 from ._rows import lease_refused
 
 LEASE_SETTINGS = {
@@ -60,7 +60,8 @@ class AdvisoryLease:
         self._lock = threading.Lock()
 
     def hold(self, *, exclusive: bool) -> None:
-        """Hold the lease shared, or exclusive, or convert a shared one.
+        """Hold the lease shared, or exclusive, or convert a shared one; held
+        already, make sure its session still lives, or take it again.
 
         Raises:
             ConfigurationError: another session holds it so that this one
@@ -68,7 +69,12 @@ class AdvisoryLease:
         """
         with self._lock:
             if self._exclusive or (self._shared and not exclusive):
-                return  # held as strongly already
+                if self._alive():
+                    return  # held as strongly already
+                # Its session ended (the server restarted, say), and the
+                # lock with it: another daemon may hold it now. Taken
+                # again below, or refused.
+                self._drop()
             try:
                 got = self._try(exclusive=exclusive)
             except psycopg.OperationalError:
@@ -86,6 +92,21 @@ class AdvisoryLease:
                 if not self._shared:
                     self._drop()
                 raise lease_refused(self._journal, exclusive=exclusive)
+
+    def _alive(self) -> bool:
+        """Whether the lease's session still lives: while it does, it holds
+        the lock it took. No round trip unless the server has said something
+        (a session it ended says so before it closes)."""
+        conn = self._conn
+        if conn is None or conn.broken or conn.closed:
+            return False
+        if not hung_up(conn):
+            return True
+        try:
+            conn.execute("SELECT 1")
+        except psycopg.Error:
+            return False
+        return True
 
     def _try(self, *, exclusive: bool) -> bool:
         if self._conn is None:

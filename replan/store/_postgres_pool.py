@@ -80,7 +80,7 @@ class Pool:
                 if not self._idle:
                     break
                 conn = self._idle.pop()
-            if not _hung_up(conn):
+            if not hung_up(conn):
                 return conn
             conn.close()
         return self._connect()
@@ -150,7 +150,7 @@ def connect(info: str) -> psycopg.Connection[Any]:
     return conn
 
 
-def _hung_up(conn: psycopg.Connection[Any]) -> bool:
+def hung_up(conn: psycopg.Connection[Any]) -> bool:
     """Whether an idle connection has heard from the server: a session the
     server ended (a restart, an administrator) says so before it closes,
     and the next query on it would fail. One poll, no round trip."""

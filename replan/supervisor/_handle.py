@@ -150,7 +150,10 @@ class _EventStream:
                     # The journal no longer holds them: the run was deleted
                     # (retention) while this reader lagged behind.
                     raise StopAsyncIteration
-                self._buffer = events
+                # Only what the run has acted on: an append may be in the
+                # journal a moment before its state is installed (the gate
+                # its gate_opened lists is answerable from then on).
+                self._buffer = [e for e in events if e.seq <= last] or events
                 continue
             if self._record.done.is_set():
                 raise StopAsyncIteration

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AsyncExitStack
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AsyncExitStack, contextmanager
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, Self
 
 import anyio
+import anyio.to_thread
 from anyio.abc import TaskGroup, TaskStatus
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
@@ -233,6 +234,15 @@ class Supervisor:
         self._finished: dict[str, None] = {}
         self._keep_finished = options.keep_finished
         self._drivers: dict[str, RunDriver] = {}
+        self._taking_up: dict[str, anyio.Event] = {}
+        """Runs whose journal is being written (submit) or read (resume) before
+        a driver starts: another resume of one waits for the first to end, so
+        that a run never gets two drivers."""
+        self._crashes: dict[str, Exception] = {}
+        """Why the driver of a run let go of unfinished had to stop."""
+        self._unreadable: set[str] = set()
+        """Unfinished runs whose journal a resume found it cannot read back:
+        :meth:`_drive_on` leaves them alone (they were logged)."""
         self._task_group: TaskGroup | None = None
         self._serve_scope: anyio.CancelScope | None = None
         self._exit_stack: AsyncExitStack | None = None
@@ -354,6 +364,9 @@ class Supervisor:
         if isinstance(self.store, DriverLease):
             self.store.hold_lease(self, exclusive=exclusive)
 
+    def _hold_lease_alone(self) -> None:
+        self._hold_lease(exclusive=True)
+
     def _release_lease(self) -> None:
         if isinstance(self.store, DriverLease):
             self.store.release_lease(self)
@@ -468,17 +481,37 @@ class Supervisor:
             deadline_at=now + timedelta(seconds=deadline) if deadline else None,
         )
         state = apply(None, event)
-        await self.store.append(run_id, [event], summary_of(state))
-        record = RunRecord(state)
-        self._records[run_id] = record
-        self._start(tg, self._driver(record, roles))
+        # Journaled before it is driven: a resume that finds it in the journal
+        # meanwhile waits for this driver instead of starting another.
+        with self._taking_up_run(run_id):
+            await self.store.append(run_id, [event], summary_of(state))
+            record = RunRecord(state)
+            self._records[run_id] = record
+            self._start(tg, self._driver(record, roles))
         return self._handle(record)
+
+    @contextmanager
+    def _taking_up_run(self, run_id: str) -> Iterator[None]:
+        """Mark ``run_id`` as being taken up until its driver has started (or
+        taking it up failed). Entered with no checkpoint between the check
+        that nobody takes it up and this mark."""
+        assert run_id not in self._taking_up
+        self._taking_up[run_id] = taken = anyio.Event()
+        try:
+            yield
+        finally:
+            del self._taking_up[run_id]
+            taken.set()
+
+    def drives(self, run_id: str) -> bool:
+        """Whether this supervisor drives the run now (or is starting to)."""
+        return run_id in self._drivers or run_id in self._taking_up
 
     def _driver(self, record: RunRecord, roles: Roles) -> RunDriver:
         """A driver for ``record`` with this supervisor's journal and telemetry."""
         return RunDriver(record, roles, self.store, self.gates, self._telemetry)
 
-    def _start(self, tg: TaskGroup, driver: RunDriver) -> None:
+    def _start(self, tg: TaskGroup, driver: RunDriver, *, quiet: bool = False) -> None:
         """Drive a run: its model calls are metered from now on.
 
         ``tg`` is the group seen before the journal was read or written: if
@@ -496,18 +529,24 @@ class Supervisor:
             )
         self._drivers[run_id] = driver
         self._meters[run_id] = driver.meter
-        tg.start_soon(self._drive, driver)
+        self._crashes.pop(run_id, None)
+        tg.start_soon(self._drive, driver, quiet)
 
-    async def _drive(self, driver: RunDriver) -> None:
+    async def _drive(self, driver: RunDriver, quiet: bool) -> None:
         try:
             await driver.run()
-        except Exception:
+        except Exception as exc:
             # A bug in one run must not take the supervisor and its other
-            # runs down; the run stays unfinished in the journal.
-            logger.exception("run %s crashed", driver.state.run_id)
-            self._records[driver.state.run_id].detach(
-                "the run's driver crashed (see the log)"
-            )
+            # runs down; the run stays unfinished in the journal. So does a
+            # run whose journal failed (a full disk, a lost connection).
+            # ``quiet``: whoever drove it on again reports it instead.
+            run_id = driver.state.run_id
+            if quiet:
+                logger.debug("run %s crashed again", run_id, exc_info=True)
+            else:
+                logger.exception("run %s crashed", run_id)
+            self._crashes[run_id] = exc
+            driver.record.detach("the run's driver crashed (see the log)")
         finally:
             run_id = driver.state.run_id
             self._drivers.pop(run_id, None)
@@ -545,6 +584,9 @@ class Supervisor:
         let go of unfinished (its journal failed, say) is resumed like any
         other, with a new handle.
 
+        Within this supervisor a run has one driver at most: a run being
+        submitted or resumed at the same moment (its journal written or read,
+        its driver not yet started) is waited for, and its handle returned.
         Taking over runs needs the journal to itself: with a store shared by
         processes (``SQLiteStore``), no other supervisor may be serving on
         it, lest a run be driven twice and its tasks run again.
@@ -555,12 +597,30 @@ class Supervisor:
             ConfigurationError: another supervisor serves on the same journal
                 (field ``store``).
         """
+        return await self._resume(run_id, hold_lease=True, quiet=False)
+
+    async def _resume(self, run_id: str, *, hold_lease: bool, quiet: bool) -> RunHandle:
         tg, roles = self._serving()
+        while (taken := self._taking_up.get(run_id)) is not None:
+            # Being submitted or resumed: its driver, if it gets one, is the
+            # run's only driver.
+            await taken.wait()
         known = self._records.get(run_id)
         if known is not None and (run_id in self._drivers or known.state.status.final):
             return self._handle(known)
         # Otherwise unknown here, or let go of unfinished (its driver
         # crashed, its journal failed): driven on from the journal.
+        with self._taking_up_run(run_id):
+            return await self._take_up(run_id, tg, roles, hold_lease, quiet)
+
+    async def _take_up(
+        self,
+        run_id: str,
+        tg: TaskGroup,
+        roles: Roles,
+        hold_lease: bool,
+        quiet: bool,
+    ) -> RunHandle:
         events = await self.store.read(run_id)
         if not events:
             raise UnknownRunError(run_id)
@@ -575,7 +635,8 @@ class Supervisor:
             return self._handle(record)
         # Registered only once it can be driven: a run refused here (the
         # lease, an unreadable ledger) is not left held with no driver.
-        self._hold_lease(exclusive=True)
+        if hold_lease:
+            self._hold_lease(exclusive=True)
         store = self.store
         effects = (
             await store.read_effects(run_id) if isinstance(store, EffectLedger) else []
@@ -585,8 +646,13 @@ class Supervisor:
         recovery = Recovery(events, effects)
         recovery.list_gates(driver)
         driver.recovery = recovery
-        self._start(tg, driver)
-        logger.info("resumed run %s at seq %d", run_id, state.seq)
+        self._start(tg, driver, quiet=quiet)
+        logger.log(
+            logging.DEBUG if quiet else logging.INFO,
+            "resumed run %s at seq %d",
+            run_id,
+            state.seq,
+        )
         return self._handle(record)
 
     async def resume_all(self) -> list[RunHandle]:
@@ -594,12 +660,80 @@ class Supervisor:
 
         A run whose journal cannot be read (a damaged row, an event this
         version cannot parse) is logged and left as it is; the others resume.
+        Runs this supervisor drives already keep their driver (their handles
+        are returned), so it may be called at any time, periodically too.
 
         Raises:
             ConfigurationError: another supervisor serves on the same journal
                 (field ``store``); see :meth:`resume`.
         """
         self._hold_lease(exclusive=True)
+        handles: list[RunHandle] = []
+        damaged: set[str] = set()  # each call says so again
+        run_ids = await self._unfinished_runs(damaged)
+        self._unreadable |= damaged
+        for run_id in reversed(run_ids):
+            try:
+                handles.append(
+                    await self._resume(run_id, hold_lease=False, quiet=False)
+                )
+            except SupervisorError:
+                raise
+            except (ReplanError, ValueError) as exc:
+                # ValueError: pydantic's ValidationError and JSON errors too.
+                _log_unreadable(run_id, exc)
+                self._unreadable.add(run_id)
+        return handles
+
+    async def _drive_on(self) -> list[RunHandle]:
+        """Resume the journal's unfinished runs this supervisor does not drive:
+        those it let go of (their journal failed), or that nobody drives.
+        Returns the handles of the runs it drove on.
+
+        The daemon calls it periodically: a run whose journal cannot be
+        read back is logged once (here or by :meth:`resume_all`) and left
+        as it is. A run driven on here that crashes again is not logged (at
+        debug only): the caller reports it (see :meth:`_crash`).
+
+        Raises:
+            ConfigurationError: another supervisor holds the journal's lease
+                (field ``store``): the runs may be its own.
+            SupervisorError: the supervisor is stopping.
+            Exception: the journal cannot be read (a full disk, a lost
+                connection).
+        """
+        # In a worker thread: a PostgreSQL lease whose session ended (the
+        # server restarted) connects again, which may take a while when the
+        # server does not answer, and must not hold up the event loop.
+        await anyio.to_thread.run_sync(self._hold_lease_alone)
+        handles: list[RunHandle] = []
+        unreadable = self._unreadable
+        for run_id in reversed(await self._unfinished_runs(unreadable)):
+            if run_id in unreadable or self.drives(run_id):
+                continue
+            try:
+                handle = await self._resume(run_id, hold_lease=False, quiet=True)
+            except SupervisorError:
+                raise
+            except (ReplanError, ValueError) as exc:
+                _log_unreadable(run_id, exc)
+                unreadable.add(run_id)
+                continue
+            if not handle.status.final:
+                handles.append(handle)
+        return handles
+
+    def _crash(self, run_id: str) -> Exception | None:
+        """Why the run's driver stopped, if this supervisor let go of the run
+        unfinished and has not driven it on since."""
+        return None if self.drives(run_id) else self._crashes.get(run_id)
+
+    async def _unfinished_runs(self, unreadable: set[str]) -> list[str]:
+        """The journal's runs running or waiting for a person, newest first.
+
+        A damaged summary row is logged (once, when its run is not in
+        ``unreadable``, to which it is added) and left out.
+        """
         unfinished = [RunStatus.RUNNING, RunStatus.WAITING_FOR_HUMAN]
         run_ids: list[str] = []
         offset, page = 0, 500
@@ -618,7 +752,11 @@ class Supervisor:
                             statuses=unfinished, limit=1, offset=at
                         )
                     except JournalCorrupt as exc:
-                        logger.error("run %s cannot be resumed: %s", exc.run_id, exc)
+                        if exc.run_id not in unreadable:
+                            logger.error(
+                                "run %s cannot be resumed: %s", exc.run_id, exc
+                            )
+                            unreadable.add(exc.run_id)
                         seen += 1
                         continue
                     if not one:
@@ -629,27 +767,14 @@ class Supervisor:
             offset += seen
             if seen < page:
                 break
-        handles: list[RunHandle] = []
-        for run_id in reversed(run_ids):
-            try:
-                handles.append(await self.resume(run_id))
-            except SupervisorError:
-                raise
-            except (ReplanError, ValueError) as exc:
-                # ValueError: pydantic's ValidationError and JSON errors too.
-                logger.error(
-                    "run %s cannot be resumed, its journal could not be read: %s: %s",
-                    run_id,
-                    type(exc).__name__,
-                    " ".join(str(exc).split()),
-                )
-        return handles
+        return run_ids
 
     def forget(self, run_id: str) -> None:
         """Drop a finished run from memory (its journal stays in the store)."""
         record = self._records.get(run_id)
-        if record is not None and run_id not in self._drivers:
+        if record is not None and not self.drives(run_id):
             del self._records[run_id]
+            self._crashes.pop(run_id, None)
             self._finished.pop(run_id, None)
 
     def _handle(self, record: RunRecord) -> RunHandle:
@@ -693,3 +818,12 @@ class Supervisor:
         if not events:
             raise UnknownRunError(run_id)
         return fold_journal(run_id, events).result()
+
+
+def _log_unreadable(run_id: str, exc: Exception) -> None:
+    logger.error(
+        "run %s cannot be resumed, its journal could not be read: %s: %s",
+        run_id,
+        type(exc).__name__,
+        " ".join(str(exc).split()),
+    )

@@ -1,13 +1,17 @@
 """The daemon on a PostgreSQL journal: killed, and its runs taken over by
-another daemon with a data directory of its own (as on another machine)."""
+another daemon with a data directory of its own (as on another machine);
+its server restarted under a run, which the daemon drives on."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import postgres_server as postgres
 import pytest
 from counting_model import read_counts
 from daemon_process import DaemonProcess, wait_for
+from postgres_server import PostgresServer
 
 from replan import ConfigurationError
 from replan._demo import GOAL
@@ -80,3 +84,58 @@ def test_a_journal_dsn_that_cannot_be_reached_is_refused_naming_the_setting(
     with pytest.raises(ConfigurationError) as caught:
         check_journal(settings)
     assert caught.value.field == "journal_dsn"
+
+
+@pytest.fixture
+def own_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the test's own, to restart."""
+    server = postgres.start()
+    try:
+        yield server
+    finally:
+        postgres.stop(server)
+
+
+def test_a_run_whose_append_met_a_server_restart_completes_through_the_scan(
+    tmp_path: Path, own_server: PostgresServer
+) -> None:
+    counts = str(tmp_path / "executions.txt")
+    env = {
+        "REPLAN_TEST_COUNT_FILE": counts,
+        "REPLAN_TEST_EXECUTE_S": "1.0",
+        "REPLAN_JOURNAL_DSN": own_server.dsn(own_server.new_database()),
+        "REPLAN_REDRIVE_INTERVAL_S": "0.2",
+    }
+    daemon = DaemonProcess(tmp_path / "data", *COUNTING, env=env).start()
+    try:
+        with daemon.client() as client:
+            response = client.post(
+                "/v1/runs", json={"goal": GOAL, "gate_policy": {"gate_on": []}}
+            )
+            assert response.status_code == 202, response.text
+            run_id = response.json()["run_id"]
+            [(key, _)] = wait_for(lambda: list(read_counts(counts)[1].items()))
+            postgres.halt(own_server)
+            try:
+                # The task ends while the server is down: its end cannot be
+                # journaled, and the run is let go of, unfinished.
+                wait_for(lambda: key in read_counts(counts)[0])
+                wait_for(lambda: f"run {run_id} crashed" in daemon.output())
+                wait_for(lambda: "the journal is failing" in daemon.output())
+            finally:
+                postgres.start_again(own_server)
+
+            def status() -> str:
+                return str(client.get(f"/v1/runs/{run_id}").json()["status"])
+
+            wait_for(lambda: status() == "completed", timeout_s=40)
+            wait_for(lambda: "the journal works again" in daemon.output())
+    finally:
+        code = daemon.terminate()
+    assert code == 0, daemon.output()
+    done, running = read_counts(counts)
+    assert not running
+    # Only the attempt in flight at the restart may have run again (its end
+    # reached neither the journal nor the effect ledger).
+    assert {k: n for k, n in done.items() if n != 1} in ({}, {key: 2}), done
+    assert daemon.output().count("the journal is failing") == 1

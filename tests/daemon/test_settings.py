@@ -39,6 +39,11 @@ def test_flags_then_environment_then_the_toml_file(
         ({"drain_grace_s": -1}, "drain_grace_s"),
         # Longer, and `replan watch` would take the silence for a dead stream.
         ({"heartbeat_s": 31}, "heartbeat_s"),
+        # A busy scan of the journal: 0 (or off) turns it off instead.
+        ({"redrive_interval_s": 0.01}, "redrive_interval_s"),
+        ({"redrive_interval_s": -1}, "redrive_interval_s"),
+        ({"redrive_interval_s": "soon"}, "redrive_interval_s"),
+        ({"redrive_interval_s": float("inf")}, "redrive_interval_s"),
     ],
 )
 def test_bad_settings_name_the_field(flags: dict[str, object], field: str) -> None:
@@ -166,3 +171,20 @@ def test_a_broken_variable_is_not_blamed_on_the_config_file(
     with pytest.raises(ConfigurationError) as caught:
         load_settings(config)
     assert caught.value.problem.startswith(f"{config}: ")
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("off", 0.0), ("0", 0.0), ("2.5", 2.5)])
+def test_the_scan_for_runs_let_go_of_is_set_or_turned_off_by_its_variable(
+    monkeypatch: pytest.MonkeyPatch, value: str, seconds: float
+) -> None:
+    assert load_settings().redrive_interval_s == 30.0
+    monkeypatch.setenv("REPLAN_REDRIVE_INTERVAL_S", value)
+    assert load_settings().redrive_interval_s == seconds
+
+
+def test_a_scan_interval_too_short_is_refused_with_what_to_do() -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings(redrive_interval_s=0.05)
+    assert str(raised.value) == (
+        "redrive_interval_s: must be at least 0.1 seconds, or 0 (off) not to look"
+    )

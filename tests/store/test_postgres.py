@@ -608,3 +608,37 @@ async def test_a_lease_whose_session_the_server_ended_is_taken_again(
         async with PostgresStore(postgres_dsn) as other:
             with pytest.raises(ConfigurationError):
                 other.hold_lease(other, exclusive=False)
+
+
+async def test_a_lease_held_alone_whose_session_ended_is_not_kept_once_another_has_it(
+    postgres_dsn: str,
+) -> None:
+    # The server restarted: the lock went with the session. Asked again, the
+    # holder must learn that another daemon holds the journal now (and
+    # resume none of its runs), not go on believing it holds it alone.
+    async with PostgresStore(postgres_dsn) as store:
+        store.hold_lease("a", exclusive=True)
+        sql(
+            postgres_dsn,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'replan'",
+        )
+        await eventually(
+            lambda: (
+                sql(
+                    postgres_dsn,
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE application_name = 'replan'",
+                )
+                == [(0,)]
+            )
+        )
+        async with PostgresStore(postgres_dsn) as other:
+            other.hold_lease(other, exclusive=True)
+            with pytest.raises(ConfigurationError, match="journal to itself"):
+                store.hold_lease("a", exclusive=True)
+            other.release_lease(other)
+        store.hold_lease("a", exclusive=True)  # free again: taken again
+        async with PostgresStore(postgres_dsn) as third:
+            with pytest.raises(ConfigurationError):
+                third.hold_lease(third, exclusive=False)
