@@ -7,8 +7,10 @@ attempts had finished without the journal hearing of it. A resumed run:
 * restarts the attempts that were cut short (``task_interrupted``, then a
   new ``task_started``): they had not returned, so nothing was recorded;
 * lists its open gates again, so a person can still answer them (not a
-  tool call's: its attempt runs again, and a side-effect call that had run
-  gets its result from the tool effect ledger instead of a gate);
+  tool call's: its attempt runs again; a side-effect call that had run
+  gets its result from the tool effect ledger, and one a person had
+  answered but that had not started takes the journaled answer, instead
+  of a new gate);
 * picks up a milestone review the stop interrupted: the replan flow after
   the verdict (from its gate, if one was open or answered), or the review
   itself if one was due and not yet held.
