@@ -22,6 +22,7 @@ from ._errors import GateAlreadyResolved as GateAlreadyResolved
 from ._errors import GateError as GateError
 from ._errors import JournalConflict as JournalConflict
 from ._errors import JournalCorrupt as JournalCorrupt
+from ._errors import JournalUnavailable as JournalUnavailable
 from ._errors import ModelAuthenticationError as ModelAuthenticationError
 from ._errors import ModelError as ModelError
 from ._errors import ModelOutputError as ModelOutputError
@@ -129,6 +130,7 @@ __all__ = (
     "HypothesisReview",
     "JournalConflict",
     "JournalCorrupt",
+    "JournalUnavailable",
     "Limits",
     "MemoryStore",
     "Model",

@@ -112,6 +112,25 @@ class JournalConflict(ReplanError):
     """
 
 
+class JournalUnavailable(ReplanError):
+    """The journal could not take a run's first write (a full disk, a lost
+    database connection): the run was not started.
+
+    Whether the write reached the journal is not known (a database may have
+    committed it before the connection was lost). If it did, the run is
+    unfinished in the journal and ``Supervisor.resume()`` (the daemon's
+    periodic scan) drives it; look it up by ``run_id`` before submitting the
+    spec again, or the work may be done twice.
+
+    Attributes:
+        run_id: the id the run was given.
+    """
+
+    def __init__(self, message: str, *, run_id: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
 class JournalCorrupt(ReplanError):
     """The journal holds a row this replan cannot read back.
 

@@ -24,6 +24,7 @@ from .._errors import (
     GateAlreadyResolved,
     GateError,
     JournalCorrupt,
+    JournalUnavailable,
     ResolutionRefused,
     SupervisorError,
     UnknownRunError,
@@ -160,6 +161,12 @@ def _v1(daemon: Daemon) -> APIRouter:
             raise ApiError(422, str(exc), exc.field) from None
         except SupervisorError as exc:
             raise ApiError(503, f"not accepting runs: {exc}") from None
+        except JournalUnavailable as exc:
+            # A full disk, a lost database connection: worth another try once
+            # the journal takes writes again (the detail names the run to
+            # look up first, in case its write went through).
+            logger.warning("a run could not be journaled: %s", exc)
+            raise ApiError(503, str(exc), headers={"Retry-After": "5"}) from None
         daemon.counters.submitted += 1
         url = f"/v1/runs/{handle.run_id}"
         body = Accepted(run_id=handle.run_id, url=url, status=handle.status)

@@ -21,6 +21,7 @@ from pydantic import Field
 from .._errors import (
     ConfigurationError,
     JournalCorrupt,
+    JournalUnavailable,
     ReplanError,
     SupervisorError,
     UnknownRunError,
@@ -465,6 +466,7 @@ class Supervisor:
         Raises:
             ConfigurationError: the spec is invalid (names the field).
             SupervisorError: the supervisor is not serving.
+            JournalUnavailable: the journal refused the run's first write.
         """
         if not isinstance(spec, RunSpec):
             spec = RunSpec.model_validate(spec)  # ConfigurationError if bad
@@ -484,7 +486,18 @@ class Supervisor:
         # Journaled before it is driven: a resume that finds it in the journal
         # meanwhile waits for this driver instead of starting another.
         with self._taking_up_run(run_id):
-            await self.store.append(run_id, [event], summary_of(state))
+            try:
+                await self.store.append(run_id, [event], summary_of(state))
+            except ReplanError:
+                raise
+            except Exception as exc:
+                raise JournalUnavailable(
+                    f"run {run_id} was not started: the journal refused its "
+                    f"first write ({type(exc).__name__}: {exc}); if the write "
+                    "went through after all, resume() drives the run, so look "
+                    "it up before submitting again",
+                    run_id=run_id,
+                ) from exc
             record = RunRecord(state)
             self._records[run_id] = record
             self._start(tg, self._driver(record, roles))

@@ -79,6 +79,38 @@ def test_a_run_let_go_of_on_a_full_disk_completes_once_the_disk_has_room(
     assert daemon.output().count("the journal works again") == 1
 
 
+def test_a_run_submitted_on_a_full_disk_is_refused_with_503_and_its_id(
+    tmp_path: Path,
+) -> None:
+    full = tmp_path / "disk-full"
+    env = {
+        "REPLAN_TEST_COUNT_FILE": str(tmp_path / "executions.txt"),
+        "REPLAN_TEST_DISK_FULL": str(full),
+    }
+    full.touch()
+    daemon = DaemonProcess(tmp_path / "data", *FULL_DISK, env=env).start()
+    try:
+        with daemon.client() as client:
+            refused = client.post("/v1/runs", json=UNGATED)
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["Retry-After"] == "5"
+            detail = refused.json()["detail"]
+            assert "No space left on device" in detail
+            [run_id] = [w for w in detail.split() if len(w) == 32]
+            # Its first write never reached the journal: no such run.
+            assert client.get(f"/v1/runs/{run_id}").status_code == 404
+            assert "Traceback" not in daemon.output()
+
+            full.unlink()
+            accepted = client.post("/v1/runs", json=UNGATED)
+            assert accepted.status_code == 202, accepted.text
+            again = accepted.json()["run_id"]
+            wait_for(lambda: status_of(client, again) == "completed", timeout_s=30)
+    finally:
+        code = daemon.terminate()
+    assert code == 0, daemon.output()
+
+
 # In the daemon's own process ----------------------------------------------------
 
 

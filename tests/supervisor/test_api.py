@@ -14,6 +14,7 @@ import replan
 from replan import (
     ConfigurationError,
     ExploreSettings,
+    JournalUnavailable,
     Limits,
     MemoryStore,
     ModelRequest,
@@ -30,7 +31,13 @@ from replan import (
     TaskStatus,
     UnknownRunError,
 )
-from replan.messages import MAX_METADATA_DEPTH, RunFinished, RunSubmitted, TaskFinished
+from replan.messages import (
+    MAX_METADATA_DEPTH,
+    Event,
+    RunFinished,
+    RunSubmitted,
+    TaskFinished,
+)
 from replan.store import RunSummary, SQLiteStore
 
 PLAN = [
@@ -359,6 +366,34 @@ async def test_a_journal_failing_as_runs_resume_on_start_comes_out_as_raised() -
     # Nothing was left holding the journal: another supervisor serves on it.
     async with Supervisor(model, store) as other:
         result = await finish(await other.submit(RunSpec(goal="g")))
+    assert result.status is RunStatus.COMPLETED
+
+
+class FullOnce(DelegatingStore):
+    """A journal whose next append fails as on a full disk, then has room."""
+
+    full = True
+
+    async def append(
+        self, run_id: str, events: Sequence[Event], summary: RunSummary
+    ) -> None:
+        if self.full:
+            self.full = False
+            raise OSError(28, "No space left on device")
+        await self.inner.append(run_id, events, summary)
+
+
+async def test_a_run_the_journal_refuses_to_take_is_refused_naming_its_id() -> None:
+    store = FullOnce(MemoryStore())
+    async with Supervisor(ScriptedModel(answers()), store) as sup:
+        with pytest.raises(JournalUnavailable, match="No space left") as refused:
+            await sup.submit(RunSpec(goal="g"))
+        run_id = refused.value.run_id
+        assert f"run {run_id} was not started" in str(refused.value)
+        assert not sup.drives(run_id)
+        assert await store.get_run(run_id) is None
+        # The supervisor serves on: the next run, once there is room, runs.
+        result = await finish(await sup.submit(RunSpec(goal="g")))
     assert result.status is RunStatus.COMPLETED
 
 
