@@ -66,7 +66,7 @@ class Console:
     def emit(self, lines: Sequence[str], *, to_progress: bool = False) -> None:
         stream = self.progress if to_progress else self.out
         for line in lines:
-            print(line, file=stream)
+            print(_render.terminal_text(line), file=stream)
         stream.flush()
 
 
@@ -185,7 +185,7 @@ def _failed(exc: BaseException) -> int:
                 raise exc
             message = f"unexpected {type(first).__name__}: {first}"
     # A base URL's ``user:password@`` is sent, never shown.
-    message = without_credentials(" ".join(message.split()))
+    message = _render.terminal_text(without_credentials(" ".join(message.split())))
     line = f"replan: error: {message}"
     if len(line) > MAX_MESSAGE:
         line = line[: MAX_MESSAGE - 1] + "…"
@@ -442,7 +442,7 @@ async def supervise(
     finally:
         await store.aclose()
     if as_json:
-        console.emit([result.model_dump_json(indent=2)])
+        console.emit([_render.terminal_json(result.model_dump_json(indent=2))])
     else:
         console.emit(["", *report(state, result)])
         if db:
@@ -562,7 +562,7 @@ async def show(console: Console, run_id: str, *, db: str, as_json: bool) -> int:
     finally:
         await store.aclose()
     if as_json:
-        console.emit([state.result().model_dump_json(indent=2)])
+        console.emit([_render.terminal_json(state.result().model_dump_json(indent=2))])
     else:
         console.emit(_render.run_report(state, effects))
     return 0
