@@ -166,14 +166,17 @@ async def _decide(
     elif request.task_id is not None:
         question = question.replace("this change", f"task {request.task_id}")
     while True:
-        print(question, end="", file=console.progress, flush=True)
+        print(
+            _render.terminal_text(question), end="", file=console.progress, flush=True
+        )
         try:
             reply = await read_line()
         except EOFError:
             print(file=console.progress)
             return GateResolution(decision="reject", by="cli", note="no answer")
         if not _interactive():
-            print(reply, file=console.progress, flush=True)  # piped: show it
+            # Piped: show it.
+            print(_render.terminal_text(reply), file=console.progress, flush=True)
         match reply.strip().lower():
             case "y" | "yes":
                 return GateResolution(decision="approve", by="cli")

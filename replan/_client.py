@@ -216,9 +216,14 @@ class Client:
             body = response.json()
             # A replan daemon's problem: both keys, whatever the status (a
             # web framework's own 404 has a detail only).
-            detail, _ = body["detail"], body["field"]
+            detail, field = body["detail"], body["field"]
         except (ValueError, KeyError, TypeError):
             raise self._not_replan(response) from None
+        if response.status_code in (404, 405) and field is None:
+            # The daemon has no such route (every run or gate it does not
+            # know is named by its field): the URL holds a path of its own,
+            # such as ``http://HOST:8470/v1``.
+            raise self._not_replan(response)
         text = self._scrub(detail if isinstance(detail, str) else str(detail))
         raise ClientError(f"{response.status_code}: {text}", response.status_code)
 

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from . import _render
 from ._client import Client, ClientError, segment
+from ._render import terminal_json, terminal_text
 from .store import ToolEffectRecord
 from .supervisor import RunState, apply, replay
 
@@ -103,7 +104,7 @@ def _submit(client: Client, args: argparse.Namespace) -> int:
     if "goal" not in spec:
         raise RemoteError("give a SPEC file or --goal", 2)
     accepted = client.call("POST", "/v1/runs", json=spec)
-    print(accepted["run_id"])
+    print(terminal_text(accepted["run_id"]))
     if args.watch:
         return _follow(client, accepted["run_id"])
     return 0
@@ -173,7 +174,7 @@ def _follow(client: Client, run_id: str) -> int:
     for event in client.events(run_id):
         state = apply(state, event)
         for line in _render.event_lines(event, state, full_gate_ids=True):
-            print(line, flush=True)
+            print(terminal_text(line), flush=True)
     return 0
 
 
@@ -189,7 +190,8 @@ def _answer(client: Client, args: argparse.Namespace) -> int:
         if full_id is None:
             raise
         answer = client.call("POST", f"/v1/gates/{segment(full_id)}", json=body)
-    print(f"gate {answer['gate_id']}: {answer['decision']} (run {answer['run_id']})")
+    said = f"gate {answer['gate_id']}: {answer['decision']} (run {answer['run_id']})"
+    print(terminal_text(said))
     return 0
 
 
@@ -211,7 +213,7 @@ def _find_gate(client: Client, short_id: str) -> str | None:
 
 def _cancel(client: Client, args: argparse.Namespace) -> int:
     ended = client.call("POST", f"/v1/runs/{segment(args.run_id)}/cancel")
-    print(f"run {ended['run_id']}: {ended['status']}")
+    print(terminal_text(f"run {ended['run_id']}: {ended['status']}"))
     return 0
 
 
@@ -228,7 +230,7 @@ def list_runs(args: argparse.Namespace) -> int:
             shape = s["kind"] if s.get("kind") == "explore" else s["pattern"]
             lines.append(f"{s['run_id']}  {s['status']:<17} {shape:<9}  {goal}")
     for line in lines:
-        print(line)
+        print(terminal_text(line))
     if not lines:
         print("no runs", file=sys.stderr)
     return 0
@@ -261,14 +263,14 @@ def show(args: argparse.Namespace) -> int:
             events = list(client.events(run_id, until=view["last_seq"]))
         state = replay(events)
     if args.json:
-        print(state.result().model_dump_json(indent=2))
+        print(terminal_json(state.result().model_dump_json(indent=2)))
     else:
         effects = [
             ToolEffectRecord.model_validate(record)
             for record in view.get("side_effects", [])
         ]
         for line in _render.run_report(state, effects):
-            print(line)
+            print(terminal_text(line))
     return 0
 
 

@@ -43,6 +43,28 @@ from .supervisor import RunState
 
 WIDTH = 88
 
+_CONTROL = (*range(9), *range(11, 32), 127, *range(128, 160))
+"""Control characters (C0 but tab and newline, DEL, C1): a terminal takes
+them, and the escape sequences they start, as commands."""
+_AS_TEXT = dict.fromkeys(_CONTROL, "?")
+_AS_JSON = {code: f"\\u{code:04x}" for code in _CONTROL}
+
+
+def terminal_text(text: str) -> str:
+    """``text`` with every control character shown as ``?``.
+
+    What a run holds comes from people (a goal), models, tools and servers:
+    printed as it is, an escape sequence in it could retitle the window,
+    clear the screen or hide what comes before it.
+    """
+    return text.translate(_AS_TEXT)
+
+
+def terminal_json(text: str) -> str:
+    """JSON text with the control characters JSON leaves raw (DEL, C1)
+    escaped as ``\\u00XX``: the same document, safe on a terminal."""
+    return text.translate(_AS_JSON)
+
 
 def wrap(text: str, indent: str, *, hang: str = "") -> list[str]:
     """``text`` wrapped to :data:`WIDTH` columns and indented.

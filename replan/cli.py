@@ -66,7 +66,7 @@ class Console:
     def emit(self, lines: Sequence[str], *, to_progress: bool = False) -> None:
         stream = self.progress if to_progress else self.out
         for line in lines:
-            print(line, file=stream)
+            print(_render.terminal_text(line), file=stream)
         stream.flush()
 
 
@@ -152,6 +152,9 @@ def _failed(exc: BaseException) -> int:
     if any(isinstance(e, KeyboardInterrupt) for e in leaves):
         print("replan: interrupted", file=sys.stderr)
         return 130
+    if any(isinstance(e, Terminated) for e in leaves):
+        print("replan: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     if any(isinstance(e, SystemExit) for e in leaves):
         raise exc
     if all(isinstance(e, BrokenPipeError) for e in leaves):
@@ -182,7 +185,7 @@ def _failed(exc: BaseException) -> int:
                 raise exc
             message = f"unexpected {type(first).__name__}: {first}"
     # A base URL's ``user:password@`` is sent, never shown.
-    message = without_credentials(" ".join(message.split()))
+    message = _render.terminal_text(without_credentials(" ".join(message.split())))
     line = f"replan: error: {message}"
     if len(line) > MAX_MESSAGE:
         line = line[: MAX_MESSAGE - 1] + "…"
@@ -279,29 +282,38 @@ def _seconds(text: str) -> float:
     return value
 
 
-async def _interruptible(args: argparse.Namespace) -> int:
-    """Run the command; Ctrl-C cancels it, a second one stops at once.
+class Terminated(BaseException):
+    """SIGTERM ended the command (after it wound down): exit 143.
 
-    The first SIGINT cancels the command, which then closes its supervisor
-    and journal; a second one during that wind-down exits 130 without
-    waiting (the journal survives a crash). Left to the event loop, a second
+    A BaseException, as KeyboardInterrupt is, so that no handler on the
+    way out takes it for a failure of the command.
+    """
+
+
+async def _interruptible(args: argparse.Namespace) -> int:
+    """Run the command; Ctrl-C or SIGTERM cancels it, a second one stops at once.
+
+    The first signal cancels the command, which then closes its supervisor
+    and journal; a second one during that wind-down exits without waiting
+    (the journal survives a crash). Left to the event loop, a second
     SIGINT raised ``KeyboardInterrupt`` wherever the cancellation stood and
-    could leave it spinning.
+    could leave it spinning, and SIGTERM (``docker stop``, ``timeout``)
+    killed the command before it closed its journal.
     """
     work = anyio.CancelScope()
-    interrupted = False
+    stopped_by: int | None = None
 
     async def watch(
         *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        nonlocal interrupted
-        with anyio.open_signal_receiver(signal.SIGINT) as signals:
+        nonlocal stopped_by
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             task_status.started()
-            async for _ in signals:
-                if interrupted:
-                    print("replan: interrupted", file=sys.stderr, flush=True)
-                    os._exit(130)
-                interrupted = True
+            async for signum in signals:
+                if stopped_by is not None:
+                    print(f"replan: {_STOPPED[signum]}", file=sys.stderr, flush=True)
+                    os._exit(128 + signum)
+                stopped_by = signum
                 work.cancel()
 
     async with anyio.create_task_group() as tg:
@@ -311,9 +323,14 @@ async def _interruptible(args: argparse.Namespace) -> int:
                 return await _dispatch(args)
         finally:
             tg.cancel_scope.cancel()
-            if interrupted:
+            if stopped_by == signal.SIGINT:
                 raise KeyboardInterrupt
+            if stopped_by == signal.SIGTERM:
+                raise Terminated
     raise AssertionError("unreachable")  # pragma: no cover - mypy
+
+
+_STOPPED = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
 
 
 async def _dispatch(args: argparse.Namespace) -> int:
@@ -425,7 +442,7 @@ async def supervise(
     finally:
         await store.aclose()
     if as_json:
-        console.emit([result.model_dump_json(indent=2)])
+        console.emit([_render.terminal_json(result.model_dump_json(indent=2))])
     else:
         console.emit(["", *report(state, result)])
         if db:
@@ -545,7 +562,7 @@ async def show(console: Console, run_id: str, *, db: str, as_json: bool) -> int:
     finally:
         await store.aclose()
     if as_json:
-        console.emit([state.result().model_dump_json(indent=2)])
+        console.emit([_render.terminal_json(state.result().model_dump_json(indent=2))])
     else:
         console.emit(_render.run_report(state, effects))
     return 0

@@ -524,3 +524,33 @@ def test_two_ctrl_c_at_once_end_a_run_with_one_line_and_a_readable_journal(
     assert code in (130, -signal.SIGINT)
     assert err.read_text() == "replan: interrupted\n"
     assert main(["runs", "--db", str(db)]) == 0
+
+
+def test_sigterm_winds_a_run_down_like_ctrl_c_and_exits_143(tmp_path: Path) -> None:
+    # What `docker stop`, `timeout` or a CI runner's cancel sends.
+    db = tmp_path / "j.db"
+    err = tmp_path / "stderr"
+    with err.open("wb") as stderr:
+        command = ["demo", "--yes", "--latency", "0.2", "--db", str(db)]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "replan", *command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while not db.exists():  # the run has started
+                assert time.monotonic() < deadline, "the demo never started"
+                time.sleep(0.02)
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(10)
+        finally:
+            proc.kill()
+            proc.wait()
+    assert code == 143
+    assert err.read_text() == "replan: terminated\n"
+    # The journal was closed: SQLite removes the WAL with its last connection.
+    assert not Path(f"{db}-wal").exists()
+    assert main(["runs", "--db", str(db)]) == 0

@@ -200,6 +200,20 @@ def test_a_stream_that_goes_silent_is_taken_for_dropped_and_resumed(
             404, "application/json", b'{"detail": "Not Found"}', id="framework-json"
         ),
         pytest.param(307, "text/plain", b"", id="redirect"),
+        # A replan daemon's answer to a path it has no route for, as with
+        # --url http://HOST:8470/v1 (which asks for /v1/v1/runs).
+        pytest.param(
+            404,
+            "application/json",
+            b'{"detail": "Not Found", "field": null}',
+            id="replan-daemon-under-a-path",
+        ),
+        pytest.param(
+            405,
+            "application/json",
+            b'{"detail": "Method Not Allowed", "field": null}',
+            id="replan-daemon-wrong-route",
+        ),
     ],
 )
 @pytest.mark.parametrize(

@@ -76,8 +76,13 @@ def _imported(path: str, settings: DaemonSettings) -> Model:
         pass  # no signature to check (some builtins): the call will tell
     try:
         model = found(settings)
-    except TypeError as exc:
-        raise ConfigurationError("model", f"{path}(settings) failed: {exc}") from None
+    except ConfigurationError:
+        raise  # names its own field
+    except Exception as exc:
+        problem = f"{path}(settings) raised {type(exc).__name__}: {exc}"
+        raise ConfigurationError("model", problem) from None
+    except SystemExit as exc:  # a factory that exits is still a bad model
+        raise ConfigurationError("model", f"{path}(settings) raised {exc!r}") from None
     if not isinstance(model, Model):
         raise ConfigurationError(
             "model", f"{path} returned {type(model).__name__}, not a model"

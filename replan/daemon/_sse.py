@@ -5,7 +5,8 @@ A client that reconnects with the last id it saw gets every later event
 once: the stream reads the journal after that seq, then follows the run
 live, so nothing is skipped or repeated. Comment lines keep idle
 connections alive through proxies; the stream ends after the run's last
-event, or when the daemon shuts down.
+event, or when the daemon shuts down (a stream opened while it drains
+sends the history the journal holds, then ends).
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ async def event_source(daemon: Daemon, run_id: str, after: int) -> AsyncIterator
         handle = sup.get(run_id) if sup is not None else None
     except UnknownRunError:
         handle = None
-    if handle is None:
+    if handle is None or daemon.draining:
         # Not driven by this process: finished, so the journal is complete.
+        # Draining: no stream follows a run any more, but its history can
+        # still be read (``replan show`` reads it so) until the daemon stops.
         for past in await daemon.store.read(run_id, after):
             yield frame(past)
         return

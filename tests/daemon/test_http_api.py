@@ -466,6 +466,25 @@ def test_a_lone_surrogate_in_a_run_spec_is_a_400_naming_the_body(
     assert runs == []
 
 
+@pytest.mark.parametrize("by", ["", "   "])
+def test_an_answer_that_names_no_one_is_refused_naming_by(
+    daemon: DaemonProcess, by: str
+) -> None:
+    # The journal keeps who decided each gate: an answer must say who.
+    with daemon.client() as client:
+        submit(client)
+        (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+        url = f"/v1/gates/{gate['gate_id']}"
+        refused = client.post(url, json={"decision": "approve", "by": by})
+        still_open = client.get("/v1/gates").json()["gates"]
+    assert refused.status_code == 422, refused.text
+    assert refused.json() == {
+        "detail": "by: name who decides (the journal keeps it)",
+        "field": "by",
+    }
+    assert [g["gate_id"] for g in still_open] == [gate["gate_id"]]
+
+
 def test_a_lone_surrogate_in_a_gate_answer_is_refused_and_the_gate_stays_open(
     daemon: DaemonProcess,
 ) -> None:

@@ -12,8 +12,10 @@ import httpx
 import pytest
 from daemon_process import TOKEN
 
-from replan import ModelRequest, ScriptedModel
+from replan import ModelRequest, ScriptedModel, _client
+from replan._client import Backoff
 from replan._demo import GOAL, answer, demo_usage
+from replan.cli import main
 from replan.daemon import DaemonSettings, Token
 from replan.daemon._listen import listen
 from replan.daemon._server import Shutdown, run_server, uvicorn_server
@@ -128,3 +130,50 @@ async def test_a_second_signal_stops_without_waiting_for_the_drain(
     assert "task_finished" not in kinds, "the execution was cut short"
     assert "run_finished" not in kinds
     assert not held.release.is_set()
+
+
+async def test_a_run_can_still_be_shown_while_the_daemon_drains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = HeldModel()
+    daemon = held_daemon(tmp_path, held)
+    server = uvicorn_server(daemon)
+    sockets = listen("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    monkeypatch.setenv("REPLAN_API_TOKEN", TOKEN)
+    # Without the history, the client would retry until it gives up.
+    monkeypatch.setattr(_client, "DEFAULT_BACKOFF", Backoff(0.1, 0.1, 2.0))
+    shown: list[int] = []
+    try:
+        async with (
+            anyio.create_task_group() as tg,
+            httpx.AsyncClient(base_url=url, headers=headers) as client,
+        ):
+            shutdown: Shutdown = await tg.start(run_server, daemon, server, sockets)
+            accepted = await client.post(
+                "/v1/runs", json={"goal": GOAL, "gate_policy": {"gate_on": []}}
+            )
+            run_id = accepted.json()["run_id"]
+            await held.executing.wait()
+            shutdown.request()
+
+            # The history is served from the journal, then the stream ends.
+            with anyio.fail_after(10):
+                history = await client.get(f"/v1/runs/{run_id}/events")
+                shown.append(
+                    await anyio.to_thread.run_sync(main, ["show", run_id, "--url", url])
+                )
+            held.release.set()
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert history.status_code == 200
+    kinds = [
+        line.removeprefix("event: ")
+        for line in history.text.splitlines()
+        if line.startswith("event: ")
+    ]
+    assert kinds[:3] == ["run_submitted", "usage_recorded", "plan_created"]
+    assert "task_started" in kinds
+    assert shown == [0]

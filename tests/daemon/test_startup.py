@@ -189,6 +189,22 @@ def test_a_python_model_that_is_no_model_is_a_one_line_error(
     assert not (tmp_path / "journal.db").exists()
 
 
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [("raises", "RuntimeError: no GPU left"), ("exits", "SystemExit(3)")],
+)
+def test_a_python_model_factory_that_fails_is_a_one_line_error_naming_the_model(
+    tmp_path: Path, name: str, problem: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = f"python:failing_models:{name}"
+    args = ["serve", "--model", model, "--data-dir", str(tmp_path), "--port", "1"]
+    assert main(args) == 2
+    assert capsys.readouterr().err == (
+        f"replan: error: model: failing_models:{name}(settings) raised {problem}\n"
+    )
+    assert not (tmp_path / "journal.db").exists()
+
+
 def test_the_daemon_freezes_its_startup_heap_and_collects_less_often(
     tmp_path: Path,
 ) -> None:
