@@ -80,8 +80,9 @@ class GateRegistry:
             GateAlreadyResolved: the gate has been answered already (two
                 people answering at once: the second one).
             ResolutionRefused: the resolution does not fit the gate (an edit
-                whose tasks are not a valid plan, say) or holds a string the
-                journal cannot store; names the field, and the gate stays open.
+                whose tasks are not a valid plan, say), names no one in ``by``,
+                or holds a string the journal cannot store; names the field,
+                and the gate stays open.
             GateError: no open gate has this id, or the run ended before it
                 journaled the answer.
         """
@@ -99,6 +100,11 @@ class GateRegistry:
             raise GateError(f"no open gate {gate_id!r}")
         if pending.resolution is not None:
             raise GateAlreadyResolved(f"gate {gate_id} is already resolved")
+        if not resolution.by.strip():
+            # The journal keeps who decided each gate (its audit trail).
+            raise ResolutionRefused(
+                "by", f"gate {gate_id}: by: name who decides (the journal keeps it)"
+            )
         try:
             resolution.check_storable()
         except ConfigurationError as exc:

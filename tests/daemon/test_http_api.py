@@ -479,7 +479,8 @@ def test_an_answer_that_names_no_one_is_refused_naming_by(
         still_open = client.get("/v1/gates").json()["gates"]
     assert refused.status_code == 422, refused.text
     assert refused.json() == {
-        "detail": "by: name who decides (the journal keeps it)",
+        "detail": f"gate {gate['gate_id']}: by: name who decides"
+        " (the journal keeps it)",
         "field": "by",
     }
     assert [g["gate_id"] for g in still_open] == [gate["gate_id"]]

@@ -846,6 +846,24 @@ async def test_an_edit_a_replan_gate_refuses_names_the_field_it_refuses(
         await finish(handle)
 
 
+@pytest.mark.parametrize("by", ["", "  "])
+async def test_an_answer_that_names_no_one_is_refused_and_the_gate_stays_open(
+    by: str,
+) -> None:
+    # The journal keeps who decided each gate: an answer must say who.
+    model = ScriptedModel(Script())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec())
+        gate = await next_gate(sup)
+        with anyio.fail_after(10), pytest.raises(ResolutionRefused) as refused:
+            await sup.gates.resolve(gate.gate_id, {"decision": "approve", "by": by})
+        assert refused.value.field == "by"
+        assert [g.gate_id for g in sup.gates.pending()] == [gate.gate_id]
+        await sup.gates.resolve(gate.gate_id, {"decision": "approve", "by": "al"})
+        result = await finish(handle)
+    assert result.versions[-1].approved_by == "al"
+
+
 async def test_an_edit_at_an_approval_gate_names_the_decision() -> None:
     model = ScriptedModel(Script(trigger=None))
     async with Supervisor(model) as sup:
