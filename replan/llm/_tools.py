@@ -119,7 +119,13 @@ class Tool:
         if inspect.iscoroutinefunction(self.fn):
             result = await self.fn(*args, **kwargs)
         else:
-            result = await anyio.to_thread.run_sync(lambda: self.fn(*args, **kwargs))
+            # Abandoned when cancelled (a task_timeout_s, a cancel, the
+            # supervisor's exit): a thread cannot be stopped, and waiting for
+            # a sync tool that hangs would hold its executor worker and keep
+            # the supervisor from exiting for as long as the tool hangs.
+            result = await anyio.to_thread.run_sync(
+                lambda: self.fn(*args, **kwargs), abandon_on_cancel=True
+            )
             if inspect.isawaitable(result):
                 result = await _await(result)
         return as_text(result)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,9 +11,22 @@ import anyio
 import pytest
 from pydantic import BaseModel, Field
 
-from replan import ConfigurationError, ScriptedModel, Supervisor
+from replan import (
+    ConfigurationError,
+    Limits,
+    ModelRequest,
+    ModelResponse,
+    RunSpec,
+    RunStatus,
+    ScriptedModel,
+    Supervisor,
+    Synthesis,
+    TaskDraft,
+    TaskOutcome,
+)
 from replan.llm import Tool, ToolArgumentsError, tool
 from replan.llm._tools import as_text
+from replan.messages import ToolCall
 
 
 class Order(BaseModel):
@@ -199,3 +213,62 @@ def test_a_result_is_always_text_a_journal_can_keep() -> None:
     assert as_text(circular) == "[[...]]"
     assert as_text({"n": 1}) == '{"n": 1}'
     assert as_text(Unserializable(value=object())).startswith("Unserializable(")
+
+
+async def test_a_sync_tool_that_hangs_is_abandoned_when_its_call_is_cancelled() -> None:
+    released = threading.Event()
+
+    def lookup(topic: str) -> str:
+        """Look something up, over a connection that never answers."""
+        released.wait(15)
+        return topic
+
+    t = Tool(lookup)
+    try:
+        with anyio.fail_after(5):
+            with anyio.move_on_after(0.1) as scope:
+                await t.run(t.parse('{"topic": "x"}'), idempotency_key="k")
+        assert scope.cancelled_caught
+    finally:
+        released.set()
+
+
+def _hangs_first(request: ModelRequest) -> Any:
+    if request.purpose == "synthesize":
+        return Synthesis(output="done")
+    if request.context["attempt"] == 1 and not request.transcript:
+        call = ToolCall(id="c1", name="lookup", arguments='{"topic": "x"}')
+        return ModelResponse(tool_calls=[call])
+    return TaskOutcome(success=True, summary="found it without the tool")
+
+
+async def test_a_sync_tool_that_hangs_holds_up_neither_the_retry_nor_the_exit() -> None:
+    released = threading.Event()
+
+    @tool
+    def lookup(topic: str) -> str:
+        """Look something up, over a connection that never answers."""
+        released.wait(15)
+        return topic
+
+    task = TaskDraft(key="look", description="look it up")
+    try:
+        with anyio.fail_after(5):
+            async with Supervisor(
+                ScriptedModel(_hangs_first),
+                tools=[lookup],
+                workers={"executor": 1},
+            ) as sup:
+                handle = await sup.submit(
+                    RunSpec(
+                        goal="find x",
+                        pattern="contract",
+                        tasks=[task],
+                        limits=Limits(task_timeout_s=0.2),
+                    )
+                )
+                result = await handle.result()
+        assert result.status is RunStatus.COMPLETED
+        assert result.tasks[0].attempts == 2
+    finally:
+        released.set()
