@@ -119,12 +119,15 @@ class Tool:
         if inspect.iscoroutinefunction(self.fn):
             result = await self.fn(*args, **kwargs)
         else:
-            # Abandoned when cancelled (a task_timeout_s, a cancel, the
-            # supervisor's exit): a thread cannot be stopped, and waiting for
-            # a sync tool that hangs would hold its executor worker and keep
-            # the supervisor from exiting for as long as the tool hangs.
+            # A thread cannot be stopped. One without side effects is
+            # abandoned when cancelled (a task_timeout_s, a cancel, the
+            # supervisor's exit): waiting for it would hold its executor
+            # worker and the supervisor's exit for as long as it hangs, for
+            # a result no one reads. A side effect's is waited for: it has
+            # acted, and its result goes to the effect ledger.
             result = await anyio.to_thread.run_sync(
-                lambda: self.fn(*args, **kwargs), abandon_on_cancel=True
+                lambda: self.fn(*args, **kwargs),
+                abandon_on_cancel=not self.side_effect,
             )
             if inspect.isawaitable(result):
                 result = await _await(result)
