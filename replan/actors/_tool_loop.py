@@ -341,7 +341,7 @@ async def _traced_run(
         try:
             content = await tool.run(arguments, idempotency_key=key)
         except Exception as exc:
-            text = f"{type(exc).__name__}: {exc}"
+            text = tool.bounded(f"{type(exc).__name__}: {exc}")
             done("failed", text, exc)
             return ToolResult(call_id=call.id, name=call.name, content=text, error=True)
         done("ran", content, None)

@@ -25,7 +25,7 @@ from replan import (
     TaskOutcome,
 )
 from replan.llm import Tool, ToolArgumentsError, tool
-from replan.llm._tools import as_text
+from replan.llm._tools import MAX_RESULT_CHARS, as_text
 from replan.messages import ToolCall
 
 
@@ -272,3 +272,77 @@ async def test_a_sync_tool_that_hangs_holds_up_neither_the_retry_nor_the_exit() 
         assert result.tasks[0].attempts == 2
     finally:
         released.set()
+
+
+async def test_a_huge_result_is_cut_to_max_result_chars_with_a_note() -> None:
+    def fetch(url: str) -> str:
+        """Fetch a page."""
+        return "x" * 1_000_000
+
+    page = Tool(fetch)
+    text = await page.run(page.parse('{"url": "u"}'), idempotency_key="k")
+    assert text.startswith("x" * MAX_RESULT_CHARS + "\n[")
+    assert text.endswith(
+        f"[{1_000_000 - MAX_RESULT_CHARS} more characters cut: the tool's "
+        f"result is limited to {MAX_RESULT_CHARS} characters]"
+    )
+    short = Tool(fetch, max_result_chars=10)
+    assert (
+        await short.run(short.parse('{"url": "u"}'), idempotency_key="k")
+    ).startswith("xxxxxxxxxx\n[999990 more characters cut")
+    whole = tool(max_result_chars=None)(fetch)
+    assert await whole.run(whole.parse('{"url": "u"}'), idempotency_key="k") == (
+        "x" * 1_000_000
+    )
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "10"])
+def test_max_result_chars_is_a_whole_number_from_one(value: object) -> None:
+    def fetch(url: str) -> str:
+        return url
+
+    with pytest.raises(ValueError, match="max_result_chars"):
+        Tool(fetch, max_result_chars=value)  # type: ignore[arg-type]
+
+
+def _fetches(request: ModelRequest) -> Any:
+    if request.purpose == "synthesize":
+        return Synthesis(output="done")
+    if not request.transcript:
+        calls = [
+            ToolCall(id="c1", name="fetch", arguments='{"url": "u"}'),
+            ToolCall(id="c2", name="fail", arguments='{"url": "u"}'),
+        ]
+        return ModelResponse(tool_calls=calls)
+    return TaskOutcome(success=True, summary="read it")
+
+
+async def test_the_model_reads_huge_results_and_errors_cut_short() -> None:
+    @tool
+    async def fetch(url: str) -> str:
+        """Fetch a page of megabytes."""
+        return "x" * 5_000_000
+
+    @tool(max_result_chars=100)
+    async def fail(url: str) -> str:
+        """Fail with the whole page in the error."""
+        raise ConnectionError("y" * 5_000_000)
+
+    model = ScriptedModel(_fetches)
+    async with Supervisor(model, tools=[fetch, fail]) as sup:
+        handle = await sup.submit(
+            RunSpec(
+                goal="read the page",
+                pattern="contract",
+                tasks=[TaskDraft(key="read", description="read the page")],
+            )
+        )
+        result = await handle.result()
+    assert result.status is RunStatus.COMPLETED
+    step = model.calls_for("executor", "execute")[-1]
+    page, error = step.transcript[0].results
+    assert len(page.content) < MAX_RESULT_CHARS + 100
+    assert not page.error
+    assert error.error
+    assert error.content.startswith("ConnectionError: yyy")
+    assert len(error.content) < 200
