@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from pathlib import Path
 from typing import Annotated, Any
@@ -346,3 +347,44 @@ async def test_the_model_reads_huge_results_and_errors_cut_short() -> None:
     assert error.error
     assert error.content.startswith("ConnectionError: yyy")
     assert len(error.content) < 200
+
+
+def _calls_each_tool(request: ModelRequest) -> Any:
+    if request.purpose == "synthesize":
+        return Synthesis(output="done")
+    if not request.transcript:
+        name = request.context["task"].description
+        return ModelResponse(
+            tool_calls=[ToolCall(id="c1", name=name, arguments='{"account": "a1"}')]
+        )
+    result = request.transcript[-1].results[0]
+    return TaskOutcome(success=not result.error, summary=result.content)
+
+
+async def test_a_tool_that_calls_sys_exit_fails_its_call_not_the_application() -> None:
+    def close_account(account: str) -> str:
+        """Close an account, the way a command-line helper does."""
+        sys.exit(f"no such account: {account}")
+
+    async def freeze_account(account: str) -> str:
+        """Freeze an account."""
+        raise SystemExit(2)
+
+    tasks = [
+        TaskDraft(key=name, description=name)
+        for name in ("close_account", "freeze_account")
+    ]
+    with anyio.fail_after(10):
+        async with Supervisor(
+            ScriptedModel(_calls_each_tool), tools=[close_account, freeze_account]
+        ) as sup:
+            handle = await sup.submit(
+                RunSpec(goal="tidy accounts", pattern="contract", tasks=tasks)
+            )
+            result = await handle.result()
+    assert result.status is RunStatus.ABORTED  # every task failed
+    outcomes = [t.result for t in result.tasks]
+    assert [o.summary for o in outcomes if o is not None] == [
+        "SystemExit: no such account: a1",
+        "SystemExit: 2",
+    ]
