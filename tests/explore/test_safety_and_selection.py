@@ -62,6 +62,29 @@ def test_a_goal_that_names_a_high_impact_domain_needs_review() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("domain", "field"),
+    [
+        ("clinical trials", "clinical"),
+        ("Medical devices", "medical"),
+        ("biomedical research", "biomedical"),
+        ("security/compliance", "security"),
+        ("physical world robotics", "physical-world"),
+    ],
+)
+def test_a_domain_label_that_names_a_high_impact_field_needs_review(
+    domain: str, field: str
+) -> None:
+    outcome, findings = screen("Why do people drop out?", domain, SafetyPolicy())
+    assert outcome == "review"
+    assert findings[0].detail == (
+        f"high-impact domain ({field}): a person reviews the result"
+    )
+    assert screen("Why do people drop out?", "biomedicine", SafetyPolicy())[0] == (
+        "pass"  # whole words: no stemming
+    )
+
+
 def test_context_becomes_one_evidence_item_per_paragraph_with_ids() -> None:
     items = evidence_items(["first note\n\nsecond   note", "  ", "third"])
     assert [(e.id, e.text, e.source) for e in items] == [
