@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, get_type_hints, overload
 
@@ -23,6 +24,9 @@ from .._errors import ConfigurationError, ReplanError
 from .._importing import import_named
 
 KEY_PARAMETER = "idempotency_key"
+
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""What chat APIs take as a function's name."""
 
 MAX_RESULT_CHARS = 16_000
 """The most characters of a tool's result the model reads by default
@@ -35,7 +39,7 @@ class ToolSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    name: str = Field(pattern=rf"^{_NAME.pattern}$")
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=dict)
     """The JSON schema of the arguments object."""
@@ -64,7 +68,9 @@ class Tool:
     Raises:
         TypeError: ``fn`` is no function, or its parameters cannot be
             described.
-        ValueError: ``max_result_chars`` is no whole number from 1.
+        ValueError: the name is not one model APIs take (1 to 64 ASCII
+            letters, digits, ``_`` or ``-``), or ``max_result_chars`` is no
+            whole number from 1.
     """
 
     def __init__(
@@ -83,6 +89,13 @@ class Tool:
         given = name or getattr(named, "__name__", None)
         if not isinstance(given, str) or not given:
             raise TypeError(f"{fn!r} has no name: give the tool one (name=...)")
+        if not _NAME.fullmatch(given):
+            # Checked here, not by ToolSpec: one line naming the fix.
+            raise ValueError(
+                f"tool name {given!r} is not 1 to 64 ASCII letters, digits, "
+                "'_' or '-', which model APIs require: give the tool one "
+                "(name=...)"
+            )
         self.name = given
         doc = inspect.getdoc(named) or ""
         self.description = (

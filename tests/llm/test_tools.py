@@ -166,6 +166,22 @@ def test_what_is_no_function_is_refused_as_a_tool(item: object) -> None:
     assert caught.value.field == "tools"
 
 
+@pytest.mark.parametrize("name", ["café", "look up", "x" * 65, "<lambda>"])
+def test_a_name_no_model_api_takes_is_one_line_naming_it(name: str) -> None:
+    def lookup(word: str) -> str:
+        return word
+
+    lookup.__name__ = name
+    with pytest.raises(ConfigurationError) as caught:
+        Supervisor(model=ScriptedModel(lambda r: None), tools=[lookup])
+    assert caught.value.field == "tools"
+    assert caught.value.problem == (
+        f"tool name {name!r} is not 1 to 64 ASCII letters, digits, '_' or '-', "
+        "which model APIs require: give the tool one (name=...)"
+    )
+    assert Tool(lookup, name="look_up").spec.name == "look_up"
+
+
 def test_tools_named_by_path_are_found_in_the_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
