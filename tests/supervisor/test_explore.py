@@ -329,6 +329,36 @@ async def test_a_hypothesis_set_aside_for_safety_is_not_reviewed_again() -> None
     assert f"{risky.lower()}." not in statements
 
 
+async def test_a_hypothesis_on_a_blocked_topic_is_set_aside_unreviewed() -> None:
+    blocked = "Cooks leave after a ransomware scare at the recipe site"
+    script = ExploreScript(
+        generated=[
+            Idea("Solo cooks leave because recipes serve four", strength=0.9),
+            Idea(blocked, strength=1.0),  # and reviewers would find it safe
+        ],
+    )
+    outcome = await run_explore(
+        explore_spec(max_iterations=1, select=1),
+        script,
+        resolve=lambda request: GateResolution(decision="approve", by="ana"),
+    )
+    result, brief = outcome.result, outcome.result.brief
+    assert result.status is RunStatus.COMPLETED
+    assert brief is not None
+    assert [s.hypothesis.id for s in brief.selected] == ["H1"]
+    assert [(r.hypothesis_id, r.reason) for r in brief.rejected] == [
+        ("H2", "safety policy: touches a blocked topic: ransomware")
+    ]
+    assert brief.safety_notes == ["H2: touches a blocked topic: ransomware"]
+    assert brief.reviewed_by == "ana"  # a safety concern: a person looked
+    reviewed = {
+        r.context["hypothesis_id"]
+        for r in outcome.model.calls_for("reviewer", "critique")
+    }
+    assert reviewed == {"H1"}
+    assert outcome.replayed == result
+
+
 async def test_malformed_output_is_asked_once_more_then_recorded() -> None:
     answered: list[str] = []
 
