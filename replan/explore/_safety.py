@@ -59,8 +59,11 @@ def screen(
     domain asks for a person's review of the result unless the policy allows
     autonomy (then it is only noted).
     """
-    subject = f"{goal}\n{domain}"
-    blocked = [t for t in policy.blocked_terms if mentions(subject, t)]
+    # Each on its own: joined, a phrase could match across the two (a goal
+    # ending in "nerve", a domain starting with "agent").
+    blocked = [
+        t for t in policy.blocked_terms if mentions(goal, t) or mentions(domain, t)
+    ]
     if blocked:
         return "blocked", [
             SafetyFinding(

@@ -41,6 +41,14 @@ def test_a_blocked_term_blocks_the_goal_as_whole_words_only() -> None:
     assert not mentions("unexploited markets", "exploit")
 
 
+def test_a_blocked_phrase_does_not_match_across_the_goal_and_the_domain() -> None:
+    policy = SafetyPolicy()
+    outcome, _ = screen("Why do staff quit after the nerve", "agent retention", policy)
+    assert outcome == "pass"
+    outcome, _ = screen("Why do staff quit?", "nerve-agent research", policy)
+    assert outcome == "blocked"
+
+
 def test_a_high_impact_domain_needs_review_unless_autonomy_is_allowed() -> None:
     outcome, findings = screen(
         "Why do patients skip doses?", "Clinical", SafetyPolicy()
