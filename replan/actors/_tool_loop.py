@@ -335,13 +335,15 @@ async def _traced_run(
     call: ToolCall, tool: Tool, arguments: BaseModel, key: str, run_id: str
 ) -> ToolResult:
     """Run the tool in its ``execute_tool`` span; an exception it raises
-    becomes an error result for the model."""
+    becomes an error result for the model. So does ``sys.exit()``: a tool
+    (or a library it calls, argparse say) that exits ends its call, not the
+    application the supervisor runs in."""
     spec = tool.spec
     with tool_call(call, spec.description, spec.side_effect, key, run_id) as done:
         try:
             content = await tool.run(arguments, idempotency_key=key)
-        except Exception as exc:
-            text = f"{type(exc).__name__}: {exc}"
+        except (Exception, SystemExit) as exc:
+            text = tool.bounded(f"{type(exc).__name__}: {exc}")
             done("failed", text, exc)
             return ToolResult(call_id=call.id, name=call.name, content=text, error=True)
         done("ran", content, None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, get_type_hints, overload
 
@@ -24,13 +25,21 @@ from .._importing import import_named
 
 KEY_PARAMETER = "idempotency_key"
 
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""What chat APIs take as a function's name."""
+
+MAX_RESULT_CHARS = 16_000
+"""The most characters of a tool's result the model reads by default
+(about 4,000 tokens): a page, a file or a query result of megabytes would
+make every later step of the loop a prompt too long for the model."""
+
 
 class ToolSpec(BaseModel):
     """What a model is told about a tool."""
 
     model_config = ConfigDict(frozen=True)
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    name: str = Field(pattern=rf"^{_NAME.pattern}$")
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=dict)
     """The JSON schema of the arguments object."""
@@ -52,6 +61,16 @@ class Tool:
         description: what it does (the docstring's first paragraph by default).
         side_effect: the call changes something outside the run (sends,
             writes, pays): each call waits for approval at a human gate.
+        max_result_chars: the most characters of a result (or an error) the
+            model reads; a longer one is cut there, with a note saying how
+            much was left out. None: no bound.
+
+    Raises:
+        TypeError: ``fn`` is no function, or its parameters cannot be
+            described.
+        ValueError: the name is not one model APIs take (1 to 64 ASCII
+            letters, digits, ``_`` or ``-``), or ``max_result_chars`` is no
+            whole number from 1.
     """
 
     def __init__(
@@ -61,6 +80,7 @@ class Tool:
         name: str | None = None,
         description: str | None = None,
         side_effect: bool = False,
+        max_result_chars: int | None = MAX_RESULT_CHARS,
     ) -> None:
         if isinstance(fn, type) or not callable(fn):
             raise TypeError(f"a tool is a function, not {type(fn).__name__}")
@@ -69,12 +89,29 @@ class Tool:
         given = name or getattr(named, "__name__", None)
         if not isinstance(given, str) or not given:
             raise TypeError(f"{fn!r} has no name: give the tool one (name=...)")
+        if not _NAME.fullmatch(given):
+            # Checked here, not by ToolSpec: one line naming the fix.
+            raise ValueError(
+                f"tool name {given!r} is not 1 to 64 ASCII letters, digits, "
+                "'_' or '-', which model APIs require: give the tool one "
+                "(name=...)"
+            )
         self.name = given
         doc = inspect.getdoc(named) or ""
         self.description = (
             description if description is not None else doc.split("\n\n")[0]
         )
         self.side_effect = side_effect
+        if max_result_chars is not None and (
+            isinstance(max_result_chars, bool)
+            or not isinstance(max_result_chars, int)
+            or max_result_chars < 1
+        ):
+            raise ValueError(
+                f"tool {self.name}: max_result_chars must be a whole number "
+                f"from 1, or None, not {max_result_chars!r}"
+            )
+        self.max_result_chars = max_result_chars
         self._model, self._packed = _arguments_model(fn, annotated, self.name)
         parameters = inspect.signature(fn).parameters
         self.takes_key = KEY_PARAMETER in parameters
@@ -119,10 +156,29 @@ class Tool:
         if inspect.iscoroutinefunction(self.fn):
             result = await self.fn(*args, **kwargs)
         else:
-            result = await anyio.to_thread.run_sync(lambda: self.fn(*args, **kwargs))
+            # A thread cannot be stopped. One without side effects is
+            # abandoned when cancelled (a task_timeout_s, a cancel, the
+            # supervisor's exit): waiting for it would hold its executor
+            # worker and the supervisor's exit for as long as it hangs, for
+            # a result no one reads. A side effect's is waited for: it has
+            # acted, and its result goes to the effect ledger.
+            result = await anyio.to_thread.run_sync(
+                lambda: self.fn(*args, **kwargs),
+                abandon_on_cancel=not self.side_effect,
+            )
             if inspect.isawaitable(result):
                 result = await _await(result)
-        return as_text(result)
+        return self.bounded(as_text(result))
+
+    def bounded(self, text: str) -> str:
+        """``text`` cut to ``max_result_chars``, with a note of the rest."""
+        limit = self.max_result_chars
+        if limit is None or len(text) <= limit:
+            return text
+        return (
+            f"{text[:limit]}\n[{len(text) - limit} more characters cut: "
+            f"the tool's result is limited to {limit} characters]"
+        )
 
 
 async def _await(value: Awaitable[Any]) -> Any:
@@ -139,6 +195,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     side_effect: bool = False,
+    max_result_chars: int | None = MAX_RESULT_CHARS,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -149,13 +206,20 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     side_effect: bool = False,
+    max_result_chars: int | None = MAX_RESULT_CHARS,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a :class:`Tool` of a function: ``@tool`` or ``@tool(side_effect=True)``."""
     if fn is not None:
         return Tool(fn)
 
     def wrap(f: Callable[..., Any]) -> Tool:
-        return Tool(f, name=name, description=description, side_effect=side_effect)
+        return Tool(
+            f,
+            name=name,
+            description=description,
+            side_effect=side_effect,
+            max_result_chars=max_result_chars,
+        )
 
     return wrap
 

@@ -36,6 +36,7 @@ from ..explore import (
     decide,
     evidence_items,
     goal_words,
+    mentions,
     play_round,
     random_round,
     rank_key,
@@ -476,6 +477,22 @@ class _Flow:
             return
         n = self.settings.reviewers
         answers: dict[tuple[str, int], Critique] = {}
+        # The policy's blocked topics bind the run's hypotheses as they do
+        # its goal: one that touches them is set aside unreviewed, whatever
+        # a reviewer would score its safety.
+        policy = self.spec.safety_policy
+        blocked = {
+            hid: terms
+            for hid in ids
+            if (
+                terms := [
+                    t
+                    for t in policy.blocked_terms
+                    if mentions(explore.hypotheses[hid].statement, t)
+                    or mentions(explore.hypotheses[hid].rationale, t)
+                ]
+            )
+        }
 
         async def one(hid: str, index: int) -> None:
             reply = await self.guarded(
@@ -496,6 +513,8 @@ class _Flow:
 
         async with anyio.create_task_group() as tg:
             for hid in ids:
+                if hid in blocked:
+                    continue
                 for index in range(n):
                     tg.start_soon(one, hid, index)
         self.reraise()
@@ -504,6 +523,17 @@ class _Flow:
         for hid in ids:
             critiques = [answers[hid, i] for i in range(n) if (hid, i) in answers]
             statement = explore.hypotheses[hid].statement
+            if hid in blocked:
+                topic = f"touches a blocked topic: {', '.join(blocked[hid])}"
+                notes.append(f"{hid}: {topic}")
+                rejected.append(
+                    Rejection(
+                        hypothesis_id=hid,
+                        statement=statement,
+                        reason=f"safety policy: {topic}",
+                    )
+                )
+                continue
             if not critiques:
                 rejected.append(
                     Rejection(

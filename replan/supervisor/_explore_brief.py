@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Literal
 
@@ -17,6 +18,9 @@ from ..messages import (
 from ._explore_state import ExploreState
 
 BriefStatus = Literal["completed", "needs_review", "blocked", "failed"]
+
+_WORD = re.compile(r"[^\W_]+")
+"""Letters and digits of any script: what a statement's wording is made of."""
 
 NOT_FACTS = (
     "These are candidate hypotheses to validate, not verified findings; "
@@ -38,13 +42,29 @@ def admit(
     A model's ids, origin and iteration are replaced; evidence and parent
     references to unknown ids are dropped (and reported). An evolved
     candidate that names no parent descends from every candidate it was given.
+    A model's candidate worded as one the run has already (the same words in
+    the same order, whatever the case and punctuation) is dropped and
+    reported: reviewed again, one set aside as a safety concern could come
+    back and be selected. A person's own are all taken.
     """
     known_evidence = {e.id for e in explore.evidence}
     notes: list[str] = []
     out: list[Hypothesis] = []
     next_number = len(explore.hypotheses) + 1
-    for h in proposed[:limit]:
+    worded = {_wording(h.statement): hid for hid, h in explore.hypotheses.items()}
+    for h in proposed:
+        if limit is not None and len(out) == limit:
+            break
         new_id = f"H{next_number + len(out)}"
+        wording = _wording(h.statement)
+        if origin != "human":
+            if wording in worded:
+                notes.append(
+                    f"{'an' if origin == 'evolved' else 'a'} {origin} hypothesis "
+                    f"repeating {worded[wording]} word for word was dropped"
+                )
+                continue
+            worded[wording] = new_id
         unknown = [r for r in h.evidence_refs if r not in known_evidence]
         if unknown:
             notes.append(f"{new_id} cited unknown evidence {', '.join(unknown)}")
@@ -65,6 +85,10 @@ def admit(
             )
         )
     return out, notes
+
+
+def _wording(statement: str) -> tuple[str, ...]:
+    return tuple(_WORD.findall(statement.casefold()))
 
 
 def build_brief(

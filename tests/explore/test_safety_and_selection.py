@@ -41,6 +41,14 @@ def test_a_blocked_term_blocks_the_goal_as_whole_words_only() -> None:
     assert not mentions("unexploited markets", "exploit")
 
 
+def test_a_blocked_phrase_does_not_match_across_the_goal_and_the_domain() -> None:
+    policy = SafetyPolicy()
+    outcome, _ = screen("Why do staff quit after the nerve", "agent retention", policy)
+    assert outcome == "pass"
+    outcome, _ = screen("Why do staff quit?", "nerve-agent research", policy)
+    assert outcome == "blocked"
+
+
 def test_a_high_impact_domain_needs_review_unless_autonomy_is_allowed() -> None:
     outcome, findings = screen(
         "Why do patients skip doses?", "Clinical", SafetyPolicy()
@@ -59,6 +67,29 @@ def test_a_goal_that_names_a_high_impact_domain_needs_review() -> None:
     )
     assert screen("Find why cooks stop cooking", "product", SafetyPolicy())[0] == (
         "pass"
+    )
+
+
+@pytest.mark.parametrize(
+    ("domain", "field"),
+    [
+        ("clinical trials", "clinical"),
+        ("Medical devices", "medical"),
+        ("biomedical research", "biomedical"),
+        ("security/compliance", "security"),
+        ("physical world robotics", "physical-world"),
+    ],
+)
+def test_a_domain_label_that_names_a_high_impact_field_needs_review(
+    domain: str, field: str
+) -> None:
+    outcome, findings = screen("Why do people drop out?", domain, SafetyPolicy())
+    assert outcome == "review"
+    assert findings[0].detail == (
+        f"high-impact domain ({field}): a person reviews the result"
+    )
+    assert screen("Why do people drop out?", "biomedicine", SafetyPolicy())[0] == (
+        "pass"  # whole words: no stemming
     )
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import sys
+import threading
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,9 +12,22 @@ import anyio
 import pytest
 from pydantic import BaseModel, Field
 
-from replan import ConfigurationError, ScriptedModel, Supervisor
+from replan import (
+    ConfigurationError,
+    Limits,
+    ModelRequest,
+    ModelResponse,
+    RunSpec,
+    RunStatus,
+    ScriptedModel,
+    Supervisor,
+    Synthesis,
+    TaskDraft,
+    TaskOutcome,
+)
 from replan.llm import Tool, ToolArgumentsError, tool
-from replan.llm._tools import as_text
+from replan.llm._tools import MAX_RESULT_CHARS, as_text
+from replan.messages import ToolCall
 
 
 class Order(BaseModel):
@@ -151,6 +166,22 @@ def test_what_is_no_function_is_refused_as_a_tool(item: object) -> None:
     assert caught.value.field == "tools"
 
 
+@pytest.mark.parametrize("name", ["café", "look up", "x" * 65, "<lambda>"])
+def test_a_name_no_model_api_takes_is_one_line_naming_it(name: str) -> None:
+    def lookup(word: str) -> str:
+        return word
+
+    lookup.__name__ = name
+    with pytest.raises(ConfigurationError) as caught:
+        Supervisor(model=ScriptedModel(lambda r: None), tools=[lookup])
+    assert caught.value.field == "tools"
+    assert caught.value.problem == (
+        f"tool name {name!r} is not 1 to 64 ASCII letters, digits, '_' or '-', "
+        "which model APIs require: give the tool one (name=...)"
+    )
+    assert Tool(lookup, name="look_up").spec.name == "look_up"
+
+
 def test_tools_named_by_path_are_found_in_the_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -199,3 +230,177 @@ def test_a_result_is_always_text_a_journal_can_keep() -> None:
     assert as_text(circular) == "[[...]]"
     assert as_text({"n": 1}) == '{"n": 1}'
     assert as_text(Unserializable(value=object())).startswith("Unserializable(")
+
+
+async def test_a_sync_tool_that_hangs_is_abandoned_when_its_call_is_cancelled() -> None:
+    released = threading.Event()
+
+    def lookup(topic: str) -> str:
+        """Look something up, over a connection that never answers."""
+        released.wait(15)
+        return topic
+
+    t = Tool(lookup)
+    try:
+        with anyio.fail_after(5):
+            with anyio.move_on_after(0.1) as scope:
+                await t.run(t.parse('{"topic": "x"}'), idempotency_key="k")
+        assert scope.cancelled_caught
+    finally:
+        released.set()
+
+
+def _hangs_first(request: ModelRequest) -> Any:
+    if request.purpose == "synthesize":
+        return Synthesis(output="done")
+    if request.context["attempt"] == 1 and not request.transcript:
+        call = ToolCall(id="c1", name="lookup", arguments='{"topic": "x"}')
+        return ModelResponse(tool_calls=[call])
+    return TaskOutcome(success=True, summary="found it without the tool")
+
+
+async def test_a_sync_tool_that_hangs_holds_up_neither_the_retry_nor_the_exit() -> None:
+    released = threading.Event()
+
+    @tool
+    def lookup(topic: str) -> str:
+        """Look something up, over a connection that never answers."""
+        released.wait(15)
+        return topic
+
+    task = TaskDraft(key="look", description="look it up")
+    try:
+        with anyio.fail_after(5):
+            async with Supervisor(
+                ScriptedModel(_hangs_first),
+                tools=[lookup],
+                workers={"executor": 1},
+            ) as sup:
+                handle = await sup.submit(
+                    RunSpec(
+                        goal="find x",
+                        pattern="contract",
+                        tasks=[task],
+                        limits=Limits(task_timeout_s=0.2),
+                    )
+                )
+                result = await handle.result()
+        assert result.status is RunStatus.COMPLETED
+        assert result.tasks[0].attempts == 2
+    finally:
+        released.set()
+
+
+async def test_a_huge_result_is_cut_to_max_result_chars_with_a_note() -> None:
+    def fetch(url: str) -> str:
+        """Fetch a page."""
+        return "x" * 1_000_000
+
+    page = Tool(fetch)
+    text = await page.run(page.parse('{"url": "u"}'), idempotency_key="k")
+    assert text.startswith("x" * MAX_RESULT_CHARS + "\n[")
+    assert text.endswith(
+        f"[{1_000_000 - MAX_RESULT_CHARS} more characters cut: the tool's "
+        f"result is limited to {MAX_RESULT_CHARS} characters]"
+    )
+    short = Tool(fetch, max_result_chars=10)
+    assert (
+        await short.run(short.parse('{"url": "u"}'), idempotency_key="k")
+    ).startswith("xxxxxxxxxx\n[999990 more characters cut")
+    whole = tool(max_result_chars=None)(fetch)
+    assert await whole.run(whole.parse('{"url": "u"}'), idempotency_key="k") == (
+        "x" * 1_000_000
+    )
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "10"])
+def test_max_result_chars_is_a_whole_number_from_one(value: object) -> None:
+    def fetch(url: str) -> str:
+        return url
+
+    with pytest.raises(ValueError, match="max_result_chars"):
+        Tool(fetch, max_result_chars=value)  # type: ignore[arg-type]
+
+
+def _fetches(request: ModelRequest) -> Any:
+    if request.purpose == "synthesize":
+        return Synthesis(output="done")
+    if not request.transcript:
+        calls = [
+            ToolCall(id="c1", name="fetch", arguments='{"url": "u"}'),
+            ToolCall(id="c2", name="fail", arguments='{"url": "u"}'),
+        ]
+        return ModelResponse(tool_calls=calls)
+    return TaskOutcome(success=True, summary="read it")
+
+
+async def test_the_model_reads_huge_results_and_errors_cut_short() -> None:
+    @tool
+    async def fetch(url: str) -> str:
+        """Fetch a page of megabytes."""
+        return "x" * 5_000_000
+
+    @tool(max_result_chars=100)
+    async def fail(url: str) -> str:
+        """Fail with the whole page in the error."""
+        raise ConnectionError("y" * 5_000_000)
+
+    model = ScriptedModel(_fetches)
+    async with Supervisor(model, tools=[fetch, fail]) as sup:
+        handle = await sup.submit(
+            RunSpec(
+                goal="read the page",
+                pattern="contract",
+                tasks=[TaskDraft(key="read", description="read the page")],
+            )
+        )
+        result = await handle.result()
+    assert result.status is RunStatus.COMPLETED
+    step = model.calls_for("executor", "execute")[-1]
+    page, error = step.transcript[0].results
+    assert len(page.content) < MAX_RESULT_CHARS + 100
+    assert not page.error
+    assert error.error
+    assert error.content.startswith("ConnectionError: yyy")
+    assert len(error.content) < 200
+
+
+def _calls_each_tool(request: ModelRequest) -> Any:
+    if request.purpose == "synthesize":
+        return Synthesis(output="done")
+    if not request.transcript:
+        name = request.context["task"].description
+        return ModelResponse(
+            tool_calls=[ToolCall(id="c1", name=name, arguments='{"account": "a1"}')]
+        )
+    result = request.transcript[-1].results[0]
+    return TaskOutcome(success=not result.error, summary=result.content)
+
+
+async def test_a_tool_that_calls_sys_exit_fails_its_call_not_the_application() -> None:
+    def close_account(account: str) -> str:
+        """Close an account, the way a command-line helper does."""
+        sys.exit(f"no such account: {account}")
+
+    async def freeze_account(account: str) -> str:
+        """Freeze an account."""
+        raise SystemExit(2)
+
+    tasks = [
+        TaskDraft(key=name, description=name)
+        for name in ("close_account", "freeze_account")
+    ]
+    with anyio.fail_after(10):
+        async with Supervisor(
+            ScriptedModel(_calls_each_tool), tools=[close_account, freeze_account]
+        ) as sup:
+            handle = await sup.submit(
+                RunSpec(goal="tidy accounts", pattern="contract", tasks=tasks)
+            )
+            result = await handle.result()
+    assert result.status is RunStatus.ABORTED  # every task failed
+    outcomes = [t.result for t in result.tasks]
+    assert [o.summary for o in outcomes if o is not None] == [
+        "SystemExit: no such account: a1",
+        "SystemExit: 2",
+    ]

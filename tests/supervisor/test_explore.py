@@ -290,8 +290,73 @@ async def test_no_usable_candidate_fails_the_brief_without_an_exception() -> Non
     assert {r.reason for r in brief.rejected} == {
         "safety or ethical concern (safety 0.1)"
     }
-    assert len(brief.safety_notes) == 2
+    # Cycle 2's planner proposes H1 again, word for word: it is not reviewed
+    # again, so the concern is raised once.
+    assert len(brief.safety_notes) == 1
+    assert brief.errors == [
+        "a generated hypothesis repeating H1 word for word was dropped"
+    ]
     assert brief.needs_human_review  # concerns were raised, nothing to approve
+
+
+async def test_a_hypothesis_set_aside_for_safety_is_not_reviewed_again() -> None:
+    risky = "Cooks leave when we stop tracking their location"
+    script = ExploreScript(
+        generated=[
+            Idea(risky, [scores(safety=0.1)]),
+            Idea("Recipes serve four", [scores(plausibility=0.1)]),
+        ],
+        # The evolver proposes H1 again, only its case and punctuation
+        # changed, and this time reviewers find nothing wrong with it.
+        evolved=[[Idea(f"{risky.lower()}.", [scores()])]],
+    )
+    outcome = await run_explore(
+        explore_spec(max_iterations=2, select=1),
+        script,
+        resolve=lambda request: GateResolution(decision="approve", by="ana"),
+    )
+    brief = outcome.result.brief
+    assert brief is not None
+    assert [s.hypothesis.id for s in brief.selected] == ["H2"]
+    assert [r.hypothesis_id for r in brief.rejected] == ["H1"]
+    assert "an evolved hypothesis repeating H1 word for word was dropped" in (
+        brief.errors
+    )
+    statements = [
+        r.context["hypothesis"].statement
+        for r in outcome.model.calls_for("reviewer", "critique")
+    ]
+    assert f"{risky.lower()}." not in statements
+
+
+async def test_a_hypothesis_on_a_blocked_topic_is_set_aside_unreviewed() -> None:
+    blocked = "Cooks leave after a ransomware scare at the recipe site"
+    script = ExploreScript(
+        generated=[
+            Idea("Solo cooks leave because recipes serve four", strength=0.9),
+            Idea(blocked, strength=1.0),  # and reviewers would find it safe
+        ],
+    )
+    outcome = await run_explore(
+        explore_spec(max_iterations=1, select=1),
+        script,
+        resolve=lambda request: GateResolution(decision="approve", by="ana"),
+    )
+    result, brief = outcome.result, outcome.result.brief
+    assert result.status is RunStatus.COMPLETED
+    assert brief is not None
+    assert [s.hypothesis.id for s in brief.selected] == ["H1"]
+    assert [(r.hypothesis_id, r.reason) for r in brief.rejected] == [
+        ("H2", "safety policy: touches a blocked topic: ransomware")
+    ]
+    assert brief.safety_notes == ["H2: touches a blocked topic: ransomware"]
+    assert brief.reviewed_by == "ana"  # a safety concern: a person looked
+    reviewed = {
+        r.context["hypothesis_id"]
+        for r in outcome.model.calls_for("reviewer", "critique")
+    }
+    assert reviewed == {"H1"}
+    assert outcome.replayed == result
 
 
 async def test_malformed_output_is_asked_once_more_then_recorded() -> None:
