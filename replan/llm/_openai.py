@@ -101,7 +101,8 @@ class OpenAIModel:
             ``messages``, the output format and the tool loop come on top.
         provider_name: reported to telemetry (``openai``, ``vllm``...).
         client: an ``AsyncOpenAI`` to use instead of building one (it is not
-            closed by :meth:`aclose`).
+            closed by :meth:`aclose`); its own retries are not made, only
+            ``max_retries``.
 
     Raises:
         ConfigurationError: no model name, no key for OpenAI itself, an
@@ -220,6 +221,10 @@ class OpenAIModel:
                 problem = url_problem(url, str(exc), "", foreign=True)
                 raise ConfigurationError("base_url", problem) from None
         self.client = client
+        self._requests = _without_retries(client)
+        """The client the requests go through: ``client``, or a copy of a
+        client passed in with its own retries turned off (it shares that
+        client's connections)."""
         self.base_url = str(client.base_url)
         # For messages: a URL may carry credentials (user:password@host).
         self._where = without_credentials(self.base_url)
@@ -452,7 +457,7 @@ class OpenAIModel:
         # The client's timeout bounds each wait for bytes; a server that
         # trickles its answer would still hold the call without this.
         with anyio.fail_after(self.timeout_s):
-            return await self.client.chat.completions.create(**kwargs)
+            return await self._requests.chat.completions.create(**kwargs)
 
     def _drop_refused_parameter(self, model: str, exc: openai.BadRequestError) -> bool:
         """Whether the 400 refused a parameter ``model`` can do without, now
@@ -601,6 +606,19 @@ def _usable_key(key: str | None, where: str) -> str | None:
             "it is not shown here",
         )
     return key
+
+
+def _without_retries(client: Any) -> Any:
+    """``client``, or a copy of it that makes no retries of its own.
+
+    ``max_retries`` are replan's (with its ``Retry-After`` hold and its
+    count in the error); an ``AsyncOpenAI`` retries twice by default, which
+    would send up to three requests for each attempt counted here.
+    """
+    with_options = getattr(client, "with_options", None)
+    if getattr(client, "max_retries", 0) and callable(with_options):
+        return with_options(max_retries=0)
+    return client
 
 
 def _check_name(field: str, name: str) -> None:

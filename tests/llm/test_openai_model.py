@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import anyio
+import openai
 import pytest
 from chat_server import Logged, Reply, chat_server, completion, error
 
@@ -140,6 +141,21 @@ async def test_repeated_server_errors_surface_as_transient_after_the_retries() -
                 await model.generate(plan_request())
         assert len(server.chat_requests()) == 3
     assert "after 3 attempt(s)" in str(caught.value)
+
+
+async def test_a_client_passed_in_makes_no_retries_of_its_own() -> None:
+    with chat_server(lambda _: error(500, "overloaded")) as server:
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test")
+        model = OpenAIModel("gpt-test", client=client, max_retries=1, backoff_s=0.01)
+        with pytest.raises(TransientModelError) as caught:
+            await model.generate(plan_request())
+        assert len(server.chat_requests()) == 2  # not 2 x 3: the client's own
+        assert "after 2 attempt(s)" in str(caught.value)
+        assert model.client is client
+        assert client.max_retries == 2  # the caller's client is left as it was
+        await model.aclose()
+        assert not client.is_closed()
+        await client.close()
 
 
 @contextmanager
