@@ -44,7 +44,8 @@ StructuredOutput = Literal["auto", "json_schema", "json_object", "prompt"]
 * ``json_object``: JSON mode; the schema is in the prompt.
 * ``prompt``: no ``response_format`` at all; the schema is in the prompt.
 * ``auto``: ``json_schema``, falling back to ``json_object`` and then
-  ``prompt`` when the server rejects the request with 400.
+  ``prompt`` when the server rejects the request with 400; kept per model
+  name from then on.
 
 Whatever the mode, the answer is validated with pydantic.
 """
@@ -178,8 +179,11 @@ class OpenAIModel:
         self.models = dict(models or {})
         self.temperatures = dict(temperatures or {})
         self.structured_output: StructuredOutput = structured_output
-        self._auto_mode: StructuredOutput = "json_schema"
-        """The mode ``auto`` asks with: the last one the server took."""
+        self._auto_modes: dict[str, StructuredOutput] = {}
+        """Per model, the mode ``auto`` asks with: the last one the server
+        took for it (``json_schema`` until one refuses it). Per model: one
+        endpoint (a LiteLLM proxy, say) may serve models per role that
+        differ in what they take."""
         self._no_temperature: set[str] = set()
         """Models that refused a temperature (reasoning models take none
         but their default): asked without one."""
@@ -281,7 +285,11 @@ class OpenAIModel:
         reask: list[dict[str, Any]] = []
         usage = TokenUsage()
         auto = self.structured_output == "auto"
-        mode = self._auto_mode if auto else self.structured_output
+        mode = (
+            self._auto_modes.get(model, "json_schema")
+            if auto
+            else self.structured_output
+        )
         refused: openai.BadRequestError | None = None
         while True:
             messages = base + transcript + reask
@@ -322,7 +330,7 @@ class OpenAIModel:
                     f"{where}: {failed}: {brief(exc)}", usage=usage
                 ) from None
             if auto:
-                self._auto_mode = mode
+                self._auto_modes[model] = mode
             body = unparsed_body(completion)
             if body is not None:
                 raise ModelOutputError(

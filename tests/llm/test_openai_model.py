@@ -464,6 +464,30 @@ async def test_a_server_without_schema_support_gets_json_mode_with_the_schema() 
     assert '"tasks"' in requests[1].messages[0]["content"]  # the schema is shown
 
 
+async def test_a_model_refusing_the_schema_leaves_other_models_asking_with_it() -> None:
+    def script(logged):
+        schema = logged.body.get("response_format", {}).get("type") == "json_schema"
+        if schema and logged.body["model"] == "small-model":
+            return error(400, "response_format json_schema is not supported")
+        if logged.body["model"] == "small-model":
+            return completion(TaskOutcome(success=True, summary="done"))
+        return completion(PlanProposal(rationale="schema mode"))
+
+    with chat_server(script) as server:
+        async with fast(server.base_url, models={"executor": "small-model"}) as model:
+            await model.generate(execute_request())
+            await model.generate(plan_request())
+            await model.generate(execute_request())
+        requests = server.chat_requests()
+    asked = [r.body["model"] for r in requests]
+    assert list(zip(asked, formats(requests), strict=True)) == [
+        ("small-model", "json_schema"),
+        ("small-model", "json_object"),
+        ("gpt-test", "json_schema"),  # the planner's model takes the schema
+        ("small-model", "json_object"),
+    ]
+
+
 async def test_a_server_rejecting_both_formats_gets_the_schema_in_the_prompt() -> None:
     def script(logged):
         if "response_format" in logged.body:
