@@ -67,6 +67,11 @@ MAX_PROMPT_CHARS = 100_000
 token, which leaves a 32k-token context window room for the output format
 and the answer, and is well inside the 128k of hosted models."""
 MIN_PROMPT_CHARS = 1_000
+REASK_ECHO_CHARS = 4_000
+"""The most characters of an invalid answer shown back to the model when it
+is asked again. The validation errors say what to fix; a long answer
+(prose instead of JSON, say) shown whole could make the re-ask too long
+for the model's context, and the server would refuse it."""
 """The smallest budget taken: the shipped roles' instructions alone take 350
 to 1,700 characters, so a smaller one is a slip (tokens for characters?),
 not a budget any prompt could keep."""
@@ -291,6 +296,8 @@ class OpenAIModel:
             else self.structured_output
         )
         refused: openai.BadRequestError | None = None
+        invalid: str | None = None
+        """The answer being asked again for, once it proved invalid."""
         while True:
             messages = base + transcript + reask
 
@@ -307,7 +314,8 @@ class OpenAIModel:
                 if self._drop_refused_parameter(model, exc):
                     continue  # asked again as the model takes it
                 fallback = _FALLBACK.get(mode)
-                if auto and fallback is not None:
+                # A re-ask: the server took this mode for the first answer.
+                if auto and fallback is not None and invalid is None:
                     # Perhaps the server does not take this response_format:
                     # ask again with the next simpler one. Kept only once the
                     # server takes one (a 400 for another reason, a prompt
@@ -315,19 +323,25 @@ class OpenAIModel:
                     refused = refused or exc
                     mode = fallback
                     continue
-                raise _annotated(status_error(refused or exc, where), usage) from None
+                error = status_error(refused or exc, where)
+                raise _annotated(_reasking(error, invalid, request), usage) from None
             except openai.APIStatusError as exc:
-                raise _annotated(status_error(exc, where), usage) from None
+                error = status_error(exc, where)
+                raise _annotated(_reasking(error, invalid, request), usage) from None
             except ModelError as exc:
-                raise _annotated(exc, usage) from None
+                raise _annotated(exc, usage, invalid) from None
             except openai.OpenAIError as exc:
-                raise ModelError(f"{where}: {exc}", usage=usage) from None
+                raise ModelError(
+                    f"{where}: {exc}", usage=usage, raw_output=invalid
+                ) from None
             except Exception as exc:  # a body the client could not parse
                 failed = "the request failed"  # before any answer came
                 if not isinstance(exc, ExceptionGroup):
                     failed = "the answer could not be read"
                 raise ModelError(
-                    f"{where}: {failed}: {brief(exc)}", usage=usage
+                    f"{where}: {failed}: {brief(exc)}",
+                    usage=usage,
+                    raw_output=invalid,
                 ) from None
             if auto:
                 self._auto_modes[model] = mode
@@ -397,8 +411,9 @@ class OpenAIModel:
                         usage=usage,
                         raw_output=raw,
                     ) from None
+                invalid = raw
                 reask += [
-                    {"role": "assistant", "content": raw},
+                    {"role": "assistant", "content": _echoed(raw)},
                     {
                         "role": "user",
                         "content": "Your answer could not be used:\n"
@@ -646,11 +661,40 @@ def _cut_short(choices: Any) -> bool:
     return getattr(choices[0], "finish_reason", None) == "length"
 
 
-def _annotated(exc: ModelError, usage: TokenUsage) -> ModelError:
-    """Add the tokens earlier attempts of this call used to ``exc``."""
+def _annotated(
+    exc: ModelError, usage: TokenUsage, invalid: str | None = None
+) -> ModelError:
+    """Add the tokens earlier attempts of this call used to ``exc``, and the
+    invalid answer a re-ask was asking again for (for the journal)."""
     if usage.calls:
         exc.usage = usage + exc.usage if exc.usage else usage
+    if invalid is not None and exc.raw_output is None:
+        exc.raw_output = invalid
     return exc
+
+
+def _reasking(
+    error: ModelError, invalid: str | None, request: ModelRequest
+) -> ModelError:
+    """``error`` of a request, saying so when it was the re-ask of an invalid
+    answer (kept as ``raw_output``): the first problem was that answer."""
+    if invalid is None:
+        return error
+    return ModelError(
+        f"{error} (when asked again after an answer that was not a valid "
+        f"{request.output_type.__name__})",
+        raw_output=invalid,
+    )
+
+
+def _echoed(raw: str) -> str:
+    """An invalid answer as shown back to the model: at most
+    :data:`REASK_ECHO_CHARS` characters of it."""
+    if len(raw) <= REASK_ECHO_CHARS:
+        return raw
+    return (
+        f"{raw[:REASK_ECHO_CHARS]}\n(... {len(raw) - REASK_ECHO_CHARS} more characters)"
+    )
 
 
 def _transcript_messages(request: ModelRequest) -> list[dict[str, Any]]:

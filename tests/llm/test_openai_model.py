@@ -262,6 +262,50 @@ async def test_an_answer_invalid_twice_is_an_error_that_keeps_the_raw_text() -> 
     assert caught.value.usage.calls == 2
 
 
+PROSE = "Let me think about this task step by step. " * 500  # 22,000 characters
+
+
+async def test_a_long_invalid_answer_is_shown_shortened_when_asked_again() -> None:
+    good = TaskOutcome(success=True, summary="done")
+    with chat_server() as server:
+        server.reply(completion(PROSE), completion(good))
+        async with fast(server.base_url) as model:
+            response = await model.generate(execute_request())
+        first, second = server.chat_requests()
+    assert response.output == good
+    shown = second.messages[-2]
+    assert shown["role"] == "assistant"
+    assert shown["content"].startswith(PROSE[:4000])
+    assert len(shown["content"]) < 4100
+    assert f"{len(PROSE) - 4000} more characters" in shown["content"]
+    assert len(second.text) < len(first.text) + 5000
+
+
+async def test_a_reask_the_server_refuses_keeps_the_invalid_answer_and_says_so() -> (
+    None
+):
+    def script(logged: Logged) -> Reply:
+        if len(logged.messages) > 2:  # the re-ask: too long for this server
+            return error(400, "maximum context length is 2048 tokens")
+        return completion(PROSE)
+
+    with chat_server(script) as server:
+        async with fast(server.base_url) as model:
+            with pytest.raises(ModelError) as caught:
+                await model.generate(execute_request())
+        requests = server.chat_requests()
+    # The server took json_schema for the first answer: no other format is
+    # tried for the re-ask.
+    assert formats(requests) == ["json_schema", "json_schema"]
+    assert "maximum context length" in str(caught.value)
+    assert "asked again after an answer that was not a valid TaskOutcome" in str(
+        caught.value
+    )
+    assert caught.value.raw_output == PROSE
+    assert caught.value.usage is not None
+    assert caught.value.usage.calls == 1
+
+
 @pytest.mark.parametrize(
     ("max_output_tokens", "limit"),
     [(50, "max_output_tokens=50"), (None, "the server's own")],
