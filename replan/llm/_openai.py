@@ -204,7 +204,8 @@ class OpenAIModel:
         self.max_prompt_chars = max_prompt_chars
         self._owns_client = client is None
         if client is None:
-            url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+            # Stripped, as the key is: an env file's newline, a pasted space.
+            url = (base_url or os.environ.get("OPENAI_BASE_URL") or "").strip() or None
             if url is not None:
                 check_base_url(url, "" if base_url else " (from OPENAI_BASE_URL)")
             given = api_key is not None and api_key != ""
