@@ -135,7 +135,8 @@ class OpenAIModel:
         provider_name: str = "openai",
         client: openai.AsyncOpenAI | None = None,
     ) -> None:
-        name = model or os.environ.get("REPLAN_MODEL")
+        # Stripped: an env file's newline would name a model no server has.
+        name = (model or os.environ.get("REPLAN_MODEL") or "").strip()
         if not name:
             raise ConfigurationError(
                 "model", "name a model (or set REPLAN_MODEL), e.g. gpt-4o-mini"

@@ -837,6 +837,11 @@ def test_the_model_name_comes_from_replan_model(
     assert model.model_for("executor") == "qwen2.5:7b"
     assert model.base_url.startswith("http://127.0.0.1:11434/v1")
     assert model.provider_name == "ollama"
+    monkeypatch.setenv("REPLAN_MODEL", "qwen2.5:7b\n")  # as an env file leaves it
+    assert OpenAIModel().model_for("planner") == "qwen2.5:7b"
+    monkeypatch.setenv("REPLAN_MODEL", " ")
+    with pytest.raises(ConfigurationError, match="name a model"):
+        OpenAIModel()
     monkeypatch.delenv("REPLAN_MODEL")
     with pytest.raises(ConfigurationError) as caught:
         OpenAIModel()
