@@ -67,14 +67,14 @@ MAX_PROMPT_CHARS = 100_000
 token, which leaves a 32k-token context window room for the output format
 and the answer, and is well inside the 128k of hosted models."""
 MIN_PROMPT_CHARS = 1_000
+"""The smallest budget taken: the shipped roles' instructions alone take 350
+to 1,700 characters, so a smaller one is a slip (tokens for characters?),
+not a budget any prompt could keep."""
 REASK_ECHO_CHARS = 4_000
 """The most characters of an invalid answer shown back to the model when it
 is asked again. The validation errors say what to fix; a long answer
 (prose instead of JSON, say) shown whole could make the re-ask too long
 for the model's context, and the server would refuse it."""
-"""The smallest budget taken: the shipped roles' instructions alone take 350
-to 1,700 characters, so a smaller one is a slip (tokens for characters?),
-not a budget any prompt could keep."""
 
 logger = logging.getLogger("replan.llm")
 
