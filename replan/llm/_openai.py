@@ -198,6 +198,12 @@ class OpenAIModel:
         self._no_usage: set[str] = set()
         """Models whose answers came without token counts (warned once)."""
         self.prices = price_table(prices)
+        if prompts is not None and not callable(getattr(prompts, "for_request", None)):
+            raise ConfigurationError(
+                "prompts",
+                f"must be a PromptRegistry, not {type(prompts).__name__}: "
+                "PromptRegistry().load_dir(path) for a directory of templates",
+            )
         self.prompts = prompts or PromptRegistry()
         self.retry = BackoffPolicy(max_retries, backoff_s, max_backoff_s)
         self.max_output_tokens = max_output_tokens
