@@ -135,6 +135,12 @@ class OpenAIModel:
         provider_name: str = "openai",
         client: openai.AsyncOpenAI | None = None,
     ) -> None:
+        for option, text in (("model", model), ("base_url", base_url)):
+            if text is not None and not isinstance(text, str):
+                raise ConfigurationError(option, f"must be text, not {text!r}")
+        if api_key is not None and not isinstance(api_key, str):
+            # Not shown: it may be a key all the same.
+            raise ConfigurationError("api_key", "must be text")
         # Stripped: an env file's newline would name a model no server has.
         name = (model or os.environ.get("REPLAN_MODEL") or "").strip()
         if not name:
@@ -142,6 +148,8 @@ class OpenAIModel:
                 "model", "name a model (or set REPLAN_MODEL), e.g. gpt-4o-mini"
             )
         _check_name("model", name)
+        _check_mapping("models", models, "model names by role")
+        _check_mapping("temperatures", temperatures, "temperatures by role")
         for role, named in (models or {}).items():
             if role not in ROLES:
                 raise ConfigurationError(
@@ -650,6 +658,17 @@ def _without_retries(client: Any) -> Any:
     if getattr(client, "max_retries", 0) and callable(with_options):
         return with_options(max_retries=0)
     return client
+
+
+def _check_mapping(field: str, value: object, holds: str) -> None:
+    """Refuse a ``models`` or ``temperatures`` that is no mapping (a model
+    name for ``models``, a number for ``temperatures``)."""
+    if value is not None and not isinstance(value, Mapping):
+        raise ConfigurationError(
+            field,
+            f"must map roles to {holds.split(' by ')[0]} "
+            f"(e.g. {{'executor': ...}}), not {value!r}",
+        )
 
 
 def _check_name(field: str, name: str) -> None:

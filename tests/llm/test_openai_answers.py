@@ -267,6 +267,10 @@ NAN, INF = float("nan"), float("inf")
         ({"temperatures": {"executor": "hot"}}, "temperatures.executor"),
         ({"structured_output": "json"}, "structured_output"),
         ({"models": {"exectuor": "gpt-small"}}, "models.exectuor"),
+        ({"models": "gpt-small"}, "models"),  # model= meant
+        ({"models": ["executor"]}, "models"),
+        ({"temperatures": 0.3}, "temperatures"),
+        ({"api_key": 12345}, "api_key"),
         ({"models": {"executor": ""}}, "models.executor"),
         ({"models": {"planner": None}}, "models.planner"),
         ({"models": {"planner": "gpt-\udcff"}}, "models.planner"),
@@ -287,6 +291,15 @@ def test_an_option_out_of_range_is_a_configuration_error_naming_it(
     with pytest.raises(ConfigurationError) as caught:
         OpenAIModel("gpt-test", base_url=NOWHERE, **options)
     assert caught.value.field == field
+
+
+def test_a_model_name_or_base_url_that_is_no_text_is_refused_naming_it() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        OpenAIModel(4, base_url=NOWHERE)  # type: ignore[arg-type]
+    assert caught.value.field == "model"
+    with pytest.raises(ConfigurationError) as caught:
+        OpenAIModel("gpt-test", base_url=8000)  # type: ignore[arg-type]
+    assert caught.value.field == "base_url"
 
 
 @pytest.mark.parametrize(
