@@ -810,6 +810,23 @@ async def test_an_unknown_model_is_a_non_transient_error_naming_the_fix() -> Non
     assert not caught.value.transient
 
 
+async def test_a_servers_long_error_message_is_kept_short() -> None:
+    quoted = "context too long. Received Messages=" + "x" * 50_000  # a proxy's
+    with chat_server() as server:
+        server.reply(error(400, quoted), error(503, quoted), error(503, quoted))
+        async with fast(
+            server.base_url, structured_output="json_schema", max_retries=1
+        ) as model:
+            with pytest.raises(ModelError) as refused:
+                await model.generate(plan_request())
+            with pytest.raises(TransientModelError) as transient:
+                await model.generate(plan_request())
+    for caught in (refused, transient):
+        assert "context too long. Received Messages=xxx" in str(caught.value)
+        assert "(49036 more characters)" in str(caught.value)
+        assert len(str(caught.value)) < 1_200
+
+
 async def test_an_unreachable_endpoint_is_transient_and_names_it() -> None:
     with chat_server() as server:
         url = server.base_url
