@@ -10,6 +10,7 @@ from types import TracebackType
 from typing import Any, Literal, Self, get_args
 
 import anyio
+import anyio.lowlevel
 import openai
 from pydantic import ValidationError
 
@@ -236,16 +237,22 @@ class OpenAIModel:
                         "give base_url (or OPENAI_BASE_URL) for a local server",
                     )
                 key = LOCAL_KEY
+            self._client_options: dict[str, Any] = {
+                "api_key": key,
+                "base_url": url,
+                "max_retries": 0,
+                "timeout": timeout_s,
+            }
             try:
-                client = openai.AsyncOpenAI(
-                    api_key=key, base_url=url, max_retries=0, timeout=timeout_s
-                )
+                client = openai.AsyncOpenAI(**self._client_options)
             except Exception as exc:
                 if type(exc).__name__ != "InvalidURL" or url is None:
                     raise
                 problem = url_problem(url, str(exc), "", foreign=True)
                 raise ConfigurationError("base_url", problem) from None
         self.client = client
+        self._loop: object | None = None
+        """The event loop the client built here was first used in."""
         self._requests = _without_retries(client)
         """The client the requests go through: ``client``, or a copy of a
         client passed in with its own retries turned off (it shares that
@@ -496,7 +503,26 @@ class OpenAIModel:
         # The client's timeout bounds each wait for bytes; a server that
         # trickles its answer would still hold the call without this.
         with anyio.fail_after(self.timeout_s):
-            return await self._requests.chat.completions.create(**kwargs)
+            return await self._client_here().chat.completions.create(**kwargs)
+
+    def _client_here(self) -> Any:
+        """The client to ask from this event loop.
+
+        A client's pooled connections belong to the event loop that made
+        them: used from another one (the model kept across ``anyio.run``
+        calls, or by the tests of a suite that each run their own loop),
+        every call would fail ("Event loop is closed"). A client built here
+        is built again for the new loop; one passed in is the caller's.
+        """
+        if self._owns_client:
+            loop = _event_loop()
+            if loop is not None and loop != self._loop:
+                if self._loop is not None:
+                    self.client = self._requests = openai.AsyncOpenAI(
+                        **self._client_options
+                    )
+                self._loop = loop
+        return self._requests
 
     def _drop_refused_parameter(self, model: str, exc: openai.BadRequestError) -> bool:
         """Whether the 400 refused a parameter ``model`` can do without, now
@@ -645,6 +671,13 @@ def _usable_key(key: str | None, where: str) -> str | None:
             "it is not shown here",
         )
     return key
+
+
+def _event_loop() -> object | None:
+    """A token of the running event loop (equal for the same loop), or None
+    with an anyio too old to tell (before 4.11)."""
+    current = getattr(anyio.lowlevel, "current_token", None)
+    return current() if current is not None else None
 
 
 def _without_retries(client: Any) -> Any:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import anyio
+import anyio.lowlevel
 import openai
 import pytest
 from chat_server import Logged, Reply, chat_server, completion, error
@@ -156,6 +157,23 @@ async def test_a_client_passed_in_makes_no_retries_of_its_own() -> None:
         await model.aclose()
         assert not client.is_closed()
         await client.close()
+
+
+@pytest.mark.skipif(
+    not hasattr(anyio.lowlevel, "current_token"), reason="anyio 4.11 tells loops apart"
+)
+def test_a_model_serves_each_event_loop_it_is_used_in_one_after_another() -> None:
+    with chat_server(lambda _: completion(PlanProposal())) as server:
+        model = fast(server.base_url)
+
+        async def ask() -> None:
+            async with model:  # its connections closed as each loop ends
+                response = await model.generate(plan_request())
+            assert response.output == PlanProposal()
+
+        for backend in ("asyncio", "asyncio", "trio", "asyncio"):
+            anyio.run(ask, backend=backend)
+        assert len(server.chat_requests()) == 4
 
 
 @contextmanager
