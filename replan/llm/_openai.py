@@ -10,6 +10,7 @@ from types import TracebackType
 from typing import Any, Literal, Self, get_args
 
 import anyio
+import anyio.lowlevel
 import openai
 from pydantic import ValidationError
 
@@ -44,7 +45,8 @@ StructuredOutput = Literal["auto", "json_schema", "json_object", "prompt"]
 * ``json_object``: JSON mode; the schema is in the prompt.
 * ``prompt``: no ``response_format`` at all; the schema is in the prompt.
 * ``auto``: ``json_schema``, falling back to ``json_object`` and then
-  ``prompt`` when the server rejects the request with 400.
+  ``prompt`` when the server rejects the request with 400; kept per model
+  name from then on.
 
 Whatever the mode, the answer is validated with pydantic.
 """
@@ -69,6 +71,11 @@ MIN_PROMPT_CHARS = 1_000
 """The smallest budget taken: the shipped roles' instructions alone take 350
 to 1,700 characters, so a smaller one is a slip (tokens for characters?),
 not a budget any prompt could keep."""
+REASK_ECHO_CHARS = 4_000
+"""The most characters of an invalid answer shown back to the model when it
+is asked again. The validation errors say what to fix; a long answer
+(prose instead of JSON, say) shown whole could make the re-ask too long
+for the model's context, and the server would refuse it."""
 
 logger = logging.getLogger("replan.llm")
 
@@ -101,7 +108,8 @@ class OpenAIModel:
             ``messages``, the output format and the tool loop come on top.
         provider_name: reported to telemetry (``openai``, ``vllm``...).
         client: an ``AsyncOpenAI`` to use instead of building one (it is not
-            closed by :meth:`aclose`).
+            closed by :meth:`aclose`); its own retries are not made, only
+            ``max_retries``.
 
     Raises:
         ConfigurationError: no model name, no key for OpenAI itself, an
@@ -128,12 +136,21 @@ class OpenAIModel:
         provider_name: str = "openai",
         client: openai.AsyncOpenAI | None = None,
     ) -> None:
-        name = model or os.environ.get("REPLAN_MODEL")
+        for option, text in (("model", model), ("base_url", base_url)):
+            if text is not None and not isinstance(text, str):
+                raise ConfigurationError(option, f"must be text, not {text!r}")
+        if api_key is not None and not isinstance(api_key, str):
+            # Not shown: it may be a key all the same.
+            raise ConfigurationError("api_key", "must be text")
+        # Stripped: an env file's newline would name a model no server has.
+        name = (model or os.environ.get("REPLAN_MODEL") or "").strip()
         if not name:
             raise ConfigurationError(
                 "model", "name a model (or set REPLAN_MODEL), e.g. gpt-4o-mini"
             )
         _check_name("model", name)
+        _check_mapping("models", models, "model names by role")
+        _check_mapping("temperatures", temperatures, "temperatures by role")
         for role, named in (models or {}).items():
             if role not in ROLES:
                 raise ConfigurationError(
@@ -177,8 +194,11 @@ class OpenAIModel:
         self.models = dict(models or {})
         self.temperatures = dict(temperatures or {})
         self.structured_output: StructuredOutput = structured_output
-        self._auto_mode: StructuredOutput = "json_schema"
-        """The mode ``auto`` asks with: the last one the server took."""
+        self._auto_modes: dict[str, StructuredOutput] = {}
+        """Per model, the mode ``auto`` asks with: the last one the server
+        took for it (``json_schema`` until one refuses it). Per model: one
+        endpoint (a LiteLLM proxy, say) may serve models per role that
+        differ in what they take."""
         self._no_temperature: set[str] = set()
         """Models that refused a temperature (reasoning models take none
         but their default): asked without one."""
@@ -187,6 +207,12 @@ class OpenAIModel:
         self._no_usage: set[str] = set()
         """Models whose answers came without token counts (warned once)."""
         self.prices = price_table(prices)
+        if prompts is not None and not callable(getattr(prompts, "for_request", None)):
+            raise ConfigurationError(
+                "prompts",
+                f"must be a PromptRegistry, not {type(prompts).__name__}: "
+                "PromptRegistry().load_dir(path) for a directory of templates",
+            )
         self.prompts = prompts or PromptRegistry()
         self.retry = BackoffPolicy(max_retries, backoff_s, max_backoff_s)
         self.max_output_tokens = max_output_tokens
@@ -194,7 +220,8 @@ class OpenAIModel:
         self.max_prompt_chars = max_prompt_chars
         self._owns_client = client is None
         if client is None:
-            url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+            # Stripped, as the key is: an env file's newline, a pasted space.
+            url = (base_url or os.environ.get("OPENAI_BASE_URL") or "").strip() or None
             if url is not None:
                 check_base_url(url, "" if base_url else " (from OPENAI_BASE_URL)")
             given = api_key is not None and api_key != ""
@@ -210,16 +237,26 @@ class OpenAIModel:
                         "give base_url (or OPENAI_BASE_URL) for a local server",
                     )
                 key = LOCAL_KEY
+            self._client_options: dict[str, Any] = {
+                "api_key": key,
+                "base_url": url,
+                "max_retries": 0,
+                "timeout": timeout_s,
+            }
             try:
-                client = openai.AsyncOpenAI(
-                    api_key=key, base_url=url, max_retries=0, timeout=timeout_s
-                )
+                client = openai.AsyncOpenAI(**self._client_options)
             except Exception as exc:
                 if type(exc).__name__ != "InvalidURL" or url is None:
                     raise
                 problem = url_problem(url, str(exc), "", foreign=True)
                 raise ConfigurationError("base_url", problem) from None
         self.client = client
+        self._loop: object | None = None
+        """The event loop the client built here was first used in."""
+        self._requests = _without_retries(client)
+        """The client the requests go through: ``client``, or a copy of a
+        client passed in with its own retries turned off (it shares that
+        client's connections)."""
         self.base_url = str(client.base_url)
         # For messages: a URL may carry credentials (user:password@host).
         self._where = without_credentials(self.base_url)
@@ -276,8 +313,14 @@ class OpenAIModel:
         reask: list[dict[str, Any]] = []
         usage = TokenUsage()
         auto = self.structured_output == "auto"
-        mode = self._auto_mode if auto else self.structured_output
+        mode = (
+            self._auto_modes.get(model, "json_schema")
+            if auto
+            else self.structured_output
+        )
         refused: openai.BadRequestError | None = None
+        invalid: str | None = None
+        """The answer being asked again for, once it proved invalid."""
         while True:
             messages = base + transcript + reask
 
@@ -294,7 +337,8 @@ class OpenAIModel:
                 if self._drop_refused_parameter(model, exc):
                     continue  # asked again as the model takes it
                 fallback = _FALLBACK.get(mode)
-                if auto and fallback is not None:
+                # A re-ask: the server took this mode for the first answer.
+                if auto and fallback is not None and invalid is None:
                     # Perhaps the server does not take this response_format:
                     # ask again with the next simpler one. Kept only once the
                     # server takes one (a 400 for another reason, a prompt
@@ -302,22 +346,28 @@ class OpenAIModel:
                     refused = refused or exc
                     mode = fallback
                     continue
-                raise _annotated(status_error(refused or exc, where), usage) from None
+                error = status_error(refused or exc, where)
+                raise _annotated(_reasking(error, invalid, request), usage) from None
             except openai.APIStatusError as exc:
-                raise _annotated(status_error(exc, where), usage) from None
+                error = status_error(exc, where)
+                raise _annotated(_reasking(error, invalid, request), usage) from None
             except ModelError as exc:
-                raise _annotated(exc, usage) from None
+                raise _annotated(exc, usage, invalid) from None
             except openai.OpenAIError as exc:
-                raise ModelError(f"{where}: {exc}", usage=usage) from None
+                raise ModelError(
+                    f"{where}: {exc}", usage=usage, raw_output=invalid
+                ) from None
             except Exception as exc:  # a body the client could not parse
                 failed = "the request failed"  # before any answer came
                 if not isinstance(exc, ExceptionGroup):
                     failed = "the answer could not be read"
                 raise ModelError(
-                    f"{where}: {failed}: {brief(exc)}", usage=usage
+                    f"{where}: {failed}: {brief(exc)}",
+                    usage=usage,
+                    raw_output=invalid,
                 ) from None
             if auto:
-                self._auto_mode = mode
+                self._auto_modes[model] = mode
             body = unparsed_body(completion)
             if body is not None:
                 raise ModelOutputError(
@@ -384,8 +434,9 @@ class OpenAIModel:
                         usage=usage,
                         raw_output=raw,
                     ) from None
+                invalid = raw
                 reask += [
-                    {"role": "assistant", "content": raw},
+                    {"role": "assistant", "content": _echoed(raw)},
                     {
                         "role": "user",
                         "content": "Your answer could not be used:\n"
@@ -452,7 +503,26 @@ class OpenAIModel:
         # The client's timeout bounds each wait for bytes; a server that
         # trickles its answer would still hold the call without this.
         with anyio.fail_after(self.timeout_s):
-            return await self.client.chat.completions.create(**kwargs)
+            return await self._client_here().chat.completions.create(**kwargs)
+
+    def _client_here(self) -> Any:
+        """The client to ask from this event loop.
+
+        A client's pooled connections belong to the event loop that made
+        them: used from another one (the model kept across ``anyio.run``
+        calls, or by the tests of a suite that each run their own loop),
+        every call would fail ("Event loop is closed"). A client built here
+        is built again for the new loop; one passed in is the caller's.
+        """
+        if self._owns_client:
+            loop = _event_loop()
+            if loop is not None and loop != self._loop:
+                if self._loop is not None:
+                    self.client = self._requests = openai.AsyncOpenAI(
+                        **self._client_options
+                    )
+                self._loop = loop
+        return self._requests
 
     def _drop_refused_parameter(self, model: str, exc: openai.BadRequestError) -> bool:
         """Whether the 400 refused a parameter ``model`` can do without, now
@@ -603,6 +673,37 @@ def _usable_key(key: str | None, where: str) -> str | None:
     return key
 
 
+def _event_loop() -> object | None:
+    """A token of the running event loop (equal for the same loop), or None
+    with an anyio too old to tell (before 4.11)."""
+    current = getattr(anyio.lowlevel, "current_token", None)
+    return current() if current is not None else None
+
+
+def _without_retries(client: Any) -> Any:
+    """``client``, or a copy of it that makes no retries of its own.
+
+    ``max_retries`` are replan's (with its ``Retry-After`` hold and its
+    count in the error); an ``AsyncOpenAI`` retries twice by default, which
+    would send up to three requests for each attempt counted here.
+    """
+    with_options = getattr(client, "with_options", None)
+    if getattr(client, "max_retries", 0) and callable(with_options):
+        return with_options(max_retries=0)
+    return client
+
+
+def _check_mapping(field: str, value: object, holds: str) -> None:
+    """Refuse a ``models`` or ``temperatures`` that is no mapping (a model
+    name for ``models``, a number for ``temperatures``)."""
+    if value is not None and not isinstance(value, Mapping):
+        raise ConfigurationError(
+            field,
+            f"must map roles to {holds.split(' by ')[0]} "
+            f"(e.g. {{'executor': ...}}), not {value!r}",
+        )
+
+
 def _check_name(field: str, name: str) -> None:
     """Refuse a model name that is no text (a lone surrogate, as a shell
     argument of bytes that are no UTF-8 gives): no request can carry it,
@@ -620,11 +721,40 @@ def _cut_short(choices: Any) -> bool:
     return getattr(choices[0], "finish_reason", None) == "length"
 
 
-def _annotated(exc: ModelError, usage: TokenUsage) -> ModelError:
-    """Add the tokens earlier attempts of this call used to ``exc``."""
+def _annotated(
+    exc: ModelError, usage: TokenUsage, invalid: str | None = None
+) -> ModelError:
+    """Add the tokens earlier attempts of this call used to ``exc``, and the
+    invalid answer a re-ask was asking again for (for the journal)."""
     if usage.calls:
         exc.usage = usage + exc.usage if exc.usage else usage
+    if invalid is not None and exc.raw_output is None:
+        exc.raw_output = invalid
     return exc
+
+
+def _reasking(
+    error: ModelError, invalid: str | None, request: ModelRequest
+) -> ModelError:
+    """``error`` of a request, saying so when it was the re-ask of an invalid
+    answer (kept as ``raw_output``): the first problem was that answer."""
+    if invalid is None:
+        return error
+    return ModelError(
+        f"{error} (when asked again after an answer that was not a valid "
+        f"{request.output_type.__name__})",
+        raw_output=invalid,
+    )
+
+
+def _echoed(raw: str) -> str:
+    """An invalid answer as shown back to the model: at most
+    :data:`REASK_ECHO_CHARS` characters of it."""
+    if len(raw) <= REASK_ECHO_CHARS:
+        return raw
+    return (
+        f"{raw[:REASK_ECHO_CHARS]}\n(... {len(raw) - REASK_ECHO_CHARS} more characters)"
+    )
 
 
 def _transcript_messages(request: ModelRequest) -> list[dict[str, Any]]:

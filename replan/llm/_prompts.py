@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, Self, get_args
 
 from .._errors import ConfigurationError
 from ._port import Role
@@ -132,8 +132,13 @@ class PromptRegistry:
         """Add a template, replacing any for the same role and purpose."""
         self._templates[template.role, template.purpose] = template
 
-    def load_dir(self, path: str | Path) -> None:
+    def load_dir(self, path: str | Path) -> Self:
         """Add every ``role.purpose.md`` file of a directory.
+
+        Returns:
+            The registry itself, so that
+            ``OpenAIModel(prompts=PromptRegistry().load_dir(path))`` passes
+            it with the templates loaded (not None: the shipped ones only).
 
         Raises:
             ConfigurationError: ``path`` is no directory, or a file in it
@@ -153,6 +158,7 @@ class PromptRegistry:
                     f"prompts.{file.stem}", f"cannot read {file}: {exc}"
                 ) from None
             self._add_text(file.name, text)
+        return self
 
     def get(self, role: str, purpose: str) -> PromptTemplate:
         """The template for ``role`` and ``purpose``.

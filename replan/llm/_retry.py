@@ -183,15 +183,25 @@ def status_error(exc: openai.APIStatusError, where: str) -> ModelError:
     return ModelError(f"{where}: HTTP {exc.status_code}: {_message(exc)}{hint}")
 
 
+MESSAGE_CHARS = 1_000
+"""The most characters of a server's error message kept in an error: some
+proxies quote the whole request in theirs, which would otherwise fill the
+journal, the task's reason and the command's error line."""
+
+
 def _message(exc: openai.APIStatusError) -> str:
     body = exc.body
+    message = exc.message
     if isinstance(body, dict):
         inner = body.get("error", body)
         if isinstance(inner, dict) and isinstance(inner.get("message"), str):
-            return str(inner["message"])
-        if isinstance(inner, str):
-            return inner
-    return exc.message
+            message = str(inner["message"])
+        elif isinstance(inner, str):
+            message = inner
+    if len(message) <= MESSAGE_CHARS:
+        return message
+    left = len(message) - MESSAGE_CHARS
+    return f"{message[:MESSAGE_CHARS]}... ({left} more characters)"
 
 
 def _retry_after(headers: object) -> float | None:

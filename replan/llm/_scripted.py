@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 from pydantic import BaseModel, ValidationError
 
-from .._errors import ModelOutputError
+from .._errors import ConfigurationError, ModelOutputError
 from ..messages import TokenUsage
 from ._numbers import finite_number, whole_number
 from ._port import ModelRequest, ModelResponse
@@ -59,6 +59,14 @@ class ScriptedModel:
             keep_calls = whole_number("keep_calls", keep_calls, minimum=0)
         # Checked here: a sleep of NaN or below 0 fails every call later.
         latency_s = finite_number("latency_s", latency_s, minimum=0)
+        # As are a usage and a name no response can carry.
+        if usage is not None and not (isinstance(usage, TokenUsage) or callable(usage)):
+            raise ConfigurationError(
+                "usage",
+                f"must be a TokenUsage or a function of the request, not {usage!r}",
+            )
+        if not isinstance(name, str):
+            raise ConfigurationError("name", f"must be text, not {name!r}")
         self._handler = handler
         self._keep = keep_calls
         self._latency_s = latency_s

@@ -36,7 +36,10 @@ def check_base_url(url: str, source: str) -> None:
             problem = url_problem(url, str(exc), source, foreign=True)
         raise ConfigurationError("base_url", problem) from None
     problem = ""
-    if parts.scheme.lower() not in ("http", "https"):
+    if any(c.isspace() for c in url):
+        # The client would send it percent-encoded, to a path that is none.
+        problem = "it holds a space or a line break"
+    elif parts.scheme.lower() not in ("http", "https"):
         problem = "it must start with http:// or https://"
     elif not parts.hostname:
         problem = "it names no host"

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from opentelemetry import context, trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
     from opentelemetry.propagators.textmap import TextMapPropagator
@@ -27,24 +28,39 @@ _global_textmap: Callable[[], TextMapPropagator] | None = None
 """``propagate.get_global_textmap`` after the first use (or the fallback):
 called each time, since the application may set another one later."""
 _first_use_lock = threading.Lock()
+_W3C = TraceContextTextMapPropagator()
+_TRACEPARENT = "traceparent"
 
 
 def current_carrier() -> dict[str, str]:
-    """The sender's W3C trace context, to put in an envelope.
+    """The sender's trace context, to put in an envelope.
 
     Context does not cross an anyio channel by itself, so every envelope
     carries it. Empty when no span is recording (tracing off costs nothing).
+    The application's propagators write it (with their baggage, say); an
+    envelope never leaves the process, so when they carry no span
+    (``OTEL_PROPAGATORS=none``, or ``baggage`` alone: what an application
+    sends to other processes) it carries W3C ``traceparent`` as well, and
+    the actors' spans stay in the run's trace.
     """
     if not trace.get_current_span().get_span_context().is_valid:
         return {}
     carrier: dict[str, str] = {}
     propagator().inject(carrier)
+    if _TRACEPARENT not in carrier:
+        _W3C.inject(carrier)
     return carrier
 
 
 def carried_context(carrier: dict[str, str]) -> context.Context:
-    """The context an envelope carried (what ``propagate.extract`` returns)."""
-    return propagator().extract(carrier)
+    """The context an envelope carried (what ``propagate.extract`` returns,
+    with the W3C span :func:`current_carrier` adds when it added one)."""
+    carried = propagator().extract(carrier)
+    if _TRACEPARENT in carrier:
+        span = trace.get_current_span(carried).get_span_context()
+        if not span.is_valid:
+            carried = _W3C.extract(carrier, context=carried)
+    return carried
 
 
 @contextmanager

@@ -27,6 +27,17 @@ CONTENT_LIMIT = 4096
 
 _CAPTURE_VALUES = frozenset({"true", "1", "yes", "span_only", "span_and_event"})
 
+TASK_DURATION_BUCKETS: tuple[float, ...] = tuple(0.01 * 2**i for i in range(17))
+"""Bucket bounds of ``replan.task.duration``, in seconds: 0.01 doubling to
+about 11 minutes. The SDK's default bounds (0, 5, 10, 25... made for
+milliseconds) would put every attempt shorter than 5 s in one bucket."""
+GATE_WAIT_BUCKETS: tuple[float, ...] = (
+    1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600,
+    7200, 14400, 28800, 86400, 172800, 604800,
+)  # fmt: skip
+"""Bucket bounds of ``replan.gate.wait``, in seconds: from a second to a
+week, as a person may answer at once, after lunch or after the weekend."""
+
 
 def capture_content_from_env() -> bool:
     """Whether the capture-content variable asks for prompts and completions."""
@@ -89,11 +100,13 @@ class Telemetry:
             n.METRIC_TASK_DURATION,
             unit="s",
             description="Duration of task attempts, by outcome",
+            explicit_bucket_boundaries_advisory=TASK_DURATION_BUCKETS,
         )
         self.gate_wait = meter.create_histogram(
             n.METRIC_GATE_WAIT,
             unit="s",
             description="How long human gates waited for an answer",
+            explicit_bucket_boundaries_advisory=GATE_WAIT_BUCKETS,
         )
         self._mailboxes = _mailbox_gauge(
             meter_provider or metrics.get_meter_provider(), meter

@@ -267,6 +267,10 @@ NAN, INF = float("nan"), float("inf")
         ({"temperatures": {"executor": "hot"}}, "temperatures.executor"),
         ({"structured_output": "json"}, "structured_output"),
         ({"models": {"exectuor": "gpt-small"}}, "models.exectuor"),
+        ({"models": "gpt-small"}, "models"),  # model= meant
+        ({"models": ["executor"]}, "models"),
+        ({"temperatures": 0.3}, "temperatures"),
+        ({"api_key": 12345}, "api_key"),
         ({"models": {"executor": ""}}, "models.executor"),
         ({"models": {"planner": None}}, "models.planner"),
         ({"models": {"planner": "gpt-\udcff"}}, "models.planner"),
@@ -287,6 +291,15 @@ def test_an_option_out_of_range_is_a_configuration_error_naming_it(
     with pytest.raises(ConfigurationError) as caught:
         OpenAIModel("gpt-test", base_url=NOWHERE, **options)
     assert caught.value.field == field
+
+
+def test_a_model_name_or_base_url_that_is_no_text_is_refused_naming_it() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        OpenAIModel(4, base_url=NOWHERE)  # type: ignore[arg-type]
+    assert caught.value.field == "model"
+    with pytest.raises(ConfigurationError) as caught:
+        OpenAIModel("gpt-test", base_url=8000)  # type: ignore[arg-type]
+    assert caught.value.field == "base_url"
 
 
 @pytest.mark.parametrize(
@@ -357,6 +370,8 @@ def test_options_in_range_are_kept() -> None:
         ("ftp://127.0.0.1/v1", "http:// or https://"),
         ("localhost:8000/v1", "http:// or https://"),
         ("http://local\x00host/v1", "non-printable"),  # only the client sees it
+        ("http://127.0.0.1:8000/my models/v1", "a space or a line break"),
+        ("http://127.0.0.1:8000/v1\n/chat", "a space or a line break"),
     ],
 )
 def test_a_base_url_that_is_no_usable_url_is_a_configuration_error(
@@ -392,6 +407,19 @@ def test_a_bad_base_url_from_the_environment_says_where_it_came_from(
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:70000/v1")
     with pytest.raises(ConfigurationError, match="from OPENAI_BASE_URL"):
         OpenAIModel("gpt-test")
+
+
+@pytest.mark.parametrize(
+    "given", [" http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1 ", "\t{}\n"]
+)
+def test_a_base_url_with_space_or_a_newline_around_it_is_taken_stripped(
+    given: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = "http://127.0.0.1:8000/v1"
+    given = given.format(url) if "{}" in given else given
+    assert OpenAIModel("gpt-test", base_url=given).base_url == f"{url}/"
+    monkeypatch.setenv("OPENAI_BASE_URL", given)  # as an env file leaves it
+    assert OpenAIModel("gpt-test").base_url == f"{url}/"
 
 
 @pytest.mark.parametrize(

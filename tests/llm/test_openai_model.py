@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import anyio
+import anyio.lowlevel
+import openai
 import pytest
 from chat_server import Logged, Reply, chat_server, completion, error
 
@@ -142,6 +144,38 @@ async def test_repeated_server_errors_surface_as_transient_after_the_retries() -
     assert "after 3 attempt(s)" in str(caught.value)
 
 
+async def test_a_client_passed_in_makes_no_retries_of_its_own() -> None:
+    with chat_server(lambda _: error(500, "overloaded")) as server:
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test")
+        model = OpenAIModel("gpt-test", client=client, max_retries=1, backoff_s=0.01)
+        with pytest.raises(TransientModelError) as caught:
+            await model.generate(plan_request())
+        assert len(server.chat_requests()) == 2  # not 2 x 3: the client's own
+        assert "after 2 attempt(s)" in str(caught.value)
+        assert model.client is client
+        assert client.max_retries == 2  # the caller's client is left as it was
+        await model.aclose()
+        assert not client.is_closed()
+        await client.close()
+
+
+@pytest.mark.skipif(
+    not hasattr(anyio.lowlevel, "current_token"), reason="anyio 4.11 tells loops apart"
+)
+def test_a_model_serves_each_event_loop_it_is_used_in_one_after_another() -> None:
+    with chat_server(lambda _: completion(PlanProposal())) as server:
+        model = fast(server.base_url)
+
+        async def ask() -> None:
+            async with model:  # its connections closed as each loop ends
+                response = await model.generate(plan_request())
+            assert response.output == PlanProposal()
+
+        for backend in ("asyncio", "asyncio", "trio", "asyncio"):
+            anyio.run(ask, backend=backend)
+        assert len(server.chat_requests()) == 4
+
+
 @contextmanager
 def trickling_server(seconds_per_byte: float) -> Iterator[str]:
     """A server that answers every request one byte at a time: each wait
@@ -244,6 +278,50 @@ async def test_an_answer_invalid_twice_is_an_error_that_keeps_the_raw_text() -> 
     assert caught.value.usage is not None
     assert caught.value.usage.input_tokens == 160
     assert caught.value.usage.calls == 2
+
+
+PROSE = "Let me think about this task step by step. " * 500  # 22,000 characters
+
+
+async def test_a_long_invalid_answer_is_shown_shortened_when_asked_again() -> None:
+    good = TaskOutcome(success=True, summary="done")
+    with chat_server() as server:
+        server.reply(completion(PROSE), completion(good))
+        async with fast(server.base_url) as model:
+            response = await model.generate(execute_request())
+        first, second = server.chat_requests()
+    assert response.output == good
+    shown = second.messages[-2]
+    assert shown["role"] == "assistant"
+    assert shown["content"].startswith(PROSE[:4000])
+    assert len(shown["content"]) < 4100
+    assert f"{len(PROSE) - 4000} more characters" in shown["content"]
+    assert len(second.text) < len(first.text) + 5000
+
+
+async def test_a_reask_the_server_refuses_keeps_the_invalid_answer_and_says_so() -> (
+    None
+):
+    def script(logged: Logged) -> Reply:
+        if len(logged.messages) > 2:  # the re-ask: too long for this server
+            return error(400, "maximum context length is 2048 tokens")
+        return completion(PROSE)
+
+    with chat_server(script) as server:
+        async with fast(server.base_url) as model:
+            with pytest.raises(ModelError) as caught:
+                await model.generate(execute_request())
+        requests = server.chat_requests()
+    # The server took json_schema for the first answer: no other format is
+    # tried for the re-ask.
+    assert formats(requests) == ["json_schema", "json_schema"]
+    assert "maximum context length" in str(caught.value)
+    assert "asked again after an answer that was not a valid TaskOutcome" in str(
+        caught.value
+    )
+    assert caught.value.raw_output == PROSE
+    assert caught.value.usage is not None
+    assert caught.value.usage.calls == 1
 
 
 @pytest.mark.parametrize(
@@ -446,6 +524,30 @@ async def test_a_server_without_schema_support_gets_json_mode_with_the_schema() 
         "json_object",
     ]
     assert '"tasks"' in requests[1].messages[0]["content"]  # the schema is shown
+
+
+async def test_a_model_refusing_the_schema_leaves_other_models_asking_with_it() -> None:
+    def script(logged):
+        schema = logged.body.get("response_format", {}).get("type") == "json_schema"
+        if schema and logged.body["model"] == "small-model":
+            return error(400, "response_format json_schema is not supported")
+        if logged.body["model"] == "small-model":
+            return completion(TaskOutcome(success=True, summary="done"))
+        return completion(PlanProposal(rationale="schema mode"))
+
+    with chat_server(script) as server:
+        async with fast(server.base_url, models={"executor": "small-model"}) as model:
+            await model.generate(execute_request())
+            await model.generate(plan_request())
+            await model.generate(execute_request())
+        requests = server.chat_requests()
+    asked = [r.body["model"] for r in requests]
+    assert list(zip(asked, formats(requests), strict=True)) == [
+        ("small-model", "json_schema"),
+        ("small-model", "json_object"),
+        ("gpt-test", "json_schema"),  # the planner's model takes the schema
+        ("small-model", "json_object"),
+    ]
 
 
 async def test_a_server_rejecting_both_formats_gets_the_schema_in_the_prompt() -> None:
@@ -726,6 +828,23 @@ async def test_an_unknown_model_is_a_non_transient_error_naming_the_fix() -> Non
     assert not caught.value.transient
 
 
+async def test_a_servers_long_error_message_is_kept_short() -> None:
+    quoted = "context too long. Received Messages=" + "x" * 50_000  # a proxy's
+    with chat_server() as server:
+        server.reply(error(400, quoted), error(503, quoted), error(503, quoted))
+        async with fast(
+            server.base_url, structured_output="json_schema", max_retries=1
+        ) as model:
+            with pytest.raises(ModelError) as refused:
+                await model.generate(plan_request())
+            with pytest.raises(TransientModelError) as transient:
+                await model.generate(plan_request())
+    for caught in (refused, transient):
+        assert "context too long. Received Messages=xxx" in str(caught.value)
+        assert "(49036 more characters)" in str(caught.value)
+        assert len(str(caught.value)) < 1_200
+
+
 async def test_an_unreachable_endpoint_is_transient_and_names_it() -> None:
     with chat_server() as server:
         url = server.base_url
@@ -753,6 +872,11 @@ def test_the_model_name_comes_from_replan_model(
     assert model.model_for("executor") == "qwen2.5:7b"
     assert model.base_url.startswith("http://127.0.0.1:11434/v1")
     assert model.provider_name == "ollama"
+    monkeypatch.setenv("REPLAN_MODEL", "qwen2.5:7b\n")  # as an env file leaves it
+    assert OpenAIModel().model_for("planner") == "qwen2.5:7b"
+    monkeypatch.setenv("REPLAN_MODEL", " ")
+    with pytest.raises(ConfigurationError, match="name a model"):
+        OpenAIModel()
     monkeypatch.delenv("REPLAN_MODEL")
     with pytest.raises(ConfigurationError) as caught:
         OpenAIModel()

@@ -6,7 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from replan import ConfigurationError, PlanProposal, Task, TaskOutcome, Trigger, Verdict
+from replan import (
+    ConfigurationError,
+    ModelRequest,
+    OpenAIModel,
+    PlanProposal,
+    Task,
+    TaskOutcome,
+    Trigger,
+    Verdict,
+)
 from replan.llm import MissingPromptError, PromptRegistry, PromptTemplate, render_value
 from replan.messages import (
     Critique,
@@ -216,6 +225,35 @@ def test_the_registry_is_open_to_new_templates_and_overrides(tmp_path: Path) -> 
     assert template.render({"goal": "g"})[1] == {"role": "user", "content": "g"}
     registry.register(PromptTemplate("planner", "plan", 9, "s", "u"))
     assert registry.get("planner", "plan").version == 9
+
+
+def test_a_registry_loaded_in_one_expression_reaches_the_model(tmp_path: Path) -> None:
+    (tmp_path / "planner.plan.md").write_text(
+        "---\nversion: 7\n---\n## system\nPlan our way.\n## user\n{{goal}}\n"
+    )
+    model = OpenAIModel(
+        "gpt-test",
+        base_url="http://127.0.0.1:8000/v1",
+        prompts=PromptRegistry().load_dir(tmp_path),
+    )
+    request = ModelRequest(
+        role="planner", purpose="plan", output_type=PlanProposal, context={"goal": "g"}
+    )
+    assert model.prompt_messages(request)[0]["content"] == "Plan our way."
+    assert model.prompts.get("planner", "plan").label == "planner.plan@7"
+
+
+@pytest.mark.parametrize("prompts", ["prompts/", Path("prompts"), {}])
+def test_prompts_that_are_no_registry_are_refused_naming_the_option(
+    prompts: object,
+) -> None:
+    with pytest.raises(ConfigurationError, match="load_dir") as caught:
+        OpenAIModel(
+            "gpt-test",
+            base_url="http://127.0.0.1:8000/v1",
+            prompts=prompts,  # type: ignore[arg-type]
+        )
+    assert caught.value.field == "prompts"
 
 
 def test_a_templates_directory_that_does_not_exist_is_refused(tmp_path: Path) -> None:

@@ -143,6 +143,9 @@ async def test_keep_calls_bounds_the_requests_kept() -> None:
         ({"latency_s": -0.5}, "latency_s"),
         ({"latency_s": "1"}, "latency_s"),
         ({"keep_calls": 1.5}, "keep_calls"),
+        ({"usage": 10}, "usage"),
+        ({"usage": {"input_tokens": 10}}, "usage"),
+        ({"name": None}, "name"),
     ],
     ids=str,
 )

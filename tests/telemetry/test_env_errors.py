@@ -115,6 +115,27 @@ def test_setup_accepts_installed_propagators_and_none(
         monkeypatch.delattr(opentelemetry, "propagate", raising=False)
 
 
+@pytest.mark.parametrize("value", ["none", "baggage"])
+@pytest.mark.usefixtures("propagate_not_imported")
+async def test_propagators_that_carry_no_span_still_leave_the_actors_spans_in_the_run(
+    value: str,
+    monkeypatch: pytest.MonkeyPatch,
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+) -> None:
+    set_env(monkeypatch, OTEL_PROPAGATORS=value)  # nothing sent to other processes
+    result = await run_traced(scripted(), spec(chain(2)), provider)
+    assert result.status is RunStatus.COMPLETED
+    tree = Tree(exporter.get_finished_spans())
+    assert len(tree.traces()) == 1
+    root = tree.one(n.SPAN_RUN)
+    executors = tree.named("invoke_agent executor")
+    assert len(executors) == 3  # two tasks and the synthesis
+    for span in executors:
+        assert tree.parent(span) == root
+        assert [tree.parent(chat) for chat in tree.children(span)] == [span]
+
+
 @pytest.mark.usefixtures("propagate_not_imported")
 async def test_a_run_without_setup_propagates_w3c_context_and_warns_once(
     monkeypatch: pytest.MonkeyPatch,

@@ -35,6 +35,7 @@ from replan import (
     Verdict,
 )
 from replan.telemetry import _names as n
+from replan.telemetry._telemetry import GATE_WAIT_BUCKETS, TASK_DURATION_BUCKETS
 
 USAGE = TokenUsage(input_tokens=10, output_tokens=4, calls=1)
 
@@ -96,6 +97,26 @@ async def test_runs_replans_tokens_and_task_durations_are_counted(
     assert durations.count == result.task_executions == 3
 
 
+async def test_task_durations_of_a_few_seconds_fall_in_different_buckets(
+    provider: TracerProvider,
+    meter_provider: MeterProvider,
+    metric_reader: InMemoryMetricReader,
+) -> None:
+    async def execute(request: ModelRequest) -> TaskOutcome:
+        task = request.context["task"]
+        await anyio.sleep(0.05 if task.id == "t1" else 0.4)
+        return TaskOutcome(success=True, summary="done")
+
+    await run_traced(
+        scripted(execute=execute), spec(independent(2)), provider, meter_provider
+    )
+    (durations,) = points(metric_reader, n.METRIC_TASK_DURATION)
+    assert durations.count == 2
+    assert list(durations.explicit_bounds) == list(TASK_DURATION_BUCKETS)
+    assert [c for c in durations.bucket_counts if c] == [1, 1]
+    assert durations.explicit_bounds[0] <= 0.05  # not the SDK's 0, 5, 10...
+
+
 async def test_a_gates_wait_is_measured_until_its_answer(
     meter_provider: MeterProvider, metric_reader: InMemoryMetricReader
 ) -> None:
@@ -117,6 +138,8 @@ async def test_a_gates_wait_is_measured_until_its_answer(
     assert waits.attributes == {n.GATE_DECISION: "reject"}
     assert waits.count == 1
     assert 0.1 <= waits.sum < 5
+    assert list(waits.explicit_bounds) == list(GATE_WAIT_BUCKETS)
+    assert waits.explicit_bounds[-1] >= 86400  # a wait over a night is no outlier
 
 
 async def test_the_mailbox_depth_gauge_shows_requests_waiting_per_role(
