@@ -14,6 +14,7 @@ sent an answer that could not be decoded.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -204,22 +205,29 @@ def _message(exc: openai.APIStatusError) -> str:
     return f"{message[:MESSAGE_CHARS]}... ({left} more characters)"
 
 
+MAX_RETRY_AFTER_S = 86_400.0
+"""The longest wait a ``Retry-After`` holds calls for: a day. A server's
+date years ahead (a clock or proxy gone wrong) must not hold a model for the
+life of the process."""
+
+
 def _retry_after(headers: object) -> float | None:
-    """Seconds from ``retry-after-ms`` or ``retry-after`` (seconds or a date)."""
+    """Seconds from ``retry-after-ms`` or ``retry-after`` (seconds or a date),
+    at most :data:`MAX_RETRY_AFTER_S`; a value that is no finite wait is none."""
     get = getattr(headers, "get", None)
     if get is None:
         return None
     millis = get("retry-after-ms")
     if millis is not None:
         try:
-            return max(0.0, float(millis) / 1000)
+            return _bounded(float(millis) / 1000)
         except ValueError:
             pass
     value = get("retry-after")
     if value is None:
         return None
     try:
-        return max(0.0, float(value))
+        return _bounded(float(value))
     except ValueError:
         pass
     try:
@@ -228,4 +236,10 @@ def _retry_after(headers: object) -> float | None:
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+    return _bounded((when - datetime.now(UTC)).total_seconds())
+
+
+def _bounded(seconds: float) -> float | None:
+    if not math.isfinite(seconds):
+        return None  # "inf", "nan": no wait anyone could mean
+    return min(max(0.0, seconds), MAX_RETRY_AFTER_S)

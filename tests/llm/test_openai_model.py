@@ -898,6 +898,32 @@ async def test_calls_made_while_the_server_asked_to_wait_are_not_sent() -> None:
         assert len(server.chat_requests()) == 1
 
 
+async def test_a_retry_after_that_is_no_finite_wait_is_taken_for_none() -> None:
+    with chat_server() as server:
+        server.reply(
+            error(429, "slow down", retry_after="inf"),
+            completion(PlanProposal()),
+        )
+        async with fast(server.base_url) as model:
+            with anyio.fail_after(10):
+                response = await model.generate(plan_request())
+        assert response.output == PlanProposal()
+        assert len(server.chat_requests()) == 2
+
+
+async def test_a_retry_after_date_years_ahead_holds_calls_for_a_day_at_most() -> None:
+    with chat_server() as server:
+        server.reply(
+            error(429, "come back later", retry_after="Fri, 01 Jan 2100 00:00:00 GMT")
+        )
+        async with fast(server.base_url) as model:
+            with pytest.raises(TransientModelError, match=r"wait 86400s"):
+                await model.generate(plan_request())
+            with pytest.raises(TransientModelError, match="not sent"):
+                await model.generate(plan_request())
+        assert len(server.chat_requests()) == 1
+
+
 async def test_a_call_made_during_a_short_retry_after_waits_before_sending() -> None:
     # One call got 429 with Retry-After: 1 and waits; another call made
     # meanwhile waits too, rather than asking the server at once.
