@@ -28,6 +28,10 @@ from ..messages import Limits
 from ..messages._base import refuse_boolean_number
 from ..supervisor._roles import ROLES
 
+MAX_RETENTION_AGE_S = 1_000 * 365 * 86_400.0
+"""The oldest a finished run may get before retention: 1000 years, a cutoff
+date well after year 1 (the first a date can hold)."""
+
 _config_file: ContextVar[Path | None] = ContextVar("replan_config_file", default=None)
 
 
@@ -84,14 +88,17 @@ class DaemonSettings(BaseSettings):
     a submission past it gets 429 and should be retried later."""
     drain_grace_s: float = Field(default=10.0, ge=0.0, le=3600.0)
     """On SIGTERM: how long model calls in flight may take to finish."""
-    heartbeat_s: float = Field(default=15.0, gt=0.0, le=30.0)
-    """Seconds between keep-alive comments on an idle event stream (at most
-    30: ``replan watch`` takes a minute's silence for a dead connection)."""
+    heartbeat_s: float = Field(default=15.0, ge=0.1, le=30.0)
+    """Seconds between keep-alive comments on an idle event stream: at least
+    0.1 (each one is a write to every idle stream), at most 30 (``replan
+    watch`` takes a minute's silence for a dead connection)."""
     retention: Literal["compact", "delete", "off"] = "compact"
     """What happens to finished runs older than ``retention_age_s``."""
-    retention_age_s: float = Field(default=7 * 86_400.0, ge=0.0)
-    retention_interval_s: float = Field(default=3_600.0, gt=0.0)
-    """How often retention looks for old runs."""
+    retention_age_s: float = Field(default=7 * 86_400.0, ge=0.0, le=MAX_RETENTION_AGE_S)
+    """At most 1000 years: the cutoff is a date, and dates end at year 1."""
+    retention_interval_s: float = Field(default=3_600.0, ge=0.1, le=86_400.0)
+    """How often retention looks for old runs: at least 0.1 seconds, at
+    most a day."""
     redrive_interval_s: float = Field(default=30.0, ge=0.0, le=86_400.0)
     """How often the daemon looks for unfinished runs it does not drive (a
     journal failure let go of them) and drives them on: at least 0.1, or 0
