@@ -61,7 +61,8 @@ class DaemonSettings(BaseSettings):
     ``data_dir/journal.db``. A second daemon on it, on any machine, is
     refused while this one lives, and takes its runs over once it is gone."""
     api_token: SecretStr | None = None
-    """The bearer token of the API; generated into ``data_dir`` when unset."""
+    """The bearer token of the API; generated into ``data_dir`` when unset.
+    An empty one (``REPLAN_API_TOKEN=``) is unset."""
     model: str = "scripted:demo"
     """``scripted:demo``, ``python:package.module:factory``, or ``openai:<name>``."""
     model_provider: str = "openai"
@@ -110,6 +111,13 @@ class DaemonSettings(BaseSettings):
     @classmethod
     def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         return refuse_boolean_number(cls, value, info)
+
+    @field_validator("api_token", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        # As compose files and CI jobs set a variable they leave blank; only
+        # the empty text: a token of spaces is a mistake, refused as short.
+        return None if value == "" else value
 
     @field_validator("redrive_interval_s", mode="before")
     @classmethod

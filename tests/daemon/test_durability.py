@@ -14,7 +14,7 @@ from daemon_process import DaemonProcess, wait_for
 
 from replan import ConfigurationError
 from replan._demo import GOAL
-from replan.daemon import DaemonSettings
+from replan.daemon import DaemonSettings, load_settings
 from replan.daemon._token import resolve_token
 
 COUNTING = ("--model", "python:counting_model:model")
@@ -430,3 +430,26 @@ def test_kill_9_after_a_side_effect_ran_does_not_run_it_again(tmp_path: Path) ->
     assert kinds.count("gate_opened") == 1  # not asked again after the restart
     assert "task_interrupted" in kinds
     assert done["side_effects"][0]["content"] == "sent to ana"
+
+
+def test_an_empty_token_variable_is_unset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As compose files and CI jobs leave it: the loopback daemon generates
+    # its token, and any other address is refused as without one.
+    monkeypatch.setenv("REPLAN_API_TOKEN", "")
+    token = resolve_token(load_settings(data_dir=str(tmp_path)))
+    assert token.generated_into == tmp_path / "api-token"
+    with pytest.raises(ConfigurationError, match="without REPLAN_API_TOKEN set"):
+        resolve_token(load_settings(data_dir=str(tmp_path), host="0.0.0.0"))
+
+
+@pytest.mark.parametrize("token", [" ", " " * 20, "short"])
+def test_a_blank_or_short_token_variable_is_still_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, token: str
+) -> None:
+    monkeypatch.setenv("REPLAN_API_TOKEN", token)
+    with pytest.raises(ConfigurationError) as refused:
+        resolve_token(load_settings(data_dir=str(tmp_path)))
+    assert refused.value.field == "api_token"
+    assert not (tmp_path / "api-token").exists()
