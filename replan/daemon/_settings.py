@@ -23,6 +23,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from .._demo import MAX_LATENCY_S
 from .._errors import ConfigurationError
 from ..messages import Limits
 from ..messages._base import refuse_boolean_number
@@ -71,7 +72,7 @@ class DaemonSettings(BaseSettings):
     model_max_prompt_chars: int = Field(default=100_000, ge=0)
     """For ``openai:<name>``: the prompt budget in characters, at least 1000
     (see ``OpenAIModel.max_prompt_chars``); 0 for no bound."""
-    model_latency_s: float = Field(default=0.0, ge=0.0, le=3600.0)
+    model_latency_s: float = Field(default=0.0, ge=0.0, le=MAX_LATENCY_S)
     """Simulated seconds per call, for the scripted models."""
     tools: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """The executor's tools, each ``module:name``: a tool (``@replan.tool``),
