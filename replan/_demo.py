@@ -132,6 +132,11 @@ def demo_spec() -> RunSpec:
     )
 
 
+MAX_LATENCY_S = 3600.0
+"""The longest simulated model call ``replan demo --latency`` and the
+daemon's ``model_latency_s`` take: an hour."""
+
+
 def demo_model(latency_s: float = 0.0, keep_calls: int | None = None) -> ScriptedModel:
     """The scripted model that plays every role of the demo.
 

@@ -30,7 +30,7 @@ from . import _remote, _render
 from ._cli_prompt import follow
 from ._cli_run import add_run_parser as _add_run_parser
 from ._cli_run import run_goal, whole_number, without_credentials
-from ._demo import demo_model, demo_spec
+from ._demo import MAX_LATENCY_S, demo_model, demo_spec
 from ._errors import ConfigurationError, JournalCorrupt
 from ._explore_cli import add_explore_parser, explore, explore_demo
 from ._version import __version__
@@ -235,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--latency",
         metavar="SECONDS",
-        type=_seconds,
+        type=_latency,
         default=0.0,
         help="simulated seconds per model call (default 0)",
     )
@@ -279,6 +279,15 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be zero or more seconds: {text!r}")
+    return value
+
+
+def _latency(text: str) -> float:
+    value = _seconds(text)
+    if value > MAX_LATENCY_S:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_LATENCY_S:g} seconds: {text!r}"
+        )
     return value
 
 
@@ -470,7 +479,7 @@ def _add_serve(commands: Any) -> None:
         "--model", help="scripted:demo (default), python:MODULE:NAME, openai:NAME"
     )
     serve.add_argument(
-        "--model-latency", type=_seconds, metavar="SECONDS", help="scripted models"
+        "--model-latency", type=_latency, metavar="SECONDS", help="scripted models"
     )
     serve.add_argument(
         "--tool",

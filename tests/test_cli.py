@@ -429,6 +429,10 @@ def test_a_failure_inside_a_run_is_one_line_however_it_is_wrapped(
         pytest.param(["bogus"], id="unknown-command"),
         pytest.param(["demo", "--nope"], id="unknown-flag"),
         pytest.param(["demo", "--latency", "-1"], id="negative-latency"),
+        # The daemon's --model-latency takes an hour at most: the demo too.
+        pytest.param(["demo", "--latency", "3601"], id="latency-over-an-hour"),
+        pytest.param(["demo", "--latency", "1e300"], id="latency-1e300"),
+        pytest.param(["serve", "--model-latency", "3601"], id="model-latency"),
         pytest.param(["show", "abc"], id="show-without-db"),
         pytest.param([], id="no-command"),
     ],
@@ -554,3 +558,11 @@ def test_sigterm_winds_a_run_down_like_ctrl_c_and_exits_143(tmp_path: Path) -> N
     # The journal was closed: SQLite removes the WAL with its last connection.
     assert not Path(f"{db}-wal").exists()
     assert main(["runs", "--db", str(db)]) == 0
+
+
+def test_the_demo_latency_is_bounded_as_the_daemon_bounds_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["demo", "--yes", "--latency", "3601"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --latency: must be at most 3600 seconds: '3601'" in err

@@ -23,10 +23,15 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from .._demo import MAX_LATENCY_S
 from .._errors import ConfigurationError
 from ..messages import Limits
 from ..messages._base import refuse_boolean_number
 from ..supervisor._roles import ROLES
+
+MAX_RETENTION_AGE_S = 1_000 * 365 * 86_400.0
+"""The oldest a finished run may get before retention: 1000 years, a cutoff
+date well after year 1 (the first a date can hold)."""
 
 _config_file: ContextVar[Path | None] = ContextVar("replan_config_file", default=None)
 
@@ -57,7 +62,8 @@ class DaemonSettings(BaseSettings):
     ``data_dir/journal.db``. A second daemon on it, on any machine, is
     refused while this one lives, and takes its runs over once it is gone."""
     api_token: SecretStr | None = None
-    """The bearer token of the API; generated into ``data_dir`` when unset."""
+    """The bearer token of the API; generated into ``data_dir`` when unset.
+    An empty one (``REPLAN_API_TOKEN=``) is unset."""
     model: str = "scripted:demo"
     """``scripted:demo``, ``python:package.module:factory``, or ``openai:<name>``."""
     model_provider: str = "openai"
@@ -66,7 +72,7 @@ class DaemonSettings(BaseSettings):
     model_max_prompt_chars: int = Field(default=100_000, ge=0)
     """For ``openai:<name>``: the prompt budget in characters, at least 1000
     (see ``OpenAIModel.max_prompt_chars``); 0 for no bound."""
-    model_latency_s: float = Field(default=0.0, ge=0.0, le=3600.0)
+    model_latency_s: float = Field(default=0.0, ge=0.0, le=MAX_LATENCY_S)
     """Simulated seconds per call, for the scripted models."""
     tools: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """The executor's tools, each ``module:name``: a tool (``@replan.tool``),
@@ -84,14 +90,17 @@ class DaemonSettings(BaseSettings):
     a submission past it gets 429 and should be retried later."""
     drain_grace_s: float = Field(default=10.0, ge=0.0, le=3600.0)
     """On SIGTERM: how long model calls in flight may take to finish."""
-    heartbeat_s: float = Field(default=15.0, gt=0.0, le=30.0)
-    """Seconds between keep-alive comments on an idle event stream (at most
-    30: ``replan watch`` takes a minute's silence for a dead connection)."""
+    heartbeat_s: float = Field(default=15.0, ge=0.1, le=30.0)
+    """Seconds between keep-alive comments on an idle event stream: at least
+    0.1 (each one is a write to every idle stream), at most 30 (``replan
+    watch`` takes a minute's silence for a dead connection)."""
     retention: Literal["compact", "delete", "off"] = "compact"
     """What happens to finished runs older than ``retention_age_s``."""
-    retention_age_s: float = Field(default=7 * 86_400.0, ge=0.0)
-    retention_interval_s: float = Field(default=3_600.0, gt=0.0)
-    """How often retention looks for old runs."""
+    retention_age_s: float = Field(default=7 * 86_400.0, ge=0.0, le=MAX_RETENTION_AGE_S)
+    """At most 1000 years: the cutoff is a date, and dates end at year 1."""
+    retention_interval_s: float = Field(default=3_600.0, ge=0.1, le=86_400.0)
+    """How often retention looks for old runs: at least 0.1 seconds, at
+    most a day."""
     redrive_interval_s: float = Field(default=30.0, ge=0.0, le=86_400.0)
     """How often the daemon looks for unfinished runs it does not drive (a
     journal failure let go of them) and drives them on: at least 0.1, or 0
@@ -103,6 +112,13 @@ class DaemonSettings(BaseSettings):
     @classmethod
     def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         return refuse_boolean_number(cls, value, info)
+
+    @field_validator("api_token", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        # As compose files and CI jobs set a variable they leave blank; only
+        # the empty text: a token of spaces is a mistake, refused as short.
+        return None if value == "" else value
 
     @field_validator("redrive_interval_s", mode="before")
     @classmethod

@@ -197,8 +197,8 @@ async def validation_gate(
         request = run.gate_request(
             "the plan's assumptions may no longer hold"
             + (f" ({verdict.trigger.value})" if verdict.trigger else "")
-            + f": {verdict.rationale}. Approve to continue the fixed plan, "
-            "reject to stop with the results so far.",
+            + f": {verdict.rationale.rstrip(' .')}. Approve to continue the "
+            "fixed plan, reject to stop with the results so far.",
             trigger=verdict.trigger,
         )
         resolution = await run.await_gate(request, _no_edit)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -453,6 +454,9 @@ class RunDriver:
         """Reports of the batch being taken that are not taken yet (a review
         one of them led to may end the run first)."""
         self._busy = 0
+        self._parked = 0
+        """Busy attempts waiting at their tool call's journaled gate for a
+        person (see :meth:`_parked_at_gate`)."""
         self._idle = anyio.Event()
         self._unrecorded = 0
         """Answers taken from a role and not yet journaled: busy until the
@@ -471,12 +475,31 @@ class RunDriver:
     def drain(self) -> None:
         """Start no model call or task from now on; let those in flight end."""
         self._draining = True
-        if self._busy == 0:
-            self._idle.set()
+        self._idle_if_drained()
 
     async def wait_idle(self) -> None:
-        """Return once draining and nothing is in flight."""
+        """Return once draining and nothing is in flight but attempts that
+        wait for a person at a journaled gate."""
         await self._idle.wait()
+
+    def _idle_if_drained(self) -> None:
+        if self._draining and self._busy <= self._parked:
+            self._idle.set()
+
+    @contextmanager
+    def _parked_at_gate(self) -> Iterator[None]:
+        """An attempt waits for a person at its tool call's gate, journaled.
+
+        A drain does not wait for it: a person's answer may come tomorrow,
+        and nothing is lost by stopping. The resumed run asks again (the
+        call had not run), or takes the answer if it was journaled.
+        """
+        self._parked += 1
+        self._idle_if_drained()
+        try:
+            yield
+        finally:
+            self._parked -= 1
 
     async def _hold_if_draining(self) -> None:
         # Held until the supervisor stops; the run resumes from the journal.
@@ -491,8 +514,7 @@ class RunDriver:
 
     def _end(self, count: int = 1) -> None:
         self._busy -= count
-        if self._draining and self._busy == 0:
-            self._idle.set()
+        self._idle_if_drained()
 
     def _recorded(self) -> None:
         """The answers taken since the last append are journaled (or never
@@ -763,14 +785,24 @@ class RunDriver:
                 self.gates.open(request, validate)
         else:
             await self.open_gate(request, validate)
+        # A tool call's gate is awaited by a busy attempt (an executor
+        # worker); the run's own gates keep nothing busy.
+        parked = self._parked_at_gate() if request.tool_call else nullcontext()
         try:
             async with self.trace.waiting(request):
-                resolution = await self._ask_gate(request)
+                with parked:
+                    resolution = await self._ask_gate(request)
             await self.resolve_gate(request, resolution)
         finally:
             self.gates.close(
                 request.gate_id, "the run ended before the gate was resolved"
             )
+        if request.tool_call is not None and self._draining:
+            # Answered (a timeout's default, say) as the run drains: the
+            # call starts no more now; its journaled answer stands when
+            # the run resumes.
+            with self._parked_at_gate():
+                await anyio.sleep_forever()
         return resolution
 
     async def _ask_gate(self, request: GateRequest) -> GateResolution:

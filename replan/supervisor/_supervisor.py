@@ -394,7 +394,11 @@ class Supervisor:
 
         New submissions are refused at once; runs start no further model
         call or task; what is in flight gets up to ``grace_s`` seconds to
-        finish and reach the journal (or the effect ledger). Then the
+        finish and reach the journal (or the effect ledger). An attempt
+        waiting for a person at its tool call's gate is not waited for:
+        the gate is journaled, and the resumed run asks again (the call
+        had not run), or takes the answer journaled meanwhile (a gate's
+        timeout) and runs the call then. Then the
         supervisor stops, and unfinished runs wait in the journal for
         :meth:`resume`. On a supervisor that is not serving (not started
         yet, or stopping or stopped) it does nothing.

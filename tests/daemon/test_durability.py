@@ -14,7 +14,7 @@ from daemon_process import DaemonProcess, wait_for
 
 from replan import ConfigurationError
 from replan._demo import GOAL
-from replan.daemon import DaemonSettings
+from replan.daemon import DaemonSettings, load_settings
 from replan.daemon._token import resolve_token
 
 COUNTING = ("--model", "python:counting_model:model")
@@ -430,3 +430,65 @@ def test_kill_9_after_a_side_effect_ran_does_not_run_it_again(tmp_path: Path) ->
     assert kinds.count("gate_opened") == 1  # not asked again after the restart
     assert "task_interrupted" in kinds
     assert done["side_effects"][0]["content"] == "sent to ana"
+
+
+def test_a_drain_does_not_wait_for_a_tool_call_waiting_for_a_person(
+    tmp_path: Path,
+) -> None:
+    outbox = tmp_path / "outbox"
+    data = tmp_path / "data"
+    tools = ("--model", "python:mail_tools:model", "--tool", "mail_tools:send_email")
+    env = {"REPLAN_TEST_OUTBOX": str(outbox)}
+    first = DaemonProcess(data, *tools, "--drain-grace", "60", env=env).start()
+    try:
+        with first.client() as client:
+            run_id = submit(client, gate_policy={"gate_on": []})
+            (asked,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+        started = time.monotonic()
+        # The gate is journaled: nothing is lost by stopping now, and the
+        # person may answer tomorrow.
+        assert first.terminate() == 0
+        assert time.monotonic() - started < 15
+    finally:
+        first.close()
+    assert "gate_opened" in journal_kinds(data, run_id)
+    assert not outbox.exists()
+
+    second = DaemonProcess(data, *tools, env=env).start()
+    try:
+        with second.client() as client:
+            # The attempt that asked was cut short: the one run again asks again.
+            (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+            assert gate["gate_id"] != asked["gate_id"]
+            assert gate["tool_call"]["name"] == "send_email"
+            approval = {"decision": "approve", "by": "ana"}
+            answer = client.post(f"/v1/gates/{gate['gate_id']}", json=approval)
+            assert answer.status_code == 200, answer.text
+            (done,) = all_finished(client, [run_id])
+    finally:
+        assert second.terminate() == 0
+    assert done["status"] == "completed"
+    assert outbox.read_text() == f"ana {run_id}:t1:s1c0\n"  # once
+
+
+def test_an_empty_token_variable_is_unset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As compose files and CI jobs leave it: the loopback daemon generates
+    # its token, and any other address is refused as without one.
+    monkeypatch.setenv("REPLAN_API_TOKEN", "")
+    token = resolve_token(load_settings(data_dir=str(tmp_path)))
+    assert token.generated_into == tmp_path / "api-token"
+    with pytest.raises(ConfigurationError, match="without REPLAN_API_TOKEN set"):
+        resolve_token(load_settings(data_dir=str(tmp_path), host="0.0.0.0"))
+
+
+@pytest.mark.parametrize("token", [" ", " " * 20, "short"])
+def test_a_blank_or_short_token_variable_is_still_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, token: str
+) -> None:
+    monkeypatch.setenv("REPLAN_API_TOKEN", token)
+    with pytest.raises(ConfigurationError) as refused:
+        resolve_token(load_settings(data_dir=str(tmp_path)))
+    assert refused.value.field == "api_token"
+    assert not (tmp_path / "api-token").exists()

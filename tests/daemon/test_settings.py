@@ -39,6 +39,17 @@ def test_flags_then_environment_then_the_toml_file(
         ({"drain_grace_s": -1}, "drain_grace_s"),
         # Longer, and `replan watch` would take the silence for a dead stream.
         ({"heartbeat_s": 31}, "heartbeat_s"),
+        # Shorter, and every idle event stream is a busy loop of keep-alives.
+        ({"heartbeat_s": 0.000001}, "heartbeat_s"),
+        ({"heartbeat_s": 0.09}, "heartbeat_s"),
+        # Older than a date can reach back: every retention pass would fail.
+        ({"retention_age_s": 1e300}, "retention_age_s"),
+        ({"retention_age_s": 2_100 * 365 * 86_400.0}, "retention_age_s"),
+        ({"retention_age_s": float("inf")}, "retention_age_s"),
+        # A retention pass every millisecond.
+        ({"retention_interval_s": 0.001}, "retention_interval_s"),
+        ({"retention_interval_s": 0}, "retention_interval_s"),
+        ({"retention_interval_s": 1e300}, "retention_interval_s"),
         # A busy scan of the journal: 0 (or off) turns it off instead.
         ({"redrive_interval_s": 0.01}, "redrive_interval_s"),
         ({"redrive_interval_s": -1}, "redrive_interval_s"),
@@ -188,3 +199,31 @@ def test_a_scan_interval_too_short_is_refused_with_what_to_do() -> None:
     assert str(raised.value) == (
         "redrive_interval_s: must be at least 0.1 seconds, or 0 (off) not to look"
     )
+
+
+def test_the_longest_retention_age_is_a_cutoff_a_date_can_hold() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from replan.daemon._settings import MAX_RETENTION_AGE_S
+
+    settings = load_settings(retention_age_s=MAX_RETENTION_AGE_S)
+    cutoff = datetime.now(UTC) - timedelta(seconds=settings.retention_age_s)
+    assert cutoff.year > 1000
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "problem"),
+    [
+        ("REPLAN_HEARTBEAT_S", "0.000001", "greater than or equal to 0.1"),
+        ("REPLAN_RETENTION_INTERVAL_S", "0.001", "greater than or equal to 0.1"),
+        ("REPLAN_RETENTION_AGE_S", "1e300", "less than or equal to"),
+    ],
+)
+def test_a_busy_loop_or_an_unreachable_date_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, problem: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings()
+    assert raised.value.field == variable.removeprefix("REPLAN_").lower()
+    assert problem in raised.value.problem

@@ -232,6 +232,30 @@ async def test_a_reviewer_replan_in_a_contract_run_opens_a_validation_gate() -> 
     assert model.calls_for("planner") == []
 
 
+@pytest.mark.parametrize("rationale", ["it changed", "it changed.", "it changed. "])
+async def test_a_validation_gate_reason_ends_the_rationale_with_one_period(
+    rationale: str,
+) -> None:
+    def handler(request: ModelRequest) -> Any:
+        if request.role == "reviewer" and request.purpose == "milestone":
+            return Verdict(
+                decision="replan", trigger=Trigger.CONTRADICTION, rationale=rationale
+            )
+        return base_answers(request)
+
+    async with Supervisor(ScriptedModel(handler)) as sup:
+        handle = await sup.submit(
+            RunSpec(goal="fill the table", pattern="contract", tasks=FIXED)
+        )
+        gate = await next_gate(sup)
+        await handle.cancel()
+    assert gate.reason == (
+        "the plan's assumptions may no longer hold (contradiction): it changed. "
+        "Approve to continue the fixed plan, reject to stop with the results "
+        "so far."
+    )
+
+
 async def test_rejecting_a_validation_gate_aborts_the_contract_run() -> None:
     def handler(request: ModelRequest) -> Any:
         if request.role == "reviewer" and request.purpose == "milestone":

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -16,20 +18,26 @@ from scripts import (
     scripted,
     send_email,
     spec,
+    task_of,
 )
 
 from replan import (
     ConfigurationError,
     GateError,
+    GatePolicy,
     MemoryStore,
+    ModelRequest,
     RunHandle,
     RunStatus,
     ScriptedModel,
     Supervisor,
     SupervisorError,
+    TaskOutcome,
+    Tool,
+    tool,
 )
-from replan.messages import Event, GateOpened
-from replan.store import RunSummary, Store
+from replan.messages import Event, GateOpened, GateResolved
+from replan.store import RunSummary, SQLiteStore, Store
 
 
 class HeldStore(DelegatingStore):
@@ -228,6 +236,89 @@ async def test_a_drain_with_no_grace_in_seconds_is_refused_before_it_starts(
             handle = await sup.submit(spec(independent(2)))
             result = await handle.result()
     assert result.status is RunStatus.COMPLETED
+
+
+class Outbox:
+    """A side-effect tool that counts its calls, and a model whose task t1
+    emails while every other task's attempt takes ``slow_s``."""
+
+    def __init__(self, slow_s: float = 0.0) -> None:
+        self.sent = 0
+        self.slow_s = slow_s
+
+    def tool(self) -> Tool:
+        @tool(side_effect=True)
+        def send_email(to: str, idempotency_key: str) -> str:
+            """Email someone."""
+            self.sent += 1
+            return "sent"
+
+        return send_email
+
+    def model(self) -> ScriptedModel:
+        async def execute(request: ModelRequest) -> Any:
+            if task_of(request).id != "t1":
+                await anyio.sleep(self.slow_s)
+                return TaskOutcome(success=True, summary="slow")
+            return emails_first(request)
+
+        return scripted(execute=execute)  # type: ignore[arg-type]
+
+
+async def test_a_drain_does_not_wait_for_a_tool_call_waiting_for_a_person() -> None:
+    outbox = Outbox()
+    store = MemoryStore()
+    async with Supervisor(outbox.model(), store, tools=[outbox.tool()]) as sup:
+        handle = await sup.submit(spec(independent(1)))
+        with anyio.fail_after(10):
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    break
+        # The gate is journaled: the resumed run asks again. No one answers
+        # while the daemon stops, so waiting for the grace is waiting in vain.
+        with anyio.fail_after(5):
+            await sup.drain(60)
+    assert outbox.sent == 0
+    [summary] = await store.list_runs()
+    assert summary.run_id == handle.run_id
+    assert summary.status is RunStatus.WAITING_FOR_HUMAN  # left to resume
+
+
+async def test_a_tool_call_answered_during_a_drain_waits_for_the_resumed_run(
+    tmp_path: Path,
+) -> None:
+    # t1's gate times out (approved by the policy) while the drain waits
+    # for t2: the call starts no more now, and runs once after the resume.
+    outbox = Outbox(slow_s=1.0)
+    journal = tmp_path / "journal.db"
+    policy = GatePolicy(gate_on=frozenset(), on_timeout="approve")
+    run = spec(independent(2), gate_policy=policy, gate_timeout_s=0.2)
+    async with (
+        SQLiteStore(journal) as store,
+        Supervisor(outbox.model(), store, tools=[outbox.tool()]) as sup,
+    ):
+        handle = await sup.submit(run)
+        with anyio.fail_after(10):
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    break
+            await sup.drain(60)
+        events = await store.read(handle.run_id)
+    assert outbox.sent == 0
+    [answer] = [e for e in events if isinstance(e, GateResolved)]
+    assert answer.resolution.decision == "approve"
+    with anyio.fail_after(20):
+        async with (
+            SQLiteStore(journal) as store,
+            Supervisor(
+                outbox.model(), store, tools=[outbox.tool()], resume=True
+            ) as sup,
+        ):
+            result = await sup.get(handle.run_id).result()
+            events = await store.read(handle.run_id)
+    assert result.status is RunStatus.COMPLETED
+    assert outbox.sent == 1
+    assert sum(isinstance(e, GateOpened) for e in events) == 1  # not asked again
 
 
 async def _approve(sup: Supervisor, gate_id: str) -> None:
