@@ -15,6 +15,7 @@ from .messages import (
     HypothesesClustered,
     HypothesesCompared,
     HypothesesReviewed,
+    HypothesisCritiqued,
 )
 from .messages._explore_events import ExploreEvents
 
@@ -55,6 +56,9 @@ def explore_event_lines(event: ExploreEvents, state: RunState) -> list[str]:
                 )
                 lines.extend(_wrap(h.statement + origin, "    ", hang=f"{h.id:<4}"))
             return lines
+        case HypothesisCritiqued(errors=errors):
+            # The batch's line (hypotheses_reviewed) says the rest.
+            return [line for e in errors for line in _wrap(e, "", hang="error: ")]
         case HypothesesReviewed(reviews=reviews, rejected=rejected):
             lines = [f"{len(reviews)} reviewed"]
             for r in reviews:

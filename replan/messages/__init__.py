@@ -75,6 +75,7 @@ from ._explore_events import HypothesesAdded as HypothesesAdded
 from ._explore_events import HypothesesClustered as HypothesesClustered
 from ._explore_events import HypothesesCompared as HypothesesCompared
 from ._explore_events import HypothesesReviewed as HypothesesReviewed
+from ._explore_events import HypothesisCritiqued as HypothesisCritiqued
 from ._gate import GateInfo as GateInfo
 from ._gate import GateRequest as GateRequest
 from ._gate import GateResolution as GateResolution
@@ -160,6 +161,7 @@ __all__ = (
     "HypothesesReviewed",
     "Hypothesis",
     "HypothesisBatch",
+    "HypothesisCritiqued",
     "HypothesisReview",
     "Limits",
     "Message",

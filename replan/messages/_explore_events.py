@@ -18,6 +18,7 @@ from ._explore import (
     Rejection,
     SafetyFinding,
 )
+from ._plan import Critique
 from ._result import RunStatus
 
 
@@ -54,8 +55,30 @@ class HypothesesAdded(ExploreEvent):
     hypotheses: list[Hypothesis]
 
 
+class HypothesisCritiqued(ExploreEvent):
+    """One reviewer's answer on one new candidate, journaled as it comes in.
+
+    A run resumed in the middle of a review batch takes the journaled ones
+    and asks only for the rest; :class:`HypothesesReviewed` ends the batch.
+    """
+
+    kind: Literal["hypothesis_critiqued"] = "hypothesis_critiqued"
+    hypothesis_id: str
+    reviewer: int = Field(ge=0)
+    """The reviewer's index in the batch, from 0."""
+    critique: Critique | None = None
+    """None: the answer was malformed or the call failed (see ``errors``)."""
+    errors: list[str] = Field(default_factory=list)
+    """This call's malformed output or failure."""
+
+
 class HypothesesReviewed(ExploreEvent):
-    """Reviews of new candidates; some may be rejected at once (safety)."""
+    """Reviews of new candidates; some may be rejected at once (safety).
+
+    Ends a review batch: the batch's critiques come first, one
+    :class:`HypothesisCritiqued` each (a journal of an earlier version has
+    none, and the batch's errors in an ``explore_error`` just before).
+    """
 
     kind: Literal["hypotheses_reviewed"] = "hypotheses_reviewed"
     reviews: list[HypothesisReview]
@@ -113,6 +136,7 @@ ExploreEvents = (
     GoalScreened
     | ContextExplored
     | HypothesesAdded
+    | HypothesisCritiqued
     | HypothesesReviewed
     | HypothesesCompared
     | HypothesesClustered

@@ -13,7 +13,8 @@ takes its outcome from the journal instead (and a model answer that
 journaled nothing stays without effect, as it was). Once the journal is used
 up the run goes on as it would have: a review gate still open is waited on
 again (the same gate), and work that was under way but not journaled is done
-again.
+again. A review batch journals each answer as it comes in, so a run resumed
+in its middle asks only for the critiques it lacks.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 from opentelemetry.trace import INVALID_SPAN, Span
@@ -69,6 +70,7 @@ from ..messages import (
     HypothesesReviewed,
     Hypothesis,
     HypothesisBatch,
+    HypothesisCritiqued,
     Rejection,
     RunStatus,
     ValidationBatch,
@@ -99,6 +101,8 @@ _RUN_STATUS: dict[BriefStatus, RunStatus] = {
 }
 
 Ended = tuple[RunStatus, str | None, None]
+
+_T = TypeVar("_T")
 
 
 def review_check(resolution: GateResolution) -> None:
@@ -253,8 +257,12 @@ class _Flow:
         pool: ActorPool[Any, Any],
         purpose: ExplorePurpose,
         context: dict[str, Any],
+        *,
+        gather: bool = True,
         **fields: Any,
     ) -> ExploreReply:
+        """Ask ``pool`` for an answer; its errors are gathered to be journaled
+        with the next step, or left to the caller (``gather=False``)."""
         full = self.run.base_context()
         full.update(
             run_kind="explore",
@@ -275,12 +283,13 @@ class _Flow:
             if failed.transient:
                 self._reach.failed(pool.role, error)
             reply = ExploreReply(errors=[error])
-        self._errors.extend(reply.errors)
+        if gather:
+            self._errors.extend(reply.errors)
         return reply
 
     async def guarded(
-        self, ask: Callable[..., Awaitable[ExploreReply]], *args: Any, **kw: Any
-    ) -> ExploreReply | None:
+        self, ask: Callable[..., Awaitable[_T]], *args: Any, **kw: Any
+    ) -> _T | None:
         """``ask`` for a call made concurrently with others: an end of the run
         is kept (and the others stop) instead of surfacing as an exception
         group; :meth:`reraise` raises it once the group is done."""
@@ -467,16 +476,24 @@ class _Flow:
             await self.record((HypothesesAdded, {"hypotheses": new}))
 
     async def review_new(self) -> None:
-        """Every unreviewed candidate, by ``settings.reviewers`` reviewers."""
-        explore = self.explore
-        ids = explore.unreviewed
-        if not ids:
+        """Every unreviewed candidate, by ``settings.reviewers`` reviewers.
+
+        Each answer is journaled as it comes in (a ``hypothesis_critiqued``):
+        a run resumed in the middle of the batch asks only for the answers
+        it lacks. ``hypotheses_reviewed`` ends the batch.
+        """
+        if not self.explore.unreviewed:
             return
         if self.replaying:
-            self.replay(HypothesesReviewed)
-            return
+            while self.journaled(HypothesisCritiqued):
+                self.replay(HypothesisCritiqued)
+            if self.replaying:
+                self.replay(HypothesesReviewed)
+                return
+            # The journal ends in the middle of the batch: ask for the rest.
+        explore = self.explore
+        ids = explore.unreviewed
         n = self.settings.reviewers
-        answers: dict[tuple[str, int], Critique] = {}
         # The policy's blocked topics bind the run's hypotheses as they do
         # its goal: one that touches them is set aside unreviewed, whatever
         # a reviewer would score its safety.
@@ -493,6 +510,15 @@ class _Flow:
                 ]
             )
         }
+        answered = {(c.hypothesis_id, c.reviewer) for c in explore.critiqued}
+        asked = [
+            (hid, index)
+            for hid in ids
+            if hid not in blocked
+            for index in range(n)
+            if (hid, index) not in answered
+        ]
+        outstanding = set(asked)
 
         async def one(hid: str, index: int) -> None:
             reply = await self.guarded(
@@ -506,18 +532,39 @@ class _Flow:
                     "reviewer_index": index,
                     "reviewers": n,
                 },
+                gather=False,
                 lenses=list(LENSES),
             )
-            if reply is not None and isinstance(reply.output, Critique):
-                answers[hid, index] = reply.output
+            if reply is None:
+                return  # the run ends: unanswered
+            critique = reply.output if isinstance(reply.output, Critique) else None
+            self.run.stage(
+                (
+                    HypothesisCritiqued,
+                    {
+                        "hypothesis_id": hid,
+                        "reviewer": index,
+                        "critique": critique,
+                        "errors": reply.errors,
+                    },
+                )
+            )
+            outstanding.discard((hid, index))
+            if outstanding:
+                # A paid answer is journaled before the run waits on the
+                # calls still out (answers that come in meanwhile share the
+                # append); the batch's last one shares the batch's append.
+                await self.guarded(self.run.record_events)
 
         async with anyio.create_task_group() as tg:
-            for hid in ids:
-                if hid in blocked:
-                    continue
-                for index in range(n):
-                    tg.start_soon(one, hid, index)
+            for hid, index in asked:
+                tg.start_soon(one, hid, index)
         self.reraise()
+        answers = {
+            (c.hypothesis_id, c.reviewer): c.critique
+            for c in self.explore.critiqued
+            if c.critique is not None
+        }
         reviews, rejected, notes = [], [], []
         safety_min = self.settings.thresholds.get("safety", 0.0)
         for hid in ids:

@@ -22,6 +22,7 @@ from ..messages import (
     HypothesesCompared,
     HypothesesReviewed,
     Hypothesis,
+    HypothesisCritiqued,
     HypothesisReview,
     Rejection,
     SafetyFinding,
@@ -49,6 +50,11 @@ class ExploreState(Frozen):
     rejected: dict[str, Rejection] = Field(default_factory=dict)
     safety_notes: list[str] = Field(default_factory=list)
     cycles: list[CycleFinished] = Field(default_factory=list)
+    critiqued: list[HypothesisCritiqued] = Field(default_factory=list)
+    """The answers of the review batch under way, by hypothesis (in the order
+    added) and reviewer, whatever order they came in."""
+    critique_errors_at: int = 0
+    """Where the errors of the batch under way start in ``errors``."""
     errors: list[str] = Field(default_factory=list)
     brief: DiscoveryBrief | None = None
 
@@ -98,6 +104,8 @@ def fold_explore(explore: ExploreState | None, event: ExploreEvents) -> ExploreS
                 added[h.id] = h
                 ratings[h.id] = EloRating()
             return state.model_copy(update={"hypotheses": added, "ratings": ratings})
+        case HypothesisCritiqued():
+            return _critiqued(state, event)
         case HypothesesReviewed(reviews=reviews, rejected=rejected, safety_notes=notes):
             known = dict(state.reviews)
             for review in reviews:
@@ -108,6 +116,7 @@ def fold_explore(explore: ExploreState | None, event: ExploreEvents) -> ExploreS
                     "reviews": known,
                     "rejected": _reject(state, rejected),
                     "safety_notes": [*state.safety_notes, *notes],
+                    "critiqued": [],
                 }
             )
         case HypothesesCompared(comparisons=comparisons):
@@ -149,6 +158,33 @@ def _known(state: ExploreState, hypothesis_id: str) -> str:
     if hypothesis_id not in state.hypotheses:
         raise ValueError(f"unknown hypothesis {hypothesis_id}")
     return hypothesis_id
+
+
+def _critiqued(state: ExploreState, event: HypothesisCritiqued) -> ExploreState:
+    """Keep a batch's answers, and their errors, in an order that does not
+    depend on which call answered first: a run resumed in the middle of the
+    batch ends up with the state of one that was not interrupted."""
+    hid = _known(state, event.hypothesis_id)
+    if hid in state.reviews or hid in state.rejected:
+        raise ValueError(f"hypothesis {hid} was reviewed already")
+    if any(
+        c.hypothesis_id == hid and c.reviewer == event.reviewer for c in state.critiqued
+    ):
+        raise ValueError(f"reviewer {event.reviewer} of {hid} answered already")
+    order = {h: n for n, h in enumerate(state.hypotheses)}
+    critiqued = sorted(
+        [*state.critiqued, event], key=lambda c: (order[c.hypothesis_id], c.reviewer)
+    )
+    at = state.critique_errors_at if state.critiqued else len(state.errors)
+    end = at + sum(len(c.errors) for c in state.critiqued)
+    errors = [
+        *state.errors[:at],
+        *(e for c in critiqued for e in c.errors),
+        *state.errors[end:],
+    ]
+    return state.model_copy(
+        update={"critiqued": critiqued, "critique_errors_at": at, "errors": errors}
+    )
 
 
 def _reject(state: ExploreState, rejected: list[Rejection]) -> dict[str, Rejection]:

@@ -9,6 +9,7 @@ from replan.messages import (
     Cluster,
     ComparisonRecord,
     ContextExplored,
+    Critique,
     CycleFinished,
     DiscoveryBrief,
     EvidenceItem,
@@ -19,6 +20,7 @@ from replan.messages import (
     HypothesesCompared,
     HypothesesReviewed,
     Hypothesis,
+    HypothesisCritiqued,
     HypothesisReview,
     Rejection,
     SafetyFinding,
@@ -101,6 +103,18 @@ def explore_events(first_seq: int = 2) -> list:
             },
         ),
         (HypothesesAdded, {"hypotheses": [h1, h2]}),
+        (
+            HypothesisCritiqued,
+            {
+                "hypothesis_id": "H1",
+                "reviewer": 1,
+                "critique": Critique(
+                    scores={"plausibility": 0.5, "safety": 0.9},
+                    critique="plausible, thin evidence",
+                ),
+                "errors": ["reviewer/critique: first answer malformed"],
+            },
+        ),
         (HypothesesReviewed, {"reviews": [review], "rejected": [], "safety_notes": []}),
         (
             HypothesesCompared,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -32,10 +34,13 @@ from replan import (
 )
 from replan.messages import (
     Event,
+    ExploreErrorRecorded,
     GateOpened,
     GateRequest,
     GateResolved,
+    HypothesesReviewed,
     Hypothesis,
+    HypothesisCritiqued,
     Limits,
 )
 from replan.store import SQLiteStore
@@ -415,3 +420,243 @@ async def test_answers_that_come_during_a_drain_are_journaled_before_the_stop(
     )
     assert made + len(again.calls) == len(uninterrupted.model.calls)
     assert result.usage.total.calls == uninterrupted.result.usage.total.calls
+
+
+def stuck_at_critique(
+    script: ExploreScript, nth: int, reached: anyio.Event
+) -> Callable[[ModelRequest], Any]:
+    """The script, except that the ``nth`` critique never returns."""
+    critiques = 0
+
+    async def answer(request: ModelRequest) -> Any:
+        nonlocal critiques
+        if request.purpose == "critique":
+            critiques += 1
+            if critiques == nth:
+                reached.set()
+                await anyio.sleep_forever()
+        return script(request)
+
+    return answer
+
+
+def critiqued(journal: list[Event]) -> set[tuple[str, int]]:
+    return {
+        (e.hypothesis_id, e.reviewer)
+        for e in journal
+        if isinstance(e, HypothesisCritiqued)
+    }
+
+
+@pytest.mark.parametrize("nth", [2, 6, 9])
+async def test_a_run_stopped_mid_review_asks_only_for_the_critiques_it_lacks(
+    nth: int, tmp_path: Path
+) -> None:
+    # Six critiques in the first batch (three candidates, two reviewers),
+    # four in the second: the stop comes in one batch or the other, and all
+    # the batch's other calls answer meanwhile.
+    answered = (6 if nth <= 6 else 10) - 1
+    baseline = await run_explore(explore_spec(), two_cycles(), resolve=approve)
+    reached = anyio.Event()
+    first = ScriptedModel(stuck_at_critique(two_cycles(), nth, reached))
+    with anyio.fail_after(20):
+        async with (
+            SQLiteStore(tmp_path / "j.db") as store,
+            Supervisor(first, store) as sup,
+        ):
+            run_id = (await sup.submit(explore_spec())).run_id
+            await reached.wait()
+            while True:  # the others in flight answer; one never does
+                if len(critiqued(await store.read(run_id))) == answered:
+                    break
+                await anyio.sleep(0.01)
+        async with SQLiteStore(tmp_path / "j.db") as store:
+            before: list[Event] = await store.read(run_id)
+        second = ScriptedModel(two_cycles())
+        async with (
+            SQLiteStore(tmp_path / "j.db") as store,
+            Supervisor(second, store, resume=True) as sup,
+        ):
+            [gate] = await wait_for_gate(sup, run_id)
+            await sup.gates.resolve(gate.gate_id, approve(gate))
+            result = await sup.get(run_id).result()
+            after = await store.read(run_id)
+    kept = critiqued(before)
+    assert len(kept) == answered
+    assert not any(isinstance(e, HypothesesReviewed) for e in before[-answered:])
+    made = purposes(second)
+    wanted = purposes(baseline.model)
+    # Every answered critique was kept: only the unanswered one (and those
+    # of the batches after it) are asked.
+    assert made["reviewer/critique"] == wanted["reviewer/critique"] - len(kept)
+    assert made["planner/gaps"] == made["planner/hypotheses"] == 0
+    assert (
+        len([e for e in after if isinstance(e, HypothesisCritiqued)])
+        == (wanted["reviewer/critique"])
+    )
+    assert same_run(result, baseline.result)
+    assert replay(after).result() == result
+
+
+async def test_a_process_killed_mid_review_keeps_the_critiques_it_was_given(
+    tmp_path: Path,
+) -> None:
+    # kill -9 while the fourth critique of the first batch is out: the five
+    # others were answered, and are not asked (nor paid for) again.
+    baseline = await run_explore(explore_spec(), two_cycles(), resolve=approve)
+    path = tmp_path / "j.db"
+    child = Path(__file__).with_name("explore_killed.py")
+    command = [sys.executable, str(child), str(path), "4", "5"]
+    with anyio.fail_after(30):
+        async with await anyio.open_process(command, stderr=None) as proc:
+            assert proc.stdout is not None
+            try:  # until the child says the five are journaled
+                printed = (await proc.stdout.receive()).decode()
+            finally:
+                proc.kill()  # SIGKILL: no cleanup of any kind
+                await proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    run_id = printed.strip()
+    second = ScriptedModel(two_cycles())
+    with anyio.fail_after(20):
+        async with SQLiteStore(path) as store:
+            before = await store.read(run_id)
+            assert len(critiqued(before)) == 5
+            assert not any(isinstance(e, HypothesesReviewed) for e in before)
+            async with Supervisor(second, store, resume=True) as sup:
+                [gate] = await wait_for_gate(sup, run_id)
+                await sup.gates.resolve(gate.gate_id, approve(gate))
+                result = await sup.get(run_id).result()
+    made = purposes(second)
+    assert made["reviewer/critique"] == purposes(baseline.model)[
+        "reviewer/critique"
+    ] - len(critiqued(before))
+    assert made["planner/gaps"] == made["planner/hypotheses"] == 0
+    assert same_run(result, baseline.result)
+
+
+def some_critiques_fail() -> ExploreScript:
+    """Two cycles and a review gate; some critiques are malformed, so the
+    review batches journal errors."""
+    script = two_cycles()
+
+    def critique(request: ModelRequest) -> Any:
+        if request.context["reviewer_index"] == 1 and (
+            request.context["hypothesis_id"] in ("H1", "H3", "H5")
+        ):
+            return {"scores": "none"}
+        script.broken.pop("critique")
+        try:
+            return script(request)
+        finally:
+            script.broken["critique"] = critique
+
+    script.broken["critique"] = critique
+    return script
+
+
+async def test_a_run_stopped_between_any_two_appends_of_a_review_ends_alike() -> None:
+    """A crash can only leave whole appends; resumed after any append of a
+    review batch (or from the batch's start), the run asks for what it
+    lacks and ends as it would have, errors included, in the same order."""
+    baseline = await run_explore(explore_spec(), some_critiques_fail(), resolve=approve)
+    brief = baseline.result.brief
+    assert brief is not None
+    assert len(brief.errors) == 6  # three malformed critiques, asked twice each
+    assert [e for e in brief.errors if "reviewer/critique" in e] == brief.errors
+    kinds = [kind for append in baseline.appends for kind in append]
+    assert kinds == [e.kind for e in baseline.journal]
+    in_review = [
+        i
+        for i, append in enumerate(baseline.appends)
+        if "hypothesis_critiqued" in append or "hypotheses_added" in append
+    ]
+    assert len(in_review) > 4
+    run_id = baseline.result.run_id
+    for kept in (i + 1 for i in in_review):
+        length = sum(len(append) for append in baseline.appends[:kept])
+        events = baseline.journal[:length]
+        store = MemoryStore()
+        await store.append(run_id, events, summary_of(replay(events)))
+        model = ScriptedModel(some_critiques_fail())
+        with anyio.fail_after(10):
+            result = await resume_approving(store, run_id, model)
+        assert result == baseline.result, f"resumed after {kept} appends"
+        asked = purposes(model)["reviewer/critique"]
+        answered = len(critiqued(events))
+        wanted = purposes(baseline.model)["reviewer/critique"]
+        # Each malformed answer was asked twice, and journaled once.
+        malformed_kept = sum(
+            1 for e in events if isinstance(e, HypothesisCritiqued) and e.errors
+        )
+        assert asked == wanted - answered - malformed_kept, kept
+
+
+async def resume_approving(
+    store: MemoryStore, run_id: str, model: ScriptedModel
+) -> RunResult:
+    """Resume ``run_id`` to its end, approving at its review gate if any."""
+    async with Supervisor(model, store, resume=True) as sup:
+        handle = sup.get(run_id)
+        for gate in sup.gates.pending(run_id):
+            await sup.gates.resolve(gate.gate_id, approve(gate))
+        async for event in handle.events():
+            if isinstance(event, GateOpened):
+                await sup.gates.resolve(event.request.gate_id, approve(event.request))
+        return await handle.result()
+
+
+def in_the_old_shape(outcome: Outcome) -> list[list[Event]]:
+    """The appends of ``outcome`` as an earlier version made them: a review
+    batch in one append, without critiques of their own, and the batch's
+    errors just before its ``hypotheses_reviewed``."""
+    events = iter(outcome.journal)
+    old: list[list[Event]] = []
+    batch: list[Event] = []
+    errors: list[str] = []
+    for kinds in outcome.appends:
+        append = [next(events) for _ in kinds]
+        if "hypothesis_critiqued" not in kinds:
+            old.append(append)
+            continue
+        for e in append:
+            if isinstance(e, HypothesisCritiqued):
+                errors.extend(e.errors)
+            elif isinstance(e, HypothesesReviewed):
+                if errors:
+                    batch.append(ExploreErrorRecorded(seq=1, at=e.at, errors=errors))
+                old.append([*batch, e])
+                batch, errors = [], []
+            else:
+                batch.append(e)
+    seq = iter(range(1, len(outcome.journal) + 1))
+    return [[e.model_copy(update={"seq": next(seq)}) for e in a] for a in old]
+
+
+async def test_a_journal_of_the_earlier_shape_replays_and_resumes_as_before() -> None:
+    baseline = await run_explore(explore_spec(), some_critiques_fail(), resolve=approve)
+    appends = in_the_old_shape(baseline)
+    old = [e for append in appends for e in append]
+    assert not any(isinstance(e, HypothesisCritiqued) for e in old)
+    assert replay(old).result() == baseline.result
+    run_id = baseline.result.run_id
+    batches = [
+        n
+        for n, append in enumerate(appends)
+        if any(isinstance(e, HypothesesReviewed) for e in append)
+    ]
+    assert len(batches) == 2
+    # Stopped during a batch (it journaled nothing then), or just after it.
+    for kept in (batches[1], batches[1] + 1):
+        events = [e for append in appends[:kept] for e in append]
+        store = MemoryStore()
+        await store.append(run_id, events, summary_of(replay(events)))
+        model = ScriptedModel(some_critiques_fail())
+        with anyio.fail_after(10):
+            result = await resume_approving(store, run_id, model)
+        assert result == baseline.result, f"resumed after {kept} appends"
+        made = purposes(model)["reviewer/critique"]
+        # The batch under way is reviewed again in full, as before; a
+        # finished one is not. (Two candidates, two reviewers; the second
+        # review of H5 is malformed, so asked twice.)
+        assert made == (5 if kept == batches[1] else 0), kept
