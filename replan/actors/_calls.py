@@ -150,19 +150,13 @@ async def _generate(model: Model, request: ModelRequest) -> ModelResponse:
         raise
 
 
-def spent_before(exc: ModelError, calls: list[ModelCall]) -> None:
-    """Add the tokens of a request's earlier calls (``calls``) to the failure
-    of a later one, which ends the request: no reply will report them."""
-    if calls:
-        spent = sum((c.usage for c in calls), exc.usage or TokenUsage())
-        exc.usage = spent
-
-
 class Allowance:
-    """The tokens a handler may still spend on its model calls."""
+    """The tokens a handler may still spend on its model calls, and the
+    calls it has made (``calls``, for its reply)."""
 
     def __init__(self, tokens: int | None) -> None:
         self._left = tokens
+        self.calls: list[ModelCall] = []
 
     @property
     def spent(self) -> bool:
@@ -171,6 +165,26 @@ class Allowance:
     def charge(self, call: ModelCall) -> None:
         if self._left is not None:
             self._left -= call.usage.total_tokens
+
+    async def call(self, model: Model, *, output_type: type[T], **request: Any) -> T:
+        """:func:`call_model`, recorded and charged.
+
+        Raises:
+            ModelError: as :func:`call_model`; it carries the tokens of the
+                calls made before it too, since it ends the handler's
+                request and no reply will report them.
+        """
+        try:
+            output, call = await call_model(model, output_type=output_type, **request)
+        except ModelError as exc:
+            if self.calls:
+                exc.usage = sum(
+                    (c.usage for c in self.calls), exc.usage or TokenUsage()
+                )
+            raise
+        self.calls.append(call)
+        self.charge(call)
+        return output
 
 
 _EXPLORE_OUTPUTS: dict[str, type[BaseModel]] = {

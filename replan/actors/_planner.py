@@ -1,16 +1,14 @@
 from __future__ import annotations
 
-from .._errors import ModelError
 from ..llm import Model
 from ..messages import (
     ExploreReply,
     ExploreRequest,
-    ModelCall,
     PlanProposal,
     PlanReply,
     PlanRequest,
 )
-from ._calls import Allowance, call_model, explore_call, spent_before
+from ._calls import Allowance, explore_call
 from ._runtime import ActorContext
 
 
@@ -30,29 +28,24 @@ class Planner:
         if isinstance(request, ExploreRequest):
             return await explore_call(self._model, "planner", request, ctx, 0.0)
         proposals: list[PlanProposal] = []
-        calls: list[ModelCall] = []
         allowance = Allowance(request.token_allowance)
         for index in range(request.candidates):
             if allowance.spent:
-                return PlanReply(proposals=proposals, calls=calls, cut_short=True)
+                return PlanReply(
+                    proposals=proposals, calls=allowance.calls, cut_short=True
+                )
             context = dict(request.context)
             if request.candidates > 1:
                 context["candidate"] = index
                 context["candidates"] = request.candidates
-            try:
-                proposal, call = await call_model(
-                    self._model,
-                    role="planner",
-                    purpose=request.purpose,
-                    output_type=PlanProposal,
-                    context=context,
-                    temperature=0.0,
-                    run_id=ctx.run_id,
-                )
-            except ModelError as exc:
-                spent_before(exc, calls)
-                raise
+            proposal = await allowance.call(
+                self._model,
+                role="planner",
+                purpose=request.purpose,
+                output_type=PlanProposal,
+                context=context,
+                temperature=0.0,
+                run_id=ctx.run_id,
+            )
             proposals.append(proposal)
-            calls.append(call)
-            allowance.charge(call)
-        return PlanReply(proposals=proposals, calls=calls)
+        return PlanReply(proposals=proposals, calls=allowance.calls)

@@ -3,7 +3,6 @@ from __future__ import annotations
 from itertools import combinations
 from typing import assert_never
 
-from .._errors import ModelError
 from ..llm import Model
 from ..messages import (
     Alignment,
@@ -12,11 +11,10 @@ from ..messages import (
     Comparison,
     ExploreReply,
     ExploreRequest,
-    ModelCall,
     RankReply,
     RankRequest,
 )
-from ._calls import Allowance, call_model, explore_call, spent_before
+from ._calls import Allowance, call_model, explore_call
 from ._runtime import ActorContext
 
 
@@ -55,7 +53,6 @@ class Ranker:
         n = len(request.candidates)
         wins = [0] * n
         comparisons: list[Comparison] = []
-        calls: list[ModelCall] = []
         allowance = Allowance(request.token_allowance)
         cut_short = False
         for i, j in combinations(range(n), 2):
@@ -69,28 +66,22 @@ class Ranker:
                 a_index=i,
                 b_index=j,
             )
-            try:
-                comparison, call = await call_model(
-                    self._model,
-                    role="ranker",
-                    purpose="compare",
-                    output_type=Comparison,
-                    context=context,
-                    temperature=0.0,
-                    run_id=ctx.run_id,
-                )
-            except ModelError as exc:
-                spent_before(exc, calls)
-                raise
+            comparison = await allowance.call(
+                self._model,
+                role="ranker",
+                purpose="compare",
+                output_type=Comparison,
+                context=context,
+                temperature=0.0,
+                run_id=ctx.run_id,
+            )
             wins[i if comparison.winner == "a" else j] += 1
             comparisons.append(comparison)
-            calls.append(call)
-            allowance.charge(call)
         order = sorted(range(n), key=lambda k: (-wins[k], k))
         return RankReply(
             order=order,
             wins=wins,
             comparisons=comparisons,
-            calls=calls,
+            calls=allowance.calls,
             cut_short=cut_short,
         )

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 from typing import assert_never
 
-from .._errors import ModelError
 from ..llm import Model
 from ..messages import (
     Critique,
@@ -10,12 +9,11 @@ from ..messages import (
     CritiqueRequest,
     ExploreReply,
     ExploreRequest,
-    ModelCall,
     ReviewReply,
     ReviewRequest,
     Verdict,
 )
-from ._calls import Allowance, call_model, explore_call, spent_before
+from ._calls import Allowance, call_model, explore_call
 from ._runtime import ActorContext
 
 
@@ -46,31 +44,24 @@ class Reviewer:
                 return ReviewReply(verdict=verdict, calls=[call])
             case CritiqueRequest():
                 critiques: list[Critique] = []
-                calls: list[ModelCall] = []
                 allowance = Allowance(request.token_allowance)
                 for index, candidate in enumerate(request.candidates):
                     if allowance.spent:
                         return CritiqueReply(
-                            critiques=critiques, calls=calls, cut_short=True
+                            critiques=critiques, calls=allowance.calls, cut_short=True
                         )
                     context = dict(request.context)
                     context.update(candidate=candidate, candidate_index=index)
-                    try:
-                        critique, call = await call_model(
-                            self._model,
-                            role="reviewer",
-                            purpose="critique",
-                            output_type=Critique,
-                            context=context,
-                            temperature=0.0,
-                            run_id=ctx.run_id,
-                        )
-                    except ModelError as exc:
-                        spent_before(exc, calls)
-                        raise
+                    critique = await allowance.call(
+                        self._model,
+                        role="reviewer",
+                        purpose="critique",
+                        output_type=Critique,
+                        context=context,
+                        temperature=0.0,
+                        run_id=ctx.run_id,
+                    )
                     critiques.append(critique)
-                    calls.append(call)
-                    allowance.charge(call)
-                return CritiqueReply(critiques=critiques, calls=calls)
+                return CritiqueReply(critiques=critiques, calls=allowance.calls)
             case _:
                 assert_never(request)
