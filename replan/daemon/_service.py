@@ -154,10 +154,9 @@ class Daemon:
         Model calls and tasks in flight get ``drain_grace_s`` seconds to
         finish and reach the journal (not those waiting for a person at a
         tool call's gate: see ``Supervisor.drain``); then the supervisor
-        stops and the
-        unfinished runs wait in the journal for the next start. Only the
-        first call waits (and none after :meth:`hurry`); later ones return
-        at once.
+        stops and the unfinished runs wait in the journal for the next start.
+        Only the first call waits (and none after :meth:`hurry`); later ones
+        return at once.
         """
         self.begin_shutdown()
         supervisor = self._supervisor

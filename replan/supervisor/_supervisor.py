@@ -398,10 +398,10 @@ class Supervisor:
         waiting for a person at its tool call's gate is not waited for:
         the gate is journaled, and the resumed run asks again (the call
         had not run), or takes the answer journaled meanwhile (a gate's
-        timeout) and runs the call then. Then the
-        supervisor stops, and unfinished runs wait in the journal for
-        :meth:`resume`. On a supervisor that is not serving (not started
-        yet, or stopping or stopped) it does nothing.
+        timeout) and runs the call then. Then the supervisor stops, and
+        unfinished runs wait in the journal for :meth:`resume`. On a
+        supervisor that is not serving (not started yet, or stopping or
+        stopped) it does nothing.
 
         Raises:
             ConfigurationError: ``grace_s`` is no number of seconds (NaN, a
