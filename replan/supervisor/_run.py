@@ -39,6 +39,7 @@ from ..messages import (
     Event,
     ExecuteReply,
     ExecuteRequest,
+    ExploreErrorRecorded,
     GateOpened,
     GateRequest,
     GateResolution,
@@ -504,8 +505,15 @@ class RunDriver:
     async def _hold_if_draining(self) -> None:
         # Held until the supervisor stops; the run resumes from the journal.
         if self._draining:
-            # What it took since its last append cannot reach the journal
-            # now: it keeps the drain waiting no more.
+            if not any(isinstance(e, ExploreErrorRecorded) for e in self._staged):
+                # What it took since its last append is journaled, as the
+                # dispatch journals it when draining: the resumed run asks
+                # again for an answer it threw away (a revision before its
+                # drift check), and the tokens of both are the run's. An
+                # explore step's errors wait for their step (see _explore).
+                await self.record_events()
+            # What it took cannot reach the journal now: it keeps the drain
+            # waiting no more.
             self._recorded()
             await anyio.sleep_forever()
 
