@@ -647,16 +647,17 @@ class RunDriver:
             if budget is not None and hasattr(request, "token_allowance"):
                 left = budget - self.view.usage.total.total_tokens
                 request = request.model_copy(update={"token_allowance": left})  # type: ignore[attr-defined]
-            deadline: float | None = None
             if timeout is not None:
                 request, key = self._timed(request)
-                deadline = anyio.current_time() + timeout
             self._begin()
             answered = False
             try:
                 reply = expect(
+                    # Timed from when a worker takes it: a request that waits
+                    # for a busy role (other runs' requests first) is not cut
+                    # short for the wait.
                     await pool.ask(
-                        request, run_id=self.state.run_id, deadline=deadline
+                        request, run_id=self.state.run_id, handle_within_s=timeout
                     ),
                     reply_type,
                 )
