@@ -541,6 +541,7 @@ class ActorPool(Generic[ReqT, RepT]):
         *,
         run_id: str | None = None,
         deadline: float | None = None,
+        handle_within_s: float | None = None,
     ) -> ReplySlot[RepT]:
         """Send ``request`` without waiting for the reply.
 
@@ -554,6 +555,8 @@ class ActorPool(Generic[ReqT, RepT]):
         ``deadline`` (on the anyio clock): past it, the handling is cancelled
         (or the request is not sent, if the mailbox had no room until then)
         and ``on_done`` gets the slot answered with :class:`ActorTimeout`.
+        ``handle_within_s`` (instead) bounds the handling alone, counted
+        from when a worker takes the request, as in :meth:`ask`.
 
         Raises:
             ActorStopped: the role is stopped.
@@ -562,6 +565,8 @@ class ActorPool(Generic[ReqT, RepT]):
             raise ActorStopped(self.role, self.stop_reason)
         slot: ReplySlot[RepT] = ReplySlot(on_done=on_done)
         envelope = Envelope(request, slot, run_id, deadline, current_carrier())
+        # Timed by the worker that takes it (a running pool has its timer).
+        envelope.timeout = handle_within_s
         try:
             await self._enqueue(envelope)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):

@@ -1326,12 +1326,13 @@ class RunDriver:
         # execution busy finds every report in the inbox or the ledger.
         self._begin()
         try:
-            timeout = self.limits.task_timeout_s
             slot = await self.roles.executor.post(
                 request,
                 partial(self._reported, task),
                 run_id=state.run_id,
-                deadline=None if timeout is None else anyio.current_time() + timeout,
+                # Timed from when an executor takes it: an attempt that waits
+                # for one (other runs' tasks first) is not cut short for it.
+                handle_within_s=self.limits.task_timeout_s,
             )
         except ActorStopped as exc:
             self._inbox.put(_RoleStopped(exc))
