@@ -484,7 +484,9 @@ class RunDriver:
         await self._idle.wait()
 
     def _idle_if_drained(self) -> None:
-        if self._draining and self._busy <= self._parked:
+        # A run cancelled is not idle until its end is journaled (see run()):
+        # its calls, cancelled, leave it idle before it gets there.
+        if self._draining and self._busy <= self._parked and not self._cancel_requested:
             self._idle.set()
 
     @contextmanager
@@ -885,6 +887,7 @@ class RunDriver:
                 await self._run()
         finally:
             self._recorded()  # nothing more will be journaled
+            self._idle.set()  # ended (or let go): a drain waits no more
 
     async def _run(self) -> None:
         ended: tuple[RunStatus, str | None, Synthesis | None] | None = None
