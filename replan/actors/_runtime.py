@@ -156,6 +156,9 @@ class Envelope(Generic[ReqT, RepT]):
     deadline: float | None = None
     carrier: dict[str, str] = field(default_factory=dict)
     """The sender's W3C trace context."""
+    timeout: float | None = None
+    """Seconds the handling may take, from when a worker takes the request
+    (which sets ``deadline`` then): the wait in the mailbox is not counted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -492,18 +495,30 @@ class ActorPool(Generic[ReqT, RepT]):
         *,
         run_id: str | None = None,
         deadline: float | None = None,
+        handle_within_s: float | None = None,
     ) -> RepT:
         """Send ``request`` and wait for the reply.
+
+        ``handle_within_s`` (instead of a ``deadline``) bounds the handling
+        alone: it counts from when a worker takes the request, so a request
+        that waits its turn behind other callers' is not cut short for it.
 
         Raises:
             ActorCrashed: the handler raised.
             ActorStopped: the role is stopped, or stopped while waiting.
-            ActorTimeout: ``deadline`` passed.
+            ActorTimeout: ``deadline`` passed, or the handling took longer
+                than ``handle_within_s``.
         """
         if self.stop_reason is not None:
             raise ActorStopped(self.role, self.stop_reason)
         slot: ReplySlot[RepT] = ReplySlot(self._new_event)
         envelope = Envelope(request, slot, run_id, deadline, current_carrier())
+        if handle_within_s is not None:
+            if self._task_group is not None:
+                # The worker that takes it hands its deadline to the timer.
+                envelope.timeout = handle_within_s
+                return await self._deliver(envelope)
+            deadline = envelope.deadline = anyio.current_time() + handle_within_s
         if deadline is None:
             return await self._deliver(envelope)
         if deadline <= anyio.current_time():
@@ -526,6 +541,7 @@ class ActorPool(Generic[ReqT, RepT]):
         *,
         run_id: str | None = None,
         deadline: float | None = None,
+        handle_within_s: float | None = None,
     ) -> ReplySlot[RepT]:
         """Send ``request`` without waiting for the reply.
 
@@ -539,6 +555,8 @@ class ActorPool(Generic[ReqT, RepT]):
         ``deadline`` (on the anyio clock): past it, the handling is cancelled
         (or the request is not sent, if the mailbox had no room until then)
         and ``on_done`` gets the slot answered with :class:`ActorTimeout`.
+        ``handle_within_s`` (instead) bounds the handling alone, counted
+        from when a worker takes the request, as in :meth:`ask`.
 
         Raises:
             ActorStopped: the role is stopped.
@@ -547,6 +565,8 @@ class ActorPool(Generic[ReqT, RepT]):
             raise ActorStopped(self.role, self.stop_reason)
         slot: ReplySlot[RepT] = ReplySlot(on_done=on_done)
         envelope = Envelope(request, slot, run_id, deadline, current_carrier())
+        # Timed by the worker that takes it (a running pool has its timer).
+        envelope.timeout = handle_within_s
         try:
             await self._enqueue(envelope)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -703,6 +723,10 @@ class ActorPool(Generic[ReqT, RepT]):
             slot = envelope.reply
             if slot.abandoned:
                 continue
+            if envelope.timeout is not None:
+                # Timed from now: the wait in the mailbox is not the handling's.
+                envelope.deadline = anyio.current_time() + envelope.timeout
+                self._deadlines.add(envelope.deadline, slot, waited=False)
             ctx = ActorContext(role, envelope.run_id, envelope.deadline)
             carrier = envelope.carrier
             self._busy += 1

@@ -3,7 +3,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from ._base import Frozen
 
@@ -65,6 +65,15 @@ class TaskDraft(Frozen):
     """Review the plan after this task completes."""
     requires_approval: bool = False
     """The task has side effects: a person approves it before it runs."""
+
+    @field_validator("key", "description")
+    @classmethod
+    def _not_blank(cls, text: str, info: ValidationInfo) -> str:
+        # min_length lets "   " through: a blank description is no task to
+        # execute, and a blank key none that another draft can depend on.
+        if not text.strip():
+            raise ValueError(f"the task's {info.field_name} must not be blank")
+        return text
 
 
 class Task(Frozen):

@@ -39,6 +39,7 @@ from ..messages import (
     Event,
     ExecuteReply,
     ExecuteRequest,
+    ExploreErrorRecorded,
     GateOpened,
     GateRequest,
     GateResolution,
@@ -483,7 +484,9 @@ class RunDriver:
         await self._idle.wait()
 
     def _idle_if_drained(self) -> None:
-        if self._draining and self._busy <= self._parked:
+        # A run cancelled is not idle until its end is journaled (see run()):
+        # its calls, cancelled, leave it idle before it gets there.
+        if self._draining and self._busy <= self._parked and not self._cancel_requested:
             self._idle.set()
 
     @contextmanager
@@ -504,8 +507,15 @@ class RunDriver:
     async def _hold_if_draining(self) -> None:
         # Held until the supervisor stops; the run resumes from the journal.
         if self._draining:
-            # What it took since its last append cannot reach the journal
-            # now: it keeps the drain waiting no more.
+            if not any(isinstance(e, ExploreErrorRecorded) for e in self._staged):
+                # What it took since its last append is journaled, as the
+                # dispatch journals it when draining: the resumed run asks
+                # again for an answer it threw away (a revision before its
+                # drift check), and the tokens of both are the run's. An
+                # explore step's errors wait for their step (see _explore).
+                await self.record_events()
+            # What it took cannot reach the journal now: it keeps the drain
+            # waiting no more.
             self._recorded()
             await anyio.sleep_forever()
 
@@ -639,16 +649,17 @@ class RunDriver:
             if budget is not None and hasattr(request, "token_allowance"):
                 left = budget - self.view.usage.total.total_tokens
                 request = request.model_copy(update={"token_allowance": left})  # type: ignore[attr-defined]
-            deadline: float | None = None
             if timeout is not None:
                 request, key = self._timed(request)
-                deadline = anyio.current_time() + timeout
             self._begin()
             answered = False
             try:
                 reply = expect(
+                    # Timed from when a worker takes it: a request that waits
+                    # for a busy role (other runs' requests first) is not cut
+                    # short for the wait.
                     await pool.ask(
-                        request, run_id=self.state.run_id, deadline=deadline
+                        request, run_id=self.state.run_id, handle_within_s=timeout
                     ),
                     reply_type,
                 )
@@ -876,6 +887,7 @@ class RunDriver:
                 await self._run()
         finally:
             self._recorded()  # nothing more will be journaled
+            self._idle.set()  # ended (or let go): a drain waits no more
 
     async def _run(self) -> None:
         ended: tuple[RunStatus, str | None, Synthesis | None] | None = None
@@ -1317,12 +1329,13 @@ class RunDriver:
         # execution busy finds every report in the inbox or the ledger.
         self._begin()
         try:
-            timeout = self.limits.task_timeout_s
             slot = await self.roles.executor.post(
                 request,
                 partial(self._reported, task),
                 run_id=state.run_id,
-                deadline=None if timeout is None else anyio.current_time() + timeout,
+                # Timed from when an executor takes it: an attempt that waits
+                # for one (other runs' tasks first) is not cut short for it.
+                handle_within_s=self.limits.task_timeout_s,
             )
         except ActorStopped as exc:
             self._inbox.put(_RoleStopped(exc))

@@ -384,6 +384,29 @@ async def test_a_deadline_that_passes_gives_actor_timeout_and_cancels_the_handle
         assert await pool.ask("echo:next") == "next"
 
 
+async def test_handle_within_s_times_the_handling_not_the_wait_for_a_worker() -> None:
+    script = Script()
+    pool = pool_of(script, workers=1)
+    answers: list[str] = []
+
+    async def queued() -> None:
+        answers.append(await pool.ask("echo:b", handle_within_s=0.05))
+
+    async with running(pool):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pool.ask, "hold:a")
+            await script.started_event("hold:a").wait()
+            tg.start_soon(queued)
+            await anyio.sleep(0.2)  # in the mailbox four times its limit
+            script.gates["a"].set()
+        assert answers == ["b"]
+        assert script.contexts[-1].deadline is not None  # set when taken
+        with pytest.raises(ActorTimeout):
+            await pool.ask("forever", handle_within_s=0.05)
+        await script.cancelled_event("forever").wait()
+        assert pool.statistics().busy == 0
+
+
 async def test_a_deadline_that_passes_in_the_mailbox_times_out_without_handling() -> (
     None
 ):

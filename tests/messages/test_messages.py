@@ -189,6 +189,23 @@ def test_a_hypothesis_statement_must_not_be_blank(statement: str) -> None:
     assert ConfigurationError.from_validation(caught.value).field == "statement"
 
 
+@pytest.mark.parametrize("field", ["key", "description"])
+@pytest.mark.parametrize("blank", ["   ", "\n\t"])
+def test_a_task_draft_with_a_blank_key_or_description_is_refused(
+    field: str, blank: str
+) -> None:
+    # A blank description is no task to execute, and a blank key none that
+    # another task can name; the spec's tasks say which one.
+    draft = {"key": "k", "description": "d", field: blank}
+    with pytest.raises(ValidationError) as caught:
+        TaskDraft.model_validate(draft)
+    assert ConfigurationError.from_validation(caught.value).field == field
+    with pytest.raises(ConfigurationError) as refused:
+        RunSpec(goal="g", pattern="contract", tasks=[draft])
+    assert refused.value.field == f"tasks.0.{field}"
+    assert "must not be blank" in str(refused.value)
+
+
 def test_datetimes_in_events_keep_their_timezone() -> None:
     from replan.messages import EVENT_ADAPTER, TaskStarted
 

@@ -31,10 +31,12 @@ from replan import (
     Limits,
     MemoryStore,
     ModelRequest,
+    PlanProposal,
     ReplanOutcome,
     RunSpec,
     RunStatus,
     Supervisor,
+    TaskDraft,
     TokenUsage,
     Verdict,
 )
@@ -225,6 +227,27 @@ async def test_a_synthesis_that_hangs_fails_the_run_naming_the_limit() -> None:
     assert done.statuses() == {"t1": "completed", "t2": "completed"}
     assert synthesis.cancelled == 1
     assert done.replayed == result
+
+
+async def test_the_time_a_request_waits_for_a_worker_is_not_its_call_time() -> None:
+    # One planner for four runs: each plan takes 0.1s, well within the
+    # limit, though the last run's request waits 0.3s for the planner.
+    async def plan(request: ModelRequest) -> PlanProposal:
+        await anyio.sleep(0.1)
+        return PlanProposal(tasks=[TaskDraft(key="a", description="a")])
+
+    model = scripted(plan=plan)
+    with anyio.fail_after(10):
+        async with Supervisor(model, MemoryStore(), workers={"planner": 1}) as sup:
+            handles = [
+                await sup.submit(timed(RunSpec(goal=f"goal {i}"), 0.25))
+                for i in range(4)
+            ]
+            results = [await handle.result() for handle in handles]
+
+    assert [r.status for r in results] == [RunStatus.COMPLETED] * 4
+    assert [r.model_failures for r in results] == [[]] * 4
+    assert len(model.calls_for("planner", "plan")) == 4
 
 
 async def test_a_request_cut_short_leaves_no_worker_busy() -> None:

@@ -864,6 +864,27 @@ async def test_an_answer_that_names_no_one_is_refused_and_the_gate_stays_open(
     assert result.versions[-1].approved_by == "al"
 
 
+async def test_an_edit_with_a_blank_task_is_refused_and_the_gate_stays_open() -> None:
+    # A task with a blank description is nothing the executor can do.
+    model = ScriptedModel(Script())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec())
+        gate = await next_gate(sup)
+        edit = {
+            "decision": "edit",
+            "by": "al",
+            "tasks": [{"key": "e", "description": " "}],
+        }
+        with anyio.fail_after(10), pytest.raises(ResolutionRefused) as refused:
+            await sup.gates.resolve(gate.gate_id, edit)
+        assert refused.value.field == "tasks.0.description"
+        assert "must not be blank" in str(refused.value)
+        assert [g.gate_id for g in sup.gates.pending()] == [gate.gate_id]
+        await sup.gates.resolve(gate.gate_id, {"decision": "approve", "by": "al"})
+        result = await finish(handle)
+    assert result.status is RunStatus.COMPLETED
+
+
 async def test_an_edit_at_an_approval_gate_names_the_decision() -> None:
     model = ScriptedModel(Script(trigger=None))
     async with Supervisor(model) as sup:

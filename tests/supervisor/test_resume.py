@@ -13,9 +13,11 @@ import pytest
 from scripts import (
     GOAL,
     DelegatingStore,
+    always_replan,
     chain,
     clean,
     executed_ids,
+    same_size_chain,
     scripted,
     spec,
     task_of,
@@ -396,6 +398,37 @@ async def test_drain_lets_the_task_in_flight_finish_and_starts_nothing_new() -> 
             result = await sup.get(handle.run_id).result()
     assert result.status is RunStatus.COMPLETED
     assert executed_ids(second) == ["t2", "t3"]
+
+
+async def test_a_drain_journals_the_tokens_of_an_answer_the_run_then_holds() -> None:
+    # The revision is taken, then the run holds before the drift check: the
+    # resumed run asks the planner again, and both revisions were paid for.
+    asked = anyio.Event()
+    release = anyio.Event()
+
+    async def replan(request: ModelRequest) -> PlanProposal:
+        asked.set()
+        await release.wait()
+        return same_size_chain(request)
+
+    store: Store = MemoryStore()
+    first = scripted(execute=with_finding, milestone=always_replan, replan=replan)
+    with anyio.fail_after(10):
+        async with Supervisor(first, store) as sup:
+            handle = await sup.submit(spec(chain(3, milestone_at=[1]), max_replans=1))
+            await asked.wait()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(sup.drain, 30.0)
+                await anyio.sleep(0.05)
+                release.set()
+        assert first.calls_for("ranker") == []  # held before it
+        journaled = await store.read(handle.run_id)
+        second = scripted(execute=with_finding, milestone=always_replan)
+        async with Supervisor(second, store, resume=True) as sup:
+            result = await sup.get(handle.run_id).result()
+    assert [e.kind for e in journaled][-1] == "usage_recorded"
+    assert result.usage.by_role["planner"].calls == 2
+    assert result.usage.total.calls == len(first.calls) + len(second.calls)
 
 
 async def test_drain_gives_up_after_its_grace_period() -> None:

@@ -13,12 +13,14 @@ import anyio.lowlevel
 import pytest
 from scripts import (
     DelegatingStore,
+    chain,
     emails_first,
     independent,
     scripted,
     send_email,
     spec,
     task_of,
+    with_finding,
 )
 
 from replan import (
@@ -34,6 +36,7 @@ from replan import (
     SupervisorError,
     TaskOutcome,
     Tool,
+    Verdict,
     tool,
 )
 from replan.messages import Event, GateOpened, GateResolved
@@ -263,6 +266,32 @@ class Outbox:
             return emails_first(request)
 
         return scripted(execute=execute)  # type: ignore[arg-type]
+
+
+async def test_a_run_cancelled_during_a_drain_ends_cancelled() -> None:
+    # Its call in flight, cancelled, leaves it idle at once: the drain must
+    # not stop the supervisor before the run has journaled its end.
+    asked = anyio.Event()
+
+    async def milestone(request: ModelRequest) -> Verdict:
+        asked.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    model = scripted(execute=with_finding, milestone=milestone)
+    store = MemoryStore()
+    with anyio.fail_after(10):
+        async with Supervisor(model, store) as sup:
+            handle = await sup.submit(spec(chain(2, milestone_at=[1])))
+            await asked.wait()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(sup.drain, 30.0)
+                await anyio.sleep(0.05)
+                await handle.cancel()
+            result = await handle.result()
+    assert result.status is RunStatus.CANCELLED
+    [summary] = await store.list_runs()
+    assert summary.status is RunStatus.CANCELLED
 
 
 async def test_a_drain_does_not_wait_for_a_tool_call_waiting_for_a_person() -> None:

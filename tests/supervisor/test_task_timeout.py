@@ -130,6 +130,28 @@ async def test_a_task_whose_every_attempt_times_out_fails_and_skips_dependents()
     assert ("s2", 1) not in executor.attempts
 
 
+async def test_the_time_an_attempt_waits_for_an_executor_is_not_its_time() -> None:
+    # One executor for three runs of two tasks: each attempt takes 0.1s,
+    # within the limit, though the last ones wait 0.5s for the executor.
+    async def runner(task: Any, ctx: Any) -> TaskOutcome:
+        await anyio.sleep(0.1)
+        return TaskOutcome(success=True, summary=f"{task.key} done")
+
+    model = ScriptedModel(lambda request: Synthesis(output="done"))
+    with anyio.fail_after(10):
+        async with Supervisor(
+            model, MemoryStore(), task_runner=runner, workers={"executor": 1}
+        ) as sup:
+            handles = [
+                await sup.submit(timed(independent(2), 0.25, max_task_attempts=1))
+                for _ in range(3)
+            ]
+            results = [await handle.result() for handle in handles]
+
+    assert [r.status for r in results] == [RunStatus.COMPLETED] * 3
+    assert [t.attempts for r in results for t in r.tasks] == [1] * 6
+
+
 async def test_without_task_timeout_s_a_slow_attempt_is_waited_for() -> None:
     async def slow(request: ModelRequest) -> Any:
         if request.purpose == "synthesize":
