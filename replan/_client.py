@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from .messages import EVENT_ADAPTER, Event, RunCompacted, RunFinished
+from .messages import Event, RunCompacted, RunFinished, read_event
 
 if TYPE_CHECKING:
     import httpx
@@ -245,7 +245,7 @@ def _parse(lines: Iterator[str]) -> Iterator[Event]:
     for line in lines:
         if line == "":
             if data:
-                yield EVENT_ADAPTER.validate_json("\n".join(data))
+                yield read_event("\n".join(data))
                 data = []
         elif line.startswith("data: "):
             data.append(line.removeprefix("data: "))

@@ -47,6 +47,7 @@ from ._events import TraceStarted as TraceStarted
 from ._events import TraceSuspended as TraceSuspended
 from ._events import UsageRecorded as UsageRecorded
 from ._events import event_json as event_json
+from ._events import read_event as read_event
 from ._explore import DEFAULT_THRESHOLDS as DEFAULT_THRESHOLDS
 from ._explore import LENSES as LENSES
 from ._explore import Cluster as Cluster
@@ -218,4 +219,5 @@ __all__ = (
     "Verdict",
     "check_drafts",
     "event_json",
+    "read_event",
 )

@@ -3,6 +3,7 @@ from __future__ import annotations
 import math
 import types
 from collections.abc import Iterable
+from contextvars import ContextVar
 from typing import Any, Self, Union, get_args, get_origin
 
 from pydantic import (
@@ -14,6 +15,12 @@ from pydantic import (
 )
 
 from .._errors import ConfigurationError
+
+READING_JOURNAL: ContextVar[bool] = ContextVar("replan_reading_journal", default=False)
+"""Set while an event is read back from a journal (``read_event``): checks
+added to a message after journals were written skip what they hold. A
+context variable, not pydantic's validation context, which does not reach
+the models that define their own ``__init__`` (:class:`Settings`)."""
 
 
 class Frozen(BaseModel):

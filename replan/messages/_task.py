@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from ._base import Frozen
+from ._base import READING_JOURNAL, Frozen
 
 
 class TaskStatus(StrEnum):
@@ -71,7 +71,8 @@ class TaskDraft(Frozen):
     def _not_blank(cls, text: str, info: ValidationInfo) -> str:
         # min_length lets "   " through: a blank description is no task to
         # execute, and a blank key none that another draft can depend on.
-        if not text.strip():
+        # A journal written before this check may hold one: it stays readable.
+        if not text.strip() and not READING_JOURNAL.get():
             raise ValueError(f"the task's {info.field_name} must not be blank")
         return text
 

@@ -7,7 +7,7 @@ from typing import Self
 
 import anyio
 
-from ..messages import EVENT_ADAPTER, Event, RunCompacted, RunStatus, event_json
+from ..messages import Event, RunCompacted, RunStatus, event_json, read_event
 from ._port import EffectRecord, JournalConflict, RunSummary, ToolEffectRecord
 from ._rows import LeaseHolders, check_page, lease_refused
 
@@ -71,7 +71,7 @@ class MemoryStore:
         self._check_open()
         journal = self._events.get(run_id, [])
         start = max(after - self._base.get(run_id, 0), 0)
-        return [EVENT_ADAPTER.validate_json(raw) for raw in journal[start:]]
+        return [read_event(raw) for raw in journal[start:]]
 
     async def get_run(self, run_id: str) -> RunSummary | None:
         self._check_open()

@@ -27,7 +27,7 @@ from psycopg import conninfo
 from pydantic import BaseModel
 
 from .._errors import ConfigurationError
-from ..messages import EVENT_ADAPTER, Event, RunCompacted, RunStatus, event_json
+from ..messages import Event, RunCompacted, RunStatus, event_json, read_event
 from ._port import (
     EffectRecord,
     JournalConflict,
@@ -263,7 +263,7 @@ class PostgresStore:
         events: list[Event] = []
         for seq, payload in rows:
             try:
-                events.append(EVENT_ADAPTER.validate_json(payload))
+                events.append(read_event(payload))
             except (ValueError, TypeError) as exc:
                 raise self._corrupt(run_id, f"event {seq}", exc, seq=seq) from None
         return events

@@ -21,7 +21,7 @@ import anyio.lowlevel
 from pydantic import BaseModel
 
 from .._errors import ConfigurationError
-from ..messages import EVENT_ADAPTER, Event, RunCompacted, RunStatus, event_json
+from ..messages import Event, RunCompacted, RunStatus, event_json, read_event
 from ._port import (
     EffectRecord,
     JournalConflict,
@@ -450,7 +450,7 @@ class SQLiteStore:
         events: list[Event] = []
         for seq, payload in rows:
             try:
-                events.append(EVENT_ADAPTER.validate_json(payload))
+                events.append(read_event(payload))
             except (ValueError, TypeError) as exc:
                 raise self._corrupt(run_id, f"event {seq}", exc, seq=seq) from None
         return events

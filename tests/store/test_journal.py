@@ -354,6 +354,27 @@ async def test_events_appended_one_call_at_a_time_read_back_in_order(
     assert await store.read("run-1") == events
 
 
+async def test_a_draft_journaled_before_a_check_was_added_stays_readable(
+    store: Store,
+) -> None:
+    # Blank task descriptions are refused now; a journal written before that
+    # may hold one, and what was journaled must read back and replay.
+    blank = TaskDraft.model_construct(
+        key="a", description="   ", depends_on=[], milestone=False
+    )
+    submitted = sample_events()[0]
+    assert isinstance(submitted, RunSubmitted)
+    spec = submitted.spec.model_copy(update={"tasks": [blank]})
+    event = submitted.model_copy(update={"spec": spec})
+    await store.append("run-1", [event], summary("run-1", 1))
+    (read,) = await store.read("run-1")
+    assert isinstance(read, RunSubmitted)
+    assert read.spec.tasks is not None
+    assert read.spec.tasks[0].description == "   "
+    with pytest.raises(ValueError, match="description must not be blank"):
+        TaskDraft(key="a", description="   ")
+
+
 async def test_both_stores_satisfy_the_store_protocol(store: Store) -> None:
     assert isinstance(store, Store)
 
