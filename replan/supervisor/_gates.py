@@ -100,7 +100,8 @@ class GateRegistry:
             raise GateError(f"no open gate {gate_id!r}")
         if pending.resolution is not None:
             raise GateAlreadyResolved(f"gate {gate_id} is already resolved")
-        if not resolution.by.strip():
+        if not any(c.isprintable() and not c.isspace() for c in resolution.by):
+            # Blank, or only invisible characters (a zero-width space).
             # The journal keeps who decided each gate (its audit trail).
             raise ResolutionRefused(
                 "by", f"gate {gate_id}: by: name who decides (the journal keeps it)"

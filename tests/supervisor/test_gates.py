@@ -846,7 +846,7 @@ async def test_an_edit_a_replan_gate_refuses_names_the_field_it_refuses(
         await finish(handle)
 
 
-@pytest.mark.parametrize("by", ["", "  "])
+@pytest.mark.parametrize("by", ["", "  ", "\u200b", "\t\u2060"])
 async def test_an_answer_that_names_no_one_is_refused_and_the_gate_stays_open(
     by: str,
 ) -> None:
