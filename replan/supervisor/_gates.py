@@ -100,16 +100,16 @@ class GateRegistry:
             raise GateError(f"no open gate {gate_id!r}")
         if pending.resolution is not None:
             raise GateAlreadyResolved(f"gate {gate_id} is already resolved")
+        try:
+            resolution.check_storable()
+        except ConfigurationError as exc:
+            raise ResolutionRefused(exc.field, f"gate {gate_id}: {exc}") from None
         if not any(c.isprintable() and not c.isspace() for c in resolution.by):
             # Blank, or only invisible characters (a zero-width space).
             # The journal keeps who decided each gate (its audit trail).
             raise ResolutionRefused(
                 "by", f"gate {gate_id}: by: name who decides (the journal keeps it)"
             )
-        try:
-            resolution.check_storable()
-        except ConfigurationError as exc:
-            raise ResolutionRefused(exc.field, f"gate {gate_id}: {exc}") from None
         if pending.validate is not None:
             try:
                 pending.validate(resolution)
