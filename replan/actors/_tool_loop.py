@@ -132,6 +132,18 @@ class _Attempt:
                         ToolExchange(calls=response.tool_calls, results=results)
                     )
                     continue
+                if response.tool_calls and not specs:
+                    # A scripted model, or a run resumed on a supervisor
+                    # built without the tools it started with.
+                    names = ", ".join(sorted({c.name for c in response.tool_calls}))
+                    error = ModelError(
+                        f"executor/execute: the model asked for tools ({names}) "
+                        "but the supervisor has none: pass tools=[...] to "
+                        "Supervisor (as when the run started)"
+                    )
+                    error.role, error.purpose = "executor", "execute"
+                    error.task_id = task.id
+                    raise error
                 if not isinstance(response.output, TaskOutcome):
                     # Its tokens are in ``calls`` already.
                     raise wrong_answer(request_sent, TaskOutcome, response.output)

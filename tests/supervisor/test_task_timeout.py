@@ -32,6 +32,7 @@ from replan import (
     Synthesis,
     TaskDraft,
     TaskOutcome,
+    TaskStatus,
     TokenUsage,
     tool,
 )
@@ -297,3 +298,17 @@ async def test_answers_racing_the_timeout_leave_every_gate_resolved_once(
         assert sup.gates.pending() == []
     crashes = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert crashes == []
+
+
+async def test_tool_calls_to_a_supervisor_without_tools_name_what_is_missing() -> None:
+    # A run resumed on a supervisor built without the tools it started with
+    # (or a scripted model asking for tools): the task's failure says so.
+    model = ScriptedModel(_looks_up)
+    async with Supervisor(model) as sup:
+        result = await (await sup.submit(spec(independent(1)))).result()
+    (task,) = result.tasks
+    assert task.status is TaskStatus.FAILED
+    assert task.result is not None
+    assert "asked for tools (_stall) but the supervisor has none" in (
+        task.result.reason
+    )
