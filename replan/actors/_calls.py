@@ -84,6 +84,11 @@ def wrong_answer(
         f"got {type(output).__name__}",
         usage=usage,
     )
+    return made_at(error, request)
+
+
+def made_at(error: ModelError, request: ModelRequest) -> ModelError:
+    """``error``, marked with where its call was made (role, purpose, task)."""
     error.role, error.purpose, error.task_id = (
         request.role,
         request.purpose,
@@ -142,11 +147,7 @@ async def _generate(model: Model, request: ModelRequest) -> ModelResponse:
     try:
         return await model.generate(request)
     except ModelError as exc:
-        exc.role, exc.purpose, exc.task_id = (
-            request.role,
-            request.purpose,
-            request.task_id,
-        )
+        made_at(exc, request)
         raise
 
 

@@ -52,7 +52,7 @@ from ..messages import (
 )
 from ..store import Store, ToolEffectLedger, ToolEffectRecord
 from ..telemetry import tool_call
-from ._calls import answer, wrong_answer
+from ._calls import answer, made_at, wrong_answer
 from ._runtime import waiting_for_a_person
 from ._tool_answers import StandingAnswers, ToolCallAnswer, interrupted_answers
 
@@ -136,14 +136,14 @@ class _Attempt:
                     # A scripted model, or a run resumed on a supervisor
                     # built without the tools it started with.
                     names = ", ".join(sorted({c.name for c in response.tool_calls}))
-                    error = ModelError(
-                        f"executor/execute: the model asked for tools ({names}) "
-                        "but the supervisor has none: pass tools=[...] to "
-                        "Supervisor (as when the run started)"
+                    raise made_at(
+                        ModelError(
+                            f"executor/execute: the model asked for tools "
+                            f"({names}) but the supervisor has none: pass "
+                            "tools=[...] to Supervisor (as when the run started)"
+                        ),
+                        request_sent,
                     )
-                    error.role, error.purpose = "executor", "execute"
-                    error.task_id = task.id
-                    raise error
                 if not isinstance(response.output, TaskOutcome):
                     # Its tokens are in ``calls`` already.
                     raise wrong_answer(request_sent, TaskOutcome, response.output)
