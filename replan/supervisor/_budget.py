@@ -86,19 +86,37 @@ class MeteredModel:
     async def generate(self, request: ModelRequest) -> ModelResponse:
         """Raises BudgetExhausted, without calling the model, once spent."""
         meter = self._meters.get(request.run_id) if request.run_id else None
-        if meter is None:
-            return await self.model.generate(request)
-        reason = meter.spent_reason()
-        if reason is not None:
-            raise BudgetExhausted(reason)
-        left = meter.left()
+        left = None
+        if meter is not None:
+            reason = meter.spent_reason()
+            if reason is not None:
+                raise BudgetExhausted(reason)
+            left = meter.left()
         if left is not None:
             request = request.model_copy(update={"token_allowance": left})
         try:
             response = await self.model.generate(request)
         except ModelError as exc:
             if exc.usage is not None:
-                meter.charge(exc.usage, request)
+                exc.usage = one_call_at_least(exc.usage)
+                if meter is not None:
+                    meter.charge(exc.usage, request)
             raise
-        meter.charge(response.usage, request)
+        usage = one_call_at_least(response.usage)
+        if usage is not response.usage:
+            response = response.model_copy(update={"usage": usage})
+        if meter is not None:
+            meter.charge(usage, request)
         return response
+
+
+def one_call_at_least(usage: TokenUsage) -> TokenUsage:
+    """``usage``, counting the call it came from.
+
+    A model reports how many calls an answer took (two when its adapter
+    asked again); one that reports none, as a hand-written ``TokenUsage``
+    does, still made one, and the run's usage by role says so.
+    """
+    if usage.calls:
+        return usage
+    return usage.model_copy(update={"calls": 1})

@@ -234,3 +234,18 @@ async def test_a_second_invalid_revision_is_refused_and_the_plan_kept() -> None:
     assert len(done.result.versions) == 1
     assert done.statuses() == {"t1": "completed", "t2": "completed", "t3": "completed"}
     assert done.replayed == done.result
+
+
+async def test_a_usage_that_reports_no_calls_counts_each_answer_as_one_call() -> None:
+    # ``planned`` scripts TokenUsage(input_tokens=10, output_tokens=5), as a
+    # user writes it: without ``calls``. Every answer is still one call.
+    model = planned(answers(CYCLE, GOOD))
+
+    done = await run_to_end(model, RunSpec(goal=GOAL, pattern="discovery"))
+
+    assert done.result.status is RunStatus.COMPLETED
+    by_role = done.result.usage.by_role
+    assert by_role["planner"].calls == len(model.calls_for("planner", "plan")) == 2
+    assert by_role["executor"].calls == len(model.calls_for("executor")) == 3
+    assert done.result.usage.total.calls == len(model.calls)
+    assert done.replayed == done.result

@@ -9,7 +9,7 @@ from scripts import independent, run_to_end, scripted, spec, with_finding
 
 from replan import ModelRequest, ModelResponse, TaskOutcome, TokenUsage, Verdict
 
-USAGE = TokenUsage(input_tokens=7, output_tokens=3)
+USAGE = TokenUsage(input_tokens=7, output_tokens=3, calls=1)
 
 
 def not_a_verdict(request: ModelRequest) -> Any:
