@@ -205,6 +205,7 @@ class OpenAIModel:
         self._completion_tokens: set[str] = set()
         """Models that refused ``max_tokens`` for ``max_completion_tokens``."""
         self._no_usage: set[str] = set()
+        self._odd_usage: set[str] = set()
         """Models whose answers came without token counts (warned once)."""
         self.prices = price_table(prices)
         if prompts is not None and not callable(getattr(prompts, "for_request", None)):
@@ -641,15 +642,47 @@ class OpenAIModel:
                     model,
                 )
             return TokenUsage(calls=1)
-        details = usage.prompt_tokens_details
-        cached = (details.cached_tokens or 0) if details is not None else 0
+        details = getattr(usage, "prompt_tokens_details", None)
+        reported = {
+            "prompt_tokens": getattr(usage, "prompt_tokens", None),
+            "completion_tokens": getattr(usage, "completion_tokens", None),
+            "cached_tokens": getattr(details, "cached_tokens", None),
+        }
+        counts = {name: _token_count(value) for name, value in reported.items()}
+        odd = [f"{n}={reported[n]!r}" for n, c in counts.items() if c is None]
+        if odd and model not in self._odd_usage:
+            # The answer itself is good: keep it, count what can be counted.
+            self._odd_usage.add(model)
+            logger.warning(
+                "%s (%s) reports token counts that are no counts (%s): "
+                "they count 0 tokens",
+                self._where,
+                model,
+                ", ".join(odd)[:200],
+            )
         tokens = TokenUsage(
-            input_tokens=usage.prompt_tokens or 0,
-            output_tokens=usage.completion_tokens or 0,
-            cached_tokens=cached,
+            input_tokens=counts["prompt_tokens"] or 0,
+            output_tokens=counts["completion_tokens"] or 0,
+            cached_tokens=counts["cached_tokens"] or 0,
             calls=1,
         )
         return priced(tokens, model, self.prices)
+
+
+def _token_count(value: object) -> int | None:
+    """A reported token count as an int: 0 when not reported, None when
+    what was reported is no count (negative, fractional, not a number)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, int) and 0 <= value < 2**63:
+        return value
+    return None
 
 
 def _usable_key(key: str | None, where: str) -> str | None:

@@ -127,6 +127,35 @@ async def test_answers_without_usage_count_a_call_and_warn_once(
 
 
 @pytest.mark.parametrize(
+    ("usage", "tokens"),
+    [
+        ({"prompt_tokens": -1, "completion_tokens": 20}, 20),
+        ({"prompt_tokens": 100, "completion_tokens": 2.5}, 100),
+        ({"prompt_tokens": "many", "completion_tokens": 20}, 20),
+        ({"prompt_tokens": 100.0, "completion_tokens": "20"}, 120),
+    ],
+    ids=["negative", "fractional", "text", "float-and-digits"],
+)
+async def test_odd_token_counts_keep_the_answer_and_count_what_they_can(
+    usage: dict[str, object], tokens: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    reply = completion(PLAN)
+    assert isinstance(reply.body, dict)
+    reply.body["usage"] = {**usage, "total_tokens": 120}
+    with chat_server(lambda _: reply) as server:
+        async with fast(server.base_url) as model:
+            with caplog.at_level(logging.WARNING, logger="replan.llm"):
+                first = await model.generate(plan_request())
+                second = await model.generate(plan_request())
+        assert len(server.chat_requests()) == 2  # neither was asked again
+    assert first.output == second.output == PLAN
+    assert first.usage.total_tokens == second.usage.total_tokens == tokens
+    assert first.usage.calls == 1
+    odd = [r for r in caplog.records if "no counts" in r.getMessage()]
+    assert len(odd) == (0 if tokens == 120 else 1)
+
+
+@pytest.mark.parametrize(
     ("error", "shown"),
     [
         ({"message": "model 'm' not found, try pulling it first"}, "not found, try"),
