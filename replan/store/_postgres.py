@@ -38,19 +38,10 @@ from ._port import (
     RunSummary,
     ToolEffectRecord,
 )
-from ._postgres_lease import AdvisoryLease, lease_connection
 from ._postgres_pool import Pool, connect
 from ._postgres_rows import summary_of_row, summary_values
-from ._postgres_schema import Queries, lease_key, set_up
-from ._rows import (
-    LeaseHolders,
-    check_follows,
-    check_page,
-    corrupt,
-    event_row,
-    lease_refused,
-    to_text,
-)
+from ._postgres_schema import Queries, set_up
+from ._rows import check_follows, check_page, corrupt, event_row, to_text
 
 _Record = TypeVar("_Record", bound=BaseModel)
 _Conn = psycopg.Connection[Any]
@@ -73,10 +64,10 @@ class PostgresStore:
     share a schema: an append is one transaction that moves the run's head
     on from the seq its first event follows, under the run row's lock, so
     two writers of one run are ordered and the later gets a
-    :class:`~replan.store.JournalConflict`. The drivers' lease
-    (:class:`~replan.store.DriverLease`) is a session-level advisory lock
-    on a connection of its own: the server lets go of it when its process
-    ends, however it ends.
+    :class:`~replan.store.JournalConflict`. Runs are leased one by one
+    (:class:`~replan.store.RunLeases`), so that each is driven by one
+    supervisor, and taken over by another once its supervisor's process
+    died and its lease expired.
 
     Calls run psycopg's blocking connections in worker threads, at most
     ``pool_size`` at a time, so the store works on asyncio and trio alike.
@@ -89,12 +80,13 @@ class PostgresStore:
     Args:
         dsn: a libpq connection string (``postgresql://user@host/db`` or
             ``host=... dbname=...``). It must reach PostgreSQL itself, or a
-            pooler in session mode: the lease lives in a session.
+            pooler in session mode: a connection's settings live in its
+            session.
         schema: the schema that holds the journal's tables (created if
             missing). Several journals can share a database under several
-            schemas, each with its own lease.
+            schemas.
         pool_size: the most connections (and concurrent calls) the store
-            uses, besides the lease's.
+            uses.
         connect_timeout_s: how long a connection attempt may take.
         lease_s: how long a run stays leased to its supervisor after the
             last renewal (1 to 3600 s; the supervisor renews every third of
@@ -200,12 +192,6 @@ class PostgresStore:
         # cycle, and an unclosed one is finalized (and warned of) at once.
         self._pool = Pool(functools.partial(connect, self._conninfo), pool_size)
         self._pool.give(first)
-        self._lease = AdvisoryLease(
-            functools.partial(lease_connection, self._conninfo),
-            lease_key(schema),
-            self.journal,
-        )
-        self._holders = LeaseHolders()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.journal!r})"
@@ -227,7 +213,6 @@ class PostgresStore:
             warnings.warn(
                 f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self
             )
-            self._lease.release()
             pool.close()
 
     def _connections(self) -> Pool:
@@ -358,10 +343,8 @@ class PostgresStore:
         return [self._summary(row) for row in rows]
 
     async def aclose(self) -> None:
-        self._holders.clear()
         pool = self._pool
         if pool is not None and not pool.closed:
-            self._lease.release()
             pool.close()
 
     # Effect ledger --------------------------------------------------------------
@@ -527,35 +510,6 @@ class PostgresStore:
     def checkpoint_soon(self) -> None:
         """Nothing to do: PostgreSQL checkpoints by itself (for callers
         written for :class:`~replan.store.SQLiteStore`)."""
-
-    # The drivers' lease (see DriverLease) --------------------------------------
-
-    def hold_lease(self, holder: object, *, exclusive: bool) -> None:
-        """Hold the schema's advisory lock shared, or alone to take over runs.
-
-        The lock lives in a session of its own, which the server ends (and
-        the lock with it) when this process ends, however it ends.
-        Supervisors sharing this store object are told apart by ``holder``,
-        as other processes are by the lock. The call blocks the calling
-        thread for a round trip (and a connection, the first time).
-
-        Raises:
-            ConfigurationError: another supervisor holds the lease so that
-                this one cannot, or the server cannot be reached (field
-                ``store``).
-        """
-        self._connections()
-        exclusive = self._holders.admit(
-            holder,
-            exclusive,
-            lambda alone: lease_refused(self.journal, exclusive=alone),
-        )
-        self._lease.hold(exclusive=exclusive)
-        self._holders.hold(holder, exclusive)
-
-    def release_lease(self, holder: object) -> None:
-        if self._holders.release(holder):
-            self._lease.release()
 
     def _summary(self, row: Any) -> RunSummary:
         try:

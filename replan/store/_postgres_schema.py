@@ -100,10 +100,9 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
 }
 """The statements that take a journal from a version to the next."""
 
-_LEASE_CLASS = int.from_bytes(b"rpln", "big", signed=True)
-"""The first key of replan's advisory locks (the second names the schema)."""
 _SETUP_CLASS = int.from_bytes(b"rpls", "big", signed=True)
-"""... and of the lock that orders two processes creating one schema."""
+"""The first key of the advisory lock that orders two processes creating
+(or migrating) one schema's tables; the second names the schema."""
 
 
 def schema_key(schema: str) -> int:
@@ -111,11 +110,6 @@ def schema_key(schema: str) -> int:
     return int.from_bytes(
         zlib.crc32(schema.encode()).to_bytes(4, "big"), "big", signed=True
     )
-
-
-def lease_key(schema: str) -> tuple[int, int]:
-    """The advisory lock that is the drivers' lease of the schema's journal."""
-    return _LEASE_CLASS, schema_key(schema)
 
 
 def set_up(conn: psycopg.Connection[Any], schema: str, journal: str) -> None:
