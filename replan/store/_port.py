@@ -170,9 +170,11 @@ class RunLeases(Protocol):
         """
         ...
 
-    async def renew_leases(self, owner: RunOwner) -> set[str]:
-        """Extend every lease ``owner`` holds, in one statement; the ids of
-        its runs (those another owner took meanwhile are not among them)."""
+    async def renew_leases(self, owner: RunOwner, run_ids: Sequence[str]) -> set[str]:
+        """Extend ``owner``'s leases of ``run_ids`` (the runs it drives), in
+        one statement; the ids of those it still holds (not those another
+        owner took meanwhile). A lease it holds of a run it no longer
+        drives (its driver crashed) is left to expire."""
         ...
 
     async def release_leases(

@@ -478,9 +478,11 @@ class PostgresStore:
 
         return await self._connections().run(claim)
 
-    async def renew_leases(self, owner: RunOwner) -> set[str]:
+    async def renew_leases(self, owner: RunOwner, run_ids: Sequence[str]) -> set[str]:
+        if not run_ids:
+            return set()
         query = self._queries.renew
-        params = {"owner": owner.id, "lease": self._lease_for}
+        params = {"owner": owner.id, "lease": self._lease_for, "run_ids": list(run_ids)}
         rows = await self._connections().run(
             lambda conn: conn.execute(query, params).fetchall()
         )

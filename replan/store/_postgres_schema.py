@@ -345,7 +345,8 @@ class Queries:
             ),
             renew=q(
                 "UPDATE {runs} SET lease_expires = now() + %(lease)s "
-                "WHERE owner = %(owner)s RETURNING run_id"
+                "WHERE owner = %(owner)s AND run_id = ANY(%(run_ids)s::text[]) "
+                "RETURNING run_id"
             ),
             release=q(
                 "UPDATE {runs} SET owner = NULL, holder = NULL, lease_expires = NULL "

@@ -142,7 +142,8 @@ async def keep_leases(
     still_driving: Callable[[str], bool],
     let_go: Callable[[str, RunLease | None], None],
 ) -> None:
-    """Renew ``owner``'s leases every third of their duration, until cancelled.
+    """Renew ``owner``'s leases of the runs ``driven()`` lists (those it
+    drives, or is taking up) every third of their duration, until cancelled.
 
     A run ``driven()`` lists that the renewal no longer finds ``owner``'s
     (another owner holds it now, or nobody) is handed to ``let_go`` with
@@ -156,9 +157,8 @@ async def keep_leases(
     while True:
         await anyio.sleep(interval)
         runs = driven()
-
         try:
-            held = await leases.renew_leases(owner)
+            held = await leases.renew_leases(owner, runs)
             lost = [r for r in runs if r not in held and still_driving(r)]
             taken = [(r, await leases.run_lease(r)) for r in lost]
         except Exception as exc:

@@ -344,7 +344,7 @@ class Supervisor:
                             keep_leases,
                             self._leases,
                             self._owner,
-                            lambda: list(self._drivers),
+                            lambda: [*self._drivers, *self._taking_up],
                             self._still_driving,
                             self._lost_lease,
                         )
@@ -653,6 +653,9 @@ class Supervisor:
                 logger.warning("%s", lost)
                 driver.record.detach(f"another supervisor took the run over: {lost}")
                 return
+            if self._leases is not None:
+                # Free for another supervisor (or this one's next look).
+                await release(self._leases, self._owner, [run_id])
             if quiet:
                 logger.debug("run %s crashed again", run_id, exc_info=True)
             else:

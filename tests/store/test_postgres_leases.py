@@ -99,8 +99,8 @@ async def test_a_run_whose_lease_expired_is_claimed_by_another_and_fences_the_fi
         assert isinstance(caught.value, JournalConflict)
         assert caught.value.holder == B.holder
         # ...its renewal no longer counts the run among its own...
-        assert await store.renew_leases(A) == set()
-        assert await store.renew_leases(B) == {"run-1"}
+        assert await store.renew_leases(A, ["run-1"]) == set()
+        assert await store.renew_leases(B, ["run-1"]) == {"run-1"}
         # ...and the new owner goes on from where the journal stands.
         await store.append("run-1", [started(3)], summary(3), owner=B)
         assert [e.seq for e in await store.read("run-1")] == [1, 2, 3]
@@ -134,22 +134,24 @@ async def test_a_lease_expires_by_itself_once_its_duration_passed(
         assert lease.owner == B.id
 
 
-async def test_renewing_extends_every_lease_of_its_owner_and_none_other(
+async def test_renewing_extends_the_owners_leases_of_the_runs_it_drives_alone(
     postgres_dsn: str,
 ) -> None:
     async with PostgresStore(postgres_dsn) as store:
-        for run_id, owner in (("r1", A), ("r2", A), ("r3", B)):
+        for run_id, owner in (("r1", A), ("r2", A), ("r3", B), ("r4", A)):
             await store.append(
                 run_id, [started(1)], summary(1, run_id=run_id), owner=owner
             )
         sql(postgres_dsn, "UPDATE replan.runs SET lease_expires = now()")
-        assert await store.renew_leases(A) == {"r1", "r2"}
+        # r4 is A's, but A no longer drives it (its driver crashed, say).
+        assert await store.renew_leases(A, ["r1", "r2", "r3"]) == {"r1", "r2"}
+        assert await store.renew_leases(A, []) == set()
         rows = sql(
             postgres_dsn,
             "SELECT run_id, lease_expires > now() + interval '20 seconds' "
             "FROM replan.runs ORDER BY run_id",
         )
-        assert rows == [("r1", True), ("r2", True), ("r3", False)]
+        assert rows == [("r1", True), ("r2", True), ("r3", False), ("r4", False)]
 
 
 async def test_a_finished_run_lets_go_of_its_lease_and_cannot_be_claimed(
@@ -177,11 +179,11 @@ async def test_released_leases_are_claimed_at_once(postgres_dsn: str) -> None:
         assert lease is not None
         assert lease.owner == B.id
         await store.release_leases(A)
-        assert await store.renew_leases(A) == set()
+        assert await store.renew_leases(A, ["r1", "r2", "r3"]) == set()
         assert {await store.run_lease(r) for r in ("r2", "r3")} == {None}
         # Another owner's leases are not its to let go of.
         await store.release_leases(A, ["r1"])
-        assert await store.renew_leases(B) == {"r1"}
+        assert await store.renew_leases(B, ["r1"]) == {"r1"}
 
 
 async def test_an_append_without_an_owner_is_refused_while_a_lease_holds(

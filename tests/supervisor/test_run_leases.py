@@ -219,3 +219,44 @@ async def test_a_gate_of_a_run_another_supervisor_drives_is_refused_naming_it(
                 await b.gates.resolve("no-such-run-g1", answer)
             await a.gates.resolve(gate.gate_id, answer)
             assert (await handle.result()).status is RunStatus.COMPLETED
+
+
+async def test_supervisors_resuming_at_once_share_the_unfinished_runs_each_once(
+    postgres_dsn: str,
+) -> None:
+    reached = anyio.Event()
+    stopping = scripted(execute=blocking_at("s2", reached))
+    with anyio.fail_after(60):
+        async with PostgresStore(postgres_dsn) as store:
+            async with Supervisor(stopping, store) as sup:
+                handles = [
+                    await sup.submit(spec(chain(3), milestone_every=100))
+                    for _ in range(6)
+                ]
+                await reached.wait()
+            run_ids = {h.run_id for h in handles}
+        models = [scripted(latency_s=0.01), scripted(latency_s=0.01)]
+        resumed: list[set[str]] = [set(), set()]
+        results = {}
+
+        async def resume(index: int) -> None:
+            async with (
+                PostgresStore(postgres_dsn) as store,
+                Supervisor(models[index], store, resume=True) as sup,
+            ):
+                for handle in sup.handles():
+                    resumed[index].add(handle.run_id)
+                    results[handle.run_id] = await handle.result()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(resume, 0)
+            tg.start_soon(resume, 1)
+    assert resumed[0].isdisjoint(resumed[1])
+    assert resumed[0] | resumed[1] == run_ids
+    assert {r.status for r in results.values()} == {RunStatus.COMPLETED}
+    executions = [
+        (c.run_id, task_of(c).id)
+        for model in models
+        for c in model.calls_for("executor", "execute")
+    ]
+    assert len(executions) == len(set(executions))  # none twice
