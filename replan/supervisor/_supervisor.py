@@ -853,9 +853,9 @@ class Supervisor:
             Exception: the journal cannot be read (a full disk, a lost
                 connection).
         """
-        # In a worker thread: a PostgreSQL lease whose session ended (the
-        # server restarted) connects again, which may take a while when the
-        # server does not answer, and must not hold up the event loop.
+        # In a worker thread: a lease is a blocking call (a file lock, or a
+        # store of the application's own), which must not hold up the event
+        # loop. A store with run leases claims each run instead (_take_up).
         if self._leases is None:
             await anyio.to_thread.run_sync(self._hold_lease_alone)
         handles: list[RunHandle] = []
