@@ -127,11 +127,12 @@ async def release(
     with anyio.CancelScope(shield=True):
         try:
             await leases.release_leases(owner, run_ids)
-        except Exception:
+        except Exception as exc:
             logger.warning(
-                "could not let go of the leases of %s; they expire",
+                "could not let go of the leases of %s; they expire: %s: %s",
                 "every run" if run_ids is None else ", ".join(run_ids),
-                exc_info=True,
+                type(exc).__name__,
+                " ".join(str(exc).split()),
             )
 
 

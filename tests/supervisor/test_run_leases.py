@@ -260,3 +260,24 @@ async def test_supervisors_resuming_at_once_share_the_unfinished_runs_each_once(
         for c in model.calls_for("executor", "execute")
     ]
     assert len(executions) == len(set(executions))  # none twice
+
+
+async def test_a_supervisor_keeps_the_leases_of_its_runs_past_their_duration(
+    postgres_dsn: str,
+) -> None:
+    reached = anyio.Event()
+    first = scripted(execute=blocking_at("s2", reached))
+    with anyio.fail_after(30):
+        async with (
+            PostgresStore(postgres_dsn, lease_s=1) as store_a,
+            PostgresStore(postgres_dsn) as store_b,
+            Supervisor(first, store_a) as a,
+            Supervisor(scripted(), store_b) as b,
+        ):
+            handle = await a.submit(spec(chain(3), milestone_every=100))
+            await reached.wait()
+            await anyio.sleep(2.5)  # renewed every third of a second
+            with pytest.raises(RunDrivenElsewhere):
+                await b.resume(handle.run_id)
+            assert await b.resume_all() == []
+            assert a.drives(handle.run_id)
