@@ -184,6 +184,11 @@ class RunLeases(Protocol):
         so that another supervisor may claim those runs at once."""
         ...
 
+    async def claimable_runs(self, owner: RunOwner) -> list[str]:
+        """Ids of the unfinished runs ``owner`` may claim now (nobody holds
+        them, their lease expired, or they are its own), newest first."""
+        ...
+
     async def run_lease(self, run_id: str) -> RunLease | None:
         """The run's lease while it holds (not expired), else None."""
         ...

@@ -499,6 +499,14 @@ class PostgresStore:
         }
         await self._connections().run(lambda conn: conn.execute(query, params))
 
+    async def claimable_runs(self, owner: RunOwner) -> list[str]:
+        query = self._queries.claimable
+        params = {"owner": owner.id, "unfinished": _UNFINISHED}
+        rows = await self._connections().run(
+            lambda conn: conn.execute(query, params).fetchall()
+        )
+        return [run_id for (run_id,) in rows]
+
     async def run_lease(self, run_id: str) -> RunLease | None:
         query = self._queries.lease_of
         params = {"run_id": run_id, "unfinished": _UNFINISHED}

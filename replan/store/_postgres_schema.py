@@ -258,6 +258,8 @@ class Queries:
     lease_of: sql.Composed
     """The run's lease while it holds, and whether the run is unfinished."""
     unfinished: sql.Composed
+    claimable: sql.Composed
+    """The unfinished runs ``owner`` may claim, newest first."""
     renew: sql.Composed
     release: sql.Composed
     summarize: sql.Composed
@@ -342,6 +344,12 @@ class Queries:
             unfinished=q(
                 "SELECT 1 FROM {runs} WHERE run_id = %(run_id)s "
                 "AND status = ANY(%(unfinished)s::text[])"
+            ),
+            claimable=q(
+                "SELECT run_id FROM {runs} "
+                "WHERE status = ANY(%(unfinished)s::text[]) "
+                "AND (owner IS NULL OR owner = %(owner)s OR lease_expires < now()) "
+                "ORDER BY created_at DESC, run_id DESC"
             ),
             renew=q(
                 "UPDATE {runs} SET lease_expires = now() + %(lease)s "

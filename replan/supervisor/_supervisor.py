@@ -815,7 +815,7 @@ class Supervisor:
         self._hold_lease(exclusive=True)
         handles: list[RunHandle] = []
         damaged: set[str] = set()  # each call says so again
-        run_ids = await self._unfinished_runs(damaged)
+        run_ids = await self._runs_to_take_up(damaged)
         self._unreadable |= damaged
         for run_id in reversed(run_ids):
             try:
@@ -860,7 +860,7 @@ class Supervisor:
             await anyio.to_thread.run_sync(self._hold_lease_alone)
         handles: list[RunHandle] = []
         unreadable = self._unreadable
-        for run_id in reversed(await self._unfinished_runs(unreadable)):
+        for run_id in reversed(await self._runs_to_take_up(unreadable)):
             if run_id in unreadable or self.drives(run_id):
                 continue
             try:
@@ -881,6 +881,14 @@ class Supervisor:
         """Why the run's driver stopped, if this supervisor let go of the run
         unfinished and has not driven it on since."""
         return None if self.drives(run_id) else self._crashes.get(run_id)
+
+    async def _runs_to_take_up(self, unreadable: set[str]) -> list[str]:
+        """The journal's unfinished runs, newest first: on a store with run
+        leases, only those this supervisor may claim (the others' are not
+        tried one by one)."""
+        if self._leases is not None:
+            return await self._leases.claimable_runs(self._owner)
+        return await self._unfinished_runs(unreadable)
 
     async def _unfinished_runs(self, unreadable: set[str]) -> list[str]:
         """The journal's runs running or waiting for a person, newest first.

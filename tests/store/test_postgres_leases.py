@@ -186,6 +186,23 @@ async def test_released_leases_are_claimed_at_once(postgres_dsn: str) -> None:
         assert await store.renew_leases(B, ["r1"]) == {"r1"}
 
 
+async def test_the_claimable_runs_are_the_unfinished_ones_nobody_else_holds(
+    postgres_dsn: str,
+) -> None:
+    async with PostgresStore(postgres_dsn) as store:
+        for run_id, owner in (("r1", A), ("r2", B), ("r3", None), ("r4", B)):
+            await store.append(
+                run_id, [started(1)], summary(1, run_id=run_id), owner=owner
+            )
+        await store.append(
+            "r5", [started(1)], summary(1, RunStatus.FAILED, run_id="r5"), owner=B
+        )
+        expire(postgres_dsn, "r4")
+        # Newest first (these were created at once: by id, descending).
+        assert await store.claimable_runs(A) == ["r4", "r3", "r1"]
+        assert await store.claimable_runs(B) == ["r4", "r3", "r2"]
+
+
 async def test_an_append_without_an_owner_is_refused_while_a_lease_holds(
     postgres_dsn: str,
 ) -> None:
