@@ -23,12 +23,14 @@ from ._errors import GateError as GateError
 from ._errors import JournalConflict as JournalConflict
 from ._errors import JournalCorrupt as JournalCorrupt
 from ._errors import JournalUnavailable as JournalUnavailable
+from ._errors import LeaseLost as LeaseLost
 from ._errors import ModelAuthenticationError as ModelAuthenticationError
 from ._errors import ModelError as ModelError
 from ._errors import ModelOutputError as ModelOutputError
 from ._errors import ModelRefusal as ModelRefusal
 from ._errors import ReplanError as ReplanError
 from ._errors import ResolutionRefused as ResolutionRefused
+from ._errors import RunDrivenElsewhere as RunDrivenElsewhere
 from ._errors import SupervisorError as SupervisorError
 from ._errors import TransientModelError as TransientModelError
 from ._errors import UnknownRunError as UnknownRunError
@@ -131,6 +133,7 @@ __all__ = (
     "JournalConflict",
     "JournalCorrupt",
     "JournalUnavailable",
+    "LeaseLost",
     "Limits",
     "MemoryStore",
     "Model",
@@ -151,6 +154,7 @@ __all__ = (
     "ReplanOutcome",
     "ReplanRecord",
     "ResolutionRefused",
+    "RunDrivenElsewhere",
     "RunHandle",
     "RunResult",
     "RunSpec",

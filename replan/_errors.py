@@ -6,11 +6,13 @@
     ├── ConfigurationError           bad RunSpec / Limits / Supervisor arguments;
     │                                raised before anything runs (also a ValueError)
     ├── SupervisorError              the supervisor is not running or is shutting down
+    │   └── RunDrivenElsewhere       another supervisor drives the run (a GateError too)
     ├── UnknownRunError              no run with that id (also a KeyError)
     ├── GateError                    no pending gate with that id, or a bad resolution
     │   ├── GateAlreadyResolved      the gate has its answer already
     │   └── ResolutionRefused        the answer does not fit the gate (names the field)
     ├── JournalConflict              an append did not continue a run's journal
+    │   └── LeaseLost                another supervisor took the run's lease meanwhile
     ├── JournalCorrupt               a stored event or run row cannot be read back
     ├── ActorError                   a request to an actor did not produce a reply
     │   ├── ActorCrashed             the handler raised; carries the typed failure
@@ -91,6 +93,27 @@ class GateAlreadyResolved(GateError):
     """The gate has its answer already (another person's, or its timeout's)."""
 
 
+class RunDrivenElsewhere(SupervisorError, GateError):
+    """Another supervisor (another daemon, another process) holds the run's
+    lease and drives it: resume it, answer its gates, or cancel it there.
+
+    A :class:`GateError` too, so that code answering gates catches it where
+    it catches an unknown gate.
+
+    Attributes:
+        run_id: the run.
+        holder: who drives it (``host:pid``, see ``PostgresStore``).
+    """
+
+    def __init__(self, run_id: str, holder: str) -> None:
+        super().__init__(
+            f"run {run_id} is driven by another supervisor ({holder}): "
+            "resume it, answer its gates or cancel it there"
+        )
+        self.run_id = run_id
+        self.holder = holder
+
+
 class ResolutionRefused(GateError):
     """The resolution does not fit the gate, or could not be journaled; the
     gate stays open.
@@ -110,6 +133,22 @@ class JournalConflict(ReplanError):
 
     Two writers tried to extend the same run: the later one must stop.
     """
+
+
+class LeaseLost(JournalConflict):
+    """The run's lease is another supervisor's now (this one stalled past
+    its expiry, and the other took the run over): this one's append is
+    refused, and it lets go of the run.
+
+    Attributes:
+        run_id: the run.
+        holder: who holds the lease now (``host:pid``), if anyone.
+    """
+
+    def __init__(self, message: str, *, run_id: str, holder: str | None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.holder = holder
 
 
 class JournalUnavailable(ReplanError):

@@ -252,7 +252,7 @@ def _v1(daemon: Daemon) -> APIRouter:
         except SupervisorError as exc:  # shutting down
             raise ApiError(503, f"not cancelling runs: {exc}") from None
         except UnknownRunError:
-            raise ApiError(409, f"run {run_id} is not active here") from None
+            raise ApiError(409, await _not_here(daemon, run_id)) from None
         try:
             await handle.cancel()
         except SupervisorError as exc:
@@ -305,6 +305,15 @@ async def _state(daemon: Daemon, run_id: str) -> Any:
         raise ApiError(404, f"no run {run_id}", "run_id") from None
 
 
+async def _not_here(daemon: Daemon, run_id: str) -> str:
+    """Why a run cannot be acted on here: another daemon drives it (named),
+    or nobody does for now."""
+    holder = await daemon.driven_elsewhere(run_id)
+    if holder is not None:
+        return f"run {run_id} is driven by another daemon ({holder}): cancel it there"
+    return f"run {run_id} is not active here"
+
+
 async def _closed_gate(daemon: Daemon, gate_id: str) -> NoReturn:
     """404 for a gate that never existed, 409 for one no longer open.
 
@@ -333,6 +342,13 @@ async def _closed_gate(daemon: Daemon, gate_id: str) -> NoReturn:
                     f"gate {gate_id} is closed: its run ended {state.status.value}",
                 )
             if info is not None:
+                holder = await daemon.driven_elsewhere(run_id)
+                if holder is not None:
+                    raise ApiError(
+                        409,
+                        f"gate {gate_id} is open in another daemon ({holder}), "
+                        f"which drives run {run_id}: answer it there",
+                    )
                 raise ApiError(409, f"gate {gate_id} is not open in this daemon")
     raise ApiError(404, f"no gate {gate_id}", "gate_id")
 

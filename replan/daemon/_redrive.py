@@ -4,10 +4,11 @@ When an append fails (a full disk, a PostgreSQL restart), the supervisor
 lets go of the run: it stays unfinished in the journal, driven by nobody.
 Every ``redrive_interval_s`` the daemon looks for such runs and resumes
 them (:meth:`Supervisor._drive_on`): the runs the journal holds unfinished
-that this daemon does not drive. It holds the journal's lease alone, so no
-other live daemon drives them; should it have lost the lease (its
-PostgreSQL session ended) and another daemon taken it, the scan is refused
-and leaves the runs to that daemon.
+that this daemon does not drive. On a SQLite journal it holds the journal's
+lease alone, so no other live daemon drives them. A PostgreSQL journal
+leases its runs one by one: the scan claims those nobody holds, which
+includes the runs of a daemon that died once their leases expired, and
+leaves alone those another live daemon holds.
 
 A journal that keeps failing lets go of the runs driven on again: the scan
 then looks half as often each time, down to :data:`BACKOFF` intervals
@@ -83,7 +84,8 @@ class Scan:
             raise
         except Exception as exc:
             # The journal cannot be read (the server is down), or another
-            # daemon holds its lease: left as they are until the next scan.
+            # daemon holds a SQLite journal's lease: left as they are until
+            # the next scan.
             logger.debug("the scan for runs let go of failed", exc_info=True)
             problem = problem or _describe(exc)
             handles = []

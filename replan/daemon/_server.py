@@ -25,6 +25,7 @@ import anyio
 import uvicorn
 from anyio.abc import TaskStatus
 
+from ..store import DriverLease
 from ..telemetry import setup_if_asked
 from ._app import QUERY_PARAMETERS, create_app
 from ._limits import KnownQuery, KnownQueryInAccessLog
@@ -195,13 +196,16 @@ def check_journal(settings: DaemonSettings) -> None:
     Raises:
         ConfigurationError: the file cannot hold a journal (``path``), the
             PostgreSQL journal cannot be opened (``journal_dsn``,
-            ``schema``), or another supervisor drives runs in it
-            (``store``).
+            ``schema``), or another supervisor drives runs in a SQLite
+            journal (``store``).
     """
 
     async def probe() -> None:
         async with open_journal(settings) as store:
-            store.hold_lease(store, exclusive=True)
+            # A journal that leases runs one by one (PostgreSQL) is shared
+            # by daemons that each resume the runs they can claim.
+            if isinstance(store, DriverLease):
+                store.hold_lease(store, exclusive=True)
 
     anyio.run(probe)
 

@@ -12,7 +12,7 @@ import anyio
 
 from .._errors import ConfigurationError, SupervisorError, UnknownRunError
 from ..llm import Model, Tool
-from ..store import SQLiteStore, ToolEffectRecord
+from ..store import RunLeases, SQLiteStore, ToolEffectRecord
 from ..supervisor import RunState, Supervisor, fold_journal
 from ._redrive import redrive_loop
 from ._retention import retention_loop
@@ -42,7 +42,10 @@ def open_journal(settings: DaemonSettings) -> Journal:
     except ModuleNotFoundError as exc:
         raise ConfigurationError("journal_dsn", str(exc)) from None
     try:
-        return PostgresStore(settings.journal_dsn.get_secret_value())
+        return PostgresStore(
+            settings.journal_dsn.get_secret_value(),
+            lease_s=settings.journal_lease_s,
+        )
     except ConfigurationError as exc:
         if exc.field != "dsn":
             raise
@@ -197,15 +200,36 @@ class Daemon:
         Raises:
             UnknownRunError: no such run.
         """
-        if self._supervisor is not None:
+        supervisor = self._supervisor
+        if supervisor is not None:
             try:
-                return self._supervisor.get(run_id).state
+                state = supervisor.get(run_id).state
             except UnknownRunError:
                 pass
+            else:
+                # A run let go of (another daemon took it over, its journal
+                # failed) goes on in the journal, if anywhere.
+                if supervisor.drives(run_id) or state.status.final:
+                    return state
         events = await self.store.read(run_id)
         if not events:
             raise UnknownRunError(run_id)
         return fold_journal(run_id, events)
+
+    async def driven_elsewhere(self, run_id: str) -> str | None:
+        """Who drives the run, when another daemon holds its lease (a
+        PostgreSQL journal, see ``RunLeases``): its ``host:pid``."""
+        store, supervisor = self.store, self._supervisor
+        if not isinstance(store, RunLeases) or (
+            supervisor is not None and supervisor.drives(run_id)
+        ):
+            return None
+        lease = await store.run_lease(run_id)
+        if lease is None or (
+            supervisor is not None and lease.owner == supervisor.owner.id
+        ):
+            return None
+        return lease.holder
 
     async def side_effects(self, state: RunState) -> list[ToolEffectRecord]:
         """The side-effect tool calls the run made, in the order they ran."""

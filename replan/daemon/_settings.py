@@ -59,8 +59,14 @@ class DaemonSettings(BaseSettings):
     journal_dsn: SecretStr | None = None
     """A PostgreSQL connection string: the journal is kept in that database
     (the ``postgres`` extra; see ``PostgresStore``) instead of
-    ``data_dir/journal.db``. A second daemon on it, on any machine, is
-    refused while this one lives, and takes its runs over once it is gone."""
+    ``data_dir/journal.db``. Daemons on one database, on any machines,
+    share the work: each drives the runs it holds the leases of, and takes
+    over those of a daemon that died once their leases expire."""
+    journal_lease_s: float = Field(default=30.0, ge=1.0, le=3600.0)
+    """With ``journal_dsn``: how long a run stays leased to this daemon
+    after its last renewal (renewed every third of it), so how soon another
+    daemon takes over the runs of one that died (at its next look for runs
+    to drive on, see ``redrive_interval_s``)."""
     api_token: SecretStr | None = None
     """The bearer token of the API; generated into ``data_dir`` when unset.
     An empty one (``REPLAN_API_TOKEN=``) is unset."""
@@ -103,8 +109,9 @@ class DaemonSettings(BaseSettings):
     most a day."""
     redrive_interval_s: float = Field(default=30.0, ge=0.0, le=86_400.0)
     """How often the daemon looks for unfinished runs it does not drive (a
-    journal failure let go of them) and drives them on: at least 0.1, or 0
-    (or ``off``) not to look. While the journal keeps failing it looks less
+    journal failure let go of them; with PostgreSQL, also those of a daemon
+    that died, once their leases expired) and drives them on: at least 0.1,
+    or 0 (or ``off``) not to look. While the journal keeps failing it looks less
     often, down to once per 16 intervals (at most 10 minutes apart)."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

@@ -12,6 +12,10 @@ from ._port import EffectRecord as EffectRecord
 from ._port import JournalConflict as JournalConflict
 from ._port import JournalCorrupt as JournalCorrupt
 from ._port import JournalRetention as JournalRetention
+from ._port import LeaseLost as LeaseLost
+from ._port import RunLease as RunLease
+from ._port import RunLeases as RunLeases
+from ._port import RunOwner as RunOwner
 from ._port import RunSummary as RunSummary
 from ._port import Store as Store
 from ._port import ToolEffectLedger as ToolEffectLedger
@@ -37,8 +41,12 @@ __all__ = (
     "JournalConflict",
     "JournalCorrupt",
     "JournalRetention",
+    "LeaseLost",
     "MemoryStore",
     "PostgresStore",
+    "RunLease",
+    "RunLeases",
+    "RunOwner",
     "RunSummary",
     "SQLiteStore",
     "Store",

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from .._errors import JournalConflict as JournalConflict
 from .._errors import JournalCorrupt as JournalCorrupt
+from .._errors import LeaseLost as LeaseLost
 from ..messages import Event, ModelCall, RunCompacted, RunStatus, TaskOutcome
 from ..messages._base import Frozen
 
@@ -95,6 +96,101 @@ class DriverLease(Protocol):
 
     def release_lease(self, holder: object) -> None:
         """Let go of ``holder``'s lease (idempotent)."""
+        ...
+
+
+class RunOwner(Frozen):
+    """A supervisor as the owner of the runs it drives on a leased store."""
+
+    id: str
+    """Unique to one supervisor instance (a new one per supervisor)."""
+    holder: str
+    """Who it is, for people: ``host:pid``."""
+
+
+class RunLease(Frozen):
+    """Who holds a run's lease, and until when (by the database's clock)."""
+
+    run_id: str
+    owner: str
+    holder: str
+    expires_at: datetime
+
+
+@runtime_checkable
+class RunLeases(Protocol):
+    """A store shared by processes that leases its runs one by one.
+
+    A run is driven by the supervisor that holds its lease. The lease is
+    taken with the run's first append (``append(..., owner=...)``), or by
+    :meth:`claim_run` once nobody holds it or its holder let it expire (its
+    process died); its owner renews it (:meth:`renew_leases`) well within
+    :attr:`lease_s`; the append of the run's end lets go of it. Every
+    append with an ``owner`` checks, in its own transaction, that the owner
+    still holds the lease: a supervisor that stalled past the expiry while
+    another took the run over gets :class:`~replan.LeaseLost`, so a run
+    never has two writers. Times are the database server's, never a
+    client's.
+
+    A store with run leases needs no :class:`DriverLease`: supervisors
+    sharing it each resume the runs they can claim.
+    """
+
+    @property
+    def lease_s(self) -> float:
+        """How long a lease lasts from its last renewal, in seconds."""
+        ...
+
+    async def append(
+        self,
+        run_id: str,
+        events: Sequence[Event],
+        summary: RunSummary,
+        *,
+        owner: RunOwner | None = None,
+    ) -> None:
+        """:meth:`Store.append`; with ``owner``, only while it holds the
+        run's lease (the run's first append takes it, an append of a final
+        status lets go of it).
+
+        Raises:
+            LeaseLost: another owner holds the run's lease.
+            JournalConflict: an event's ``seq`` is not the next in the run.
+        """
+        ...
+
+    async def claim_run(self, run_id: str, owner: RunOwner) -> RunLease | None:
+        """Take the lease of an unfinished run that nobody holds, or whose
+        lease expired, or renew ``owner``'s own.
+
+        Returns:
+            The lease that holds now: ``owner``'s if it has the run, another
+            owner's if that one holds it; None for a run the store does not
+            hold unfinished (unknown, or finished).
+        """
+        ...
+
+    async def renew_leases(self, owner: RunOwner, run_ids: Sequence[str]) -> set[str]:
+        """Extend ``owner``'s leases of ``run_ids`` (the runs it drives), in
+        one statement; the ids of those it still holds (not those another
+        owner took meanwhile). A lease it holds of a run it no longer
+        drives (its driver crashed) is left to expire."""
+        ...
+
+    async def release_leases(
+        self, owner: RunOwner, run_ids: Sequence[str] | None = None
+    ) -> None:
+        """Let go of ``owner``'s leases of ``run_ids`` (all of them if None),
+        so that another supervisor may claim those runs at once."""
+        ...
+
+    async def claimable_runs(self, owner: RunOwner) -> list[str]:
+        """Ids of the unfinished runs ``owner`` may claim now (nobody holds
+        them, their lease expired, or they are its own), newest first."""
+        ...
+
+    async def run_lease(self, run_id: str) -> RunLease | None:
+        """The run's lease while it holds (not expired), else None."""
         ...
 
 

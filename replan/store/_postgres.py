@@ -10,7 +10,7 @@ import math
 import re
 import warnings
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -32,27 +32,24 @@ from ._port import (
     EffectRecord,
     JournalConflict,
     JournalCorrupt,
+    LeaseLost,
+    RunLease,
+    RunOwner,
     RunSummary,
     ToolEffectRecord,
 )
-from ._postgres_lease import AdvisoryLease, lease_connection
 from ._postgres_pool import Pool, connect
 from ._postgres_rows import summary_of_row, summary_values
-from ._postgres_schema import Queries, lease_key, set_up
-from ._rows import (
-    LeaseHolders,
-    check_follows,
-    check_page,
-    corrupt,
-    event_row,
-    lease_refused,
-    to_text,
-)
+from ._postgres_schema import Queries, set_up
+from ._rows import check_follows, check_page, corrupt, event_row, to_text
 
 _Record = TypeVar("_Record", bound=BaseModel)
 _Conn = psycopg.Connection[Any]
 
 _FINAL = [str(s) for s in RunStatus if s.final]
+_UNFINISHED = [str(s) for s in RunStatus if not s.final]
+LEASE_S_RANGE = (1.0, 3600.0)
+"""The shortest and longest ``lease_s`` a store takes."""
 _MAX_NAME = 63
 """The longest identifier PostgreSQL keeps whole, in bytes."""
 
@@ -67,10 +64,10 @@ class PostgresStore:
     share a schema: an append is one transaction that moves the run's head
     on from the seq its first event follows, under the run row's lock, so
     two writers of one run are ordered and the later gets a
-    :class:`~replan.store.JournalConflict`. The drivers' lease
-    (:class:`~replan.store.DriverLease`) is a session-level advisory lock
-    on a connection of its own: the server lets go of it when its process
-    ends, however it ends.
+    :class:`~replan.store.JournalConflict`. Runs are leased one by one
+    (:class:`~replan.store.RunLeases`), so that each is driven by one
+    supervisor, and taken over by another once its supervisor's process
+    died and its lease expired.
 
     Calls run psycopg's blocking connections in worker threads, at most
     ``pool_size`` at a time, so the store works on asyncio and trio alike.
@@ -83,13 +80,18 @@ class PostgresStore:
     Args:
         dsn: a libpq connection string (``postgresql://user@host/db`` or
             ``host=... dbname=...``). It must reach PostgreSQL itself, or a
-            pooler in session mode: the lease lives in a session.
+            pooler in session mode: a connection's settings live in its
+            session.
         schema: the schema that holds the journal's tables (created if
             missing). Several journals can share a database under several
-            schemas, each with its own lease.
+            schemas.
         pool_size: the most connections (and concurrent calls) the store
-            uses, besides the lease's.
+            uses.
         connect_timeout_s: how long a connection attempt may take.
+        lease_s: how long a run stays leased to its supervisor after the
+            last renewal (1 to 3600 s; the supervisor renews every third of
+            it): how soon another supervisor takes over the runs of one
+            whose process died.
 
     Raises:
         ConfigurationError: (field ``dsn``) the string is not a connection
@@ -99,7 +101,8 @@ class PostgresStore:
             the name is empty, too long or PostgreSQL's own (``pg_...``), or
             the schema holds another application's tables or a newer
             replan's journal; (``pool_size``) not a whole number, 1 or more;
-            (``connect_timeout_s``) not positive and finite.
+            (``connect_timeout_s``) not positive and finite; (``lease_s``)
+            not a number of seconds from 1 to 3600.
     """
 
     def __init__(
@@ -109,6 +112,7 @@ class PostgresStore:
         schema: str = "replan",
         pool_size: int = 4,
         connect_timeout_s: float = 10.0,
+        lease_s: float = 30.0,
     ) -> None:
         self._pool: Pool | None = None
         if not schema or len(schema.encode()) > _MAX_NAME or "\x00" in schema:
@@ -133,6 +137,19 @@ class PostgresStore:
                 "connect_timeout_s",
                 f"expected a positive, finite time, got {connect_timeout_s}",
             )
+        low, high = LEASE_S_RANGE
+        if (
+            isinstance(lease_s, bool)
+            or not isinstance(lease_s, int | float)
+            or not low <= lease_s <= high
+        ):
+            raise ConfigurationError(
+                "lease_s",
+                f"expected a number of seconds from {low:g} to {high:g}, "
+                f"got {lease_s!r}",
+            )
+        self._lease_s = float(lease_s)
+        self._lease_for = timedelta(seconds=lease_s)
         try:
             params = conninfo.conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as exc:
@@ -175,12 +192,6 @@ class PostgresStore:
         # cycle, and an unclosed one is finalized (and warned of) at once.
         self._pool = Pool(functools.partial(connect, self._conninfo), pool_size)
         self._pool.give(first)
-        self._lease = AdvisoryLease(
-            functools.partial(lease_connection, self._conninfo),
-            lease_key(schema),
-            self.journal,
-        )
-        self._holders = LeaseHolders()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.journal!r})"
@@ -202,7 +213,6 @@ class PostgresStore:
             warnings.warn(
                 f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self
             )
-            self._lease.release()
             pool.close()
 
     def _connections(self) -> Pool:
@@ -213,8 +223,25 @@ class PostgresStore:
     # The journal ------------------------------------------------------------------
 
     async def append(
-        self, run_id: str, events: Sequence[Event], summary: RunSummary
+        self,
+        run_id: str,
+        events: Sequence[Event],
+        summary: RunSummary,
+        *,
+        owner: RunOwner | None = None,
     ) -> None:
+        """Append ``events`` to the run's journal (see :class:`Store`).
+
+        With ``owner``, only while it holds the run's lease (see
+        :class:`~replan.store.RunLeases`): the run's first append takes the
+        lease, every other renews it, and one of a final status lets go of
+        it. Without, only while nobody holds it.
+
+        Raises:
+            LeaseLost: another owner holds the run's lease.
+            JournalConflict: an event's ``seq`` is not the next in the run,
+                or (without ``owner``) a supervisor holds the run's lease.
+        """
         pool = self._connections()
         # Serialized and checked first: an event that cannot be stored, or a
         # batch with a gap, fails before anything is sent.
@@ -222,6 +249,14 @@ class PostgresStore:
         if events:
             check_follows(run_id, events, events[0].seq - 1)
         values = summary_values(run_id, summary)
+        release = summary.status.final
+        values |= {
+            "owner": None if owner is None else owner.id,
+            "new_owner": None if owner is None or release else owner.id,
+            "holder": None if owner is None else owner.holder,
+            "release": release,
+            "lease": self._lease_for,
+        }
         queries = self._queries
 
         def write(conn: _Conn) -> None:
@@ -242,7 +277,20 @@ class PostgresStore:
                     first != 1 or conn.execute(queries.new_run, moved).rowcount == 0
                 ):
                     row = conn.execute(queries.head, (run_id,)).fetchone()
-                    head = 0 if row is None else row[0]
+                    head, holds, holder = (0, None, None) if row is None else row
+                    if owner is not None and holds != owner.id:
+                        raise LeaseLost(
+                            f"run {run_id}: its lease is "
+                            + (f"{holder}'s" if holder else "nobody's")
+                            + " now; this supervisor no longer drives it",
+                            run_id=run_id,
+                            holder=holder,
+                        )
+                    if owner is None and holds is not None:
+                        raise JournalConflict(
+                            f"run {run_id}: {holder} holds its lease and "
+                            "drives it; append with its owner"
+                        )
                     raise JournalConflict(
                         f"run {run_id}: expected seq {head + 1}, got {first}"
                     )
@@ -295,10 +343,8 @@ class PostgresStore:
         return [self._summary(row) for row in rows]
 
     async def aclose(self) -> None:
-        self._holders.clear()
         pool = self._pool
         if pool is not None and not pool.closed:
-            self._lease.release()
             pool.close()
 
     # Effect ledger --------------------------------------------------------------
@@ -393,38 +439,87 @@ class PostgresStore:
 
         await self._connections().run(delete)
 
+    # Run leases (see RunLeases) ------------------------------------------------
+
+    @property
+    def lease_s(self) -> float:
+        """How long a run stays leased after its last renewal, in seconds."""
+        return self._lease_s
+
+    async def claim_run(self, run_id: str, owner: RunOwner) -> RunLease | None:
+        queries = self._queries
+        params = {
+            "run_id": run_id,
+            "owner": owner.id,
+            "holder": owner.holder,
+            "lease": self._lease_for,
+            "unfinished": _UNFINISHED,
+        }
+
+        def claim(conn: _Conn) -> RunLease | None:
+            # Taken, or held by another: asked again should the other let
+            # go of it between the two statements.
+            for _ in range(3):
+                row = conn.execute(queries.claim, params).fetchone()
+                if row is None:
+                    row = conn.execute(queries.lease_of, params).fetchone()
+                    if row is None:
+                        # Finished, unknown, or let go of meanwhile: the
+                        # run's row says which.
+                        if conn.execute(queries.unfinished, params).fetchone():
+                            continue
+                        return None
+                    if not row[3]:
+                        return None  # finished, its lease not yet let go of
+                return RunLease(
+                    run_id=run_id, owner=row[0], holder=row[1], expires_at=row[2]
+                )
+            return None
+
+        return await self._connections().run(claim)
+
+    async def renew_leases(self, owner: RunOwner, run_ids: Sequence[str]) -> set[str]:
+        if not run_ids:
+            return set()
+        query = self._queries.renew
+        params = {"owner": owner.id, "lease": self._lease_for, "run_ids": list(run_ids)}
+        rows = await self._connections().run(
+            lambda conn: conn.execute(query, params).fetchall()
+        )
+        return {run_id for (run_id,) in rows}
+
+    async def release_leases(
+        self, owner: RunOwner, run_ids: Sequence[str] | None = None
+    ) -> None:
+        query = self._queries.release
+        params = {
+            "owner": owner.id,
+            "every": run_ids is None,
+            "run_ids": list(run_ids or ()),
+        }
+        await self._connections().run(lambda conn: conn.execute(query, params))
+
+    async def claimable_runs(self, owner: RunOwner) -> list[str]:
+        query = self._queries.claimable
+        params = {"owner": owner.id, "unfinished": _UNFINISHED}
+        rows = await self._connections().run(
+            lambda conn: conn.execute(query, params).fetchall()
+        )
+        return [run_id for (run_id,) in rows]
+
+    async def run_lease(self, run_id: str) -> RunLease | None:
+        query = self._queries.lease_of
+        params = {"run_id": run_id, "unfinished": _UNFINISHED}
+        row = await self._connections().run(
+            lambda conn: conn.execute(query, params).fetchone()
+        )
+        if row is None:
+            return None
+        return RunLease(run_id=run_id, owner=row[0], holder=row[1], expires_at=row[2])
+
     def checkpoint_soon(self) -> None:
         """Nothing to do: PostgreSQL checkpoints by itself (for callers
         written for :class:`~replan.store.SQLiteStore`)."""
-
-    # The drivers' lease (see DriverLease) --------------------------------------
-
-    def hold_lease(self, holder: object, *, exclusive: bool) -> None:
-        """Hold the schema's advisory lock shared, or alone to take over runs.
-
-        The lock lives in a session of its own, which the server ends (and
-        the lock with it) when this process ends, however it ends.
-        Supervisors sharing this store object are told apart by ``holder``,
-        as other processes are by the lock. The call blocks the calling
-        thread for a round trip (and a connection, the first time).
-
-        Raises:
-            ConfigurationError: another supervisor holds the lease so that
-                this one cannot, or the server cannot be reached (field
-                ``store``).
-        """
-        self._connections()
-        exclusive = self._holders.admit(
-            holder,
-            exclusive,
-            lambda alone: lease_refused(self.journal, exclusive=alone),
-        )
-        self._lease.hold(exclusive=exclusive)
-        self._holders.hold(holder, exclusive)
-
-    def release_lease(self, holder: object) -> None:
-        if self._holders.release(holder):
-            self._lease.release()
 
     def _summary(self, row: Any) -> RunSummary:
         try:

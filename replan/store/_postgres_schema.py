@@ -18,9 +18,9 @@ from psycopg import sql
 
 from .._errors import ConfigurationError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The layout this module writes, kept in the schema's ``journal_schema``
-table."""
+table. A journal of an earlier layout is migrated when it is opened."""
 
 _TABLES = (
     """
@@ -83,10 +83,26 @@ _TABLES = (
     """,
 )
 
-_LEASE_CLASS = int.from_bytes(b"rpln", "big", signed=True)
-"""The first key of replan's advisory locks (the second names the schema)."""
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    # 1 -> 2: runs are leased one by one. ``owner`` is the supervisor that
+    # drives the run (None: nobody), ``holder`` who it is for people, and
+    # ``lease_expires`` when another may take the run over (by the
+    # server's clock).
+    1: (
+        """
+        ALTER TABLE {schema}.runs
+            ADD COLUMN owner text COLLATE "C",
+            ADD COLUMN holder text,
+            ADD COLUMN lease_expires timestamptz
+        """,
+        "CREATE INDEX runs_by_owner ON {schema}.runs (owner) WHERE owner IS NOT NULL",
+    ),
+}
+"""The statements that take a journal from a version to the next."""
+
 _SETUP_CLASS = int.from_bytes(b"rpls", "big", signed=True)
-"""... and of the lock that orders two processes creating one schema."""
+"""The first key of the advisory lock that orders two processes creating
+(or migrating) one schema's tables; the second names the schema."""
 
 
 def schema_key(schema: str) -> int:
@@ -94,11 +110,6 @@ def schema_key(schema: str) -> int:
     return int.from_bytes(
         zlib.crc32(schema.encode()).to_bytes(4, "big"), "big", signed=True
     )
-
-
-def lease_key(schema: str) -> tuple[int, int]:
-    """The advisory lock that is the drivers' lease of the schema's journal."""
-    return _LEASE_CLASS, schema_key(schema)
 
 
 def set_up(conn: psycopg.Connection[Any], schema: str, journal: str) -> None:
@@ -135,8 +146,11 @@ def set_up(conn: psycopg.Connection[Any], schema: str, journal: str) -> None:
     conn.execute("SELECT pg_advisory_lock(%s::int4, %s::int4)", key)
     try:
         with conn.transaction():
-            if _version(conn, schema, journal) == 0:
+            version = _version(conn, schema, journal)
+            if version == 0:
                 _create(conn, schema)
+                version = 1
+            _migrate(conn, schema, version)
     except psycopg.errors.InsufficientPrivilege as exc:
         raise ConfigurationError(
             "dsn", f"{journal}: cannot create the journal's tables: {exc}"
@@ -183,6 +197,7 @@ def _version(conn: psycopg.Connection[Any], schema: str, journal: str) -> int:
 
 
 def _create(conn: psycopg.Connection[Any], schema: str) -> None:
+    """The first version's tables; :func:`_migrate` takes them on from there."""
     name = sql.Identifier(schema)
     conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(name))
     for statement in _TABLES:
@@ -191,8 +206,24 @@ def _create(conn: psycopg.Connection[Any], schema: str) -> None:
         sql.SQL("INSERT INTO {} (version) VALUES (%s)").format(
             sql.Identifier(schema, "journal_schema")
         ),
-        (SCHEMA_VERSION,),
+        (1,),
     )
+
+
+def _migrate(conn: psycopg.Connection[Any], schema: str, version: int) -> None:
+    """Take the journal from ``version`` to :data:`SCHEMA_VERSION`, in the
+    caller's transaction: a journal is migrated whole or not at all."""
+    name = sql.Identifier(schema)
+    for step in range(version, SCHEMA_VERSION):
+        for statement in _MIGRATIONS[step]:
+            conn.execute(sql.SQL(statement).format(schema=name))
+    if version < SCHEMA_VERSION:
+        conn.execute(
+            sql.SQL("UPDATE {} SET version = %s").format(
+                sql.Identifier(schema, "journal_schema")
+            ),
+            (SCHEMA_VERSION,),
+        )
 
 
 def _one(cursor: psycopg.Cursor[Any]) -> Any:
@@ -215,10 +246,22 @@ class Queries:
     """Every statement of the store, for one schema."""
 
     advance: sql.Composed
-    """Move a run's head on from ``before`` and rewrite its summary."""
+    """Move a run's head on from ``before`` and rewrite its summary, if
+    ``owner`` holds its lease (or, with no ``owner``, nobody does); renew
+    the lease, or let go of it (``release``)."""
     new_run: sql.Composed
-    """Write a run's row, unless it has one."""
+    """Write a run's row, unless it has one, leased to ``new_owner``."""
     head: sql.Composed
+    """The run's head, and whose lease it is (if it still holds)."""
+    claim: sql.Composed
+    """Lease an unfinished run to ``owner``, unless another one holds it."""
+    lease_of: sql.Composed
+    """The run's lease while it holds, and whether the run is unfinished."""
+    unfinished: sql.Composed
+    claimable: sql.Composed
+    """The unfinished runs ``owner`` may claim, newest first."""
+    renew: sql.Composed
+    release: sql.Composed
     summarize: sql.Composed
     """Rewrite a run's summary (or write its row), its head unchanged."""
     insert_event: sql.Composed
@@ -262,14 +305,62 @@ class Queries:
         return cls(
             advance=q(
                 f"UPDATE {{runs}} SET {summary}, head = %(head)s, "
-                "head_at = %(head_at)s "
-                "WHERE run_id = %(run_id)s AND head = %(before)s"
+                "head_at = %(head_at)s, "
+                "owner = CASE WHEN %(release)s THEN NULL ELSE owner END, "
+                "holder = CASE WHEN %(release)s THEN NULL ELSE holder END, "
+                "lease_expires = CASE WHEN %(release)s THEN NULL "
+                "WHEN %(owner)s::text IS NULL THEN lease_expires "
+                "ELSE now() + %(lease)s END "
+                "WHERE run_id = %(run_id)s AND head = %(before)s AND CASE "
+                "WHEN %(owner)s::text IS NULL "
+                "THEN owner IS NULL OR lease_expires < now() "
+                "ELSE owner = %(owner)s::text END"
             ),
             new_run=q(
-                f"INSERT INTO {{runs}} {columns} VALUES {values} "
+                f"INSERT INTO {{runs}} {columns[:-1]}, owner, holder, "
+                f"lease_expires) VALUES {values[:-1]}, %(new_owner)s::text, "
+                "%(holder)s::text, CASE WHEN %(new_owner)s::text IS NULL "
+                "THEN NULL ELSE now() + %(lease)s END) "
                 "ON CONFLICT (run_id) DO NOTHING"
             ),
-            head=q("SELECT head FROM {runs} WHERE run_id = %s"),
+            head=q(
+                "SELECT head, CASE WHEN lease_expires >= now() THEN owner END, "
+                "CASE WHEN lease_expires >= now() THEN holder END "
+                "FROM {runs} WHERE run_id = %s"
+            ),
+            claim=q(
+                "UPDATE {runs} SET owner = %(owner)s, holder = %(holder)s, "
+                "lease_expires = now() + %(lease)s "
+                "WHERE run_id = %(run_id)s AND status = ANY(%(unfinished)s::text[]) "
+                "AND (owner IS NULL OR owner = %(owner)s OR lease_expires < now()) "
+                "RETURNING owner, holder, lease_expires"
+            ),
+            lease_of=q(
+                "SELECT owner, holder, lease_expires, "
+                "status = ANY(%(unfinished)s::text[]) FROM {runs} "
+                "WHERE run_id = %(run_id)s AND owner IS NOT NULL "
+                "AND lease_expires >= now()"
+            ),
+            unfinished=q(
+                "SELECT 1 FROM {runs} WHERE run_id = %(run_id)s "
+                "AND status = ANY(%(unfinished)s::text[])"
+            ),
+            claimable=q(
+                "SELECT run_id FROM {runs} "
+                "WHERE status = ANY(%(unfinished)s::text[]) "
+                "AND (owner IS NULL OR owner = %(owner)s OR lease_expires < now()) "
+                "ORDER BY created_at DESC, run_id DESC"
+            ),
+            renew=q(
+                "UPDATE {runs} SET lease_expires = now() + %(lease)s "
+                "WHERE owner = %(owner)s AND run_id = ANY(%(run_ids)s::text[]) "
+                "RETURNING run_id"
+            ),
+            release=q(
+                "UPDATE {runs} SET owner = NULL, holder = NULL, lease_expires = NULL "
+                "WHERE owner = %(owner)s "
+                "AND (%(every)s OR run_id = ANY(%(run_ids)s::text[]))"
+            ),
             summarize=q(
                 f"INSERT INTO {{runs}} {columns} VALUES {values} "
                 f"ON CONFLICT (run_id) DO UPDATE SET {summary}"

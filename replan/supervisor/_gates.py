@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -49,7 +49,12 @@ class GateRegistry:
     rely on it surviving a crash.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self, elsewhere: Callable[[str], Awaitable[None]] | None = None
+    ) -> None:
+        self._elsewhere = elsewhere
+        """Raises :class:`~replan.RunDrivenElsewhere` for a gate id whose
+        run another supervisor drives (see :meth:`resolve`)."""
         self._open: dict[str, _Pending] = {}
         self._answered: dict[str, GateResolution] = {}
         """Gates closed with their answer journaled, newest last (at most
@@ -83,6 +88,9 @@ class GateRegistry:
                 whose tasks are not a valid plan, say), names no one in ``by``,
                 or holds a string the journal cannot store; names the field,
                 and the gate stays open.
+            RunDrivenElsewhere: the gate's run is driven by another
+                supervisor (another daemon) that holds its lease: answer it
+                there (a :class:`GateError` too).
             GateError: no open gate has this id, or the run ended before it
                 journaled the answer.
         """
@@ -97,6 +105,8 @@ class GateRegistry:
                     f"gate {gate_id} is already resolved "
                     f"({answered.decision} by {answered.by})"
                 )
+            if self._elsewhere is not None:
+                await self._elsewhere(gate_id)
             raise GateError(f"no open gate {gate_id!r}")
         if pending.resolution is not None:
             raise GateAlreadyResolved(f"gate {gate_id} is already resolved")

@@ -23,6 +23,7 @@ from .._errors import (
     JournalCorrupt,
     JournalUnavailable,
     ReplanError,
+    RunDrivenElsewhere,
     SupervisorError,
     UnknownRunError,
 )
@@ -44,11 +45,21 @@ from ..messages import (
     ToolCall,
 )
 from ..messages._base import Settings
-from ..store import DriverLease, EffectLedger, MemoryStore, Store, ToolEffectLedger
+from ..store import (
+    DriverLease,
+    EffectLedger,
+    MemoryStore,
+    RunLease,
+    RunLeases,
+    RunOwner,
+    Store,
+    ToolEffectLedger,
+)
 from ..telemetry import Telemetry
 from ._budget import MeteredModel, RunMeter
 from ._gates import GateRegistry
 from ._handle import RunHandle, RunRecord
+from ._leases import claim, keep_leases, lease_lost, new_owner, owned_journal, release
 from ._resume import Recovery
 from ._roles import DEFAULT_WORKERS, ROLES, Roles
 from ._run import RunDriver, summary_of
@@ -209,7 +220,17 @@ class Supervisor:
                 "side-effect call of a task retried or resumed runs again",
                 self.store,
             )
-        self.gates = GateRegistry()
+        self._owner = new_owner()
+        """Who this supervisor is, as the owner of the runs it leases."""
+        self._leases = self.store if isinstance(self.store, RunLeases) else None
+        """The store's run leases, when it has them (see ``_leases``)."""
+        self._journal: Store = (
+            self.store
+            if self._leases is None
+            else owned_journal(self._leases, self._owner)
+        )
+        """What the runs append through (naming their owner, if leased)."""
+        self.gates = GateRegistry(self._gate_elsewhere)
         """The open human gates: ``pending()`` and ``await resolve(id, resolution)``."""
         self._task_runner = task_runner
         self._sizes = sizes
@@ -239,6 +260,9 @@ class Supervisor:
         """Runs whose journal is being written (submit) or read (resume) before
         a driver starts: another resume of one waits for the first to end, so
         that a run never gets two drivers."""
+        self._let_go: dict[str, anyio.CancelScope] = {}
+        """Each driven run's scope, cancelled when another supervisor took
+        its lease over (see ``_leases``)."""
         self._crashes: dict[str, Exception] = {}
         """Why the driver of a run let go of unfinished had to stop."""
         self._unreadable: set[str] = set()
@@ -315,6 +339,15 @@ class Supervisor:
                     for pool in roles.all():
                         await tg.start(pool.run)
                     self._task_group = tg
+                    if self._leases is not None:
+                        tg.start_soon(
+                            keep_leases,
+                            self._leases,
+                            self._owner,
+                            lambda: [*self._drivers, *self._taking_up],
+                            self._still_driving,
+                            self._lost_lease,
+                        )
                     try:
                         self._telemetry.watch(roles.all())
                         if self._resume_on_start:
@@ -343,6 +376,10 @@ class Supervisor:
             for record in self._records.values():
                 record.detach("the supervisor stopped before the run finished")
             self._release_lease()
+            if self._leases is not None:
+                # Another supervisor takes the runs over at its next look,
+                # without waiting for the leases to expire.
+                await release(self._leases, self._owner, None)
         if failure is not None:
             raise failure
 
@@ -361,16 +398,55 @@ class Supervisor:
 
     def _hold_lease(self, *, exclusive: bool) -> None:
         """Share a durable journal with other supervisors, or hold it alone
-        to take over its unfinished runs (see :class:`DriverLease`)."""
-        if isinstance(self.store, DriverLease):
+        to take over its unfinished runs (see :class:`DriverLease`). A
+        store that leases runs one by one needs neither."""
+        if self._leases is None and isinstance(self.store, DriverLease):
             self.store.hold_lease(self, exclusive=exclusive)
 
     def _hold_lease_alone(self) -> None:
         self._hold_lease(exclusive=True)
 
     def _release_lease(self) -> None:
-        if isinstance(self.store, DriverLease):
+        if self._leases is None and isinstance(self.store, DriverLease):
             self.store.release_lease(self)
+
+    async def _gate_elsewhere(self, gate_id: str) -> None:
+        """Raise :class:`RunDrivenElsewhere` for a gate of a run another
+        supervisor holds the lease of (a gate's id is its run's, ``-g``, a
+        number)."""
+        run_id, sep, _ = gate_id.rpartition("-g")
+        await self._check_elsewhere(run_id if sep else None)
+
+    async def _check_elsewhere(self, run_id: str | None) -> None:
+        """Raise :class:`RunDrivenElsewhere` if another supervisor holds the
+        run's lease; nothing when it cannot be told (the journal fails)."""
+        leases = self._leases
+        if leases is None or not run_id or run_id in self._drivers:
+            return
+        try:
+            lease = await leases.run_lease(run_id)
+        except Exception:
+            logger.debug("could not look up the lease of run %s", run_id, exc_info=True)
+            return
+        if lease is not None and lease.owner != self._owner.id:
+            raise RunDrivenElsewhere(run_id, lease.holder)
+
+    def _still_driving(self, run_id: str) -> bool:
+        driver = self._drivers.get(run_id)
+        return driver is not None and not driver.state.status.final
+
+    def _lost_lease(self, run_id: str, lease: RunLease | None) -> None:
+        """Let go of a run whose lease is no longer this supervisor's
+        (another took it over after this one stalled past its expiry): its
+        driver stops, journaling nothing."""
+        scope = self._let_go.get(run_id)
+        if scope is not None and not scope.cancel_called:
+            logger.warning(
+                "run %s: its lease is %s now; letting go of it",
+                run_id,
+                "nobody's" if lease is None else f"{lease.holder}'s",
+            )
+            scope.cancel()
 
     async def _resume_on_serve(self) -> None:
         try:
@@ -491,7 +567,7 @@ class Supervisor:
         # meanwhile waits for this driver instead of starting another.
         with self._taking_up_run(run_id):
             try:
-                await self.store.append(run_id, [event], summary_of(state))
+                await self._journal.append(run_id, [event], summary_of(state))
             except ReplanError:
                 raise
             except Exception as exc:
@@ -520,13 +596,21 @@ class Supervisor:
             del self._taking_up[run_id]
             taken.set()
 
+    @property
+    def owner(self) -> RunOwner:
+        """Who this supervisor is as the owner of the runs it leases, on a
+        store that leases runs one by one (``PostgresStore``): its id is
+        unique to this supervisor, its ``holder`` names the host and the
+        process (``host:pid``)."""
+        return self._owner
+
     def drives(self, run_id: str) -> bool:
         """Whether this supervisor drives the run now (or is starting to)."""
         return run_id in self._drivers or run_id in self._taking_up
 
     def _driver(self, record: RunRecord, roles: Roles) -> RunDriver:
         """A driver for ``record`` with this supervisor's journal and telemetry."""
-        return RunDriver(record, roles, self.store, self.gates, self._telemetry)
+        return RunDriver(record, roles, self._journal, self.gates, self._telemetry)
 
     def _start(self, tg: TaskGroup, driver: RunDriver, *, quiet: bool = False) -> None:
         """Drive a run: its model calls are metered from now on.
@@ -546,18 +630,32 @@ class Supervisor:
             )
         self._drivers[run_id] = driver
         self._meters[run_id] = driver.meter
+        self._let_go[run_id] = anyio.CancelScope()
         self._crashes.pop(run_id, None)
         tg.start_soon(self._drive, driver, quiet)
 
     async def _drive(self, driver: RunDriver, quiet: bool) -> None:
+        scope = self._let_go[driver.state.run_id]
         try:
-            await driver.run()
+            with scope:
+                await driver.run()
+            if scope.cancel_called:
+                driver.record.detach("another supervisor took the run over")
         except Exception as exc:
             # A bug in one run must not take the supervisor and its other
             # runs down; the run stays unfinished in the journal. So does a
             # run whose journal failed (a full disk, a lost connection).
             # ``quiet``: whoever drove it on again reports it instead.
             run_id = driver.state.run_id
+            lost = lease_lost(exc)
+            if lost is not None:
+                # Not a failure: another supervisor drives the run now.
+                logger.warning("%s", lost)
+                driver.record.detach(f"another supervisor took the run over: {lost}")
+                return
+            if self._leases is not None:
+                # Free for another supervisor (or this one's next look).
+                await release(self._leases, self._owner, [run_id])
             if quiet:
                 logger.debug("run %s crashed again", run_id, exc_info=True)
             else:
@@ -568,6 +666,8 @@ class Supervisor:
             run_id = driver.state.run_id
             self._drivers.pop(run_id, None)
             self._meters.pop(run_id, None)
+            if self._let_go.get(run_id) is scope:
+                del self._let_go[run_id]
             if driver.state.status.final:
                 self._forget_oldest_finished(run_id)
 
@@ -606,11 +706,16 @@ class Supervisor:
         its driver not yet started) is waited for, and its handle returned.
         Taking over runs needs the journal to itself: with a store shared by
         processes (``SQLiteStore``), no other supervisor may be serving on
-        it, lest a run be driven twice and its tasks run again.
+        it, lest a run be driven twice and its tasks run again. A store that
+        leases runs one by one (``PostgresStore``, see
+        :class:`~replan.store.RunLeases`) needs only the run's lease: it is
+        claimed here, unless another live supervisor holds it.
 
         Raises:
             UnknownRunError: the store has no events for the run.
             SupervisorError: the supervisor is not serving.
+            RunDrivenElsewhere: another supervisor holds the run's lease
+                (names it).
             ConfigurationError: another supervisor serves on the same journal
                 (field ``store``).
         """
@@ -638,32 +743,52 @@ class Supervisor:
         hold_lease: bool,
         quiet: bool,
     ) -> RunHandle:
-        events = await self.store.read(run_id)
-        if not events:
-            raise UnknownRunError(run_id)
-        state = fold_journal(run_id, events)
-        record = RunRecord(state)
-        if state.status.final:
+        leases = self._leases
+        # Claimed before the journal is read: its previous owner, should it
+        # still live, can append nothing after that (see ``_leases``).
+        claimed = leases is not None and await claim(leases, self._owner, run_id)
+        try:
+            events = await self.store.read(run_id)
+            if not events:
+                raise UnknownRunError(run_id)
+            state = fold_journal(run_id, events)
+            record = RunRecord(state)
+            if state.status.final:
+                self._records[run_id] = record
+                record.install(state, events)
+                # Counted with the runs that finished here: a supervisor that
+                # looks up old results this way stays bounded too.
+                self._forget_oldest_finished(run_id)
+                return self._handle(record)
+            if leases is not None and not claimed:
+                # Unfinished in its journal, yet not in the runs table: its
+                # row is damaged.
+                raise JournalCorrupt(
+                    f"{self.store!r}: run {run_id}: its journal is unfinished "
+                    "and its row in the runs table is not",
+                    run_id=run_id,
+                )
+            # Registered only once it can be driven: a run refused here (the
+            # lease, an unreadable ledger) is not left held with no driver.
+            if hold_lease:
+                self._hold_lease(exclusive=True)
+            store = self.store
+            effects = (
+                await store.read_effects(run_id)
+                if isinstance(store, EffectLedger)
+                else []
+            )
             self._records[run_id] = record
-            record.install(state, events)
-            # Counted with the runs that finished here: a supervisor that
-            # looks up old results this way stays bounded too.
-            self._forget_oldest_finished(run_id)
-            return self._handle(record)
-        # Registered only once it can be driven: a run refused here (the
-        # lease, an unreadable ledger) is not left held with no driver.
-        if hold_lease:
-            self._hold_lease(exclusive=True)
-        store = self.store
-        effects = (
-            await store.read_effects(run_id) if isinstance(store, EffectLedger) else []
-        )
-        self._records[run_id] = record
-        driver = self._driver(record, roles)
-        recovery = Recovery(events, effects)
-        recovery.list_gates(driver)
-        driver.recovery = recovery
-        self._start(tg, driver, quiet=quiet)
+            driver = self._driver(record, roles)
+            recovery = Recovery(events, effects)
+            recovery.list_gates(driver)
+            driver.recovery = recovery
+            self._start(tg, driver, quiet=quiet)
+        except BaseException:
+            if claimed:
+                assert leases is not None
+                await release(leases, self._owner, [run_id])
+            raise
         logger.log(
             logging.DEBUG if quiet else logging.INFO,
             "resumed run %s at seq %d",
@@ -679,6 +804,9 @@ class Supervisor:
         version cannot parse) is logged and left as it is; the others resume.
         Runs this supervisor drives already keep their driver (their handles
         are returned), so it may be called at any time, periodically too.
+        On a store that leases runs one by one (``PostgresStore``), only
+        the runs this supervisor can claim are resumed: those another live
+        supervisor holds are left to it.
 
         Raises:
             ConfigurationError: another supervisor serves on the same journal
@@ -687,13 +815,15 @@ class Supervisor:
         self._hold_lease(exclusive=True)
         handles: list[RunHandle] = []
         damaged: set[str] = set()  # each call says so again
-        run_ids = await self._unfinished_runs(damaged)
+        run_ids = await self._runs_to_take_up(damaged)
         self._unreadable |= damaged
         for run_id in reversed(run_ids):
             try:
                 handles.append(
                     await self._resume(run_id, hold_lease=False, quiet=False)
                 )
+            except RunDrivenElsewhere:
+                continue  # another live supervisor's
             except SupervisorError:
                 raise
             except (ReplanError, ValueError) as exc:
@@ -712,6 +842,10 @@ class Supervisor:
         as it is. A run driven on here that crashes again is not logged (at
         debug only): the caller reports it (see :meth:`_crash`).
 
+        On a store that leases runs one by one, these are the runs it can
+        claim: also those of a supervisor whose process died (their leases
+        expired).
+
         Raises:
             ConfigurationError: another supervisor holds the journal's lease
                 (field ``store``): the runs may be its own.
@@ -719,17 +853,20 @@ class Supervisor:
             Exception: the journal cannot be read (a full disk, a lost
                 connection).
         """
-        # In a worker thread: a PostgreSQL lease whose session ended (the
-        # server restarted) connects again, which may take a while when the
-        # server does not answer, and must not hold up the event loop.
-        await anyio.to_thread.run_sync(self._hold_lease_alone)
+        # In a worker thread: a lease is a blocking call (a file lock, or a
+        # store of the application's own), which must not hold up the event
+        # loop. A store with run leases claims each run instead (_take_up).
+        if self._leases is None:
+            await anyio.to_thread.run_sync(self._hold_lease_alone)
         handles: list[RunHandle] = []
         unreadable = self._unreadable
-        for run_id in reversed(await self._unfinished_runs(unreadable)):
+        for run_id in reversed(await self._runs_to_take_up(unreadable)):
             if run_id in unreadable or self.drives(run_id):
                 continue
             try:
                 handle = await self._resume(run_id, hold_lease=False, quiet=True)
+            except RunDrivenElsewhere:
+                continue  # another live supervisor's
             except SupervisorError:
                 raise
             except (ReplanError, ValueError) as exc:
@@ -744,6 +881,14 @@ class Supervisor:
         """Why the run's driver stopped, if this supervisor let go of the run
         unfinished and has not driven it on since."""
         return None if self.drives(run_id) else self._crashes.get(run_id)
+
+    async def _runs_to_take_up(self, unreadable: set[str]) -> list[str]:
+        """The journal's unfinished runs, newest first: on a store with run
+        leases, only those this supervisor may claim (the others' are not
+        tried one by one)."""
+        if self._leases is not None:
+            return await self._leases.claimable_runs(self._owner)
+        return await self._unfinished_runs(unreadable)
 
     async def _unfinished_runs(self, unreadable: set[str]) -> list[str]:
         """The journal's runs running or waiting for a person, newest first.
@@ -801,6 +946,8 @@ class Supervisor:
             driver = self._drivers.get(run_id)
             if driver is not None:
                 driver.request_cancel()
+            elif not record.state.status.final:
+                await self._check_elsewhere(run_id)
 
         return RunHandle(record, self.store, cancel)
 

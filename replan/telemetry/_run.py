@@ -25,6 +25,7 @@ from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, Statu
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
+from .._errors import LeaseLost
 from ..messages import (
     Event,
     GateRequest,
@@ -505,6 +506,10 @@ class RunTrace:
                     input_tokens=spent_in, output_tokens=spent_out
                 )
             await self._record((TraceSuspended, fields))
+        except LeaseLost:
+            # Another supervisor took the run over: its trace is not this
+            # one's to link.
+            logger.debug("the suspended trace context of a run let go of")
         except Exception:
             # Telemetry must not take the run down; the trace just loses its link.
             logger.exception("could not journal the suspended trace context")

@@ -80,6 +80,11 @@ class DaemonProcess:
             time.sleep(0.05)
         raise RuntimeError(f"the daemon did not get ready:\n{self.output()}")
 
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
     def output(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
 

@@ -1,6 +1,7 @@
-"""The daemon on a PostgreSQL journal: killed, and its runs taken over by
-another daemon with a data directory of its own (as on another machine);
-its server restarted under a run, which the daemon drives on."""
+"""Daemons on a PostgreSQL journal: two sharing it, each with a data
+directory of its own (as on two machines), one killed and its runs taken
+over by the other; the server restarted under a run, which the daemon
+drives on."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from replan.daemon._server import check_journal
 COUNTING = ("--model", "python:counting_model:model")
 
 
-def test_a_daemon_killed_at_a_gate_is_taken_over_from_postgres_without_rerunning(
+def test_two_daemons_share_a_journal_and_one_takes_over_the_runs_of_one_killed(
     tmp_path: Path, postgres_dsn: str
 ) -> None:
     counts = str(tmp_path / "executions.txt")
@@ -29,47 +30,74 @@ def test_a_daemon_killed_at_a_gate_is_taken_over_from_postgres_without_rerunning
         "REPLAN_TEST_COUNT_FILE": counts,
         "REPLAN_TEST_EXECUTE_S": "0.05",
         "REPLAN_JOURNAL_DSN": postgres_dsn,
+        # Short leases and frequent looks: the takeover takes seconds.
+        "REPLAN_JOURNAL_LEASE_S": "2",
+        "REPLAN_REDRIVE_INTERVAL_S": "0.3",
     }
     first = DaemonProcess(tmp_path / "first", *COUNTING, env=env).start()
-    try:
-        with first.client() as client:
-            response = client.post("/v1/runs", json={"goal": GOAL})
-            assert response.status_code == 202, response.text
-            run_id = response.json()["run_id"]
-            gates = wait_for(lambda: client.get("/v1/gates").json()["gates"])
-            # While it lives, another daemon may not take its runs over.
-            with pytest.raises(RuntimeError, match="journal to itself"):
-                DaemonProcess(tmp_path / "other", *COUNTING, env=env).start()
-        first.kill()
-    finally:
-        first.close()
-    before, _ = read_counts(counts)
-    assert before, "tasks ran before the gate"
-
     second = DaemonProcess(tmp_path / "second", *COUNTING, env=env).start()
     try:
-        with second.client() as client:
-            pending = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+        with first.client() as one, second.client() as two:
+            response = one.post("/v1/runs", json={"goal": GOAL})
+            assert response.status_code == 202, response.text
+            run_id = response.json()["run_id"]
+            gates = wait_for(lambda: one.get("/v1/gates").json()["gates"])
+            # The second daemon, resuming on the same journal, leaves the
+            # run to the first, and drives its own.
+            response = two.post(
+                "/v1/runs", json={"goal": GOAL, "gate_policy": {"gate_on": []}}
+            )
+            assert response.status_code == 202, response.text
+            own = response.json()["run_id"]
+            assert two.get("/v1/gates").json()["gates"] == []
+            # It lists and shows the first's run from the journal, and
+            # refuses to act on it, naming the daemon that drives it.
+            listed = {r["run_id"] for r in two.get("/v1/runs").json()["runs"]}
+            assert {run_id, own} <= listed
+            assert two.get(f"/v1/runs/{run_id}").json()["status"] == (
+                "waiting_for_human"
+            )
+            holder = f":{first.pid}"
+            refused = two.post(
+                f"/v1/gates/{gates[0]['gate_id']}", json={"decision": "approve"}
+            )
+            assert refused.status_code == 409, refused.text
+            assert "open in another daemon" in refused.json()["detail"]
+            assert holder in refused.json()["detail"]
+            refused = two.post(f"/v1/runs/{run_id}/cancel")
+            assert refused.status_code == 409, refused.text
+            assert "driven by another daemon" in refused.json()["detail"]
+            assert holder in refused.json()["detail"]
+            wait_for(
+                lambda: two.get(f"/v1/runs/{own}").json()["status"] == "completed",
+                timeout_s=30,
+            )
+            first.kill()
+            before, _ = read_counts(counts)
+            # Once its lease expires, the second's next look takes it over.
+            pending = wait_for(lambda: two.get("/v1/gates").json()["gates"])
             assert [g["gate_id"] for g in pending] == [g["gate_id"] for g in gates]
-            response = client.post(
+            response = two.post(
                 f"/v1/gates/{gates[0]['gate_id']}", json={"decision": "approve"}
             )
             assert response.status_code == 200, response.text
             view = wait_for(
                 lambda: (
                     body
-                    if (body := client.get(f"/v1/runs/{run_id}").json())["status"]
+                    if (body := two.get(f"/v1/runs/{run_id}").json())["status"]
                     not in ("running", "waiting_for_human")
                     else None
                 ),
                 timeout_s=30,
             )
     finally:
-        assert second.terminate() == 0
+        first.close()
+        assert second.terminate() == 0, second.output()
     assert view["status"] == "completed"
     done, _ = read_counts(counts)
     assert all(count == 1 for count in done.values()), done
     assert set(before) <= set(done)
+    assert any(key.startswith(f"{run_id}:") for key in before), "ran before the gate"
     # Neither daemon kept a SQLite journal.
     for name in ("first", "second"):
         assert not (tmp_path / name / "journal.db").exists()

@@ -11,18 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import psycopg
 import pytest
 from counting_model import read_counts
 from daemon_process import TOKEN, DaemonProcess, wait_for
 from in_process import serving
 from test_damaged_journal import damage, journal_runs
 
-from replan import RunStatus, SupervisorError
+from replan import RunStatus, Supervisor, SupervisorError
 from replan._demo import GOAL, demo_model
 from replan.daemon import DaemonSettings, Token, _service
 from replan.daemon._service import Daemon, open_journal
-from replan.messages import Event
+from replan.messages import Event, GateOpened
 from replan.store import RunSummary, Store
 
 FULL_DISK = ("--model", "python:full_disk_model:model")
@@ -126,11 +125,11 @@ class FullDisk:
         hold_lease = getattr(store, "hold_lease", None)
 
         async def append_unless_full(
-            run_id: str, events: Sequence[Event], summary: RunSummary
+            run_id: str, events: Sequence[Event], summary: RunSummary, **kw: Any
         ) -> None:
             if self.full:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            await append(run_id, events, summary)
+            await append(run_id, events, summary, **kw)
 
         async def counted(**kwargs: Any) -> list[RunSummary]:
             if kwargs.get("statuses"):
@@ -232,60 +231,40 @@ async def test_with_the_scan_off_a_run_let_go_of_waits_for_a_restart(
             assert await finished(daemon, run_id) is RunStatus.COMPLETED
 
 
-def end_the_journal_sessions(dsn: str) -> None:
-    """End the daemon's sessions, as a server restart does (the lease's lock
-    goes with its session), and wait until they are gone. Blocking, with no
-    checkpoint: no scan runs meanwhile."""
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        ended = [
-            pid
-            for (pid,) in admin.execute(
-                "SELECT pid FROM pg_stat_activity WHERE application_name = 'replan'"
-            ).fetchall()
-        ]
-        admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s) pid", [ended])
-        while admin.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [ended]
-        ).fetchone() != (0,):
-            pass
-
-
-async def test_the_scan_leaves_alone_the_runs_of_a_daemon_that_took_the_journal(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    postgres_dsn: str,
-    caplog: pytest.LogCaptureFixture,
+async def test_the_scan_leaves_alone_the_runs_another_daemon_holds_until_it_lets_go(
+    tmp_path: Path, postgres_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     from replan.store import PostgresStore
 
     settings = DaemonSettings(
         data_dir=tmp_path, journal_dsn=postgres_dsn, redrive_interval_s=0.1
     )
-    _, disk = journal_of(settings, monkeypatch)
     daemon = Daemon(settings=settings, token=Token(TOKEN), model=demo_model())
     with anyio.fail_after(30):
         async with serving(daemon):
-            run_id = await let_go_of(daemon, disk)
-            seq = (await daemon.run_state(run_id)).seq
-            end_the_journal_sessions(postgres_dsn)
-            async with PostgresStore(postgres_dsn) as other:
-                other.hold_lease(other, exclusive=True)  # another daemon's
-                # Two scans begun since: none that held the lease before
-                # goes on (they run one after the other).
-                holds = disk.holds
-                await until(lambda: disk.holds >= holds + 2)
-                disk.full = False
-                await anyio.sleep(1)
-                # Its runs are its own: this daemon drives none of them on.
+            async with (
+                PostgresStore(postgres_dsn) as store,
+                Supervisor(demo_model(), store) as other,  # another daemon's
+            ):
+                handle = await other.submit({"goal": GOAL})
+                async for event in handle.events():
+                    if isinstance(event, GateOpened):
+                        break
+                await anyio.sleep(0.5)  # a few scans
+                run_id = handle.run_id
                 assert not daemon.supervisor.drives(run_id)
                 state = await daemon.run_state(run_id)
-                assert (state.status, state.seq) == (RunStatus.RUNNING, seq)
-                other.release_lease(other)
-            # Gone: the journal is this daemon's again, and so is the run.
+                assert state.status is RunStatus.WAITING_FOR_HUMAN
+                assert await daemon.driven_elsewhere(run_id) == other.owner.holder
+            # Stopped, it let go of its lease: this daemon's next scan
+            # takes the run over, and its gate with it.
+            await until(lambda: bool(daemon.supervisor.gates.pending(run_id)))
+            (gate,) = daemon.supervisor.gates.pending(run_id)
+            await daemon.supervisor.gates.resolve(
+                gate.gate_id, {"decision": "approve", "by": "ana"}
+            )
             assert await finished(daemon, run_id) is RunStatus.COMPLETED
-    # Said once, whether the first scan to fail found the journal full or
-    # its lease taken.
-    [_] = [r for r in caplog.records if "journal is failing" in r.message]
+    assert not [r for r in caplog.records if "journal is failing" in r.message]
 
 
 async def test_a_run_whose_journal_cannot_be_read_is_logged_once_not_every_scan(

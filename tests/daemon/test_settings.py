@@ -55,6 +55,11 @@ def test_flags_then_environment_then_the_toml_file(
         ({"redrive_interval_s": -1}, "redrive_interval_s"),
         ({"redrive_interval_s": "soon"}, "redrive_interval_s"),
         ({"redrive_interval_s": float("inf")}, "redrive_interval_s"),
+        # A run lease shorter than its renewals can keep, or one that would
+        # hold a dead daemon's runs for hours.
+        ({"journal_lease_s": 0.5}, "journal_lease_s"),
+        ({"journal_lease_s": 7200}, "journal_lease_s"),
+        ({"journal_lease_s": True}, "journal_lease_s"),
     ],
 )
 def test_bad_settings_name_the_field(flags: dict[str, object], field: str) -> None:

@@ -3,10 +3,6 @@
 ``python postgres_child.py append DSN RUN NAME COUNT``: once a line arrives
 on stdin, try to append seq 1 to COUNT to RUN (task ids NAME), one call
 each, and print which seqs this process won and which it lost.
-
-``python postgres_child.py lease DSN shared|exclusive``: hold the drivers'
-lease, print ``held``, and keep it until stdin closes (or the process is
-killed).
 """
 
 from __future__ import annotations
@@ -54,18 +50,9 @@ async def append(dsn: str, run_id: str, name: str, count: int) -> None:
     say(json.dumps({"won": won, "lost": lost}))
 
 
-async def lease(dsn: str, mode: str) -> None:
-    async with PostgresStore(dsn) as store:
-        store.hold_lease(store, exclusive=mode == "exclusive")
-        say("held")
-        await anyio.to_thread.run_sync(sys.stdin.read)
-
-
 if __name__ == "__main__":
     match sys.argv[1:]:
         case ["append", dsn, run_id, name, count]:
             anyio.run(append, dsn, run_id, name, int(count))
-        case ["lease", dsn, mode]:
-            anyio.run(lease, dsn, mode)
         case _:
             sys.exit(__doc__)

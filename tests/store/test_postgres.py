@@ -1,12 +1,12 @@
-"""The PostgreSQL journal: its schema, two processes on one run, the drivers'
-lease across processes, damaged rows, cancellation and lost connections."""
+"""The PostgreSQL journal: its schema, two processes on one run, damaged
+rows, cancellation and lost connections (its run leases: see
+``test_postgres_leases.py``)."""
 
 from __future__ import annotations
 
 import json
 import os
 import resource
-import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -82,10 +82,10 @@ async def test_the_tables_are_created_in_the_replan_schema_with_a_version(
         "runs",
         "tool_effects",
     ]
-    assert sql(postgres_dsn, "SELECT version FROM replan.journal_schema") == [(1,)]
+    assert sql(postgres_dsn, "SELECT version FROM replan.journal_schema") == [(2,)]
 
 
-async def test_two_schemas_of_one_database_are_two_journals_with_two_leases(
+async def test_two_schemas_of_one_database_are_two_journals(
     postgres_dsn: str,
 ) -> None:
     async with (
@@ -95,8 +95,6 @@ async def test_two_schemas_of_one_database_are_two_journals_with_two_leases(
         await first.append("run-1", [started(1)], summary(1))
         assert await second.read("run-1") == []
         assert await second.list_runs() == []
-        first.hold_lease(first, exclusive=True)
-        second.hold_lease(second, exclusive=True)
 
 
 async def test_a_schema_from_a_newer_replan_is_refused(postgres_dsn: str) -> None:
@@ -144,7 +142,7 @@ def test_stores_opening_a_new_database_at_once_create_the_tables_once(
 
     anyio.run(open_four)
     assert len(opened) == 4
-    assert sql(postgres_dsn, "SELECT version FROM replan.journal_schema") == [(1,)]
+    assert sql(postgres_dsn, "SELECT version FROM replan.journal_schema") == [(2,)]
 
 
 def test_a_server_that_cannot_be_reached_is_a_configuration_error_without_password(
@@ -277,63 +275,6 @@ async def test_two_writers_in_two_processes_win_each_seq_exactly_once(
     winners = {e.seq: e.task_id for e in events}  # type: ignore[attr-defined]
     assert all(winners[seq] == "a" for seq in a["won"])
     assert all(winners[seq] == "b" for seq in b["won"])
-
-
-@pytest.mark.parametrize("mode", ["shared", "exclusive"])
-async def test_the_lease_of_a_killed_process_is_free_once_it_is_gone(
-    postgres_dsn: str, mode: str
-) -> None:
-    async with PostgresStore(postgres_dsn) as store:
-        holder = child("lease", postgres_dsn, mode)
-        try:
-            assert await line_of(holder) == "held\n"
-            with pytest.raises(ConfigurationError, match="to itself") as caught:
-                store.hold_lease(store, exclusive=True)
-            assert caught.value.field == "store"
-            if mode == "exclusive":
-                with pytest.raises(ConfigurationError, match="is resuming runs"):
-                    store.hold_lease(store, exclusive=False)
-            else:
-                store.hold_lease(store, exclusive=False)  # shared with it
-                store.release_lease(store)
-        finally:
-            os.kill(holder.pid, signal.SIGKILL)
-            holder.wait()
-            for stream in (holder.stdin, holder.stdout):
-                assert stream is not None
-                stream.close()
-
-        def taken() -> bool:
-            try:
-                store.hold_lease(store, exclusive=True)
-            except ConfigurationError:
-                return False
-            return True
-
-        # The server ends the killed process's session, and its lock with it.
-        await eventually(taken)
-    # And this store's lease went with its close.
-    async with PostgresStore(postgres_dsn) as other:
-        other.hold_lease(other, exclusive=True)
-
-
-async def test_a_store_takes_its_shared_lease_alone_when_the_other_lets_go(
-    postgres_dsn: str,
-) -> None:
-    async with (
-        PostgresStore(postgres_dsn) as first,
-        PostgresStore(postgres_dsn) as second,
-    ):
-        first.hold_lease("a", exclusive=False)
-        second.hold_lease("b", exclusive=False)
-        with pytest.raises(ConfigurationError):
-            first.hold_lease("a", exclusive=True)  # a refused conversion...
-        with pytest.raises(ConfigurationError):
-            second.hold_lease("c", exclusive=True)
-        second.release_lease("b")
-        first.hold_lease("a", exclusive=True)  # ...kept the shared lease
-        with pytest.raises(ConfigurationError):
-            second.hold_lease("b", exclusive=False)
 
 
 # Damaged rows
@@ -592,53 +533,3 @@ async def test_connections_the_server_ended_are_replaced_without_a_failed_call(
         )
         assert await store.read("run-1") == [started(1)]
         await store.append("run-1", [started(2)], summary(2))
-
-
-async def test_a_lease_whose_session_the_server_ended_is_taken_again(
-    postgres_dsn: str,
-) -> None:
-    async with PostgresStore(postgres_dsn) as store:
-        store.hold_lease("a", exclusive=False)
-        sql(
-            postgres_dsn,
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE application_name = 'replan'",
-        )
-        store.hold_lease("a", exclusive=True)
-        async with PostgresStore(postgres_dsn) as other:
-            with pytest.raises(ConfigurationError):
-                other.hold_lease(other, exclusive=False)
-
-
-async def test_a_lease_held_alone_whose_session_ended_is_not_kept_once_another_has_it(
-    postgres_dsn: str,
-) -> None:
-    # The server restarted: the lock went with the session. Asked again, the
-    # holder must learn that another daemon holds the journal now (and
-    # resume none of its runs), not go on believing it holds it alone.
-    async with PostgresStore(postgres_dsn) as store:
-        store.hold_lease("a", exclusive=True)
-        sql(
-            postgres_dsn,
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE application_name = 'replan'",
-        )
-        await eventually(
-            lambda: (
-                sql(
-                    postgres_dsn,
-                    "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE application_name = 'replan'",
-                )
-                == [(0,)]
-            )
-        )
-        async with PostgresStore(postgres_dsn) as other:
-            other.hold_lease(other, exclusive=True)
-            with pytest.raises(ConfigurationError, match="journal to itself"):
-                store.hold_lease("a", exclusive=True)
-            other.release_lease(other)
-        store.hold_lease("a", exclusive=True)  # free again: taken again
-        async with PostgresStore(postgres_dsn) as third:
-            with pytest.raises(ConfigurationError):
-                third.hold_lease(third, exclusive=False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import anyio
-import pytest
 from scripts import (
     chain,
     executed_ids,
@@ -16,7 +15,6 @@ from scripts import (
 )
 
 from replan import (
-    ConfigurationError,
     ModelRequest,
     ReplanOutcome,
     RunStatus,
@@ -90,22 +88,3 @@ async def test_a_run_stopped_mid_task_is_resumed_from_postgres_without_rerunning
     assert executed_ids(second) == ["t3", "t4"]
     assert [t.status for t in result.tasks] == [TaskStatus.COMPLETED] * 4
     assert [e.task_id for e in events if isinstance(e, TaskInterrupted)] == ["t3"]
-
-
-async def test_a_supervisor_may_not_resume_runs_another_process_drives(
-    postgres_dsn: str,
-) -> None:
-    async with (
-        PostgresStore(postgres_dsn) as first_store,
-        PostgresStore(postgres_dsn) as second_store,
-    ):
-        async with Supervisor(scripted(), first_store):
-            taker = Supervisor(scripted(), second_store, resume=True)
-            with pytest.raises(ConfigurationError, match="to itself") as caught:
-                await taker.__aenter__()
-            assert caught.value.field == "store"
-            # Starting runs of its own, it shares the journal.
-            async with Supervisor(scripted(), second_store):
-                pass
-        async with Supervisor(scripted(), second_store, resume=True):
-            pass
