@@ -41,17 +41,18 @@ class Frozen(BaseModel):
         event, where ``model_copy``'s general machinery costs several times
         more.
         """
-        copy = object.__new__(type(self))
+        copy = _new(type(self))
         fields = self.__dict__.copy()
         fields.update(changes)
-        object.__setattr__(copy, "__dict__", fields)
-        object.__setattr__(
-            copy,
-            "__pydantic_fields_set__",
-            _shared_fields_set(self.__pydantic_fields_set__, changes.keys()),
+        _set_dict(copy, fields)
+        given = self.__pydantic_fields_set__
+        # The changed fields are nearly always set already, once a model has
+        # been evolved before: the copy shares the set object.
+        _set_fields_set(
+            copy, given if changes.keys() <= given else _interned(given.union(changes))
         )
-        object.__setattr__(copy, "__pydantic_extra__", None)
-        object.__setattr__(copy, "__pydantic_private__", None)
+        _set_extra(copy, None)
+        _set_private(copy, None)
         return copy
 
     def check_storable(self) -> None:
@@ -70,19 +71,19 @@ class Frozen(BaseModel):
 
 
 _FIELDS_SETS: dict[frozenset[str], set[str]] = {}
+"""One set object per distinct combination of set fields.
 
+A frozen model's fields set is never changed in place (``model_copy`` copies
+it before adding to it), so copies can share one: a run's state keeps every
+task of every plan version alive, each with its own set otherwise."""
 
-def _shared_fields_set(given: set[str], changed: Iterable[str]) -> set[str]:
-    """One set object per distinct combination of set fields.
-
-    A frozen model's fields set is never changed in place (``model_copy``
-    copies it before adding to it), so copies can share one: a run's state
-    keeps every task of every plan version alive, each with its own set
-    otherwise.
-    """
-    if given.issuperset(changed):
-        return given  # nearly always, once a model has been evolved before
-    return _interned(given.union(changed))
+# A copy's slots are set through their descriptors: ``object.__setattr__``
+# looks each one up by name first, on every copy.
+_new = object.__new__
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def _interned(names: set[str]) -> set[str]:
