@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import math
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
-from typing import Any, Self, Union, get_args, get_origin
+from typing import Any, Self, TypeVar, Union, cast, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -92,6 +92,79 @@ def _interned(names: set[str]) -> set[str]:
     if shared is None:
         shared = _FIELDS_SETS[key] = names
     return shared
+
+
+_F = TypeVar("_F", bound=Frozen)
+
+
+def built(cls: type[_F], fields: dict[str, Any]) -> _F:
+    """``cls(**fields)`` as validation builds it, for values that are of
+    their fields' types already (validated messages, counters, ids).
+
+    Nothing is checked but the names: the values are kept as they are
+    (validation would copy a list or a dict; the caller must not change
+    one it gives afterwards). The fields are in their declared order, the
+    others get their defaults, and the fields set names those given, as
+    after validation. For the messages a run builds on every step from
+    what it holds, where validating again costs more than the rest of
+    building them.
+
+    Raises:
+        TypeError: ``fields`` names a field ``cls`` does not have, or lacks
+            one it requires.
+    """
+    template = _TEMPLATES.get(cls)
+    if template is None:
+        template = _TEMPLATES[cls] = _Template(cls)
+    given = tuple(fields)
+    fields_set = template.fields_sets.get(given)
+    if fields_set is None:
+        fields_set = template.fields_sets[given] = template.fields_set(given)
+    values = template.values.copy()
+    values.update(fields)
+    for name, factory in template.factories:
+        if name not in fields:
+            values[name] = factory()
+    message = _new(cls)
+    _set_dict(message, values)
+    _set_fields_set(message, fields_set)
+    _set_extra(message, None)
+    _set_private(message, None)
+    return message
+
+
+class _Template:
+    """What :func:`built` needs of a class: its fields in their declared
+    order with their defaults, and the fields sets of the builds so far (by
+    the names given, in order)."""
+
+    def __init__(self, cls: type[Frozen]) -> None:
+        self.cls = cls
+        self.values: dict[str, Any] = {}
+        self.factories: list[tuple[str, Callable[[], Any]]] = []
+        self.required: set[str] = set()
+        for name, field in cls.model_fields.items():
+            self.values[name] = None if field.is_required() else field.default
+            if field.is_required():
+                self.required.add(name)
+            elif field.default_factory is not None:
+                factory = cast("Callable[[], Any]", field.default_factory)
+                self.factories.append((name, factory))
+        self.fields_sets: dict[tuple[str, ...], set[str]] = {}
+
+    def fields_set(self, given: tuple[str, ...]) -> set[str]:
+        names = set(given)
+        unknown = names - self.values.keys()
+        missing = self.required - names
+        if unknown or missing:
+            raise TypeError(
+                f"{self.cls.__name__}: unknown fields {sorted(unknown)}, "
+                f"missing fields {sorted(missing)}"
+            )
+        return _interned(names)
+
+
+_TEMPLATES: dict[type[Frozen], _Template] = {}
 
 
 class Settings(Frozen):

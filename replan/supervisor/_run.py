@@ -66,6 +66,7 @@ from ..messages import (
     ToolCall,
     UsageRecorded,
 )
+from ..messages._events import built_event
 from ..store import EffectLedger, EffectRecord, RunSummary, Store
 from ..telemetry import RunTrace, Telemetry, actor_span_suspended
 from ._budget import REQUEST_KEY, RunMeter
@@ -545,7 +546,7 @@ class RunDriver:
         state = self._staged_state or self.state
         now = datetime.now(UTC)
         for cls, fields in specs:
-            event = cls(seq=state.seq + 1, at=now, **fields)
+            event = built_event(cls, state.seq + 1, now, fields)
             state = apply(state, event)
             self._staged.append(event)
         self._staged_state = state

@@ -1,0 +1,69 @@
+"""Events the supervisor builds without validating are the events validation
+builds: same values, same fields set, the same journal bytes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from replan.messages import (
+    Event,
+    MilestoneReviewed,
+    TaskFinished,
+    TaskOutcome,
+    TaskStarted,
+    TokenUsage,
+    UsageRecorded,
+    Verdict,
+    event_json,
+    read_event,
+)
+from replan.messages._events import built_event
+
+AT = datetime(2026, 11, 26, 12, 30, 1, 123456, tzinfo=UTC)
+OUTCOME = TaskOutcome(success=True, summary="done", findings=["a fact"])
+USAGE = TokenUsage(input_tokens=12, output_tokens=3, calls=1, cost=0.5)
+
+CASES: list[tuple[type[Event], dict[str, Any]]] = [
+    (TaskStarted, {"task_id": "t1", "attempt": 1}),
+    (TaskFinished, {"task_id": "t1", "outcome": OUTCOME}),
+    (TaskFinished, {"task_id": "t2", "outcome": OUTCOME, "usage": USAGE}),
+    (TaskFinished, {"task_id": "t3", "outcome": TaskOutcome(success=False)}),
+    (UsageRecorded, {"role": "reviewer", "purpose": "milestone", "usage": USAGE}),
+    # A kind that is validated as usual.
+    (
+        MilestoneReviewed,
+        {"index": 1, "verdict": Verdict(decision="continue"), "by": "model"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("cls", "fields"), CASES)
+def test_a_built_event_is_the_event_validation_builds(
+    cls: type[Event], fields: dict[str, Any]
+) -> None:
+    built = built_event(cls, 7, AT, fields)
+    validated = cls(seq=7, at=AT, **fields)
+
+    assert type(built) is cls
+    assert built == validated
+    assert list(built.__dict__) == list(validated.__dict__)
+    assert built.model_fields_set == validated.model_fields_set
+    assert event_json(built) == event_json(validated)
+    assert read_event(event_json(built)) == validated
+    # Immutable like any message.
+    with pytest.raises(ValueError, match="frozen"):
+        built.seq = 8  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"task_id": "t1"}, {"task_id": "t1", "attempt": 1, "extra": True}],
+)
+def test_a_built_event_with_a_missing_or_unknown_field_is_refused(
+    fields: dict[str, Any],
+) -> None:
+    with pytest.raises(TypeError, match="TaskStarted"):
+        built_event(TaskStarted, 1, AT, fields)
