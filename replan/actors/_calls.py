@@ -24,6 +24,7 @@ from ..messages import (
     TokenUsage,
     ValidationBatch,
 )
+from ..messages._base import built
 from ..telemetry import model_call, model_call_traced
 from ._runtime import ActorContext
 
@@ -67,7 +68,8 @@ async def call_model(
     output = response.output
     if not isinstance(output, output_type):
         raise wrong_answer(request, output_type, output, response.usage)
-    return output, ModelCall(role=role, purpose=purpose, usage=response.usage)
+    call = built(ModelCall, {"role": role, "purpose": purpose, "usage": response.usage})
+    return output, call
 
 
 def wrong_answer(

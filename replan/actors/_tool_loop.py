@@ -50,6 +50,7 @@ from ..messages import (
     ToolExchange,
     ToolResult,
 )
+from ..messages._base import built
 from ..store import Store, ToolEffectLedger, ToolEffectRecord
 from ..telemetry import tool_call
 from ._calls import answer, made_at, wrong_answer
@@ -147,7 +148,9 @@ class _Attempt:
                 if not isinstance(response.output, TaskOutcome):
                     # Its tokens are in ``calls`` already.
                     raise wrong_answer(request_sent, TaskOutcome, response.output)
-                return ExecuteReply(outcome=response.output, calls=calls)
+                # Of validated parts (the model's answer, the calls' usage):
+                # not checked again, once per execution.
+                return built(ExecuteReply, {"outcome": response.output, "calls": calls})
         except ModelError as exc:
             if exc.usage is not None:
                 calls.append(_call(exc.usage))
@@ -372,4 +375,4 @@ def _free(key: str, taken: set[str]) -> str:
 
 
 def _call(usage: TokenUsage) -> ModelCall:
-    return ModelCall(role="executor", purpose="execute", usage=usage)
+    return built(ModelCall, {"role": "executor", "purpose": "execute", "usage": usage})

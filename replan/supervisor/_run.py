@@ -66,6 +66,7 @@ from ..messages import (
     ToolCall,
     UsageRecorded,
 )
+from ..messages._base import built
 from ..messages._events import built_event
 from ..store import EffectLedger, EffectRecord, RunSummary, Store
 from ..telemetry import RunTrace, Telemetry, actor_span_suspended
@@ -1322,8 +1323,15 @@ class RunDriver:
             dependency_results={d: state.tasks[d].result for d in task.depends_on},
             attempt=task.attempts,
         )
-        request = ExecuteRequest(
-            task=task, context=context, max_tool_steps=self.limits.max_tool_steps
+        # Built from validated values (the task, the spec's), not checked
+        # again: one per execution.
+        request = built(
+            ExecuteRequest,
+            {
+                "context": context,
+                "task": task,
+                "max_tool_steps": self.limits.max_tool_steps,
+            },
         )
         self._in_flight += 1
         # Busy until the report is with the driver: a drain that sees no

@@ -9,8 +9,13 @@ from typing import Any
 import pytest
 
 from replan.messages import (
+    MESSAGE_ADAPTER,
     Event,
+    ExecuteReply,
+    ExecuteRequest,
     MilestoneReviewed,
+    ModelCall,
+    Task,
     TaskFinished,
     TaskOutcome,
     TaskStarted,
@@ -20,6 +25,7 @@ from replan.messages import (
     event_json,
     read_event,
 )
+from replan.messages._base import built
 from replan.messages._events import built_event
 
 AT = datetime(2026, 11, 26, 12, 30, 1, 123456, tzinfo=UTC)
@@ -67,3 +73,23 @@ def test_a_built_event_with_a_missing_or_unknown_field_is_refused(
 ) -> None:
     with pytest.raises(TypeError, match="TaskStarted"):
         built_event(TaskStarted, 1, AT, fields)
+
+
+def test_built_actor_messages_are_those_validation_builds() -> None:
+    task = Task(id="t2", key="k", description="d", depends_on=["t1"])
+    call = built(ModelCall, {"role": "executor", "purpose": "execute", "usage": USAGE})
+    assert call == ModelCall(role="executor", purpose="execute", usage=USAGE)
+
+    reply = built(ExecuteReply, {"outcome": OUTCOME, "calls": [call]})
+    assert reply == ExecuteReply(outcome=OUTCOME, calls=[call])
+    assert reply.model_fields_set == {"outcome", "calls"}
+    # A default factory gives each message its own list.
+    assert reply.failures == []
+    assert reply.failures is not built(ExecuteReply, {"outcome": OUTCOME}).failures
+
+    context = {"goal": "g", "task": task, "dependency_results": {"t1": OUTCOME}}
+    fields = {"context": context, "task": task, "max_tool_steps": 8}
+    request = built(ExecuteRequest, fields)
+    validated = ExecuteRequest(**fields)
+    assert request == validated
+    assert MESSAGE_ADAPTER.dump_json(request) == MESSAGE_ADAPTER.dump_json(validated)
