@@ -1117,8 +1117,6 @@ class RunDriver:
 
     async def _take(self, item: _Report, later: Sequence[_Report] = ()) -> None:
         """Act on one report from a task or an approval."""
-        from ._replanning import review
-
         if isinstance(item, _RoleStopped):
             raise RunEnded(
                 RunStatus.FAILED,
@@ -1142,6 +1140,10 @@ class RunDriver:
         staged = self.stage(*finish_events(item))
         finished = staged.tasks[item.task_id].status is not TaskStatus.PENDING
         if finished and milestone_due(staged, item.task_id):
+            # Imported here, not per report: an import statement costs
+            # more than the rest of a report's checks.
+            from ._replanning import review
+
             await self.record_events()
             await self._secure(later)
             await review(self)
