@@ -139,6 +139,15 @@ class _Template:
     the names given, in order)."""
 
     def __init__(self, cls: type[Frozen]) -> None:
+        decorators = cls.__pydantic_decorators__
+        if (
+            decorators.field_validators
+            or decorators.model_validators
+            or cls.__private_attributes__
+        ):
+            # Its validators may normalize what they are given, or refuse
+            # it: only validation builds it as validation does.
+            raise TypeError(f"{cls.__name__} has validators: validate it")
         self.cls = cls
         self.values: dict[str, Any] = {}
         self.factories: list[tuple[str, Callable[[], Any]]] = []

@@ -16,6 +16,7 @@ from replan.messages import (
     MilestoneReviewed,
     ModelCall,
     Task,
+    TaskDraft,
     TaskFinished,
     TaskOutcome,
     TaskStarted,
@@ -93,3 +94,8 @@ def test_built_actor_messages_are_those_validation_builds() -> None:
     validated = ExecuteRequest(**fields)
     assert request == validated
     assert MESSAGE_ADAPTER.dump_json(request) == MESSAGE_ADAPTER.dump_json(validated)
+
+
+def test_a_message_with_validators_is_not_built_without_them() -> None:
+    with pytest.raises(TypeError, match="TaskDraft has validators"):
+        built(TaskDraft, {"key": " ", "description": " "})
