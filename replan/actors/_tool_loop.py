@@ -107,16 +107,22 @@ class _Attempt:
         context: dict[str, Any] = request.context
         try:
             for step in range(1, request.max_tool_steps + 1):
-                request_sent = ModelRequest(
-                    role="executor",
-                    purpose="execute",
-                    output_type=TaskOutcome,
-                    temperature=loop.temperature,
-                    run_id=run_id,
-                    task_id=task.id,
-                    context=context,
-                    tools=specs,
-                    transcript=list(transcript),
+                # Of validated parts, copied as validation copies them (the
+                # model may change its request's): not checked again, once
+                # per model call.
+                request_sent = built(
+                    ModelRequest,
+                    {
+                        "role": "executor",
+                        "purpose": "execute",
+                        "output_type": TaskOutcome,
+                        "temperature": float(loop.temperature),
+                        "run_id": run_id,
+                        "task_id": task.id,
+                        "context": dict(context),
+                        "tools": list(specs),
+                        "transcript": list(transcript),
+                    },
                 )
                 response = await answer(loop.model, request_sent)
                 calls.append(_call(response.usage))

@@ -94,10 +94,10 @@ def _interned(names: set[str]) -> set[str]:
     return shared
 
 
-_F = TypeVar("_F", bound=Frozen)
+_M = TypeVar("_M", bound=BaseModel)
 
 
-def built(cls: type[_F], fields: dict[str, Any]) -> _F:
+def built(cls: type[_M], fields: dict[str, Any]) -> _M:
     """``cls(**fields)`` as validation builds it, for values that are of
     their fields' types already (validated messages, counters, ids).
 
@@ -138,15 +138,17 @@ class _Template:
     order with their defaults, and the fields sets of the builds so far (by
     the names given, in order)."""
 
-    def __init__(self, cls: type[Frozen]) -> None:
+    def __init__(self, cls: type[BaseModel]) -> None:
         decorators = cls.__pydantic_decorators__
         if (
             decorators.field_validators
             or decorators.model_validators
             or cls.__private_attributes__
+            or cls.model_config.get("extra") == "allow"
         ):
             # Its validators may normalize what they are given, or refuse
-            # it: only validation builds it as validation does.
+            # it, and extra fields or private attributes need more than a
+            # dict: only validation builds it as validation does.
             raise TypeError(f"{cls.__name__} has validators: validate it")
         self.cls = cls
         self.values: dict[str, Any] = {}
@@ -173,7 +175,7 @@ class _Template:
         return _interned(names)
 
 
-_TEMPLATES: dict[type[Frozen], _Template] = {}
+_TEMPLATES: dict[type[BaseModel], _Template] = {}
 
 
 class Settings(Frozen):

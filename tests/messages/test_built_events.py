@@ -8,6 +8,9 @@ from typing import Any
 
 import pytest
 
+from replan import ScriptedModel
+from replan.actors._calls import call_model
+from replan.llm import ModelRequest
 from replan.messages import (
     MESSAGE_ADAPTER,
     Event,
@@ -89,7 +92,7 @@ def test_built_actor_messages_are_those_validation_builds() -> None:
     assert reply.failures is not built(ExecuteReply, {"outcome": OUTCOME}).failures
 
     context = {"goal": "g", "task": task, "dependency_results": {"t1": OUTCOME}}
-    fields = {"context": context, "task": task, "max_tool_steps": 8}
+    fields: dict[str, Any] = {"context": context, "task": task, "max_tool_steps": 8}
     request = built(ExecuteRequest, fields)
     validated = ExecuteRequest(**fields)
     assert request == validated
@@ -99,3 +102,43 @@ def test_built_actor_messages_are_those_validation_builds() -> None:
 def test_a_message_with_validators_is_not_built_without_them() -> None:
     with pytest.raises(TypeError, match="TaskDraft has validators"):
         built(TaskDraft, {"key": " ", "description": " "})
+
+
+def test_a_built_model_request_is_the_one_validation_builds() -> None:
+    fields: dict[str, Any] = {
+        "role": "executor",
+        "purpose": "execute",
+        "output_type": TaskOutcome,
+        "temperature": 0.2,
+        "run_id": "r1",
+        "task_id": "t1",
+        "context": {"goal": "g"},
+        "tools": [],
+        "transcript": [],
+    }
+    request = built(ModelRequest, fields)
+    validated = ModelRequest(**fields)
+    assert request == validated
+    assert list(request.__dict__) == list(validated.__dict__)
+    assert request.model_fields_set == validated.model_fields_set
+
+
+async def test_a_model_that_changes_its_request_s_context_changes_no_one_else_s() -> (
+    None
+):
+    def handler(request: ModelRequest) -> Verdict:
+        request.context["seen"] = True
+        return Verdict(decision="continue")
+
+    context: dict[str, Any] = {"goal": "g"}
+    verdict, _ = await call_model(
+        ScriptedModel(handler),
+        role="reviewer",
+        purpose="milestone",
+        output_type=Verdict,
+        context=context,
+        temperature=0,
+        run_id="r1",
+    )
+    assert verdict.decision == "continue"
+    assert context == {"goal": "g"}
