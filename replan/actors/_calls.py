@@ -24,6 +24,7 @@ from ..messages import (
     TokenUsage,
     ValidationBatch,
 )
+from ..messages._base import built
 from ..telemetry import model_call, model_call_traced
 from ._runtime import ActorContext
 
@@ -54,20 +55,26 @@ async def call_model(
         ModelError: the model answered with the wrong type, or its answer
             failed for good (a second malformed one is ``final``).
     """
-    request = ModelRequest(
-        role=role,
-        purpose=purpose,
-        output_type=output_type,
-        temperature=temperature,
-        run_id=run_id,
-        task_id=task_id,
-        context=context,
+    # Copied as validation copies it (the model may change its request's
+    # context), not checked again: once per model call.
+    request = built(
+        ModelRequest,
+        {
+            "role": role,
+            "purpose": purpose,
+            "output_type": output_type,
+            "temperature": float(temperature),
+            "run_id": run_id,
+            "task_id": task_id,
+            "context": dict(context),
+        },
     )
     response = await (generate(model, request) if once else answer(model, request))
     output = response.output
     if not isinstance(output, output_type):
         raise wrong_answer(request, output_type, output, response.usage)
-    return output, ModelCall(role=role, purpose=purpose, usage=response.usage)
+    call = built(ModelCall, {"role": role, "purpose": purpose, "usage": response.usage})
+    return output, call
 
 
 def wrong_answer(

@@ -50,6 +50,7 @@ from ..messages import (
     ToolExchange,
     ToolResult,
 )
+from ..messages._base import built
 from ..store import Store, ToolEffectLedger, ToolEffectRecord
 from ..telemetry import tool_call
 from ._calls import answer, made_at, wrong_answer
@@ -106,16 +107,22 @@ class _Attempt:
         context: dict[str, Any] = request.context
         try:
             for step in range(1, request.max_tool_steps + 1):
-                request_sent = ModelRequest(
-                    role="executor",
-                    purpose="execute",
-                    output_type=TaskOutcome,
-                    temperature=loop.temperature,
-                    run_id=run_id,
-                    task_id=task.id,
-                    context=context,
-                    tools=specs,
-                    transcript=list(transcript),
+                # Of validated parts, copied as validation copies them (the
+                # model may change its request's): not checked again, once
+                # per model call.
+                request_sent = built(
+                    ModelRequest,
+                    {
+                        "role": "executor",
+                        "purpose": "execute",
+                        "output_type": TaskOutcome,
+                        "temperature": float(loop.temperature),
+                        "run_id": run_id,
+                        "task_id": task.id,
+                        "context": dict(context),
+                        "tools": list(specs),
+                        "transcript": list(transcript),
+                    },
                 )
                 response = await answer(loop.model, request_sent)
                 calls.append(_call(response.usage))
@@ -147,7 +154,9 @@ class _Attempt:
                 if not isinstance(response.output, TaskOutcome):
                     # Its tokens are in ``calls`` already.
                     raise wrong_answer(request_sent, TaskOutcome, response.output)
-                return ExecuteReply(outcome=response.output, calls=calls)
+                # Of validated parts (the model's answer, the calls' usage):
+                # not checked again, once per execution.
+                return built(ExecuteReply, {"outcome": response.output, "calls": calls})
         except ModelError as exc:
             if exc.usage is not None:
                 calls.append(_call(exc.usage))
@@ -372,4 +381,4 @@ def _free(key: str, taken: set[str]) -> str:
 
 
 def _call(usage: TokenUsage) -> ModelCall:
-    return ModelCall(role="executor", purpose="execute", usage=usage)
+    return built(ModelCall, {"role": "executor", "purpose": "execute", "usage": usage})

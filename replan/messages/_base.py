@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import math
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
-from typing import Any, Self, Union, get_args, get_origin
+from typing import Any, Self, TypeVar, Union, cast, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -41,17 +41,18 @@ class Frozen(BaseModel):
         event, where ``model_copy``'s general machinery costs several times
         more.
         """
-        copy = object.__new__(type(self))
+        copy = _new(type(self))
         fields = self.__dict__.copy()
         fields.update(changes)
-        object.__setattr__(copy, "__dict__", fields)
-        object.__setattr__(
-            copy,
-            "__pydantic_fields_set__",
-            _shared_fields_set(self.__pydantic_fields_set__, changes.keys()),
+        _set_dict(copy, fields)
+        given = self.__pydantic_fields_set__
+        # The changed fields are nearly always set already, once a model has
+        # been evolved before: the copy shares the set object.
+        _set_fields_set(
+            copy, given if changes.keys() <= given else _interned(given.union(changes))
         )
-        object.__setattr__(copy, "__pydantic_extra__", None)
-        object.__setattr__(copy, "__pydantic_private__", None)
+        _set_extra(copy, None)
+        _set_private(copy, None)
         return copy
 
     def check_storable(self) -> None:
@@ -70,19 +71,19 @@ class Frozen(BaseModel):
 
 
 _FIELDS_SETS: dict[frozenset[str], set[str]] = {}
+"""One set object per distinct combination of set fields.
 
+A frozen model's fields set is never changed in place (``model_copy`` copies
+it before adding to it), so copies can share one: a run's state keeps every
+task of every plan version alive, each with its own set otherwise."""
 
-def _shared_fields_set(given: set[str], changed: Iterable[str]) -> set[str]:
-    """One set object per distinct combination of set fields.
-
-    A frozen model's fields set is never changed in place (``model_copy``
-    copies it before adding to it), so copies can share one: a run's state
-    keeps every task of every plan version alive, each with its own set
-    otherwise.
-    """
-    if given.issuperset(changed):
-        return given  # nearly always, once a model has been evolved before
-    return _interned(given.union(changed))
+# A copy's slots are set through their descriptors: ``object.__setattr__``
+# looks each one up by name first, on every copy.
+_new = object.__new__
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def _interned(names: set[str]) -> set[str]:
@@ -91,6 +92,90 @@ def _interned(names: set[str]) -> set[str]:
     if shared is None:
         shared = _FIELDS_SETS[key] = names
     return shared
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def built(cls: type[_M], fields: dict[str, Any]) -> _M:
+    """``cls(**fields)`` as validation builds it, for values that are of
+    their fields' types already (validated messages, counters, ids).
+
+    Nothing is checked but the names: the values are kept as they are
+    (validation would copy a list or a dict; the caller must not change
+    one it gives afterwards). The fields are in their declared order, the
+    others get their defaults, and the fields set names those given, as
+    after validation. For the messages a run builds on every step from
+    what it holds, where validating again costs more than the rest of
+    building them.
+
+    Raises:
+        TypeError: ``fields`` names a field ``cls`` does not have, or lacks
+            one it requires.
+    """
+    template = _TEMPLATES.get(cls)
+    if template is None:
+        template = _TEMPLATES[cls] = _Template(cls)
+    given = tuple(fields)
+    fields_set = template.fields_sets.get(given)
+    if fields_set is None:
+        fields_set = template.fields_sets[given] = template.fields_set(given)
+    values = template.values.copy()
+    values.update(fields)
+    for name, factory in template.factories:
+        if name not in fields:
+            values[name] = factory()
+    message = _new(cls)
+    _set_dict(message, values)
+    _set_fields_set(message, fields_set)
+    _set_extra(message, None)
+    _set_private(message, None)
+    return message
+
+
+class _Template:
+    """What :func:`built` needs of a class: its fields in their declared
+    order with their defaults, and the fields sets of the builds so far (by
+    the names given, in order)."""
+
+    def __init__(self, cls: type[BaseModel]) -> None:
+        decorators = cls.__pydantic_decorators__
+        if (
+            decorators.field_validators
+            or decorators.model_validators
+            or cls.__private_attributes__
+            or cls.model_config.get("extra") == "allow"
+        ):
+            # Its validators may normalize what they are given, or refuse
+            # it, and extra fields or private attributes need more than a
+            # dict: only validation builds it as validation does.
+            raise TypeError(f"{cls.__name__} has validators: validate it")
+        self.cls = cls
+        self.values: dict[str, Any] = {}
+        self.factories: list[tuple[str, Callable[[], Any]]] = []
+        self.required: set[str] = set()
+        for name, field in cls.model_fields.items():
+            self.values[name] = None if field.is_required() else field.default
+            if field.is_required():
+                self.required.add(name)
+            elif field.default_factory is not None:
+                factory = cast("Callable[[], Any]", field.default_factory)
+                self.factories.append((name, factory))
+        self.fields_sets: dict[tuple[str, ...], set[str]] = {}
+
+    def fields_set(self, given: tuple[str, ...]) -> set[str]:
+        names = set(given)
+        unknown = names - self.values.keys()
+        missing = self.required - names
+        if unknown or missing:
+            raise TypeError(
+                f"{self.cls.__name__}: unknown fields {sorted(unknown)}, "
+                f"missing fields {sorted(missing)}"
+            )
+        return _interned(names)
+
+
+_TEMPLATES: dict[type[BaseModel], _Template] = {}
 
 
 class Settings(Frozen):

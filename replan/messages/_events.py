@@ -1,11 +1,15 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter
 
-from ._base import READING_JOURNAL, Frozen
+from ._base import (
+    READING_JOURNAL,
+    Frozen,
+    built,
+)
 from ._explore_events import ExploreEvents
 from ._gate import GateInfo, GateRequest, GateResolution
 from ._plan import PlanVersion, ReplanRecord, Synthesis, Verdict
@@ -233,3 +237,27 @@ def event_json(event: Event) -> bytes:
 
 
 """(De)serializes any :data:`Event` (``validate_json`` / ``dump_json``)."""
+
+
+def built_event(
+    cls: type[Event], seq: int, at: datetime, fields: dict[str, Any]
+) -> Event:
+    """An event the supervisor builds from values it holds already validated.
+
+    A task's start and finish and a model call's usage are most of a run's
+    events, and every value they carry comes from a validated message (a
+    task, an executor's reply, a model call) or a counter: these kinds are
+    :func:`~replan.messages._base.built` without checking the values again.
+    Any other kind is validated as usual.
+
+    Raises:
+        TypeError: ``fields`` names a field the kind does not have, or
+            lacks one it requires.
+    """
+    if cls not in _TRUSTED:
+        return cls(seq=seq, at=at, **fields)
+    return built(cls, {"seq": seq, "at": at, **fields})
+
+
+_TRUSTED = frozenset({TaskStarted, TaskFinished, UsageRecorded})
+"""The kinds :func:`built_event` builds without validating."""

@@ -5,7 +5,15 @@ from typing import Literal
 
 from pydantic import Field
 
-from ._base import Frozen, _interned
+from ._base import (
+    Frozen,
+    _interned,
+    _new,
+    _set_dict,
+    _set_extra,
+    _set_fields_set,
+    _set_private,
+)
 from ._explore import DiscoveryBrief
 from ._plan import PlanVersion, ReplanRecord
 from ._task import Task
@@ -52,10 +60,9 @@ class TokenUsage(Frozen):
         # run adds one per finished task and model call, so the sum is built
         # directly (its fields set names the five counts), copying neither
         # operand.
-        total = object.__new__(TokenUsage)
-        object.__setattr__(
+        total = _new(TokenUsage)
+        _set_dict(
             total,
-            "__dict__",
             {
                 "kind": "token_usage",
                 "input_tokens": self.input_tokens + other.input_tokens,
@@ -65,9 +72,9 @@ class TokenUsage(Frozen):
                 "cost": self.cost + other.cost,
             },
         )
-        object.__setattr__(total, "__pydantic_fields_set__", _SUM_FIELDS)
-        object.__setattr__(total, "__pydantic_extra__", None)
-        object.__setattr__(total, "__pydantic_private__", None)
+        _set_fields_set(total, _SUM_FIELDS)
+        _set_extra(total, None)
+        _set_private(total, None)
         return total
 
 

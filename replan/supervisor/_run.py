@@ -66,6 +66,8 @@ from ..messages import (
     ToolCall,
     UsageRecorded,
 )
+from ..messages._base import built
+from ..messages._events import built_event
 from ..store import EffectLedger, EffectRecord, RunSummary, Store
 from ..telemetry import RunTrace, Telemetry, actor_span_suspended
 from ._budget import REQUEST_KEY, RunMeter
@@ -545,7 +547,7 @@ class RunDriver:
         state = self._staged_state or self.state
         now = datetime.now(UTC)
         for cls, fields in specs:
-            event = cls(seq=state.seq + 1, at=now, **fields)
+            event = built_event(cls, state.seq + 1, now, fields)
             state = apply(state, event)
             self._staged.append(event)
         self._staged_state = state
@@ -1115,8 +1117,6 @@ class RunDriver:
 
     async def _take(self, item: _Report, later: Sequence[_Report] = ()) -> None:
         """Act on one report from a task or an approval."""
-        from ._replanning import review
-
         if isinstance(item, _RoleStopped):
             raise RunEnded(
                 RunStatus.FAILED,
@@ -1140,6 +1140,10 @@ class RunDriver:
         staged = self.stage(*finish_events(item))
         finished = staged.tasks[item.task_id].status is not TaskStatus.PENDING
         if finished and milestone_due(staged, item.task_id):
+            # Imported here, not per report: an import statement costs
+            # more than the rest of a report's checks.
+            from ._replanning import review
+
             await self.record_events()
             await self._secure(later)
             await review(self)
@@ -1321,8 +1325,15 @@ class RunDriver:
             dependency_results={d: state.tasks[d].result for d in task.depends_on},
             attempt=task.attempts,
         )
-        request = ExecuteRequest(
-            task=task, context=context, max_tool_steps=self.limits.max_tool_steps
+        # Built from validated values (the task, the spec's), not checked
+        # again: one per execution.
+        request = built(
+            ExecuteRequest,
+            {
+                "context": context,
+                "task": task,
+                "max_tool_steps": self.limits.max_tool_steps,
+            },
         )
         self._in_flight += 1
         # Busy until the report is with the driver: a drain that sees no
