@@ -7,6 +7,7 @@ one of a closed set of outcomes; none does I/O, so each is tested exhaustively.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import islice
 from typing import Literal
 
 from ..messages import (
@@ -42,6 +43,61 @@ def iter_ready(state: RunState) -> Iterator[Task]:
                     break
             else:
                 yield task
+
+
+ENDED = frozenset(
+    {
+        TaskStatus.COMPLETED,
+        TaskStatus.FAILED,
+        TaskStatus.SKIPPED,
+        TaskStatus.SUPERSEDED,
+    }
+)
+"""Statuses a task never leaves."""
+
+
+class ReadyWalk:
+    """:func:`iter_ready` for one run's driver, past the tasks that ended.
+
+    A run's tasks are only ever added, at the end of the table (``t1``,
+    ``t2``...), and a task that ended never changes again: the tasks before
+    the first one still pending or running can hold no ready task. The
+    driver walks for ready tasks after every report; this walk starts past
+    them, so that a plan of thousands does not cost a walk over every
+    finished task each time.
+    """
+
+    __slots__ = ("_ids", "_start")
+
+    def __init__(self) -> None:
+        self._ids: list[str] = []
+        """The table's task ids, in order, as far as seen."""
+        self._start = 0
+        """How many tasks at the head of the table have ended."""
+
+    def __call__(self, state: RunState) -> Iterator[Task]:
+        tasks = state.tasks
+        ids = self._ids
+        if len(ids) != len(tasks):
+            if len(ids) > len(tasks) or (ids and ids[-1] not in tasks):
+                # Not the table seen so far (a run's table only grows):
+                # start over from its head.
+                ids.clear()
+                self._start = 0
+            ids.extend(islice(tasks, len(ids), None))
+        start, count = self._start, len(ids)
+        while start < count and tasks[ids[start]].status in ENDED:
+            start += 1
+        self._start = start
+        pending, completed = TaskStatus.PENDING, TaskStatus.COMPLETED
+        for index in range(start, count):
+            task = tasks[ids[index]]
+            if task.status is pending:
+                for dep in task.depends_on:
+                    if tasks[dep].status is not completed:
+                        break
+                else:
+                    yield task
 
 
 def contract_rules(state: RunState) -> bool:

@@ -72,6 +72,7 @@ from ..store import EffectLedger, EffectRecord, RunSummary, Store
 from ..telemetry import RunTrace, Telemetry, actor_span_suspended
 from ._budget import REQUEST_KEY, RunMeter
 from ._decide import (
+    ReadyWalk,
     budget_spent,
     iter_ready,
     milestone_due,
@@ -464,6 +465,8 @@ class RunDriver:
         self._unrecorded = 0
         """Answers taken from a role and not yet journaled: busy until the
         next append journals them (a drain lets the run get there)."""
+        self._ready = ReadyWalk()
+        """The run's ready tasks, walked from past the tasks that ended."""
 
     @property
     def state(self) -> RunState:
@@ -1165,7 +1168,7 @@ class RunDriver:
         budget = self.limits.max_task_executions - state.task_executions
         to_start: list[Task] = []
         gated = {g.request.task_id for g in state.open_gates}
-        for task in iter_ready(state):
+        for task in self._ready(state):
             if task.requires_approval and not task.approved:
                 if task.id not in gated:
                     await self._request_approval(tg, task)

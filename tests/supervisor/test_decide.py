@@ -25,6 +25,8 @@ from replan import (
 )
 from replan.messages import (
     PlanCreated,
+    ReplanApplied,
+    ReplanRecord,
     RunSubmitted,
     TaskFinished,
     TaskStarted,
@@ -41,6 +43,7 @@ from replan.supervisor import (
     milestone_due,
     ready_tasks,
 )
+from replan.supervisor._decide import ReadyWalk
 
 NOW = datetime(2026, 11, 21, tzinfo=UTC)
 
@@ -89,6 +92,90 @@ def test_only_tasks_whose_dependencies_completed_are_ready() -> None:
     assert [t.id for t in ready_tasks(state)] == ["t1"]
     state = _finish(state, "t1", OK)
     assert [t.id for t in ready_tasks(state)] == ["t2"]
+
+
+def _replanned(state: RunState, count: int, on: list[str]) -> RunState:
+    """``state`` after a replan putting ``count`` chained tasks, the first
+    depending on ``on``, in place of the pending ones."""
+    drafts = [
+        TaskDraft(
+            key=f"n{state.seq}-{i}",
+            description="new",
+            depends_on=[f"n{state.seq}-{i - 1}"] if i else on,
+        )
+        for i in range(count)
+    ]
+    version = build_version(
+        state,
+        drafts,
+        trigger=Trigger.CONTRADICTION,
+        reason="r",
+        phase="main",
+        replace_pending=True,
+    )
+    record = ReplanRecord(
+        trigger=Trigger.CONTRADICTION,
+        outcome=ReplanOutcome.APPLIED,
+        reason="r",
+        confidence=1.0,
+        version=version.version,
+        proposed=version,
+    )
+    return apply(
+        state, ReplanApplied(seq=state.seq + 1, at=NOW, record=record, version=version)
+    )
+
+
+@given(
+    st.integers(1, 12),
+    st.booleans(),
+    st.lists(st.tuples(st.sampled_from("sfxtr"), st.integers(0, 30)), max_size=60),
+)
+def test_the_drivers_walk_finds_the_ready_tasks_a_whole_walk_finds(
+    size: int, chain: bool, steps: list[tuple[str, int]]
+) -> None:
+    # One walk follows the run from state to state, as the driver's does:
+    # starts, successes, failures (their dependents skipped), transient
+    # failures (the task pending again) and replans (tasks superseded and
+    # added at the end of the table).
+    walk = ReadyWalk()
+    state = _state(size, chain=chain)
+    for action, pick in steps:
+        assert [t.id for t in walk(state)] == [t.id for t in ready_tasks(state)]
+        ready = ready_tasks(state)
+        running = [
+            t for t in state.tasks.values() if t.status is TaskStatus.IN_PROGRESS
+        ]
+        if action == "s" and ready:
+            task = ready[pick % len(ready)]
+            state = apply(
+                state,
+                TaskStarted(
+                    seq=state.seq + 1,
+                    at=NOW,
+                    task_id=task.id,
+                    attempt=task.attempts + 1,
+                ),
+            )
+        elif action in "fxt" and running:
+            task = running[pick % len(running)]
+            outcome = {
+                "f": OK,
+                "x": TaskOutcome(success=False, summary="no", reason="broken"),
+                "t": TaskOutcome(success=False, summary="no", transient=True),
+            }[action]
+            state = apply(
+                state,
+                TaskFinished(
+                    seq=state.seq + 1, at=NOW, task_id=task.id, outcome=outcome
+                ),
+            )
+        elif action == "r":
+            done = [
+                t.id for t in state.tasks.values() if t.status is TaskStatus.COMPLETED
+            ]
+            state = _replanned(state, 1 + pick % 3, done[-1:])
+    assert [t.id for t in walk(state)] == [t.id for t in ready_tasks(state)]
 
 
 @pytest.mark.parametrize(
