@@ -6,7 +6,7 @@ one of a closed set of outcomes; none does I/O, so each is tested exhaustively.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import Literal
 
@@ -33,10 +33,14 @@ def iter_ready(state: RunState) -> Iterator[Task]:
     start it stops at the first ones, instead of listing every ready task of
     a plan that may hold thousands.
     """
-    # Plain loops: this walks the plan after every report.
-    tasks = state.tasks
+    return _ready_among(state.tasks, state.tasks.values())
+
+
+def _ready_among(tasks: dict[str, Task], candidates: Iterable[Task]) -> Iterator[Task]:
+    """The pending ``candidates`` whose dependencies in ``tasks`` completed."""
+    # Plain loops: the driver walks the plan after every report.
     pending, completed = TaskStatus.PENDING, TaskStatus.COMPLETED
-    for task in tasks.values():
+    for task in candidates:
         if task.status is pending:
             for dep in task.depends_on:
                 if tasks[dep].status is not completed:
@@ -89,15 +93,7 @@ class ReadyWalk:
         while start < count and tasks[ids[start]].status in ENDED:
             start += 1
         self._start = start
-        pending, completed = TaskStatus.PENDING, TaskStatus.COMPLETED
-        for index in range(start, count):
-            task = tasks[ids[index]]
-            if task.status is pending:
-                for dep in task.depends_on:
-                    if tasks[dep].status is not completed:
-                        break
-                else:
-                    yield task
+        return _ready_among(tasks, (tasks[ids[i]] for i in range(start, count)))
 
 
 def contract_rules(state: RunState) -> bool:
