@@ -34,6 +34,7 @@ from ..messages import (
 )
 from . import _names as n
 from ._content import input_messages, output_messages
+from ._guard import end
 from ._propagation import carried_context
 from ._telemetry import Telemetry, truncate
 
@@ -204,7 +205,7 @@ class ActorSpan:
             return None
         span.set_attribute(n.ACTOR_OUTCOME, n.SUSPENDED)
         span.set_attribute(n.SUSPEND_REASON, truncate(reason))
-        span.end()
+        end(span)
         ended = span.get_span_context()
         self.span = trace.INVALID_SPAN
         self._make_current(trace.NonRecordingSpan(ended), None)
@@ -293,7 +294,7 @@ def serving(
         # An unbounded wait holds no span open: the gate is recorded as it
         # opens, and the run suspends its trace while nothing else moves.
         span.set_attribute(n.GATE_OUTCOME, n.SUSPENDED)
-        span.end()
+        end(span)
         span = trace.INVALID_SPAN
     if not span.is_recording():
         active = _ACTIVE.set(telemetry)
@@ -321,7 +322,7 @@ def serving(
     finally:
         actor.close()
         context.detach(token)
-        actor.span.end()
+        end(actor.span)
         _SERVING.reset(serving_token)
         _ACTIVE.reset(active)
 
@@ -352,7 +353,7 @@ def current(span: Span, parent: context.Context | None = None) -> Iterator[Span]
         raise
     finally:
         context.detach(token)
-        span.end()
+        end(span)
 
 
 # Model calls -----------------------------------------------------------------------

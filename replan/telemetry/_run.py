@@ -46,6 +46,7 @@ from ..messages import (
 )
 from . import _names as n
 from ._actors import task_outcome
+from ._guard import end
 from ._telemetry import Telemetry, truncate
 
 if TYPE_CHECKING:
@@ -200,7 +201,7 @@ class RunTrace:
         finally:
             for span in (self._replan, self._root):
                 if span is not None:
-                    span.end()
+                    end(span)
             self._replan = self._root = None
             self._refresh(final=True)
 
@@ -327,7 +328,7 @@ class RunTrace:
 
     def _end_replan(self) -> None:
         if self._replan is not None:
-            self._replan.end()
+            end(self._replan)
         self._replan = None
         self._suspended_replan = None
         self._cut = False
@@ -428,7 +429,7 @@ class RunTrace:
                 n.GATE_OUTCOME: n.SUSPENDED,
             },
         )
-        gate.end()
+        end(gate)
         await self.suspend(f"gate {request.gate_id} waits for a person, no timeout")
         yield
         self.resume()
@@ -479,12 +480,12 @@ class RunTrace:
             self._replan.set_attribute(n.REPLAN_OUTCOME, n.SUSPENDED)
             self._replan.set_attribute(n.SUSPEND_REASON, reason)
             self._suspended_replan = self._replan.get_span_context()
-            self._replan.end()
+            end(self._replan)
             self._replan = None
         self._end_attributes(root, self._state)
         root.set_attribute(n.RUN_OUTCOME, n.SUSPENDED)
         root.set_attribute(n.SUSPEND_REASON, reason)
-        root.end()
+        end(root)
         self._suspended_root = root.get_span_context()
         self._root = None
         self._refresh()
