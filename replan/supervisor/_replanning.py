@@ -128,15 +128,16 @@ async def _planned(
 async def review(run: RunDriver) -> None:
     """A milestone: cheap checks, then the reviewer; act on the verdict."""
     state = run.state
-    limits = state.spec.limits
-    if state.iterations >= limits.max_iterations:
-        raise RunEnded(
-            RunStatus.LIMIT_REACHED,
-            f"max_iterations: {state.iterations} milestone reviews held",
-        )
     verdict = heuristic_verdict(state)
     by = "heuristic"
     if verdict is None:
+        # max_iterations bounds the reviews the reviewer is asked (failed
+        # ones too): what the cheap checks decide is no review cycle.
+        if state.reviews >= state.spec.limits.max_iterations:
+            raise RunEnded(
+                RunStatus.LIMIT_REACHED,
+                f"max_iterations: {state.reviews} milestone reviews held",
+            )
         context = run.base_context()
         context.update(
             completed=run.completed_context(),
