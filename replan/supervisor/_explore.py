@@ -114,6 +114,18 @@ def review_check(resolution: GateResolution) -> None:
 logger = logging.getLogger("replan.supervisor")
 
 
+def changed_after_edit(shown: Sequence[str], selected: Sequence[str], by: str) -> str:
+    """Why a selection is reviewed again after a person added hypotheses."""
+    joined = [h for h in selected if h not in shown]
+    left = [h for h in shown if h not in selected]
+    parts = []
+    if joined:
+        parts.append(f"{', '.join(joined)} joined")
+    if left:
+        parts.append(f"{', '.join(left)} left")
+    return f"the selection changed after the edit by {by} ({'; '.join(parts)})"
+
+
 class JournalMismatch(RuntimeError):
     """A resumed run's journal does not fit the explore flow (a bug, or a
     journal written by another version): the run is left as it is."""
@@ -763,7 +775,7 @@ class _Flow:
         reasons = self.reasons(selected)
         reviewed_by: str | None = None
         rejected: list[Rejection] = []
-        if reasons:
+        while reasons:
             if self.replaying:
                 resolution = await self.journaled_review()
             else:
@@ -773,7 +785,9 @@ class _Flow:
             if resolution.by == "policy:timeout":
                 status = "needs_review"
                 reason = "no person reviewed the selection before the gate expired"
-            elif resolution.decision == "reject":
+                reviewed_by = None
+                break
+            if resolution.decision == "reject":
                 rejected = [
                     Rejection(
                         hypothesis_id=h,
@@ -791,13 +805,24 @@ class _Flow:
                     reviewed_by=resolution.by,
                     rejected=rejected,
                 )
-            else:
-                if resolution.hypotheses:
-                    await self.join(resolution.hypotheses)
-                    selected = self.selection()
-                # Approved by a person who was told of the limit, if one
-                # stopped refinement: the stop reason still says so.
-                status, reviewed_by = "completed", resolution.by
+            # Approved by a person who was told of the limit, if one
+            # stopped refinement: the stop reason still says so.
+            status, reviewed_by = "completed", resolution.by
+            if not resolution.hypotheses:
+                break
+            shown = selected
+            await self.join(resolution.hypotheses)
+            selected = self.selection()
+            if set(selected) == set(shown):
+                break  # the person's hypotheses changed nothing they saw
+            if self.replaying and not self.journaled(GateOpened):
+                break  # journaled by a version that did not ask again
+            # The tournament changed what the person saw: the selection
+            # that reaches the brief is shown to a person again.
+            reasons = [
+                changed_after_edit(shown, selected, resolution.by),
+                *self.reasons(selected),
+            ]
         plans = await self.validation(selected)
         n = len(selected)
         total = len(self.explore.hypotheses)
