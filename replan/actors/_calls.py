@@ -118,14 +118,28 @@ async def answer(model: Model, request: ModelRequest) -> ModelResponse:
     again = request.model_copy(
         update={"context": with_problem(request.context, _brief(first))}
     )
+    # Until the re-ask answers, the first answer's tokens are the run's
+    # (the supervisor's model keeps them): a request cut short meanwhile
+    # (a stop after a drain's grace, the run's end) gives no reply to
+    # report them.
+    unreported = getattr(model, "unreported", None)
+    reported = (
+        unreported(request, first.usage)
+        if unreported is not None and first.usage is not None
+        else None
+    )
     try:
         response = await generate(model, again)
     except ModelError as exc:
+        if reported is not None:
+            reported()  # the error carries them
         if first.usage is not None:
             exc.usage = first.usage if exc.usage is None else first.usage + exc.usage
         if isinstance(exc, ModelOutputError):
             exc.final = True  # asked twice: a caller does not ask again
         raise
+    if reported is not None:
+        reported()  # the response carries them
     if first.usage is None:
         return response
     return response.model_copy(update={"usage": first.usage + response.usage})
