@@ -83,6 +83,7 @@ from ._decide import budget_spent
 from ._explore_brief import BriefStatus, admit, build_brief
 from ._explore_reach import Reach
 from ._explore_state import ExploreState, fold_explore
+from ._gates import POLICY_TIMEOUT
 from ._resume import Recovery
 from ._run import RoleFailed, RunEnded
 
@@ -782,7 +783,7 @@ class _Flow:
                 # The person is told that refinement stopped short, too.
                 asked = [*reasons, reason] if reason else reasons
                 resolution = await self.human_review(selected, asked)
-            if resolution.by == "policy:timeout":
+            if resolution.by == POLICY_TIMEOUT:
                 status = "needs_review"
                 reason = "no person reviewed the selection before the gate expired"
                 reviewed_by = None

@@ -20,6 +20,9 @@ from ..messages import GateRequest, GateResolution
 
 GATE_CLOSED = "the gate was closed before a gate worker took it"
 
+POLICY_TIMEOUT = "policy:timeout"
+"""Who decided a gate that expired unanswered: the gate policy."""
+
 ANSWERED_KEPT = 1024
 """How many answered gates a registry remembers, to tell a late second
 answer that the gate is resolved rather than unknown."""
@@ -215,7 +218,7 @@ async def _settled(pending: _Pending) -> GateResolution:
     if pending.resolution is None:
         pending.resolution = GateResolution(
             decision=request.on_timeout,
-            by="policy:timeout",
+            by=POLICY_TIMEOUT,
             note="no decision before the gate expired",
         )
     return pending.resolution

@@ -51,7 +51,7 @@ from ._decide import (
     unanswered_verdict,
     under_contract,
 )
-from ._gates import Validator
+from ._gates import POLICY_TIMEOUT, Validator
 from ._run import RunEnded, Unanswered
 from ._versions import build_version, drafts_of
 
@@ -323,9 +323,12 @@ async def _after_proposal(
                 f": {resolution.note}" if resolution.note else ""
             )
             rejected = version.evolve(rejected_reason=reason)
-            await _refuse(
-                run, verdict, ReplanOutcome.REJECTED_BY_HUMAN, reason, proposed=rejected
+            outcome = (
+                ReplanOutcome.REJECTED_BY_POLICY
+                if resolution.by == POLICY_TIMEOUT
+                else ReplanOutcome.REJECTED_BY_HUMAN
             )
+            await _refuse(run, verdict, outcome, reason, proposed=rejected)
             return
         if resolution.decision == "edit" and resolution.tasks is not None:
             proposal = PlanProposal(
