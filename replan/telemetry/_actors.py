@@ -19,9 +19,13 @@ from .._errors import ModelError
 from ..messages import (
     EXECUTOR_CRASHED,
     AlignmentReply,
+    Comparison,
+    Critique,
     CritiqueReply,
     ExecuteReply,
     ExecuteRequest,
+    ExploreReply,
+    ExploreRequest,
     GateRequest,
     GateResolution,
     PlanRequest,
@@ -40,6 +44,13 @@ from ._telemetry import Telemetry, truncate
 
 _ACTIVE: ContextVar[Telemetry | None] = ContextVar("replan_telemetry", default=None)
 """The telemetry of the actor span being served (read by model-call spans)."""
+
+_EXPLORE_IDS = (
+    ("hypothesis_id", n.EXPLORE_HYPOTHESIS),
+    ("a_id", n.EXPLORE_A),
+    ("b_id", n.EXPLORE_B),
+)
+"""Context keys of an explore request naming the hypotheses it is about."""
 
 _PURPOSES: dict[type, str] = {
     ExecuteRequest: "execute",
@@ -69,6 +80,16 @@ def _describe_request(
         case ExecuteRequest(task=task):
             attrs[n.TASK_ID] = task.id
             attrs[n.TASK_ATTEMPT] = task.attempts
+        case ExploreRequest(purpose=purpose, context=context):
+            # What an explore call asks (gaps, critique, compare...), and of
+            # which hypotheses, rather than the request kind alone.
+            attrs[n.GEN_AI_OPERATION_NAME] = n.OP_INVOKE_AGENT
+            attrs[n.PURPOSE] = purpose
+            for key, name in _EXPLORE_IDS:
+                value = context.get(key)
+                if isinstance(value, str):
+                    attrs[name] = value
+            return n.SPAN_AGENT_PREFIX + role, attrs
     attrs[n.GEN_AI_OPERATION_NAME] = n.OP_INVOKE_AGENT
     kind = getattr(request, "kind", "")
     attrs[n.PURPOSE] = _PURPOSES.get(type(request), kind.removesuffix("_request"))
@@ -156,6 +177,17 @@ def describe_reply(span: Span, reply: object) -> None:
                     f"rank {rank}",
                     extra={n.CANDIDATE_INDEX: index},
                 )
+        case ExploreReply(output=Critique() as critique):
+            for lens, score in critique.scores.items():
+                _evaluation(span, lens, score, explanation=critique.critique)
+        case ExploreReply(output=Comparison() as comparison):
+            _evaluation(
+                span,
+                "comparison",
+                1.0 if comparison.winner == "a" else 0.0,
+                comparison.winner,
+                comparison.rationale,
+            )
         case GateResolution(decision=decision, by=by):
             span.set_attribute(n.GATE_DECISION, decision)
             span.set_attribute(n.GATE_DECIDED_BY, by)

@@ -105,9 +105,11 @@ def _start_root(
             n.GEN_AI_OPERATION_NAME: n.OP_INVOKE_WORKFLOW,
             n.GEN_AI_WORKFLOW_NAME: n.LIBRARY,
             n.GEN_AI_CONVERSATION_ID: state.run_id,
-            n.RUN_PATTERN: spec.pattern,
+            n.RUN_KIND: spec.kind,
             n.RUN_SEGMENT: segment,
         }
+        if spec.kind == "plan":  # an explore run has no pattern
+            attrs[n.RUN_PATTERN] = spec.pattern
         for name, value in spec.limits.model_dump(exclude_none=True).items():
             if isinstance(value, int | float):
                 attrs[n.LIMIT_PREFIX + name] = value
