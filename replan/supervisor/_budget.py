@@ -110,25 +110,28 @@ class MeteredModel:
         return getattr(self.model, name)
 
     def unreported(
-        self, request: ModelRequest, usage: TokenUsage
+        self,
+        usage: TokenUsage,
+        *,
+        role: str,
+        purpose: str,
+        run_id: str | None,
+        task_id: str | None = None,
+        context: Mapping[str, Any],
     ) -> Callable[[], None] | None:
-        """Count ``usage``, what an answer to ``request`` used that the role
-        holds for a reply still to come (a malformed answer being asked
-        again), as its run's until the returned function is called: should
-        the request be cut short before its reply (the supervisor stops, the
-        run ends), the run journals it all the same.
+        """Count ``usage``, what answers a role holds for a reply still to
+        come used (a malformed answer being asked again, the candidates
+        before the next one), as the run's until the returned function is
+        called: should the request be cut short before its reply (the
+        supervisor stops, the run ends), the run journals it all the same.
 
         None when the run counts the request's calls already: a task
         attempt's (by task), a timed request's (by ``REQUEST_KEY``).
         """
-        meter = self._meters.get(request.run_id) if request.run_id else None
-        if (
-            meter is None
-            or request.task_id is not None
-            or REQUEST_KEY in request.context
-        ):
+        meter = self._meters.get(run_id) if run_id else None
+        if meter is None or task_id is not None or REQUEST_KEY in context:
             return None
-        return meter.hold(str(request.role), request.purpose, usage)
+        return meter.hold(role, purpose, usage)
 
     async def generate(self, request: ModelRequest) -> ModelResponse:
         """Raises BudgetExhausted, without calling the model, once spent."""

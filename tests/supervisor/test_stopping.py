@@ -15,7 +15,9 @@ from scripts import (
     DelegatingStore,
     chain,
     emails_first,
+    fresh_tasks,
     independent,
+    replan_verdict,
     scripted,
     send_email,
     spec,
@@ -38,6 +40,7 @@ from replan import (
     TokenUsage,
     Tool,
     Verdict,
+    replay,
     tool,
 )
 from replan.messages import Event, GateOpened, GateResolved
@@ -461,3 +464,39 @@ async def test_a_re_ask_that_answers_counts_both_answers_once() -> None:
             ).result()
     assert result.status is RunStatus.COMPLETED
     assert result.usage.total.calls == len(model.calls)
+
+
+async def test_a_drain_whose_grace_ends_between_candidates_journals_the_first() -> None:
+    asked = anyio.Event()
+    proposed = 0
+
+    async def revise(request: ModelRequest) -> Any:
+        nonlocal proposed
+        proposed += 1
+        if proposed > 1:  # the second candidate never comes
+            asked.set()
+            await anyio.sleep_forever()
+        return fresh_tasks(2)
+
+    model = scripted(
+        execute=with_finding,
+        milestone=lambda r: replan_verdict(),
+        replan=revise,
+        usage=USAGE,
+    )
+    store = MemoryStore()
+    with anyio.fail_after(10):
+        async with Supervisor(model, store) as sup:
+            handle = await sup.submit(
+                spec(chain(3, milestone_at=[1]), replan_candidates=2)
+            )
+            await asked.wait()
+            await sup.drain(0.05)
+    journaled = await store.read(handle.run_id)
+    usage = [e for e in journaled if e.kind == "usage_recorded"]
+    assert ("planner", "replan", USAGE) in [
+        (e.role, e.purpose, e.usage)  # type: ignore[attr-defined]
+        for e in usage
+    ]
+    # Every answered call is in the journal once; the one cut short is not.
+    assert replay(journaled).usage.total.calls == len(model.calls) - 1
