@@ -947,7 +947,7 @@ class RunDriver:
             left = self._inbox.take_nowait()
             with anyio.CancelScope(shield=True):
                 await self._secure([*self._unjournaled, *self._held, *left])
-                lost = self._unreported()
+                lost = [*self._attempts_spent(), *self._unreported()]
                 if (
                     lost
                     and not self.state.status.final
@@ -985,12 +985,18 @@ class RunDriver:
             if item.attempt and item.attempt != task.attempts:
                 continue
             self.stage(*finish_events(item))
+        self.stage(*self._attempts_spent(), *self._unreported())
+
+    def _attempts_spent(self) -> list[tuple[type[Event], dict[str, Any]]]:
+        """What the model calls of attempts still running cost so far: no
+        report will say it once the run ends or stops."""
+        events: list[tuple[type[Event], dict[str, Any]]] = []
         for task in self.view.with_status(TaskStatus.IN_PROGRESS):
             spent = self.meter.take_attempt(task.id, task.attempts)
             if spent is not None:
                 fields = {"role": "executor", "purpose": "execute", "usage": spent}
-                self.stage((UsageRecorded, fields))
-        self.stage(*self._unreported())
+                events.append((UsageRecorded, fields))
+        return events
 
     def _unreported(self) -> list[tuple[type[Event], dict[str, Any]]]:
         """Usage of answers whose request was cut short before its reply
@@ -1444,6 +1450,11 @@ class RunDriver:
                 task.id, outcome, calls, (), task.attempts, False, timed_out=True
             )
         except ActorStopped as exc:
+            # The supervisor stops: what the attempt's calls cost is the
+            # run's, journaled as it stops (see _attempts_spent).
+            spent = self.meter.take_attempt(task.id, task.attempts)
+            if spent is not None and (spent.calls or spent.total_tokens):
+                self.meter.hold("executor", "execute", spent)
             return _RoleStopped(exc)
         finally:
             self.meter.take_attempt(task.id, task.attempts)  # none left behind

@@ -31,11 +31,13 @@ from replan import (
     GatePolicy,
     MemoryStore,
     ModelRequest,
+    ModelResponse,
     RunHandle,
     RunStatus,
     ScriptedModel,
     Supervisor,
     SupervisorError,
+    Synthesis,
     TaskOutcome,
     TokenUsage,
     Tool,
@@ -43,7 +45,7 @@ from replan import (
     replay,
     tool,
 )
-from replan.messages import Event, GateOpened, GateResolved
+from replan.messages import Event, GateOpened, GateResolved, ToolCall
 from replan.store import RunSummary, SQLiteStore, Store
 
 
@@ -500,3 +502,47 @@ async def test_a_drain_whose_grace_ends_between_candidates_journals_the_first() 
     ]
     # Every answered call is in the journal once; the one cut short is not.
     assert replay(journaled).usage.total.calls == len(model.calls) - 1
+
+
+async def test_a_drain_whose_grace_ends_during_a_tool_journals_the_attempts_calls(
+    tmp_path: Path,
+) -> None:
+    searching = anyio.Event()
+
+    @tool
+    async def slow_search(query: str) -> str:
+        """Search, slowly."""
+        searching.set()
+        await anyio.sleep_forever()
+        return "found"
+
+    def search_first(request: ModelRequest) -> Any:
+        if request.purpose == "synthesize":
+            return Synthesis(output="done")
+        if not request.transcript:
+            call = ToolCall(id="c1", name="slow_search", arguments='{"query": "a"}')
+            return ModelResponse(tool_calls=[call], usage=USAGE)
+        return TaskOutcome(success=True, summary="found")
+
+    first = ScriptedModel(search_first, usage=USAGE)
+    async with SQLiteStore(tmp_path / "runs.db") as store:
+        with anyio.fail_after(10):
+            async with Supervisor(first, store, tools=[slow_search]) as sup:
+                handle = await sup.submit(spec(independent(1)))
+                await searching.wait()
+                await sup.drain(0.05)
+        journaled = await store.read(handle.run_id)
+        # The step the model answered before the tool: journaled as it stops.
+        assert replay(journaled).usage.by_role["executor"] == USAGE
+
+        @tool(name="slow_search")
+        async def quick_search(query: str) -> str:
+            """Search."""
+            return "found"
+
+        second = ScriptedModel(search_first, usage=USAGE)
+        with anyio.fail_after(10):
+            async with Supervisor(second, store, tools=[quick_search]) as sup:
+                result = await (await sup.resume(handle.run_id)).result()
+    assert result.status is RunStatus.COMPLETED
+    assert result.usage.total.calls == len(first.calls) + len(second.calls)
