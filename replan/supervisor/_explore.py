@@ -78,12 +78,12 @@ from ..messages import (
 )
 from ..messages._actors import ExplorePurpose
 from ..messages._explore_events import ExploreEvent
+from ..messages._gate import POLICY_TIMEOUT
 from ..telemetry import _names as names
 from ._decide import budget_spent
 from ._explore_brief import BriefStatus, admit, build_brief
 from ._explore_reach import Reach
 from ._explore_state import ExploreState, fold_explore
-from ._gates import POLICY_TIMEOUT
 from ._resume import Recovery
 from ._run import RoleFailed, RunEnded
 

@@ -16,12 +16,10 @@ from .._errors import (
     GateError,
     ResolutionRefused,
 )
-from ..messages import GateRequest, GateResolution
+from ..messages._gate import POLICY_TIMEOUT, GateRequest, GateResolution
 
 GATE_CLOSED = "the gate was closed before a gate worker took it"
 
-POLICY_TIMEOUT = "policy:timeout"
-"""Who decided a gate that expired unanswered: the gate policy."""
 
 ANSWERED_KEPT = 1024
 """How many answered gates a registry remembers, to tell a late second

@@ -43,6 +43,7 @@ from ..messages import (
     Verdict,
     check_drafts,
 )
+from ..messages._gate import POLICY_TIMEOUT
 from ._decide import (
     contract_rules,
     drifted,
@@ -51,7 +52,7 @@ from ._decide import (
     unanswered_verdict,
     under_contract,
 )
-from ._gates import POLICY_TIMEOUT, Validator
+from ._gates import Validator
 from ._run import RunEnded, Unanswered
 from ._versions import build_version, drafts_of
 

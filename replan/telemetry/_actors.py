@@ -36,6 +36,7 @@ from ..messages import (
     TokenUsage,
     ToolCall,
 )
+from ..messages._gate import POLICY_TIMEOUT
 from . import _names as n
 from ._content import input_messages, output_messages
 from ._guard import end
@@ -94,6 +95,12 @@ def _describe_request(
     kind = getattr(request, "kind", "")
     attrs[n.PURPOSE] = _PURPOSES.get(type(request), kind.removesuffix("_request"))
     return n.SPAN_AGENT_PREFIX + role, attrs
+
+
+def gate_outcome(by: str) -> str:
+    """A gate's ``replan.gate.outcome``: ``timed_out`` when nobody answered
+    (the policy's default applied), else ``resolved``."""
+    return n.TIMED_OUT if by == POLICY_TIMEOUT else n.RESOLVED
 
 
 def task_outcome(outcome: TaskOutcome) -> str:
@@ -191,7 +198,7 @@ def describe_reply(span: Span, reply: object) -> None:
         case GateResolution(decision=decision, by=by):
             span.set_attribute(n.GATE_DECISION, decision)
             span.set_attribute(n.GATE_DECIDED_BY, by)
-            span.set_attribute(n.GATE_OUTCOME, "resolved")
+            span.set_attribute(n.GATE_OUTCOME, gate_outcome(by))
 
 
 class ActorSpan:

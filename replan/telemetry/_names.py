@@ -125,6 +125,7 @@ GATE_DECISION: Final = "replan.gate.decision"
 GATE_DECIDED_BY: Final = "replan.gate.by"
 GATE_TIMEOUT_S: Final = "replan.gate.timeout_s"
 GATE_OUTCOME: Final = "replan.gate.outcome"
+"""``resolved``, ``timed_out`` or ``suspended`` (see below)."""
 """``resolved``, or ``suspended`` when the gate has no timeout."""
 
 TOOL_SIDE_EFFECT: Final = "replan.tool.side_effect"
@@ -148,6 +149,10 @@ SUSPENDED: Final = "suspended"
 timeout, a daemon stop); the run goes on in a new trace linked to this one."""
 INTERRUPTED: Final = "interrupted"
 """A replan cut short by the end of its run before any decision."""
+RESOLVED: Final = "resolved"
+"""A gate someone answered (``replan.gate.outcome``)."""
+TIMED_OUT: Final = "timed_out"
+"""A gate that expired unanswered: the policy's default applied."""
 
 # Span events --------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ from ..messages import (
     Verdict,
 )
 from . import _names as n
-from ._actors import task_outcome
+from ._actors import gate_outcome, task_outcome
 from ._guard import end
 from ._telemetry import Telemetry, truncate
 
@@ -568,7 +568,11 @@ class RunTrace:
                     if info is not None:
                         waited = (event.at - info.request.created_at).total_seconds()
                         self._t.gate_wait.record(
-                            waited, {n.GATE_DECISION: resolution.decision}
+                            waited,
+                            {
+                                n.GATE_DECISION: resolution.decision,
+                                n.GATE_OUTCOME: gate_outcome(resolution.by),
+                            },
                         )
                         attrs: dict[str, AttributeValue] = {
                             n.GATE_ID: gate_id,

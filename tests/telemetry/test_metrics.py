@@ -135,7 +135,7 @@ async def test_a_gates_wait_is_measured_until_its_answer(
         with anyio.fail_after(5):
             await handle.result()
     (waits,) = points(metric_reader, n.METRIC_GATE_WAIT)
-    assert waits.attributes == {n.GATE_DECISION: "reject"}
+    assert waits.attributes == {n.GATE_DECISION: "reject", n.GATE_OUTCOME: "resolved"}
     assert waits.count == 1
     assert 0.1 <= waits.sum < 5
     assert list(waits.explicit_bounds) == list(GATE_WAIT_BUCKETS)
@@ -169,6 +169,9 @@ async def test_a_replan_a_gate_timeout_rejected_is_labelled_rejected_by_policy(
     assert attr(replan, n.REPLAN_OUTCOME) == "rejected_by_policy"
     waited = Tree(exporter.get_finished_spans()).one(n.SPAN_GATE)
     assert attr(waited, n.GATE_DECIDED_BY) == "policy:timeout"
+    assert attr(waited, n.GATE_OUTCOME) == "timed_out"
+    (waits,) = points(metric_reader, n.METRIC_GATE_WAIT)
+    assert waits.attributes == {n.GATE_DECISION: "reject", n.GATE_OUTCOME: "timed_out"}
 
 
 async def test_the_mailbox_depth_gauge_shows_requests_waiting_per_role(
