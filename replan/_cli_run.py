@@ -16,7 +16,11 @@ from .messages import GatePolicy, Limits, RunResult, RunSpec, RunStatus
 
 LIMIT_FLAGS: dict[str, tuple[str, type, str]] = {
     "max_replans": ("--max-replans", int, "applied replans allowed (default 3)"),
-    "max_iterations": ("--max-iterations", int, "milestone reviews (default 20)"),
+    "max_iterations": (
+        "--max-iterations",
+        int,
+        "milestone reviews by the reviewer (default 20)",
+    ),
     "max_task_executions": (
         "--max-task-executions",
         int,

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -125,17 +126,71 @@ async def answer(model: Model, request: ModelRequest) -> ModelResponse:
     again = request.model_copy(
         update={"context": with_problem(request.context, _brief(first))}
     )
+    # Until the re-ask answers, the first answer's tokens are the run's
+    # (the supervisor's model keeps them): a request cut short meanwhile
+    # (a stop after a drain's grace, the run's end) gives no reply to
+    # report them.
+    reported = (
+        None
+        if first.usage is None
+        else hold(
+            model,
+            [ModelCall(role=request.role, purpose=request.purpose, usage=first.usage)],
+            run_id=request.run_id,
+            task_id=request.task_id,
+            context=request.context,
+        )
+    )
     try:
         response = await generate(model, again)
     except ModelError as exc:
+        if reported is not None:
+            reported()  # the error carries them
         if first.usage is not None:
             exc.usage = first.usage if exc.usage is None else first.usage + exc.usage
         if isinstance(exc, ModelOutputError):
             exc.final = True  # asked twice: a caller does not ask again
         raise
+    if reported is not None:
+        reported()  # the response carries them
     if first.usage is None:
         return response
     return response.model_copy(update={"usage": first.usage + response.usage})
+
+
+def hold(
+    model: Model,
+    calls: list[ModelCall],
+    *,
+    run_id: str | None,
+    task_id: str | None,
+    context: dict[str, Any],
+) -> Callable[[], None] | None:
+    """Have the supervisor's model (``MeteredModel.unreported``) keep the
+    tokens of ``calls``, answered and not reported yet, for the run while
+    the next call is out; returns what releases them once a reply or an
+    error reports them. None for a model that keeps nothing."""
+    unreported = getattr(model, "unreported", None)
+    if unreported is None or not calls:
+        return None
+    releases = [
+        unreported(
+            call.usage,
+            role=call.role,
+            purpose=call.purpose,
+            run_id=run_id,
+            task_id=task_id,
+            context=context,
+        )
+        for call in calls
+    ]
+
+    def reported() -> None:
+        for release in releases:
+            if release is not None:
+                release()
+
+    return reported
 
 
 async def generate(model: Model, request: ModelRequest) -> ModelResponse:
@@ -182,14 +237,28 @@ class Allowance:
                 calls made before it too, since it ends the handler's
                 request and no reply will report them.
         """
+        # The calls made so far are reported with this one's answer (or
+        # error): until then, the supervisor's model keeps their tokens for
+        # the run, should the request be cut short (see ``answer``).
+        reported = hold(
+            model,
+            self.calls,
+            run_id=request.get("run_id"),
+            task_id=request.get("task_id"),
+            context=request.get("context", {}),
+        )
         try:
             output, call = await call_model(model, output_type=output_type, **request)
         except ModelError as exc:
+            if reported is not None:
+                reported()
             if self.calls:
                 exc.usage = sum(
                     (c.usage for c in self.calls), exc.usage or TokenUsage()
                 )
             raise
+        if reported is not None:
+            reported()
         self.calls.append(call)
         self.charge(call)
         return output

@@ -35,6 +35,11 @@ class GateRequest(Frozen):
     on_timeout: Literal["approve", "reject"] = "reject"
 
 
+POLICY_TIMEOUT = "policy:timeout"
+"""``GateResolution.by`` of a gate that expired unanswered: the gate policy's
+``on_timeout`` decided, no person."""
+
+
 class GateResolution(Frozen):
     """A person's (or the timeout policy's) answer to a gate."""
 

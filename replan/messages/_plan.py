@@ -108,6 +108,11 @@ class ReplanOutcome(StrEnum):
     REFUSED_DRIFT = "refused_drift"
     REFUSED_THRESHOLD = "refused_threshold"
     REJECTED_BY_HUMAN = "rejected_by_human"
+    """A person rejected the change at its gate."""
+    REJECTED_BY_POLICY = "rejected_by_policy"
+    """The gate expired unanswered and the gate policy's ``on_timeout``
+    rejected the change (by ``policy:timeout``): no person decided. Journals
+    of earlier versions label it ``rejected_by_human``, with that reason."""
     ABORTED_INFEASIBLE = "aborted_infeasible"
     """The planner found the goal no longer achievable: the run ends aborted."""
     REFUSED_INVALID = "refused_invalid"

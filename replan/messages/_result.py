@@ -149,6 +149,9 @@ class RunResult(Frozen):
     """What the synthesis cites."""
     stop_reason: str | None = None
     iterations: int = 0
+    """Milestones a plan run held (those the cheap checks decided too; only
+    the reviewer's count toward ``max_iterations``), or an explore run's
+    cycles."""
     task_executions: int = 0
     brief: DiscoveryBrief | None = None
     """The discovery brief of an explore run."""

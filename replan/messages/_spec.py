@@ -32,7 +32,9 @@ class Limits(Settings):
     max_replans: int = Field(default=3, ge=0, le=100)
     """Applied replans allowed; later ones are refused and recorded."""
     max_iterations: int = Field(default=20, ge=1, le=10_000)
-    """Milestone review cycles."""
+    """Milestone review cycles: in plan runs, the reviews the reviewer is
+    asked (a failed one too; a milestone the cheap checks decide is free),
+    in explore runs, generate-review-evolve cycles."""
     max_task_executions: int = Field(default=200, ge=1, le=1_000_000)
     """Task attempts started, retries included."""
     max_task_attempts: int = Field(default=2, ge=1, le=20)

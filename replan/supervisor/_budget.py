@@ -8,7 +8,8 @@ steps of an executor's tool loop or among tasks running at once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from itertools import count
 from typing import Any
 
 from .._errors import BudgetExhausted, ModelError
@@ -31,6 +32,10 @@ class RunMeter:
         self._requests: dict[object, TokenUsage] = {}
         """Tokens of each timed request in flight (see :meth:`watch`), by
         its ``REQUEST_KEY``."""
+        self._unreported: dict[int, tuple[str, str, TokenUsage]] = {}
+        """Role, purpose and tokens of answers a role holds for a reply it
+        has not given yet (see :meth:`MeteredModel.unreported`)."""
+        self._tickets = count()
 
     def left(self) -> int | None:
         return None if self.budget is None else self.budget - self.used
@@ -65,6 +70,27 @@ class RunMeter:
         timed-out attempt, whose reply never came, spent."""
         return self._attempts.pop((task_id, attempt), None)
 
+    def hold(self, role: str, purpose: str, usage: TokenUsage) -> Callable[[], None]:
+        """Keep ``usage`` as answered but not yet reported, until the
+        returned function is called (the reply that reports it is made)."""
+        ticket = next(self._tickets)
+        self._unreported[ticket] = (role, purpose, usage)
+
+        def reported() -> None:
+            self._unreported.pop(ticket, None)
+
+        return reported
+
+    def take_unreported(self) -> list[tuple[str, str, TokenUsage]]:
+        """What the answers of requests cut short before their reply (a
+        stop, the run's end) used, by role and purpose, forgetting them."""
+        totals: dict[tuple[str, str], TokenUsage] = {}
+        for role, purpose, usage in self._unreported.values():
+            key = (role, purpose)
+            totals[key] = totals[key] + usage if key in totals else usage
+        self._unreported.clear()
+        return [(role, purpose, usage) for (role, purpose), usage in totals.items()]
+
     def spent_reason(self) -> str | None:
         """The stop reason once the budget is spent, else None."""
         if self.budget is not None and self.used >= self.budget:
@@ -82,6 +108,30 @@ class MeteredModel:
     def __getattr__(self, name: str) -> Any:
         # provider_name, model_for, name...: whatever the model exposes.
         return getattr(self.model, name)
+
+    def unreported(
+        self,
+        usage: TokenUsage,
+        *,
+        role: str,
+        purpose: str,
+        run_id: str | None,
+        task_id: str | None = None,
+        context: Mapping[str, Any],
+    ) -> Callable[[], None] | None:
+        """Count ``usage``, what answers a role holds for a reply still to
+        come used (a malformed answer being asked again, the candidates
+        before the next one), as the run's until the returned function is
+        called: should the request be cut short before its reply (the
+        supervisor stops, the run ends), the run journals it all the same.
+
+        None when the run counts the request's calls already: a task
+        attempt's (by task), a timed request's (by ``REQUEST_KEY``).
+        """
+        meter = self._meters.get(run_id) if run_id else None
+        if meter is None or task_id is not None or REQUEST_KEY in context:
+            return None
+        return meter.hold(role, purpose, usage)
 
     async def generate(self, request: ModelRequest) -> ModelResponse:
         """Raises BudgetExhausted, without calling the model, once spent."""

@@ -78,6 +78,7 @@ from ..messages import (
 )
 from ..messages._actors import ExplorePurpose
 from ..messages._explore_events import ExploreEvent
+from ..messages._gate import POLICY_TIMEOUT
 from ..telemetry import _names as names
 from ._decide import budget_spent
 from ._explore_brief import BriefStatus, admit, build_brief
@@ -112,6 +113,18 @@ def review_check(resolution: GateResolution) -> None:
 
 
 logger = logging.getLogger("replan.supervisor")
+
+
+def changed_after_edit(shown: Sequence[str], selected: Sequence[str], by: str) -> str:
+    """Why a selection is reviewed again after a person added hypotheses."""
+    joined = [h for h in selected if h not in shown]
+    left = [h for h in shown if h not in selected]
+    parts = []
+    if joined:
+        parts.append(f"{', '.join(joined)} joined")
+    if left:
+        parts.append(f"{', '.join(left)} left")
+    return f"the selection changed after the edit by {by} ({'; '.join(parts)})"
 
 
 class JournalMismatch(RuntimeError):
@@ -763,17 +776,19 @@ class _Flow:
         reasons = self.reasons(selected)
         reviewed_by: str | None = None
         rejected: list[Rejection] = []
-        if reasons:
+        while reasons:
             if self.replaying:
                 resolution = await self.journaled_review()
             else:
                 # The person is told that refinement stopped short, too.
                 asked = [*reasons, reason] if reason else reasons
                 resolution = await self.human_review(selected, asked)
-            if resolution.by == "policy:timeout":
+            if resolution.by == POLICY_TIMEOUT:
                 status = "needs_review"
                 reason = "no person reviewed the selection before the gate expired"
-            elif resolution.decision == "reject":
+                reviewed_by = None
+                break
+            if resolution.decision == "reject":
                 rejected = [
                     Rejection(
                         hypothesis_id=h,
@@ -791,13 +806,24 @@ class _Flow:
                     reviewed_by=resolution.by,
                     rejected=rejected,
                 )
-            else:
-                if resolution.hypotheses:
-                    await self.join(resolution.hypotheses)
-                    selected = self.selection()
-                # Approved by a person who was told of the limit, if one
-                # stopped refinement: the stop reason still says so.
-                status, reviewed_by = "completed", resolution.by
+            # Approved by a person who was told of the limit, if one
+            # stopped refinement: the stop reason still says so.
+            status, reviewed_by = "completed", resolution.by
+            if not resolution.hypotheses:
+                break
+            shown = selected
+            await self.join(resolution.hypotheses)
+            selected = self.selection()
+            if set(selected) == set(shown):
+                break  # the person's hypotheses changed nothing they saw
+            if self.replaying and not self.journaled(GateOpened):
+                break  # journaled by a version that did not ask again
+            # The tournament changed what the person saw: the selection
+            # that reaches the brief is shown to a person again.
+            reasons = [
+                changed_after_edit(shown, selected, resolution.by),
+                *self.reasons(selected),
+            ]
         plans = await self.validation(selected)
         n = len(selected)
         total = len(self.explore.hypotheses)

@@ -16,9 +16,10 @@ from .._errors import (
     GateError,
     ResolutionRefused,
 )
-from ..messages import GateRequest, GateResolution
+from ..messages._gate import POLICY_TIMEOUT, GateRequest, GateResolution
 
 GATE_CLOSED = "the gate was closed before a gate worker took it"
+
 
 ANSWERED_KEPT = 1024
 """How many answered gates a registry remembers, to tell a late second
@@ -225,7 +226,7 @@ async def _settled(pending: _Pending) -> GateResolution:
     if pending.resolution is None:
         pending.resolution = GateResolution(
             decision=request.on_timeout,
-            by="policy:timeout",
+            by=POLICY_TIMEOUT,
             note="no decision before the gate expired",
         )
     return pending.resolution

@@ -43,6 +43,7 @@ from ..messages import (
     Verdict,
     check_drafts,
 )
+from ..messages._gate import POLICY_TIMEOUT
 from ._decide import (
     contract_rules,
     drifted,
@@ -128,15 +129,16 @@ async def _planned(
 async def review(run: RunDriver) -> None:
     """A milestone: cheap checks, then the reviewer; act on the verdict."""
     state = run.state
-    limits = state.spec.limits
-    if state.iterations >= limits.max_iterations:
-        raise RunEnded(
-            RunStatus.LIMIT_REACHED,
-            f"max_iterations: {state.iterations} milestone reviews held",
-        )
     verdict = heuristic_verdict(state)
     by = "heuristic"
     if verdict is None:
+        # max_iterations bounds the reviews the reviewer is asked (failed
+        # ones too): what the cheap checks decide is no review cycle.
+        if state.reviews >= state.spec.limits.max_iterations:
+            raise RunEnded(
+                RunStatus.LIMIT_REACHED,
+                f"max_iterations: {state.reviews} milestone reviews held",
+            )
         context = run.base_context()
         context.update(
             completed=run.completed_context(),
@@ -322,9 +324,12 @@ async def _after_proposal(
                 f": {resolution.note}" if resolution.note else ""
             )
             rejected = version.evolve(rejected_reason=reason)
-            await _refuse(
-                run, verdict, ReplanOutcome.REJECTED_BY_HUMAN, reason, proposed=rejected
+            outcome = (
+                ReplanOutcome.REJECTED_BY_POLICY
+                if resolution.by == POLICY_TIMEOUT
+                else ReplanOutcome.REJECTED_BY_HUMAN
             )
+            await _refuse(run, verdict, outcome, reason, proposed=rejected)
             return
         if resolution.decision == "edit" and resolution.tasks is not None:
             proposal = PlanProposal(

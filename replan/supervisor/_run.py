@@ -606,6 +606,18 @@ class RunDriver:
                 self._staged_state = None
             return state
 
+    async def _journal_unreported(
+        self, lost: list[tuple[type[Event], dict[str, Any]]]
+    ) -> None:
+        try:
+            await self.record_events(*lost)
+        except Exception:
+            # The store may be failing too: the run stops all the same.
+            logger.exception(
+                "run %s: the usage of answers cut short was not journaled",
+                self.state.run_id,
+            )
+
     def _unstorable(self, exc: Exception) -> Unjournalable:
         """End the run when what it would journal cannot be stored.
 
@@ -940,6 +952,18 @@ class RunDriver:
             left = self._inbox.take_nowait()
             with anyio.CancelScope(shield=True):
                 await self._secure([*self._unjournaled, *self._held, *left])
+                lost = [*self._attempts_spent(), *self._unreported()]
+                if (
+                    lost
+                    and not self.state.status.final
+                    and not any(
+                        isinstance(e, ExploreErrorRecorded) for e in self._staged
+                    )
+                ):
+                    # Stopped (a drain's grace ran out) with answers taken
+                    # by a role whose reply never came: their tokens are
+                    # the run's, journaled before it is resumed.
+                    await self._journal_unreported(lost)
             self._inbox.close()
             self.gates.close_run(
                 self.state.run_id, "the run ended before the gate was resolved"
@@ -966,11 +990,26 @@ class RunDriver:
             if item.attempt and item.attempt != task.attempts:
                 continue
             self.stage(*finish_events(item))
+        self.stage(*self._attempts_spent(), *self._unreported())
+
+    def _attempts_spent(self) -> list[tuple[type[Event], dict[str, Any]]]:
+        """What the model calls of attempts still running cost so far: no
+        report will say it once the run ends or stops."""
+        events: list[tuple[type[Event], dict[str, Any]]] = []
         for task in self.view.with_status(TaskStatus.IN_PROGRESS):
             spent = self.meter.take_attempt(task.id, task.attempts)
             if spent is not None:
                 fields = {"role": "executor", "purpose": "execute", "usage": spent}
-                self.stage((UsageRecorded, fields))
+                events.append((UsageRecorded, fields))
+        return events
+
+    def _unreported(self) -> list[tuple[type[Event], dict[str, Any]]]:
+        """Usage of answers whose request was cut short before its reply
+        (a malformed answer being asked again): no reply will report it."""
+        return [
+            (UsageRecorded, {"role": role, "purpose": purpose, "usage": usage})
+            for role, purpose, usage in self.meter.take_unreported()
+        ]
 
     def _needs_brief(self) -> bool:
         """An explore run that has not issued its brief."""
@@ -1425,6 +1464,11 @@ class RunDriver:
                 task.id, outcome, calls, (), task.attempts, False, timed_out=True
             )
         except ActorStopped as exc:
+            # The supervisor stops: what the attempt's calls cost is the
+            # run's, journaled as it stops (see _attempts_spent).
+            spent = self.meter.take_attempt(task.id, task.attempts)
+            if spent is not None and (spent.calls or spent.total_tokens):
+                self.meter.hold("executor", "execute", spent)
             return _RoleStopped(exc)
         finally:
             self.meter.take_attempt(task.id, task.attempts)  # none left behind

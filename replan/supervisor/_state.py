@@ -69,7 +69,11 @@ class RunState(Frozen):
     phase: Phase = "main"
     boundary_crossed: bool = False
     iterations: int = 0
-    """Milestone reviews held."""
+    """Milestone reviews held (the cheap checks' too): the last one's index."""
+    reviews: int = 0
+    """Milestone reviews the reviewer was asked (its verdict, the pattern's
+    rules applied to it, or its failure), what ``max_iterations`` bounds: a
+    milestone the cheap checks decide costs no model call and counts not."""
     completing: bool = False
     """A reviewer said ``complete``: no more reviews; tasks in flight finish,
     nothing new starts, then the run synthesizes."""
@@ -262,9 +266,10 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
                 status=TaskStatus.PENDING, attempts=task.attempts - 1
             )
             return {"tasks": tasks}
-        case MilestoneReviewed(verdict=verdict):
+        case MilestoneReviewed(verdict=verdict, by=by):
             changes = {
                 "iterations": state.iterations + 1,
+                "reviews": state.reviews + (by != "heuristic"),
                 "window": [],
             }
             if verdict.decision == "complete":

@@ -19,9 +19,13 @@ from .._errors import ModelError
 from ..messages import (
     EXECUTOR_CRASHED,
     AlignmentReply,
+    Comparison,
+    Critique,
     CritiqueReply,
     ExecuteReply,
     ExecuteRequest,
+    ExploreReply,
+    ExploreRequest,
     GateRequest,
     GateResolution,
     PlanRequest,
@@ -32,13 +36,22 @@ from ..messages import (
     TokenUsage,
     ToolCall,
 )
+from ..messages._gate import POLICY_TIMEOUT
 from . import _names as n
 from ._content import input_messages, output_messages
+from ._guard import end
 from ._propagation import carried_context
 from ._telemetry import Telemetry, truncate
 
 _ACTIVE: ContextVar[Telemetry | None] = ContextVar("replan_telemetry", default=None)
 """The telemetry of the actor span being served (read by model-call spans)."""
+
+_EXPLORE_IDS = (
+    ("hypothesis_id", n.EXPLORE_HYPOTHESIS),
+    ("a_id", n.EXPLORE_A),
+    ("b_id", n.EXPLORE_B),
+)
+"""Context keys of an explore request naming the hypotheses it is about."""
 
 _PURPOSES: dict[type, str] = {
     ExecuteRequest: "execute",
@@ -68,10 +81,26 @@ def _describe_request(
         case ExecuteRequest(task=task):
             attrs[n.TASK_ID] = task.id
             attrs[n.TASK_ATTEMPT] = task.attempts
+        case ExploreRequest(purpose=purpose, context=context):
+            # What an explore call asks (gaps, critique, compare...), and of
+            # which hypotheses, rather than the request kind alone.
+            attrs[n.GEN_AI_OPERATION_NAME] = n.OP_INVOKE_AGENT
+            attrs[n.PURPOSE] = purpose
+            for key, name in _EXPLORE_IDS:
+                value = context.get(key)
+                if isinstance(value, str):
+                    attrs[name] = value
+            return n.SPAN_AGENT_PREFIX + role, attrs
     attrs[n.GEN_AI_OPERATION_NAME] = n.OP_INVOKE_AGENT
     kind = getattr(request, "kind", "")
     attrs[n.PURPOSE] = _PURPOSES.get(type(request), kind.removesuffix("_request"))
     return n.SPAN_AGENT_PREFIX + role, attrs
+
+
+def gate_outcome(by: str) -> str:
+    """A gate's ``replan.gate.outcome``: ``timed_out`` when nobody answered
+    (the policy's default applied), else ``resolved``."""
+    return n.TIMED_OUT if by == POLICY_TIMEOUT else n.RESOLVED
 
 
 def task_outcome(outcome: TaskOutcome) -> str:
@@ -155,10 +184,21 @@ def describe_reply(span: Span, reply: object) -> None:
                     f"rank {rank}",
                     extra={n.CANDIDATE_INDEX: index},
                 )
+        case ExploreReply(output=Critique() as critique):
+            for lens, score in critique.scores.items():
+                _evaluation(span, lens, score, explanation=critique.critique)
+        case ExploreReply(output=Comparison() as comparison):
+            _evaluation(
+                span,
+                "comparison",
+                1.0 if comparison.winner == "a" else 0.0,
+                comparison.winner,
+                comparison.rationale,
+            )
         case GateResolution(decision=decision, by=by):
             span.set_attribute(n.GATE_DECISION, decision)
             span.set_attribute(n.GATE_DECIDED_BY, by)
-            span.set_attribute(n.GATE_OUTCOME, "resolved")
+            span.set_attribute(n.GATE_OUTCOME, gate_outcome(by))
 
 
 class ActorSpan:
@@ -204,7 +244,7 @@ class ActorSpan:
             return None
         span.set_attribute(n.ACTOR_OUTCOME, n.SUSPENDED)
         span.set_attribute(n.SUSPEND_REASON, truncate(reason))
-        span.end()
+        end(span)
         ended = span.get_span_context()
         self.span = trace.INVALID_SPAN
         self._make_current(trace.NonRecordingSpan(ended), None)
@@ -293,7 +333,7 @@ def serving(
         # An unbounded wait holds no span open: the gate is recorded as it
         # opens, and the run suspends its trace while nothing else moves.
         span.set_attribute(n.GATE_OUTCOME, n.SUSPENDED)
-        span.end()
+        end(span)
         span = trace.INVALID_SPAN
     if not span.is_recording():
         active = _ACTIVE.set(telemetry)
@@ -321,7 +361,7 @@ def serving(
     finally:
         actor.close()
         context.detach(token)
-        actor.span.end()
+        end(actor.span)
         _SERVING.reset(serving_token)
         _ACTIVE.reset(active)
 
@@ -352,7 +392,7 @@ def current(span: Span, parent: context.Context | None = None) -> Iterator[Span]
         raise
     finally:
         context.detach(token)
-        span.end()
+        end(span)
 
 
 # Model calls -----------------------------------------------------------------------

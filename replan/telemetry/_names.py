@@ -67,7 +67,10 @@ OP_EXECUTE_TOOL: Final = "execute_tool"
 
 # replan attributes --------------------------------------------------------------
 
+RUN_KIND: Final = "replan.run.kind"
+"""``plan`` or ``explore``."""
 RUN_PATTERN: Final = "replan.run.pattern"
+"""A plan run's pattern (``contract``, ``discovery``, ``hybrid``)."""
 RUN_OUTCOME: Final = "replan.run.outcome"
 """The run's final status (``completed``, ``aborted``...) or ``suspended``."""
 RUN_STOP_REASON: Final = "replan.run.stop_reason"
@@ -122,6 +125,7 @@ GATE_DECISION: Final = "replan.gate.decision"
 GATE_DECIDED_BY: Final = "replan.gate.by"
 GATE_TIMEOUT_S: Final = "replan.gate.timeout_s"
 GATE_OUTCOME: Final = "replan.gate.outcome"
+"""``resolved``, ``timed_out`` or ``suspended`` (see below)."""
 """``resolved``, or ``suspended`` when the gate has no timeout."""
 
 TOOL_SIDE_EFFECT: Final = "replan.tool.side_effect"
@@ -145,6 +149,10 @@ SUSPENDED: Final = "suspended"
 timeout, a daemon stop); the run goes on in a new trace linked to this one."""
 INTERRUPTED: Final = "interrupted"
 """A replan cut short by the end of its run before any decision."""
+RESOLVED: Final = "resolved"
+"""A gate someone answered (``replan.gate.outcome``)."""
+TIMED_OUT: Final = "timed_out"
+"""A gate that expired unanswered: the policy's default applied."""
 
 # Span events --------------------------------------------------------------------
 
@@ -182,6 +190,8 @@ EXPLORE_ITERATION: Final = "replan.explore.iteration"
 EXPLORE_DECISION: Final = "replan.explore.decision"
 EXPLORE_CANDIDATES: Final = "replan.explore.candidates"
 EXPLORE_QUALIFYING: Final = "replan.explore.qualifying"
+EXPLORE_HYPOTHESIS: Final = "replan.explore.hypothesis"
+"""The hypothesis a reviewer's ``critique`` span is about."""
 EXPLORE_A: Final = "replan.explore.a"
 EXPLORE_B: Final = "replan.explore.b"
 EXPLORE_WINNER: Final = "replan.explore.winner"

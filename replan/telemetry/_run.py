@@ -46,7 +46,8 @@ from ..messages import (
     Verdict,
 )
 from . import _names as n
-from ._actors import task_outcome
+from ._actors import gate_outcome, task_outcome
+from ._guard import end
 from ._telemetry import Telemetry, truncate
 
 if TYPE_CHECKING:
@@ -105,9 +106,11 @@ def _start_root(
             n.GEN_AI_OPERATION_NAME: n.OP_INVOKE_WORKFLOW,
             n.GEN_AI_WORKFLOW_NAME: n.LIBRARY,
             n.GEN_AI_CONVERSATION_ID: state.run_id,
-            n.RUN_PATTERN: spec.pattern,
+            n.RUN_KIND: spec.kind,
             n.RUN_SEGMENT: segment,
         }
+        if spec.kind == "plan":  # an explore run has no pattern
+            attrs[n.RUN_PATTERN] = spec.pattern
         for name, value in spec.limits.model_dump(exclude_none=True).items():
             if isinstance(value, int | float):
                 attrs[n.LIMIT_PREFIX + name] = value
@@ -201,7 +204,7 @@ class RunTrace:
         finally:
             for span in (self._replan, self._root):
                 if span is not None:
-                    span.end()
+                    end(span)
             self._replan = self._root = None
             self._refresh(final=True)
 
@@ -328,7 +331,7 @@ class RunTrace:
 
     def _end_replan(self) -> None:
         if self._replan is not None:
-            self._replan.end()
+            end(self._replan)
         self._replan = None
         self._suspended_replan = None
         self._cut = False
@@ -429,7 +432,7 @@ class RunTrace:
                 n.GATE_OUTCOME: n.SUSPENDED,
             },
         )
-        gate.end()
+        end(gate)
         await self.suspend(f"gate {request.gate_id} waits for a person, no timeout")
         yield
         self.resume()
@@ -480,12 +483,12 @@ class RunTrace:
             self._replan.set_attribute(n.REPLAN_OUTCOME, n.SUSPENDED)
             self._replan.set_attribute(n.SUSPEND_REASON, reason)
             self._suspended_replan = self._replan.get_span_context()
-            self._replan.end()
+            end(self._replan)
             self._replan = None
         self._end_attributes(root, self._state)
         root.set_attribute(n.RUN_OUTCOME, n.SUSPENDED)
         root.set_attribute(n.SUSPEND_REASON, reason)
-        root.end()
+        end(root)
         self._suspended_root = root.get_span_context()
         self._root = None
         self._refresh()
@@ -570,7 +573,11 @@ class RunTrace:
                     if info is not None:
                         waited = (event.at - info.request.created_at).total_seconds()
                         self._t.gate_wait.record(
-                            waited, {n.GATE_DECISION: resolution.decision}
+                            waited,
+                            {
+                                n.GATE_DECISION: resolution.decision,
+                                n.GATE_OUTCOME: gate_outcome(resolution.by),
+                            },
                         )
                         attrs: dict[str, AttributeValue] = {
                             n.GATE_ID: gate_id,

@@ -20,6 +20,7 @@ from opentelemetry.trace import TracerProvider
 
 from .._version import __version__
 from . import _names as n
+from ._guard import GuardedCounter, GuardedHistogram, GuardedTracer
 
 CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 CONTENT_LIMIT = 4096
@@ -78,35 +79,49 @@ class Telemetry:
         capture_content: bool | None = None,
         provider_name: str = "unknown",
     ) -> None:
-        self.tracer = trace.get_tracer(n.LIBRARY, __version__, tracer_provider)
+        # Guarded: what an application's span processors or exemplar filter
+        # raise through the SDK is logged, never raised into a run.
+        self.tracer = GuardedTracer(
+            trace.get_tracer(n.LIBRARY, __version__, tracer_provider)
+        )
         self.provider_name = provider_name
         """The model's provider (``openai``, ``vllm``...), on agent spans."""
         self.capture_content = (
             capture_content_from_env() if capture_content is None else capture_content
         )
         meter = metrics.get_meter(n.LIBRARY, __version__, meter_provider)
-        self.runs = meter.create_counter(
-            n.METRIC_RUNS, unit="{run}", description="Runs that ended, by status"
+        self.runs = GuardedCounter(
+            meter.create_counter(
+                n.METRIC_RUNS, unit="{run}", description="Runs that ended, by status"
+            )
         )
-        self.replans = meter.create_counter(
-            n.METRIC_REPLANS,
-            unit="{replan}",
-            description="Replan decisions, by trigger and outcome",
+        self.replans = GuardedCounter(
+            meter.create_counter(
+                n.METRIC_REPLANS,
+                unit="{replan}",
+                description="Replan decisions, by trigger and outcome",
+            )
         )
-        self.tokens = meter.create_counter(
-            n.METRIC_TOKENS, unit="{token}", description="Model tokens, by role"
+        self.tokens = GuardedCounter(
+            meter.create_counter(
+                n.METRIC_TOKENS, unit="{token}", description="Model tokens, by role"
+            )
         )
-        self.task_duration = meter.create_histogram(
-            n.METRIC_TASK_DURATION,
-            unit="s",
-            description="Duration of task attempts, by outcome",
-            explicit_bucket_boundaries_advisory=TASK_DURATION_BUCKETS,
+        self.task_duration = GuardedHistogram(
+            meter.create_histogram(
+                n.METRIC_TASK_DURATION,
+                unit="s",
+                description="Duration of task attempts, by outcome",
+                explicit_bucket_boundaries_advisory=TASK_DURATION_BUCKETS,
+            )
         )
-        self.gate_wait = meter.create_histogram(
-            n.METRIC_GATE_WAIT,
-            unit="s",
-            description="How long human gates waited for an answer",
-            explicit_bucket_boundaries_advisory=GATE_WAIT_BUCKETS,
+        self.gate_wait = GuardedHistogram(
+            meter.create_histogram(
+                n.METRIC_GATE_WAIT,
+                unit="s",
+                description="How long human gates waited for an answer",
+                explicit_bucket_boundaries_advisory=GATE_WAIT_BUCKETS,
+            )
         )
         self._mailboxes = _mailbox_gauge(
             meter_provider or metrics.get_meter_provider(), meter

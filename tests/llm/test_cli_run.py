@@ -415,7 +415,7 @@ def test_an_answer_that_comes_after_the_gate_timed_out_is_not_taken(
     assert "the answer to gate g1 came too late: not taken" in captured.err
     result = json.loads(captured.out)
     assert result["status"] == "completed"
-    assert [r["outcome"] for r in result["replans"]] == ["rejected_by_human"]
+    assert [r["outcome"] for r in result["replans"]] == ["rejected_by_policy"]
     assert "policy:timeout" in result["replans"][0]["reason"]
 
 

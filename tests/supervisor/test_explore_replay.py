@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from replan import GateResolution, ScriptedModel, Supervisor, replay
-from replan.messages import Hypothesis
+from replan.messages import LENSES, Hypothesis
 from replan.store import SQLiteStore
 from replan.supervisor._explore import COMPARISON_EVENT, CYCLE_SPAN
 
@@ -53,7 +53,13 @@ async def test_an_explore_run_with_a_gate_replays_exactly_from_sqlite(
         async with Supervisor(model=model, store=store) as sup:
             handle = await sup.submit(explore_spec(select=4))
             async for event in handle.events():
-                if event.kind == "gate_opened":
+                if event.kind == "gate_opened" and "edit by" in event.request.reason:
+                    # The selection the edit changed, shown again.
+                    await sup.gates.resolve(
+                        event.request.gate_id,
+                        GateResolution(decision="approve", by="ana"),
+                    )
+                elif event.kind == "gate_opened":
                     await sup.gates.resolve(
                         event.request.gate_id,
                         GateResolution(
@@ -158,3 +164,48 @@ async def test_each_cycle_is_a_span_with_the_run_id_and_its_comparisons() -> Non
     assert all(s.parent is not None for s in spans)
     assert {s.parent.span_id for s in spans if s.parent} == {root.context.span_id}
     provider.shutdown()
+
+
+async def test_an_explore_runs_actor_spans_say_what_each_call_asked() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    script = ExploreScript(generated=IDEAS[:3])
+    outcome = await run_explore(
+        explore_spec(max_iterations=1), script, tracer_provider=provider
+    )
+    provider.shutdown()
+    spans = exporter.get_finished_spans()
+    (root,) = [s for s in spans if s.name == "invoke_workflow replan"]
+    assert root.attributes["replan.run.kind"] == "explore"
+    assert "replan.run.pattern" not in root.attributes  # a plan run's
+    asked = {
+        (s.name, s.attributes["replan.purpose"])
+        for s in spans
+        if s.name.startswith("invoke_agent ")
+    }
+    assert asked == {
+        ("invoke_agent planner", "gaps"),
+        ("invoke_agent planner", "hypotheses"),
+        ("invoke_agent reviewer", "critique"),
+        ("invoke_agent ranker", "compare"),
+        ("invoke_agent planner", "validation"),
+    }
+    critiques = [
+        s
+        for s in spans
+        if s.name == "invoke_agent reviewer"
+        and s.attributes.get("replan.explore.hypothesis") == "H1"
+    ]
+    assert critiques
+    scored = {
+        e.attributes["gen_ai.evaluation.name"]
+        for e in critiques[0].events
+        if e.name == "gen_ai.evaluation.result"
+    }
+    assert scored == set(LENSES)
+    compare = next(s for s in spans if s.name == "invoke_agent ranker")
+    assert {"replan.explore.a", "replan.explore.b"} <= set(compare.attributes)
+    [verdict] = [e for e in compare.events if e.name == "gen_ai.evaluation.result"]
+    assert verdict.attributes["gen_ai.evaluation.score.label"] in {"a", "b"}
+    assert outcome.result.status.value == "completed"

@@ -82,11 +82,22 @@ def approve(request: GateRequest) -> GateResolution:
 
 
 def add_mine(request: GateRequest) -> GateResolution:
+    """Add a hypothesis of one's own; approve the selection it changed."""
+    if "the selection changed after the edit" in request.reason:
+        return approve(request)
     return GateResolution(
         decision="edit",
         hypotheses=[Hypothesis(statement=MINE.statement, evidence_refs=["E2"])],
         by="ana",
     )
+
+
+async def next_gate(handle: Any, after: GateRequest) -> GateRequest:
+    """The first gate of the run opened after ``after``."""
+    async for event in handle.events():
+        if isinstance(event, GateOpened) and event.request.gate_id != after.gate_id:
+            return event.request
+    raise AssertionError("no other gate opened")
 
 
 def purposes(model: ScriptedModel) -> Counter[str]:
@@ -127,6 +138,10 @@ async def test_a_run_stopped_at_its_review_gate_resumes_at_that_gate(
             handle = sup.get(run_id)
             assert handle.status is RunStatus.WAITING_FOR_HUMAN
             await sup.gates.resolve(gate.gate_id, answer(gate))
+            if answer is add_mine:
+                # The selection the hypothesis changed is shown again.
+                again = await next_gate(handle, gate)
+                await sup.gates.resolve(again.gate_id, answer(again))
             result = await handle.result()
             assert sup.gates.pending() == []
             assert await sup.replay(run_id) == result
@@ -147,7 +162,45 @@ async def test_a_run_stopped_at_its_review_gate_resumes_at_that_gate(
     assert same_run(result, baseline.result)
     assert result.brief is not None
     assert result.brief.reviewed_by == "ana"
-    assert [e.kind for e in journal].count("gate_opened") == 1
+    gates = 2 if answer is add_mine else 1
+    assert [e.kind for e in journal].count("gate_opened") == gates
+
+
+async def test_a_run_stopped_at_its_second_review_gate_resumes_at_that_gate(
+    tmp_path: Path,
+) -> None:
+    baseline = await run_explore(explore_spec(), two_cycles(), resolve=add_mine)
+    with anyio.fail_after(20):
+        first = ScriptedModel(two_cycles())
+        async with (
+            SQLiteStore(tmp_path / "j.db") as store,
+            Supervisor(first, store) as sup,
+        ):
+            handle = await sup.submit(explore_spec())
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    await sup.gates.resolve(
+                        event.request.gate_id, add_mine(event.request)
+                    )
+                    break
+            gate = await next_gate(handle, event.request)
+        second = ScriptedModel(two_cycles())
+        async with (
+            SQLiteStore(tmp_path / "j.db") as store,
+            Supervisor(second, store, resume=True) as sup,
+        ):
+            assert sup.gates.pending() == [gate]
+            assert second.calls == []
+            handle = sup.get(handle.run_id)
+            await sup.gates.resolve(gate.gate_id, add_mine(gate))
+            result = await handle.result()
+            assert await sup.replay(handle.run_id) == result
+    assert purposes(second) == {"planner/validation": 1}
+    assert purposes(first) + purposes(second) == purposes(baseline.model)
+    assert same_run(result, baseline.result)
+    assert result.brief is not None
+    assert result.brief.reviewed_by == "ana"
+    assert result.brief.review_reasons[0].startswith("the selection changed")
 
 
 async def test_a_review_answered_just_before_the_stop_is_acted_on(

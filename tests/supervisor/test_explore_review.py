@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import anyio
 import pytest
 from explore_scripts import (
@@ -142,8 +145,12 @@ async def test_a_persons_hypotheses_join_the_tournament() -> None:
         strength=1.0,
     )
     script = ExploreScript(generated=[TORN, *GOOD[1:]], extra=[mine])
+    seen = []
 
     def add_mine(request) -> GateResolution:
+        seen.append(request)
+        if len(seen) > 1:
+            return approve(request)
         return GateResolution(
             decision="edit",
             hypotheses=[Hypothesis(statement=mine.statement, evidence_refs=["E2"])],
@@ -154,6 +161,7 @@ async def test_a_persons_hypotheses_join_the_tournament() -> None:
     result, brief = outcome.result, outcome.result.brief
     assert brief.status == "completed"
     assert brief.reviewed_by == "ana"
+    assert len(seen) == 2  # H4 changed the selection: shown again
     chosen = {s.hypothesis.id: s for s in brief.selected}
     assert "H4" in chosen
     assert chosen["H4"].hypothesis.origin == "human"
@@ -168,6 +176,110 @@ async def test_a_persons_hypotheses_join_the_tournament() -> None:
     reviewed = outcome.model.calls_for("reviewer", "critique")
     assert sum(c.context["hypothesis_id"] == "H4" for c in reviewed) == 2
     assert outcome.replayed == result
+
+
+def adding(idea: Idea, then: Callable[[GateRequest], GateResolution]) -> Any:
+    """Edit the first review to add ``idea``; answer later ones with ``then``."""
+    seen: list[GateRequest] = []
+
+    def resolve(request: GateRequest) -> GateResolution:
+        seen.append(request)
+        if len(seen) > 1:
+            return then(request)
+        return GateResolution(
+            decision="edit",
+            hypotheses=[Hypothesis(statement=idea.statement, evidence_refs=["E2"])],
+            by="ana",
+        )
+
+    resolve.seen = seen  # type: ignore[attr-defined]
+    return resolve
+
+
+async def test_a_selection_an_edit_changed_is_shown_to_a_person_again() -> None:
+    torn_too = Idea(
+        "Cooks stay when the app plans around what is already in the fridge",
+        [scores(feasibility=0.95), scores(feasibility=0.1)],
+        strength=1.0,
+    )
+    script = ExploreScript(generated=[TORN, *GOOD[1:]], extra=[torn_too])
+    resolve = adding(torn_too, lambda r: GateResolution(decision="approve", by="bo"))
+
+    outcome = await run_explore(explore_spec(), script, resolve=resolve)
+
+    first, second = resolve.seen
+    assert [h.id for h in first.hypotheses] == ["H1", "H2", "H3"]
+    brief = outcome.result.brief
+    assert [h.id for h in second.hypotheses] == [
+        s.hypothesis.id for s in brief.selected
+    ]
+    assert "H4" in {h.id for h in second.hypotheses}
+    changed = "the selection changed after the edit by ana (H4 joined; H3 left)"
+    assert changed in second.reason
+    assert "reviewers disagree sharply on H4 (feasibility)" in second.reason
+    assert brief.status == "completed"
+    assert brief.reviewed_by == "bo"
+    assert brief.review_reasons == [
+        changed,
+        "reviewers disagree sharply on H1 (plausibility)",
+        "reviewers disagree sharply on H4 (feasibility)",
+    ]
+    assert outcome.replayed == outcome.result
+
+
+async def test_an_edit_that_changes_no_selection_needs_no_second_review() -> None:
+    weak = Idea("Cooks leave when the app icon is blue", strength=0.0)
+    script = ExploreScript(generated=[TORN, *GOOD[1:]], extra=[weak])
+    resolve = adding(weak, approve)
+
+    outcome = await run_explore(explore_spec(), script, resolve=resolve)
+
+    assert len(resolve.seen) == 1
+    brief = outcome.result.brief
+    assert [s.hypothesis.id for s in brief.selected] == ["H1", "H2", "H3"]
+    assert brief.reviewed_by == "ana"
+    assert outcome.replayed == outcome.result
+
+
+async def test_rejecting_the_selection_an_edit_changed_fails_the_brief() -> None:
+    mine = Idea(
+        "Cooks stay when the app plans around what is already in the fridge",
+        strength=1.0,
+    )
+    script = ExploreScript(generated=[TORN, *GOOD[1:]], extra=[mine])
+    resolve = adding(mine, lambda r: GateResolution(decision="reject", by="bo"))
+
+    outcome = await run_explore(explore_spec(), script, resolve=resolve)
+
+    brief = outcome.result.brief
+    assert outcome.result.status is RunStatus.FAILED
+    assert brief.reviewed_by == "bo"
+    assert {r.hypothesis_id for r in brief.rejected} >= {
+        h.id for h in resolve.seen[1].hypotheses
+    }
+    assert outcome.model.calls_for("planner", "validation") == []
+
+
+async def test_a_second_review_nobody_answers_leaves_the_brief_needing_review() -> None:
+    mine = Idea(
+        "Cooks stay when the app plans around what is already in the fridge",
+        strength=1.0,
+    )
+    spec = explore_spec().model_copy(
+        update={"limits": Limits(max_iterations=3, gate_timeout_s=0.5)}
+    )
+    script = ExploreScript(generated=[TORN, *GOOD[1:]], extra=[mine])
+    resolve = adding(mine, lambda r: None)  # nobody answers the second
+
+    outcome = await run_explore(spec, script, resolve=resolve)
+
+    brief = outcome.result.brief
+    assert len(resolve.seen) == 2
+    assert brief.status == "needs_review"
+    assert brief.reviewed_by is None
+    assert outcome.result.stop_reason == (
+        "no person reviewed the selection before the gate expired"
+    )
 
 
 async def test_rejecting_the_selection_fails_the_brief_and_lists_why() -> None:

@@ -36,8 +36,9 @@ from replan import (
     TaskStatus,
     Trigger,
     Verdict,
+    replay,
 )
-from replan.messages import GateOpened, GateResolved
+from replan.messages import EVENT_ADAPTER, GateOpened, GateResolved
 from replan.store import RunSummary
 
 # A plan where the first task is a milestone with a finding, so the reviewer
@@ -282,13 +283,35 @@ async def test_an_unanswered_gate_times_out_to_a_rejection_by_default() -> None:
         events = await journal(handle)
 
     assert result.status is RunStatus.COMPLETED
-    assert [r.outcome for r in result.replans] == [ReplanOutcome.REJECTED_BY_HUMAN]
+    # No person rejected it: the label says who did.
+    assert [r.outcome for r in result.replans] == [ReplanOutcome.REJECTED_BY_POLICY]
+    assert result.replans[0].reason.startswith("rejected by policy:timeout")
     assert [v.version for v in result.versions] == [1]
     assert all(t.status is TaskStatus.COMPLETED for t in result.tasks)
     resolved = [e for e in events if isinstance(e, GateResolved)]
     assert len(resolved) == 1
     assert resolved[0].resolution.decision == "reject"
     assert resolved[0].resolution.by == "policy:timeout"
+
+
+async def test_a_timeout_labelled_by_an_earlier_version_still_reads_back() -> None:
+    model = ScriptedModel(Script())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec(limits=Limits(gate_timeout_s=0.05)))
+        await finish(handle)
+        events = await journal(handle)
+    # Written before rejected_by_policy existed: a timeout said "human".
+    old = [
+        EVENT_ADAPTER.validate_json(
+            EVENT_ADAPTER.dump_json(e).replace(
+                b'"rejected_by_policy"', b'"rejected_by_human"'
+            )
+        )
+        for e in events
+    ]
+    [record] = replay(old).result().replans
+    assert record.outcome is ReplanOutcome.REJECTED_BY_HUMAN
+    assert record.reason.startswith("rejected by policy:timeout")
 
 
 async def test_a_gate_policy_can_make_a_timeout_approve_the_replan() -> None:

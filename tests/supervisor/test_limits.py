@@ -33,6 +33,7 @@ from replan import (
     TaskOutcome,
     TaskStatus,
     TokenUsage,
+    replay,
     tool,
 )
 from replan.messages import ToolCall
@@ -181,6 +182,51 @@ async def test_max_iterations_ends_the_run_at_the_next_milestone() -> None:
     assert result.iterations == 2
     assert executed_ids(model) == ["t1", "t2", "t3"]
     assert model.calls_for("executor", "synthesize") == []
+
+
+async def test_milestones_the_cheap_checks_decide_count_not_toward_max_iterations() -> (
+    None
+):
+    model = scripted(execute=clean)
+    contract = spec(chain(30), milestone_every=1, max_iterations=2).model_copy(
+        update={"pattern": "contract"}
+    )
+
+    done = await run_to_end(model, contract)
+
+    result = done.result
+    assert result.status is RunStatus.COMPLETED
+    assert result.iterations == 30
+    assert {r.by for r in done.reviews()} == {"heuristic"}
+    assert model.calls_for("reviewer", "milestone") == []
+    assert done.replayed == result
+
+
+def findings_at(*task_ids: str) -> Any:
+    """Clean results, but for ``task_ids``, which the reviewer must judge."""
+
+    def execute(request: ModelRequest) -> TaskOutcome:
+        if task_of(request).id in task_ids:
+            return with_finding(request)
+        return clean(request)
+
+    return execute
+
+
+async def test_max_iterations_ends_the_run_when_one_review_too_many_is_needed() -> None:
+    model = scripted(execute=findings_at("t2", "t4", "t6"))
+
+    done = await run_to_end(model, spec(chain(8), milestone_every=1, max_iterations=2))
+
+    result = done.result
+    assert result.status is RunStatus.LIMIT_REACHED
+    assert result.stop_reason == "max_iterations: 2 milestone reviews held"
+    assert len(model.calls_for("reviewer", "milestone")) == 2
+    assert [r.by for r in done.reviews()] == ["heuristic", "model"] * 2 + ["heuristic"]
+    assert executed_ids(model) == ["t1", "t2", "t3", "t4", "t5", "t6"]
+    assert done.replayed == result
+    # The count is rebuilt from who decided each review, as any journal says.
+    assert replay(done.events).reviews == 2
 
 
 async def test_max_task_executions_stops_after_exactly_that_many_attempts() -> None:

@@ -15,7 +15,9 @@ from scripts import (
     DelegatingStore,
     chain,
     emails_first,
+    fresh_tasks,
     independent,
+    replan_verdict,
     scripted,
     send_email,
     spec,
@@ -29,17 +31,21 @@ from replan import (
     GatePolicy,
     MemoryStore,
     ModelRequest,
+    ModelResponse,
     RunHandle,
     RunStatus,
     ScriptedModel,
     Supervisor,
     SupervisorError,
+    Synthesis,
     TaskOutcome,
+    TokenUsage,
     Tool,
     Verdict,
+    replay,
     tool,
 )
-from replan.messages import Event, GateOpened, GateResolved
+from replan.messages import Event, GateOpened, GateResolved, ToolCall
 from replan.store import RunSummary, SQLiteStore, Store
 
 
@@ -381,3 +387,162 @@ async def test_an_approval_answered_as_the_run_is_cancelled_comes_before_its_end
             assert events[-1].kind == "run_finished", [e.kind for e in events[-3:]]
             assert result.status is RunStatus.CANCELLED
             assert (await sup.replay(handle.run_id)) == result
+
+
+USAGE = TokenUsage(input_tokens=10, output_tokens=4, calls=1)
+
+
+class SlowReask:
+    """A reviewer whose first answer is malformed; the re-ask waits until
+    released (or forever), so that a drain's grace or a cancel cuts it."""
+
+    def __init__(self) -> None:
+        self.reasked = anyio.Event()
+        self.release = anyio.Event()
+
+    def model(self) -> ScriptedModel:
+        async def milestone(request: ModelRequest) -> Any:
+            if "answer_problem" not in request.context:
+                return "not a verdict"
+            self.reasked.set()
+            await self.release.wait()
+            return Verdict(decision="continue")
+
+        return scripted(execute=with_finding, milestone=milestone, usage=USAGE)
+
+
+async def test_a_drain_whose_grace_ends_during_a_re_ask_journals_the_first_answer(
+    tmp_path: Path,
+) -> None:
+    reviewer = SlowReask()
+    first = reviewer.model()
+    async with SQLiteStore(tmp_path / "runs.db") as store:
+        with anyio.fail_after(10):
+            async with Supervisor(first, store) as sup:
+                handle = await sup.submit(spec(chain(2), milestone_every=1))
+                await reviewer.reasked.wait()
+                await sup.drain(0.05)
+            journaled = await store.read(handle.run_id)
+            [summary] = await store.list_runs()
+            assert summary.status is RunStatus.RUNNING  # left to resume
+            # The malformed answer cost tokens: journaled though no reply came.
+            usage = [e for e in journaled if e.kind == "usage_recorded"]
+            assert [(e.role, e.purpose, e.usage) for e in usage] == [  # type: ignore[attr-defined]
+                ("reviewer", "milestone", USAGE)
+            ]
+            second = scripted(execute=with_finding, usage=USAGE)
+            with anyio.fail_after(10):
+                async with Supervisor(second, store, resume=True) as sup:
+                    result = await sup.get(handle.run_id).result()
+    assert result.status is RunStatus.COMPLETED
+    # Every answered call counts once; the re-ask the stop cut gave none.
+    assert result.usage.total.calls == len(first.calls) - 1 + len(second.calls)
+    assert result.usage.by_role["reviewer"].calls == 1 + 2
+
+
+async def test_a_run_cancelled_during_a_re_ask_keeps_the_first_answers_tokens() -> None:
+    reviewer = SlowReask()
+    model = reviewer.model()
+    with anyio.fail_after(10):
+        async with Supervisor(model, MemoryStore()) as sup:
+            handle = await sup.submit(spec(chain(2), milestone_every=1))
+            await reviewer.reasked.wait()
+            await handle.cancel()
+            result = await handle.result()
+            assert await sup.replay(handle.run_id) == result
+    assert result.status is RunStatus.CANCELLED
+    assert result.usage.by_role["reviewer"] == USAGE
+    assert result.usage.total.calls == len(model.calls) - 1
+
+
+async def test_a_re_ask_that_answers_counts_both_answers_once() -> None:
+    reviewer = SlowReask()
+    reviewer.release.set()
+    model = reviewer.model()
+    with anyio.fail_after(10):
+        async with Supervisor(model, MemoryStore()) as sup:
+            result = await (
+                await sup.submit(spec(chain(2), milestone_every=1))
+            ).result()
+    assert result.status is RunStatus.COMPLETED
+    assert result.usage.total.calls == len(model.calls)
+
+
+async def test_a_drain_whose_grace_ends_between_candidates_journals_the_first() -> None:
+    asked = anyio.Event()
+    proposed = 0
+
+    async def revise(request: ModelRequest) -> Any:
+        nonlocal proposed
+        proposed += 1
+        if proposed > 1:  # the second candidate never comes
+            asked.set()
+            await anyio.sleep_forever()
+        return fresh_tasks(2)
+
+    model = scripted(
+        execute=with_finding,
+        milestone=lambda r: replan_verdict(),
+        replan=revise,
+        usage=USAGE,
+    )
+    store = MemoryStore()
+    with anyio.fail_after(10):
+        async with Supervisor(model, store) as sup:
+            handle = await sup.submit(
+                spec(chain(3, milestone_at=[1]), replan_candidates=2)
+            )
+            await asked.wait()
+            await sup.drain(0.05)
+    journaled = await store.read(handle.run_id)
+    usage = [e for e in journaled if e.kind == "usage_recorded"]
+    assert ("planner", "replan", USAGE) in [
+        (e.role, e.purpose, e.usage)  # type: ignore[attr-defined]
+        for e in usage
+    ]
+    # Every answered call is in the journal once; the one cut short is not.
+    assert replay(journaled).usage.total.calls == len(model.calls) - 1
+
+
+async def test_a_drain_whose_grace_ends_during_a_tool_journals_the_attempts_calls(
+    tmp_path: Path,
+) -> None:
+    searching = anyio.Event()
+
+    @tool
+    async def slow_search(query: str) -> str:
+        """Search, slowly."""
+        searching.set()
+        await anyio.sleep_forever()
+        return "found"
+
+    def search_first(request: ModelRequest) -> Any:
+        if request.purpose == "synthesize":
+            return Synthesis(output="done")
+        if not request.transcript:
+            call = ToolCall(id="c1", name="slow_search", arguments='{"query": "a"}')
+            return ModelResponse(tool_calls=[call], usage=USAGE)
+        return TaskOutcome(success=True, summary="found")
+
+    first = ScriptedModel(search_first, usage=USAGE)
+    async with SQLiteStore(tmp_path / "runs.db") as store:
+        with anyio.fail_after(10):
+            async with Supervisor(first, store, tools=[slow_search]) as sup:
+                handle = await sup.submit(spec(independent(1)))
+                await searching.wait()
+                await sup.drain(0.05)
+        journaled = await store.read(handle.run_id)
+        # The step the model answered before the tool: journaled as it stops.
+        assert replay(journaled).usage.by_role["executor"] == USAGE
+
+        @tool(name="slow_search")
+        async def quick_search(query: str) -> str:
+            """Search."""
+            return "found"
+
+        second = ScriptedModel(search_first, usage=USAGE)
+        with anyio.fail_after(10):
+            async with Supervisor(second, store, tools=[quick_search]) as sup:
+                result = await (await sup.resume(handle.run_id)).result()
+    assert result.status is RunStatus.COMPLETED
+    assert result.usage.total.calls == len(first.calls) + len(second.calls)

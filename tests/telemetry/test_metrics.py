@@ -20,7 +20,7 @@ from scripts import (
     spec,
     with_finding,
 )
-from spans import run_traced, until
+from spans import Tree, attr, run_traced, until
 
 from replan import (
     GateResolution,
@@ -135,11 +135,43 @@ async def test_a_gates_wait_is_measured_until_its_answer(
         with anyio.fail_after(5):
             await handle.result()
     (waits,) = points(metric_reader, n.METRIC_GATE_WAIT)
-    assert waits.attributes == {n.GATE_DECISION: "reject"}
+    assert waits.attributes == {n.GATE_DECISION: "reject", n.GATE_OUTCOME: "resolved"}
     assert waits.count == 1
     assert 0.1 <= waits.sum < 5
     assert list(waits.explicit_bounds) == list(GATE_WAIT_BUCKETS)
     assert waits.explicit_bounds[-1] >= 86400  # a wait over a night is no outlier
+
+
+async def test_a_replan_a_gate_timeout_rejected_is_labelled_rejected_by_policy(
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+    meter_provider: MeterProvider,
+    metric_reader: InMemoryMetricReader,
+) -> None:
+    model = scripted(
+        execute=with_finding,
+        milestone=first_then_continue(replan_verdict(Trigger.SCOPE_SHIFT)),
+    )
+    result = await run_traced(
+        model,
+        spec(chain(2, milestone_at=[1]), gate_timeout_s=0.05),
+        provider,
+        meter_provider,
+    )
+    assert [r.outcome.value for r in result.replans] == ["rejected_by_policy"]
+    replans = by(
+        points(metric_reader, n.METRIC_REPLANS), n.REPLAN_TRIGGER, n.REPLAN_OUTCOME
+    )
+    assert {k: p.value for k, p in replans.items()} == {
+        ("scope_shift", "rejected_by_policy"): 1
+    }
+    replan = Tree(exporter.get_finished_spans()).one(n.SPAN_REPLAN)
+    assert attr(replan, n.REPLAN_OUTCOME) == "rejected_by_policy"
+    waited = Tree(exporter.get_finished_spans()).one(n.SPAN_GATE)
+    assert attr(waited, n.GATE_DECIDED_BY) == "policy:timeout"
+    assert attr(waited, n.GATE_OUTCOME) == "timed_out"
+    (waits,) = points(metric_reader, n.METRIC_GATE_WAIT)
+    assert waits.attributes == {n.GATE_DECISION: "reject", n.GATE_OUTCOME: "timed_out"}
 
 
 async def test_the_mailbox_depth_gauge_shows_requests_waiting_per_role(
