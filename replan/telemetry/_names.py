@@ -198,3 +198,6 @@ EXPLORE_WINNER: Final = "replan.explore.winner"
 EXPLORE_ROUND: Final = "replan.explore.round"
 EXPLORE_RATING_A: Final = "replan.explore.rating_a"
 EXPLORE_RATING_B: Final = "replan.explore.rating_b"
+EXPLORE_BRIEF_STATUS: Final = "replan.explore.brief.status"
+"""On an explore run's root at its end: its brief's status (``needs_review``
+where the run's outcome says only ``completed``)."""

@@ -652,6 +652,9 @@ class RunTrace:
             self._end_replan()
         self._end_attributes(root, state)
         root.set_attribute(n.RUN_OUTCOME, status.value)
+        brief = state.explore.brief if state.explore is not None else None
+        if brief is not None:
+            root.set_attribute(n.EXPLORE_BRIEF_STATUS, brief.status)
         reason = event.stop_reason
         if reason:
             root.set_attribute(n.RUN_STOP_REASON, truncate(reason))

@@ -209,3 +209,24 @@ async def test_an_explore_runs_actor_spans_say_what_each_call_asked() -> None:
     [verdict] = [e for e in compare.events if e.name == "gen_ai.evaluation.result"]
     assert verdict.attributes["gen_ai.evaluation.score.label"] in {"a", "b"}
     assert outcome.result.status.value == "completed"
+
+
+async def test_the_root_says_the_briefs_status_where_the_outcome_cannot() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    weak = scores(evidence=0.1)
+    script = ExploreScript(
+        generated=[Idea(i.statement, [weak], strength=i.strength) for i in IDEAS[:2]]
+    )
+    outcome = await run_explore(
+        explore_spec(max_iterations=1), script, tracer_provider=provider
+    )
+    assert outcome.result.brief is not None
+    assert outcome.result.brief.status == "needs_review"
+    (root,) = [
+        s for s in exporter.get_finished_spans() if s.name == "invoke_workflow replan"
+    ]
+    assert root.attributes["replan.run.outcome"] == "completed"
+    assert root.attributes["replan.explore.brief.status"] == "needs_review"
+    provider.shutdown()
