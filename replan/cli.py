@@ -474,25 +474,34 @@ def _add_serve(commands: Any) -> None:
     serve.add_argument("--config", metavar="FILE", help="a TOML settings file")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8470)")
-    serve.add_argument("--data-dir", metavar="DIR", help="journal and token directory")
+    serve.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="journal and token directory (default ./replan-data)",
+    )
     serve.add_argument(
         "--model", help="scripted:demo (default), python:MODULE:NAME, openai:NAME"
     )
     serve.add_argument(
-        "--model-latency", type=_latency, metavar="SECONDS", help="scripted models"
+        "--model-latency",
+        type=_latency,
+        metavar="SECONDS",
+        help="seconds each call of a scripted model takes (REPLAN_MODEL_LATENCY_S)",
     )
     serve.add_argument(
         "--tool",
         action="append",
         dest="tools",
         metavar="MODULE:NAME",
-        help="an executor tool, or a list of them (repeat for more)",
+        help="an executor tool, or a list of them (repeat for more; "
+        "REPLAN_TOOLS=a:b,c:d)",
     )
     serve.add_argument(
         "--workers",
         action="append",
         metavar="ROLE=N",
-        help="global concurrency of a role (repeat: --workers executor=64)",
+        help="global concurrency of a role (repeat: --workers executor=64; "
+        "REPLAN_WORKERS=executor=64,planner=2)",
     )
     serve.add_argument(
         "--max-active-runs",
@@ -500,11 +509,37 @@ def _add_serve(commands: Any) -> None:
         metavar="N",
         help="unfinished runs at once; more submissions get 429 (default 1000)",
     )
-    serve.add_argument("--drain-grace", type=_seconds, metavar="SECONDS")
-    serve.add_argument("--retention", choices=["compact", "delete", "off"])
-    serve.add_argument("--retention-age", type=_seconds, metavar="SECONDS")
-    serve.add_argument("--retention-interval", type=_seconds, metavar="SECONDS")
-    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--drain-grace",
+        type=_seconds,
+        metavar="SECONDS",
+        help="on SIGTERM, how long calls in flight may take to finish "
+        "(default 10; REPLAN_DRAIN_GRACE_S)",
+    )
+    serve.add_argument(
+        "--retention",
+        choices=["compact", "delete", "off"],
+        help="what becomes of old finished runs (default compact)",
+    )
+    serve.add_argument(
+        "--retention-age",
+        type=_seconds,
+        metavar="SECONDS",
+        help="finished runs older than this are compacted or deleted "
+        "(default 604800, 7 days; REPLAN_RETENTION_AGE_S)",
+    )
+    serve.add_argument(
+        "--retention-interval",
+        type=_seconds,
+        metavar="SECONDS",
+        help="how often retention looks for them "
+        "(default 3600; REPLAN_RETENTION_INTERVAL_S)",
+    )
+    serve.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="default info",
+    )
 
 
 def serve(args: argparse.Namespace) -> int:
