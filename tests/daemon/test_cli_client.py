@@ -55,6 +55,33 @@ def test_submit_watch_runs_and_show_against_a_daemon(
     assert capsys.readouterr().err == "replan: error: 404: no run zz\n"
 
 
+def test_watch_exits_1_when_the_run_does_not_complete(
+    remote: DaemonProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As replan run does: a script can tell a run that completed from one
+    # that did not by the exit status alone.
+    assert main(["submit", "--goal", GOAL]) == 0
+    run_id = capsys.readouterr().out.strip()
+    assert main(["cancel", run_id]) == 0
+    capsys.readouterr()
+    assert main(["watch", run_id]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[-1].startswith("run finished: cancelled")
+    assert captured.err == (
+        f"replan: error: run {run_id} ended cancelled: cancelled on request\n"
+    )
+
+    spec = tmp_path / "spec.json"
+    limited = {"max_iterations": 1}
+    spec.write_text(
+        json.dumps({"goal": GOAL, "limits": limited, "gate_policy": {"gate_on": []}})
+    )
+    assert main(["submit", str(spec), "--watch"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("replan: error: run ")
+    assert "ended limit_reached: max_iterations" in err
+
+
 @pytest.mark.parametrize("command", ["approve", "reject"])
 def test_gates_are_answered_and_runs_cancelled_from_the_command_line(
     remote: DaemonProcess, command: str, capsys: pytest.CaptureFixture[str]
