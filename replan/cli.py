@@ -89,16 +89,38 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             return serve(args)
         if args.command in _remote.COMMANDS:
-            return _remote.run(args)
+            with _terminated_by_sigterm():
+                return _remote.run(args)
         if args.command in ("show", "runs") and not args.db:
-            return (
-                _remote.show(args)
-                if args.command == "show"
-                else _remote.list_runs(args)
-            )
+            with _terminated_by_sigterm():
+                return (
+                    _remote.show(args)
+                    if args.command == "show"
+                    else _remote.list_runs(args)
+                )
         return anyio.run(_interruptible, args)
     except BaseException as exc:
         return _failed(exc)
+
+
+@contextlib.contextmanager
+def _terminated_by_sigterm() -> Iterator[None]:
+    """SIGTERM ends a daemon client (``watch`` waits for a run's end) as
+    it ends a local run: ``replan: terminated``, exit 143, rather than a
+    silent death by the signal. Ctrl-C already raises KeyboardInterrupt."""
+
+    def terminate(signum: int, frame: object) -> None:
+        raise Terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminate)
+    except ValueError:  # not the main thread: the caller's signals stay its own
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _tolerant_output() -> None:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -207,6 +211,35 @@ def test_watch_follows_a_run_across_a_daemon_restart(
     assert lines[-1] == "run finished: completed"
     assert any(line.startswith("replan applied (scope_shift)") for line in lines)
     assert lines.count(lines[0]) == 1  # nothing is printed twice on reconnecting
+
+
+def test_sigterm_ends_watch_with_one_line_and_exit_143(
+    remote: DaemonProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As it ends a local run: docker stop, timeout, a CI runner's cancel.
+    assert main(["submit", "--goal", GOAL]) == 0
+    run_id = capsys.readouterr().out.strip()
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "replan", "watch", run_id],
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while "waiting for a decision" not in out.read_text():
+                assert time.monotonic() < deadline, "watch printed nothing"
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(10)
+        finally:
+            proc.kill()
+            proc.wait()
+    assert code == 143
+    assert err.read_text() == "replan: terminated\n"
 
 
 def _wait_for_output(
