@@ -225,6 +225,11 @@ class Client:
             # such as ``http://HOST:8470/v1``.
             raise self._not_replan(response)
         text = self._scrub(detail if isinstance(detail, str) else str(detail))
+        if response.status_code == 401 and not self._token:
+            # The daemon wants the token its start printed: name where it goes.
+            raise ClientError(
+                f"401: {text}: set REPLAN_API_TOKEN to the daemon's token", 401, 2
+            )
         raise ClientError(f"{response.status_code}: {text}", response.status_code)
 
     def _not_replan(self, response: httpx.Response) -> ClientError:

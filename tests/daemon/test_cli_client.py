@@ -272,6 +272,20 @@ def test_client_errors_are_one_line(
     assert len(err.strip().splitlines()) == 1
 
 
+def test_a_missing_token_says_which_variable_to_set(
+    remote: DaemonProcess,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("REPLAN_API_TOKEN")
+    assert main(["runs"]) == 2  # a setting is missing, as a model's key is
+    err = capsys.readouterr().err
+    assert err == (
+        "replan: error: 401: a bearer token is required: set REPLAN_API_TOKEN "
+        "to the daemon's token\n"
+    )
+
+
 def test_a_demo_into_the_journal_a_daemon_serves_is_refused_in_one_line(
     daemon: DaemonProcess, capsys: pytest.CaptureFixture[str]
 ) -> None:
