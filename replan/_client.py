@@ -230,7 +230,14 @@ class Client:
             raise ClientError(
                 f"401: {text}: set REPLAN_API_TOKEN to the daemon's token", 401, 2
             )
-        raise ClientError(f"{response.status_code}: {text}", response.status_code)
+        # Input the daemon refused, naming its field (a spec, a gate's
+        # answer): a bad argument, exit 2, as one the command refuses itself.
+        bad_input = response.status_code in (400, 413, 422) and field is not None
+        raise ClientError(
+            f"{response.status_code}: {text}",
+            response.status_code,
+            2 if bad_input else 1,
+        )
 
     def _not_replan(self, response: httpx.Response) -> ClientError:
         return ClientError(

@@ -286,6 +286,24 @@ def test_a_missing_token_says_which_variable_to_set(
     )
 
 
+def test_a_spec_the_daemon_refuses_is_a_bad_argument(
+    remote: DaemonProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Exit 2 as for a spec the command itself refuses (NaN), not 1 as for a
+    # daemon that failed: the daemon's 422 names the field to change.
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"goal": GOAL, "limits": {"max_replans": -1}}))
+    assert main(["submit", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("replan: error: 422: limits.max_replans: ")
+    assert main(["submit", "--goal", GOAL]) == 0
+    capsys.readouterr()
+    with remote.client() as client:
+        (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+    assert main(["approve", gate["gate_id"], "--by", " "]) == 2
+    assert capsys.readouterr().err.startswith("replan: error: 422: gate ")
+
+
 def test_a_demo_into_the_journal_a_daemon_serves_is_refused_in_one_line(
     daemon: DaemonProcess, capsys: pytest.CaptureFixture[str]
 ) -> None:
