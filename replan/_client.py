@@ -225,7 +225,19 @@ class Client:
             # such as ``http://HOST:8470/v1``.
             raise self._not_replan(response)
         text = self._scrub(detail if isinstance(detail, str) else str(detail))
-        raise ClientError(f"{response.status_code}: {text}", response.status_code)
+        if response.status_code == 401 and not self._token:
+            # The daemon wants the token its start printed: name where it goes.
+            raise ClientError(
+                f"401: {text}: set REPLAN_API_TOKEN to the daemon's token", 401, 2
+            )
+        # Input the daemon refused, naming its field (a spec, a gate's
+        # answer): a bad argument, exit 2, as one the command refuses itself.
+        bad_input = response.status_code in (400, 413, 422) and field is not None
+        raise ClientError(
+            f"{response.status_code}: {text}",
+            response.status_code,
+            2 if bad_input else 1,
+        )
 
     def _not_replan(self, response: httpx.Response) -> ClientError:
         return ClientError(

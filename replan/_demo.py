@@ -183,6 +183,8 @@ def answer(request: ModelRequest) -> BaseModel:
             return FIRST_PLAN
         case "planner", "replan":
             return _revised_plan(context["completed"])
+        case "planner", "boundary":
+            return _synthesis_plan(context["completed"])
         case "executor", "execute":
             return _execute(context["task"])
         case "executor", "synthesize":
@@ -259,6 +261,28 @@ def _revised_plan(completed: list[Task]) -> PlanProposal:
         ],
         rationale="Widen the scope from transformer efficiency to efficient "
         "sequence models: add the SSM literature and a comparison, keep the search.",
+    )
+
+
+def _synthesis_plan(completed: list[Task]) -> PlanProposal:
+    """A hybrid run's boundary: the collected results, compared and summarised."""
+    return PlanProposal(
+        tasks=[
+            TaskDraft(
+                key="compare",
+                description="Compare SSMs, efficient transformers and hybrid "
+                "models on quality, long-context cost and recall",
+                depends_on=[t.id for t in completed],
+            ),
+            TaskDraft(
+                key="field_summary",
+                description="Draft a summary of the current state of efficient "
+                "sequence modelling, state space models included",
+                depends_on=["compare"],
+            ),
+        ],
+        rationale="The collected search already points past transformers: "
+        "compare the model families it found, then summarise the field.",
     )
 
 

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from . import _render
 from ._client import Client, ClientError, segment
 from ._render import terminal_json, terminal_text
+from .messages import RunStatus
 from .store import ToolEffectRecord
 from .supervisor import RunState, apply, replay
 
@@ -170,12 +171,18 @@ def _watch(client: Client, args: argparse.Namespace) -> int:
 
 
 def _follow(client: Client, run_id: str) -> int:
+    """Print the run's events to its end; 0 when it completed, as ``replan
+    run`` exits, else a :class:`RemoteError` saying how it ended."""
     state: RunState | None = None
     for event in client.events(run_id):
         state = apply(state, event)
         for line in _render.event_lines(event, state, full_gate_ids=True):
             print(terminal_text(line), flush=True)
-    return 0
+    if state is None or state.status is RunStatus.COMPLETED:
+        return 0
+    reason = " ".join((state.stop_reason or "").split())
+    ended = f"run {state.run_id} ended {state.status.value}"
+    raise RemoteError(f"{ended}: {reason}" if reason else ended)
 
 
 def _answer(client: Client, args: argparse.Namespace) -> int:

@@ -89,16 +89,38 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             return serve(args)
         if args.command in _remote.COMMANDS:
-            return _remote.run(args)
+            with _terminated_by_sigterm():
+                return _remote.run(args)
         if args.command in ("show", "runs") and not args.db:
-            return (
-                _remote.show(args)
-                if args.command == "show"
-                else _remote.list_runs(args)
-            )
+            with _terminated_by_sigterm():
+                return (
+                    _remote.show(args)
+                    if args.command == "show"
+                    else _remote.list_runs(args)
+                )
         return anyio.run(_interruptible, args)
     except BaseException as exc:
         return _failed(exc)
+
+
+@contextlib.contextmanager
+def _terminated_by_sigterm() -> Iterator[None]:
+    """SIGTERM ends a daemon client (``watch`` waits for a run's end) as
+    it ends a local run: ``replan: terminated``, exit 143, rather than a
+    silent death by the signal. Ctrl-C already raises KeyboardInterrupt."""
+
+    def terminate(signum: int, frame: object) -> None:
+        raise Terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminate)
+    except ValueError:  # not the main thread: the caller's signals stay its own
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _tolerant_output() -> None:
@@ -474,25 +496,34 @@ def _add_serve(commands: Any) -> None:
     serve.add_argument("--config", metavar="FILE", help="a TOML settings file")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8470)")
-    serve.add_argument("--data-dir", metavar="DIR", help="journal and token directory")
+    serve.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="journal and token directory (default ./replan-data)",
+    )
     serve.add_argument(
         "--model", help="scripted:demo (default), python:MODULE:NAME, openai:NAME"
     )
     serve.add_argument(
-        "--model-latency", type=_latency, metavar="SECONDS", help="scripted models"
+        "--model-latency",
+        type=_latency,
+        metavar="SECONDS",
+        help="seconds each call of a scripted model takes (REPLAN_MODEL_LATENCY_S)",
     )
     serve.add_argument(
         "--tool",
         action="append",
         dest="tools",
         metavar="MODULE:NAME",
-        help="an executor tool, or a list of them (repeat for more)",
+        help="an executor tool, or a list of them (repeat for more; "
+        "REPLAN_TOOLS=a:b,c:d)",
     )
     serve.add_argument(
         "--workers",
         action="append",
         metavar="ROLE=N",
-        help="global concurrency of a role (repeat: --workers executor=64)",
+        help="global concurrency of a role (repeat: --workers executor=64; "
+        "REPLAN_WORKERS=executor=64,planner=2)",
     )
     serve.add_argument(
         "--max-active-runs",
@@ -500,11 +531,37 @@ def _add_serve(commands: Any) -> None:
         metavar="N",
         help="unfinished runs at once; more submissions get 429 (default 1000)",
     )
-    serve.add_argument("--drain-grace", type=_seconds, metavar="SECONDS")
-    serve.add_argument("--retention", choices=["compact", "delete", "off"])
-    serve.add_argument("--retention-age", type=_seconds, metavar="SECONDS")
-    serve.add_argument("--retention-interval", type=_seconds, metavar="SECONDS")
-    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--drain-grace",
+        type=_seconds,
+        metavar="SECONDS",
+        help="on SIGTERM, how long calls in flight may take to finish "
+        "(default 10; REPLAN_DRAIN_GRACE_S)",
+    )
+    serve.add_argument(
+        "--retention",
+        choices=["compact", "delete", "off"],
+        help="what becomes of old finished runs (default compact)",
+    )
+    serve.add_argument(
+        "--retention-age",
+        type=_seconds,
+        metavar="SECONDS",
+        help="finished runs older than this are compacted or deleted "
+        "(default 604800, 7 days; REPLAN_RETENTION_AGE_S)",
+    )
+    serve.add_argument(
+        "--retention-interval",
+        type=_seconds,
+        metavar="SECONDS",
+        help="how often retention looks for them "
+        "(default 3600; REPLAN_RETENTION_INTERVAL_S)",
+    )
+    serve.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="default info",
+    )
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -27,10 +27,11 @@ TRANSFORMER_TASKS = {
 
 async def run_demo(
     decision: Literal["approve", "reject"],
+    pattern: Literal["contract", "discovery", "hybrid"] = "discovery",
 ) -> tuple[RunResult, RunState, ScriptedModel]:
     model = demo_model()
     async with Supervisor(model=model) as sup:
-        handle = await sup.submit(demo_spec())
+        handle = await sup.submit(demo_spec().model_copy(update={"pattern": pattern}))
         async for event in handle.events():
             if isinstance(event, GateOpened):
                 await sup.gates.resolve(
@@ -123,3 +124,23 @@ async def test_rejecting_the_gate_finishes_the_original_transformer_plan() -> No
     assert [t.status for t in result.tasks] == [TaskStatus.COMPLETED] * 4
     assert result.output is not None
     assert "attention-based models only" in result.output
+
+
+async def test_the_demo_script_crosses_a_hybrid_runs_boundary() -> None:
+    # scripted:demo answers runs of every pattern (replan run --pattern,
+    # the daemon's default model), a hybrid run's boundary too.
+    result, _, model = await run_demo("approve", pattern="hybrid")
+
+    assert result.status is RunStatus.COMPLETED, result.stop_reason
+    assert len(model.calls_for("planner", "boundary")) == 1
+    phases = {t.key: (t.phase, t.status) for t in result.tasks}
+    assert phases == {
+        "search": ("collection", TaskStatus.COMPLETED),
+        "extract": ("collection", TaskStatus.COMPLETED),
+        "themes": ("collection", TaskStatus.COMPLETED),
+        "summary": ("collection", TaskStatus.COMPLETED),
+        "compare": ("synthesis", TaskStatus.COMPLETED),
+        "field_summary": ("synthesis", TaskStatus.COMPLETED),
+    }
+    assert result.output is not None
+    assert "state space models" in result.output

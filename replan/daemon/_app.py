@@ -31,6 +31,7 @@ from .._errors import (
 )
 from .._version import __version__
 from ..messages import GateResolution, Limits, RunSpec, RunStatus
+from ..supervisor._gates import already_resolved
 from ..supervisor._state import RUN_ENDED_NOTE
 from ._auth import BearerAuth
 from ._json import StrictJsonRoute
@@ -283,9 +284,9 @@ def _v1(daemon: Daemon) -> APIRouter:
             await _closed_gate(daemon, gate_id)
         try:
             await sup.gates.resolve(gate_id, resolution)
-        except GateAlreadyResolved:
-            # Someone else's answer came first.
-            raise ApiError(409, f"gate {gate_id} is already resolved") from None
+        except GateAlreadyResolved as exc:
+            # Someone else's answer came first: the error names it.
+            raise ApiError(409, str(exc)) from None
         except ResolutionRefused as exc:
             raise ApiError(422, str(exc), exc.field) from None
         except GateError:
@@ -335,7 +336,7 @@ async def _closed_gate(daemon: Daemon, gate_id: str) -> NoReturn:
                 and (info.resolution.note or "").startswith(RUN_ENDED_NOTE)
             )
             if info is not None and info.resolution is not None and not closed_by_end:
-                raise ApiError(409, f"gate {gate_id} is already resolved")
+                raise ApiError(409, already_resolved(gate_id, info.resolution))
             if info is not None and state.status.final:
                 raise ApiError(
                     409,

@@ -87,8 +87,10 @@ class DaemonSettings(BaseSettings):
     them separated by commas, or as a JSON list."""
     default_limits: Limits = Field(default_factory=Limits)
     """Limits of runs submitted without their own (fields they set win)."""
-    workers: dict[str, int] = Field(default_factory=dict)
-    """Global concurrency per actor role, e.g. ``{"executor": 64}``."""
+    workers: Annotated[dict[str, int], NoDecode] = Field(default_factory=dict)
+    """Global concurrency per actor role, e.g. ``{"executor": 64}``; in
+    ``REPLAN_WORKERS`` as the flag takes it (``executor=64,planner=2``) or
+    as a JSON object."""
     max_body_bytes: int = Field(default=1_048_576, ge=1_024, le=64 * 1_048_576)
     """Largest request body accepted; larger ones get 413."""
     max_active_runs: int = Field(default=1_000, ge=1, le=1_000_000)
@@ -159,6 +161,27 @@ class DaemonSettings(BaseSettings):
             except ValueError as exc:
                 raise ValueError(f"not a JSON list: {exc}") from None
         return [t.strip() for t in tools.split(",") if t.strip()]
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _worker_sizes(cls, workers: Any) -> Any:
+        if not isinstance(workers, str):
+            return workers
+        if workers.lstrip().startswith("{"):
+            try:
+                return json.loads(workers)
+            except ValueError as exc:
+                raise ValueError(f"not a JSON object: {exc}") from None
+        sizes: dict[str, str] = {}
+        for item in filter(None, (i.strip() for i in workers.split(","))):
+            role, sep, size = item.partition("=")
+            if not sep:
+                raise ValueError(
+                    f"takes ROLE=N (executor=64,planner=2) or a JSON object, "
+                    f"not {item!r}"
+                )
+            sizes[role.strip()] = size.strip()
+        return sizes
 
     @field_validator("workers")
     @classmethod

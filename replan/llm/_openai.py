@@ -143,7 +143,9 @@ class OpenAIModel:
             # Not shown: it may be a key all the same.
             raise ConfigurationError("api_key", "must be text")
         # Stripped: an env file's newline would name a model no server has.
-        name = (model or os.environ.get("REPLAN_MODEL") or "").strip()
+        # REPLAN_MODEL=openai:NAME, as replan serve takes it, names NAME.
+        from_env = (os.environ.get("REPLAN_MODEL") or "").strip()
+        name = (model or from_env.removeprefix("openai:")).strip()
         if not name:
             raise ConfigurationError(
                 "model", "name a model (or set REPLAN_MODEL), e.g. gpt-4o-mini"

@@ -25,6 +25,12 @@ ANSWERED_KEPT = 1024
 """How many answered gates a registry remembers, to tell a late second
 answer that the gate is resolved rather than unknown."""
 
+
+def already_resolved(gate_id: str, answer: GateResolution) -> str:
+    """What a second answer is told: the gate, and the answer that stands."""
+    return f"gate {gate_id} is already resolved ({answer.decision} by {answer.by})"
+
+
 Validator = Callable[[GateResolution], None]
 """Raises ``ValueError`` when a resolution does not fit the gate (a
 ``ConfigurationError`` to name the field)."""
@@ -102,15 +108,13 @@ class GateRegistry:
         if pending is None:
             answered = self._answered.get(gate_id)
             if answered is not None:
-                raise GateAlreadyResolved(
-                    f"gate {gate_id} is already resolved "
-                    f"({answered.decision} by {answered.by})"
-                )
+                raise GateAlreadyResolved(already_resolved(gate_id, answered))
             if self._elsewhere is not None:
                 await self._elsewhere(gate_id)
             raise GateError(f"no open gate {gate_id!r}")
         if pending.resolution is not None:
-            raise GateAlreadyResolved(f"gate {gate_id} is already resolved")
+            # The first of two answers at once, not journaled yet: it stands.
+            raise GateAlreadyResolved(already_resolved(gate_id, pending.resolution))
         try:
             resolution.check_storable()
         except ConfigurationError as exc:

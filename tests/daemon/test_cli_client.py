@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -53,6 +57,33 @@ def test_submit_watch_runs_and_show_against_a_daemon(
     assert capsys.readouterr().out == remote_report
     assert main(["show", "zz"]) == 1
     assert capsys.readouterr().err == "replan: error: 404: no run zz\n"
+
+
+def test_watch_exits_1_when_the_run_does_not_complete(
+    remote: DaemonProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As replan run does: a script can tell a run that completed from one
+    # that did not by the exit status alone.
+    assert main(["submit", "--goal", GOAL]) == 0
+    run_id = capsys.readouterr().out.strip()
+    assert main(["cancel", run_id]) == 0
+    capsys.readouterr()
+    assert main(["watch", run_id]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[-1].startswith("run finished: cancelled")
+    assert captured.err == (
+        f"replan: error: run {run_id} ended cancelled: cancelled on request\n"
+    )
+
+    spec = tmp_path / "spec.json"
+    limited = {"max_iterations": 1}
+    spec.write_text(
+        json.dumps({"goal": GOAL, "limits": limited, "gate_policy": {"gate_on": []}})
+    )
+    assert main(["submit", str(spec), "--watch"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("replan: error: run ")
+    assert "ended limit_reached: max_iterations" in err
 
 
 @pytest.mark.parametrize("command", ["approve", "reject"])
@@ -182,6 +213,35 @@ def test_watch_follows_a_run_across_a_daemon_restart(
     assert lines.count(lines[0]) == 1  # nothing is printed twice on reconnecting
 
 
+def test_sigterm_ends_watch_with_one_line_and_exit_143(
+    remote: DaemonProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As it ends a local run: docker stop, timeout, a CI runner's cancel.
+    assert main(["submit", "--goal", GOAL]) == 0
+    run_id = capsys.readouterr().out.strip()
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "replan", "watch", run_id],
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while "waiting for a decision" not in out.read_text():
+                assert time.monotonic() < deadline, "watch printed nothing"
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(10)
+        finally:
+            proc.kill()
+            proc.wait()
+    assert code == 143
+    assert err.read_text() == "replan: terminated\n"
+
+
 def _wait_for_output(
     capsys: pytest.CaptureFixture[str], text: str, seconds: float = 30
 ) -> str:
@@ -210,6 +270,38 @@ def test_client_errors_are_one_line(
     err = capsys.readouterr().err
     assert err.startswith("replan: error: cannot reach http://127.0.0.1:9")
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_missing_token_says_which_variable_to_set(
+    remote: DaemonProcess,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("REPLAN_API_TOKEN")
+    assert main(["runs"]) == 2  # a setting is missing, as a model's key is
+    err = capsys.readouterr().err
+    assert err == (
+        "replan: error: 401: a bearer token is required: set REPLAN_API_TOKEN "
+        "to the daemon's token\n"
+    )
+
+
+def test_a_spec_the_daemon_refuses_is_a_bad_argument(
+    remote: DaemonProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Exit 2 as for a spec the command itself refuses (NaN), not 1 as for a
+    # daemon that failed: the daemon's 422 names the field to change.
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"goal": GOAL, "limits": {"max_replans": -1}}))
+    assert main(["submit", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("replan: error: 422: limits.max_replans: ")
+    assert main(["submit", "--goal", GOAL]) == 0
+    capsys.readouterr()
+    with remote.client() as client:
+        (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+    assert main(["approve", gate["gate_id"], "--by", " "]) == 2
+    assert capsys.readouterr().err.startswith("replan: error: 422: gate ")
 
 
 def test_a_demo_into_the_journal_a_daemon_serves_is_refused_in_one_line(

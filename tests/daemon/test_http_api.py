@@ -651,11 +651,31 @@ def test_of_two_answers_at_once_one_gets_200_and_the_other_409(
             answers = anyio.run(both, gate["gate_id"])
             codes = sorted(r.status_code for r in answers)
             assert codes == [200, 409], [r.text for r in answers]
+            (winner,) = [r for r in answers if r.status_code == 200]
             (loser,) = [r for r in answers if r.status_code == 409]
+            by = "alice" if winner.request.content.find(b"alice") > 0 else "bob"
             assert loser.json() == {
-                "detail": f"gate {gate['gate_id']} is already resolved",
+                "detail": f"gate {gate['gate_id']} is already resolved "
+                f"(approve by {by})",
                 "field": None,
             }
+
+
+def test_a_late_second_answer_gets_409_naming_the_answer_that_stands(
+    daemon: DaemonProcess,
+) -> None:
+    with daemon.client() as client:
+        submit(client)
+        (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+        url = f"/v1/gates/{gate['gate_id']}"
+        first = client.post(url, json={"decision": "reject", "by": "alice"})
+        second = client.post(url, json={"decision": "approve", "by": "bob"})
+    assert first.status_code == 200, first.text
+    assert second.status_code == 409, second.text
+    assert second.json() == {
+        "detail": f"gate {gate['gate_id']} is already resolved (reject by alice)",
+        "field": None,
+    }
 
 
 def test_an_edit_with_hypotheses_at_a_replan_gate_names_the_hypotheses(

@@ -173,17 +173,53 @@ def test_a_tools_file_setting_and_a_broken_variable(
     assert "not a JSON list" in caught.value.problem
 
 
+@pytest.mark.parametrize(
+    ("variable", "workers"),
+    [
+        ("executor=64", {"executor": 64}),
+        ("executor=64, planner=2", {"executor": 64, "planner": 2}),
+        ('{"executor": 64}', {"executor": 64}),
+        ("", {}),
+    ],
+)
+def test_replan_workers_takes_what_the_flag_takes_or_a_json_object(
+    monkeypatch: pytest.MonkeyPatch, variable: str, workers: dict[str, int]
+) -> None:
+    # --workers executor=64 is also REPLAN_WORKERS=executor=64.
+    monkeypatch.setenv("REPLAN_WORKERS", variable)
+    assert load_settings(None).workers == workers
+
+
+@pytest.mark.parametrize(
+    ("variable", "problem"),
+    [
+        ("executor", "ROLE=N"),
+        ("executor=x", "integer"),
+        ("painter=2", "unknown role 'painter'"),
+        ("{bad", "not a JSON object"),
+    ],
+)
+def test_a_bad_replan_workers_names_the_field_and_the_form(
+    monkeypatch: pytest.MonkeyPatch, variable: str, problem: str
+) -> None:
+    monkeypatch.setenv("REPLAN_WORKERS", variable)
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings(None)
+    assert caught.value.field.startswith("workers")
+    assert problem in caught.value.problem
+
+
 def test_a_broken_variable_is_not_blamed_on_the_config_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = tmp_path / "replan.toml"
     config.write_text("port = 9001\n")
-    monkeypatch.setenv("REPLAN_WORKERS", "{bad")
+    monkeypatch.setenv("REPLAN_DEFAULT_LIMITS", "{bad")
     with pytest.raises(ConfigurationError) as caught:
         load_settings(config)
     assert caught.value.problem.startswith("the REPLAN_* variables: ")
     config.write_text("port = [\n")
-    monkeypatch.delenv("REPLAN_WORKERS")
+    monkeypatch.delenv("REPLAN_DEFAULT_LIMITS")
     with pytest.raises(ConfigurationError) as caught:
         load_settings(config)
     assert caught.value.problem.startswith(f"{config}: ")

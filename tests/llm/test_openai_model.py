@@ -883,6 +883,21 @@ def test_the_model_name_comes_from_replan_model(
     assert caught.value.field == "model"
 
 
+def test_replan_model_in_the_daemons_openai_form_names_the_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # REPLAN_MODEL=openai:NAME is how replan serve, run and explore take it;
+    # an application reading the same environment asks for NAME too.
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:11434/v1")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("REPLAN_MODEL", "openai:qwen2.5:7b\n")
+    assert OpenAIModel().model_for("planner") == "qwen2.5:7b"
+    monkeypatch.setenv("REPLAN_MODEL", "openai: ")
+    with pytest.raises(ConfigurationError, match="name a model") as caught:
+        OpenAIModel()
+    assert caught.value.field == "model"
+
+
 async def test_calls_made_while_the_server_asked_to_wait_are_not_sent() -> None:
     # The server says to come back in 120 s, longer than the model waits: the
     # call fails as transient, and so do the calls made after it (the retries

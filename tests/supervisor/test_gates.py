@@ -838,6 +838,8 @@ async def test_of_two_answers_at_once_the_second_finds_the_gate_already_resolved
     assert len(winners) == 1
     assert len(losers) == 1
     assert isinstance(losers[0], GateAlreadyResolved)
+    # The loser is told which answer stands, as a late answer is.
+    assert f"(approve by {winners[0]})" in str(losers[0])
     assert result.versions[-1].approved_by == winners[0]
 
 
