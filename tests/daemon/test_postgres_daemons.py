@@ -1,0 +1,157 @@
+"""Several daemons on one PostgreSQL journal, used as an operator would
+through any of them: a run's event stream and its gates at a daemon that
+does not drive it, and across a takeover."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from daemon_process import DaemonProcess, wait_for
+from test_durability import sse_frames
+
+from replan._demo import GOAL
+
+COUNTING = ("--model", "python:counting_model:model")
+
+
+def _env(tmp_path: Path, dsn: str) -> dict[str, str]:
+    return {
+        "REPLAN_TEST_COUNT_FILE": str(tmp_path / "executions.txt"),
+        "REPLAN_TEST_EXECUTE_S": "0.05",
+        "REPLAN_JOURNAL_DSN": dsn,
+        # Short leases and frequent looks: a takeover takes seconds.
+        "REPLAN_JOURNAL_LEASE_S": "2",
+        "REPLAN_REDRIVE_INTERVAL_S": "0.3",
+        "REPLAN_HEARTBEAT_S": "0.5",
+    }
+
+
+class Follower:
+    """A client following a run's event stream in a thread of its own."""
+
+    def __init__(self, daemon: DaemonProcess, run_id: str, after: int = 0) -> None:
+        self.frames: list[Any] = []
+        self.error: BaseException | None = None
+        headers = {"Last-Event-ID": str(after)} if after else {}
+        self._thread = threading.Thread(
+            target=self._follow, args=(daemon, run_id, headers), daemon=True
+        )
+        self._thread.start()
+
+    def _follow(
+        self, daemon: DaemonProcess, run_id: str, headers: dict[str, str]
+    ) -> None:
+        try:
+            with (
+                daemon.client() as client,
+                client.stream(
+                    "GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=30
+                ) as response,
+            ):
+                assert response.status_code == 200, response.read()
+                self.frames.extend(sse_frames(response))
+        except BaseException as exc:
+            self.error = exc
+
+    def ended(self, timeout_s: float = 30) -> list[tuple[int, str]]:
+        """The events it got, once the stream has ended."""
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "the stream did not end"
+        assert self.error is None, self.error
+        return [(f[1], f[2]) for f in self.frames if f[0] == "event"]
+
+    @property
+    def events(self) -> list[tuple[int, str]]:
+        return [(f[1], f[2]) for f in list(self.frames) if f[0] == "event"]
+
+
+@contextmanager
+def daemons(tmp_path: Path, dsn: str, *names: str) -> Iterator[list[DaemonProcess]]:
+    started: list[DaemonProcess] = []
+    try:
+        for name in names:
+            env = _env(tmp_path, dsn)
+            started.append(DaemonProcess(tmp_path / name, *COUNTING, env=env).start())
+        yield started
+    finally:
+        for daemon in started:
+            daemon.close()
+
+
+def _gated_run(daemon: DaemonProcess) -> tuple[str, dict[str, Any]]:
+    """Submit the demo's run, and wait for its gate."""
+    with daemon.client() as client:
+        response = client.post("/v1/runs", json={"goal": GOAL})
+        assert response.status_code == 202, response.text
+        run_id = response.json()["run_id"]
+        (gate,) = wait_for(
+            lambda: client.get("/v1/gates", params={"run_id": run_id}).json()["gates"]
+        )
+    return run_id, gate
+
+
+def test_a_daemon_that_does_not_drive_a_run_streams_it_live_to_its_end(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    with daemons(tmp_path, postgres_dsn, "first", "second") as (first, second):
+        run_id, gate = _gated_run(first)
+        with second.client() as two:
+            # The history so far, read up to the gate, then the client drops.
+            with two.stream("GET", f"/v1/runs/{run_id}/events") as response:
+                head = []
+                for f in sse_frames(response):
+                    if f[0] == "event":
+                        head.append((f[1], f[2]))
+                        if f[2] == "gate_opened":
+                            break
+        # It reconnects where it left off, and follows the run meanwhile.
+        follower = Follower(second, run_id, after=head[-1][0])
+        wait_for(lambda: len(follower.frames) >= 2)  # heartbeats while it waits
+        assert follower.events == []
+        with first.client() as one:
+            answered = one.post(
+                f"/v1/gates/{gate['gate_id']}",
+                json={"decision": "approve", "by": "alice"},
+            )
+            assert answered.status_code == 200, answered.text
+        tail = follower.ended()
+        with first.client() as one:
+            whole = one.get(f"/v1/runs/{run_id}/events").text
+    seqs = [seq for seq, _ in head + tail]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert tail[0][1] == "gate_resolved"
+    assert tail[-1][1] == "run_finished"
+    assert whole.count("event: ") == len(seqs)
+
+
+def test_a_stream_at_the_daemon_that_takes_a_run_over_goes_on_without_a_gap(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    with daemons(tmp_path, postgres_dsn, "first", "second") as (first, second):
+        run_id, gate = _gated_run(first)
+        follower = Follower(second, run_id)
+        wait_for(lambda: any(kind == "gate_opened" for _, kind in follower.events))
+        first.kill()
+        with second.client() as two:
+            # Once the lease expires, the second daemon drives the run: the
+            # gate is answered there, and the stream follows it live.
+            wait_for(
+                lambda: (
+                    two.post(
+                        f"/v1/gates/{gate['gate_id']}",
+                        json={"decision": "approve", "by": "alice"},
+                    ).status_code
+                    == 200
+                ),
+                timeout_s=20,
+                every_s=0.2,
+            )
+        events = follower.ended()
+    seqs = [seq for seq, _ in events]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert events[-1][1] == "run_finished"
+    assert [kind for _, kind in events].count("gate_resolved") == 1
