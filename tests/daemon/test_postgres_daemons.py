@@ -99,15 +99,17 @@ def test_a_daemon_that_does_not_drive_a_run_streams_it_live_to_its_end(
 ) -> None:
     with daemons(tmp_path, postgres_dsn, "first", "second") as (first, second):
         run_id, gate = _gated_run(first)
-        with second.client() as two:
-            # The history so far, read up to the gate, then the client drops.
-            with two.stream("GET", f"/v1/runs/{run_id}/events") as response:
-                head = []
-                for f in sse_frames(response):
-                    if f[0] == "event":
-                        head.append((f[1], f[2]))
-                        if f[2] == "gate_opened":
-                            break
+        # The history so far, read up to the gate, then the client drops.
+        with (
+            second.client() as two,
+            two.stream("GET", f"/v1/runs/{run_id}/events") as response,
+        ):
+            head = []
+            for f in sse_frames(response):
+                if f[0] == "event":
+                    head.append((f[1], f[2]))
+                    if f[2] == "gate_opened":
+                        break
         # It reconnects where it left off, and follows the run meanwhile.
         follower = Follower(second, run_id, after=head[-1][0])
         wait_for(lambda: len(follower.frames) >= 2)  # heartbeats while it waits
