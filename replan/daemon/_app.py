@@ -267,9 +267,14 @@ def _v1(daemon: Daemon) -> APIRouter:
     async def gates(
         run_id: Annotated[str | None, Query(max_length=200)] = None,
     ) -> GateList:
-        """Gates waiting for a person, oldest first."""
-        sup = daemon.supervisor
-        return GateList(gates=sup.gates.pending(run_id))
+        """Gates waiting for a person, oldest first.
+
+        On a shared PostgreSQL journal, every open gate of the journal;
+        ``elsewhere`` names the daemon that drives the run of each one open
+        in another daemon, where it is answered.
+        """
+        gates, elsewhere = await daemon.open_gates(run_id)
+        return GateList(gates=gates, elsewhere=elsewhere)
 
     @router.post("/gates/{gate_id}", response_model=GateAnswered)
     async def resolve(

@@ -157,3 +157,28 @@ def test_a_stream_at_the_daemon_that_takes_a_run_over_goes_on_without_a_gap(
     assert seqs == list(range(1, len(seqs) + 1))
     assert events[-1][1] == "run_finished"
     assert [kind for _, kind in events].count("gate_resolved") == 1
+
+
+def test_every_daemon_lists_every_open_gate_naming_the_daemon_that_drives_it(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    with daemons(tmp_path, postgres_dsn, "first", "second") as (first, second):
+        run_id, gate = _gated_run(first)
+        _, own_gate = _gated_run(second)
+        with first.client() as one, second.client() as two:
+            listed = two.get("/v1/gates").json()
+            one_run = two.get("/v1/gates", params={"run_id": run_id}).json()
+            at_first = one.get("/v1/gates").json()
+    assert [g["gate_id"] for g in listed["gates"]] == [
+        gate["gate_id"],
+        own_gate["gate_id"],
+    ]
+    assert list(listed["elsewhere"]) == [gate["gate_id"]]
+    assert listed["elsewhere"][gate["gate_id"]].endswith(f":{first.pid}")
+    assert [g["gate_id"] for g in one_run["gates"]] == [gate["gate_id"]]
+    assert [g["gate_id"] for g in at_first["gates"]] == [
+        gate["gate_id"],
+        own_gate["gate_id"],
+    ]
+    assert list(at_first["elsewhere"]) == [own_gate["gate_id"]]
+    assert at_first["elsewhere"][own_gate["gate_id"]].endswith(f":{second.pid}")
