@@ -9,19 +9,22 @@ drives for now, is followed in the journal, which the stream reads again
 every :data:`POLL_S` seconds, less often while nothing happens (at most
 every :data:`MAX_POLL_S`). The stream switches between the two when the
 run changes hands (this daemon takes it over, or lets go of it). Comment
-lines keep idle connections alive through proxies; the stream ends after
-the run's last event, once retention has deleted the run, or when the
-daemon shuts down (a stream opened while it drains sends the history the
-journal holds, then ends).
+lines keep idle connections alive through proxies, and a stream
+following the journal waits with them while the journal cannot be read
+(a database restarting). The stream ends after the run's last event,
+once retention has deleted the run, or when the daemon shuts down (a
+stream opened while it drains sends the history the journal holds, then
+ends).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 import anyio
 
-from .._errors import UnknownRunError
+from .._errors import JournalCorrupt, UnknownRunError
 from ..messages import EVENT_ADAPTER, Event
 from ..supervisor import RunHandle
 from ._service import Daemon
@@ -31,6 +34,8 @@ def frame(event: Event) -> bytes:
     data = EVENT_ADAPTER.dump_json(event).decode()
     return f"id: {event.seq}\nevent: {event.kind}\ndata: {data}\n\n".encode()
 
+
+logger = logging.getLogger("replan.daemon")
 
 HEARTBEAT = b": keep-alive\n\n"
 POLL_S = 0.25
@@ -79,15 +84,28 @@ class _Stream:
                     return
                 # Let go of unfinished (another daemon took it over, its
                 # journal failed): followed in the journal from here.
-            summary = await daemon.store.get_run(self.run_id)
-            # Read after the summary: a final summary's events are all here.
-            events = await daemon.store.read(self.run_id, self.seq)
+            try:
+                summary = await daemon.store.get_run(self.run_id)
+                # Read after the summary: a final summary's events are all here.
+                events = await daemon.store.read(self.run_id, self.seq)
+            except JournalCorrupt:
+                raise
+            except Exception:
+                # The journal fails for now (a database restarting): the
+                # stream waits for it, with heartbeats, as for a quiet run.
+                logger.debug(
+                    "run %s: the journal cannot be read", self.run_id, exc_info=True
+                )
+                ended, events = False, []
+            else:
+                # Ended, or deleted by retention.
+                ended = summary is None or summary.status.final
             for event in events:
                 self.seq = event.seq
                 self.sent_at = anyio.current_time()
                 yield frame(event)
-            if summary is None or summary.status.final:
-                return  # ended, or deleted by retention
+            if ended:
+                return
             if events:
                 delay = POLL_S
                 continue
