@@ -31,6 +31,7 @@ from .._errors import (
 )
 from .._version import __version__
 from ..messages import GateResolution, Limits, RunSpec, RunStatus
+from ..store import RunLeases
 from ..supervisor._state import RUN_ENDED_NOTE
 from ._auth import BearerAuth
 from ._json import StrictJsonRoute
@@ -316,7 +317,15 @@ async def _not_here(daemon: Daemon, run_id: str) -> str:
     holder = await daemon.driven_elsewhere(run_id)
     if holder is not None:
         return f"run {run_id} is driven by another daemon ({holder}): cancel it there"
+    if isinstance(daemon.store, RunLeases):
+        return f"run {run_id} {_NOBODY}"
     return f"run {run_id} is not active here"
+
+
+_NOBODY = (
+    "is driven by no daemon at the moment (the one that drove it stopped): "
+    "try again once a daemon takes it over, at its next look for runs to drive on"
+)
 
 
 async def _closed_gate(daemon: Daemon, gate_id: str) -> NoReturn:
@@ -354,6 +363,9 @@ async def _closed_gate(daemon: Daemon, gate_id: str) -> NoReturn:
                         f"gate {gate_id} is open in another daemon ({holder}), "
                         f"which drives run {run_id}: answer it there",
                     )
+                if isinstance(daemon.store, RunLeases):
+                    detail = f"gate {gate_id} is open, but its run {_NOBODY}"
+                    raise ApiError(409, detail)
                 raise ApiError(409, f"gate {gate_id} is not open in this daemon")
     raise ApiError(404, f"no gate {gate_id}", "gate_id")
 

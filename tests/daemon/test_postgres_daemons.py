@@ -182,3 +182,41 @@ def test_every_daemon_lists_every_open_gate_naming_the_daemon_that_drives_it(
     ]
     assert list(at_first["elsewhere"]) == [own_gate["gate_id"]]
     assert at_first["elsewhere"][own_gate["gate_id"]].endswith(f":{second.pid}")
+
+
+def test_an_answer_to_a_gate_of_a_run_nobody_drives_says_to_try_again_later(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    first = DaemonProcess(
+        tmp_path / "first", *COUNTING, env=_env(tmp_path, postgres_dsn)
+    ).start()
+    # One that never looks for runs to drive on: the run stays nobody's.
+    env = {**_env(tmp_path, postgres_dsn), "REPLAN_REDRIVE_INTERVAL_S": "off"}
+    second = DaemonProcess(tmp_path / "second", *COUNTING, env=env).start()
+    try:
+        run_id, gate = _gated_run(first)
+        first.kill()
+        with second.client() as two:
+
+            def refused() -> dict[str, Any] | None:
+                answer = two.post(
+                    f"/v1/gates/{gate['gate_id']}",
+                    json={"decision": "approve", "by": "alice"},
+                )
+                assert answer.status_code == 409, answer.text
+                body: dict[str, Any] = answer.json()
+                return None if "another daemon" in body["detail"] else body
+
+            # Once its lease expired: no daemon drives the run.
+            answer = wait_for(refused, timeout_s=20, every_s=0.2)
+            cancel = two.post(f"/v1/runs/{run_id}/cancel")
+            listed = two.get("/v1/gates").json()
+    finally:
+        first.close()
+        second.close()
+    assert "driven by no daemon at the moment" in answer["detail"]
+    assert "try again once a daemon takes it over" in answer["detail"]
+    assert cancel.status_code == 409, cancel.text
+    assert "driven by no daemon at the moment" in cancel.json()["detail"]
+    assert [g["gate_id"] for g in listed["gates"]] == [gate["gate_id"]]
+    assert listed["elsewhere"] == {}
