@@ -4,6 +4,8 @@ does not drive it, and across a takeover."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -220,3 +222,43 @@ def test_an_answer_to_a_gate_of_a_run_nobody_drives_says_to_try_again_later(
     assert "driven by no daemon at the moment" in cancel.json()["detail"]
     assert [g["gate_id"] for g in listed["gates"]] == [gate["gate_id"]]
     assert listed["elsewhere"] == {}
+
+
+def test_a_stream_at_a_daemon_that_lost_the_run_follows_it_in_the_journal(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    with daemons(tmp_path, postgres_dsn, "first", "second") as (first, second):
+        run_id, gate = _gated_run(first)
+        follower = Follower(first, run_id)
+        wait_for(lambda: any(kind == "gate_opened" for _, kind in follower.events))
+        # Stalled past its lease, the first loses the run to the second.
+        os.kill(first.pid, signal.SIGSTOP)
+        try:
+            with second.client() as two:
+
+                def taken_over() -> bool:
+                    # The gate is open in the second's own registry.
+                    metrics = two.get("/metrics").text.splitlines()
+                    return "replan_gates_pending 1" in metrics
+
+                wait_for(taken_over, every_s=0.2)
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
+        with second.client() as two:
+            wait_for(
+                lambda: (
+                    two.post(
+                        f"/v1/gates/{gate['gate_id']}",
+                        json={"decision": "approve", "by": "alice"},
+                    ).status_code
+                    == 200
+                ),
+                every_s=0.2,
+            )
+        events = follower.ended()
+        with first.client() as one:
+            status = one.get(f"/v1/runs/{run_id}").json()["status"]
+    seqs = [seq for seq, _ in events]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert events[-1][1] == "run_finished"
+    assert status == "completed"
