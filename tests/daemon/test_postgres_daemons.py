@@ -262,3 +262,36 @@ def test_a_stream_at_a_daemon_that_lost_the_run_follows_it_in_the_journal(
     assert seqs == list(range(1, len(seqs) + 1))
     assert events[-1][1] == "run_finished"
     assert status == "completed"
+
+
+def test_a_run_lost_to_another_daemon_no_longer_counts_as_active_here(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    env = _env(tmp_path, postgres_dsn)
+    first = DaemonProcess(
+        tmp_path / "first", *COUNTING, "--max-active-runs", "1", env=env
+    ).start()
+    second = DaemonProcess(tmp_path / "second", *COUNTING, env=env).start()
+    try:
+        _gated_run(first)
+        # Stalled past its lease, the first loses the run to the second.
+        os.kill(first.pid, signal.SIGSTOP)
+        try:
+            with second.client() as two:
+                wait_for(
+                    lambda: "replan_gates_pending 1" in two.get("/metrics").text,
+                    every_s=0.2,
+                )
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
+        wait_for(lambda: "letting go of it" in first.output())
+        with first.client() as one:
+            metrics = one.get("/metrics").text.splitlines()
+            submitted = one.post(
+                "/v1/runs", json={"goal": GOAL, "gate_policy": {"gate_on": []}}
+            )
+    finally:
+        first.close()
+        second.close()
+    assert submitted.status_code == 202, submitted.text
+    assert 'replan_runs{status="waiting_for_human"} 0' in metrics
