@@ -80,7 +80,7 @@ class _Stream:
             if handle is not None:
                 async for chunk in self._live(handle):
                     yield chunk
-                if handle.status.final:
+                if handle.status.final or daemon.draining:
                     return
                 # Let go of unfinished (another daemon took it over, its
                 # journal failed): followed in the journal from here.
