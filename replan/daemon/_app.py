@@ -31,6 +31,7 @@ from .._errors import (
 )
 from .._version import __version__
 from ..messages import GateResolution, Limits, RunSpec, RunStatus
+from ..store import RunLeases
 from ..supervisor._gates import already_resolved
 from ..supervisor._state import RUN_ENDED_NOTE
 from ._auth import BearerAuth
@@ -268,9 +269,14 @@ def _v1(daemon: Daemon) -> APIRouter:
     async def gates(
         run_id: Annotated[str | None, Query(max_length=200)] = None,
     ) -> GateList:
-        """Gates waiting for a person, oldest first."""
-        sup = daemon.supervisor
-        return GateList(gates=sup.gates.pending(run_id))
+        """Gates waiting for a person, oldest first.
+
+        On a shared PostgreSQL journal, every open gate of the journal;
+        ``elsewhere`` names the daemon that drives the run of each one open
+        in another daemon, where it is answered.
+        """
+        gates, elsewhere = await daemon.open_gates(run_id)
+        return GateList(gates=gates, elsewhere=elsewhere)
 
     @router.post("/gates/{gate_id}", response_model=GateAnswered)
     async def resolve(
@@ -312,7 +318,15 @@ async def _not_here(daemon: Daemon, run_id: str) -> str:
     holder = await daemon.driven_elsewhere(run_id)
     if holder is not None:
         return f"run {run_id} is driven by another daemon ({holder}): cancel it there"
+    if isinstance(daemon.store, RunLeases):
+        return f"run {run_id} {_NOBODY}"
     return f"run {run_id} is not active here"
+
+
+_NOBODY = (
+    "is driven by no daemon at the moment (the one that drove it stopped): "
+    "try again once a daemon takes it over, at its next look for runs to drive on"
+)
 
 
 async def _closed_gate(daemon: Daemon, gate_id: str) -> NoReturn:
@@ -350,6 +364,9 @@ async def _closed_gate(daemon: Daemon, gate_id: str) -> NoReturn:
                         f"gate {gate_id} is open in another daemon ({holder}), "
                         f"which drives run {run_id}: answer it there",
                     )
+                if isinstance(daemon.store, RunLeases):
+                    detail = f"gate {gate_id} is open, but its run {_NOBODY}"
+                    raise ApiError(409, detail)
                 raise ApiError(409, f"gate {gate_id} is not open in this daemon")
     raise ApiError(404, f"no gate {gate_id}", "gate_id")
 

@@ -66,7 +66,13 @@ class VersionList(_Body):
 
 
 class GateList(_Body):
+    """The gates waiting for a person, oldest first."""
+
     gates: list[GateRequest]
+    elsewhere: dict[str, str] = Field(default_factory=dict)
+    """Gate id -> the daemon (``host:pid``) that drives the gate's run, for
+    the gates open in another daemon on a shared PostgreSQL journal: answer
+    those there."""
 
 
 class GateAnswered(_Body):

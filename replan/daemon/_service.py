@@ -10,8 +10,14 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from .._errors import ConfigurationError, SupervisorError, UnknownRunError
+from .._errors import (
+    ConfigurationError,
+    ReplanError,
+    SupervisorError,
+    UnknownRunError,
+)
 from ..llm import Model, Tool
+from ..messages import GateRequest, RunStatus
 from ..store import RunLeases, SQLiteStore, ToolEffectRecord
 from ..supervisor import RunState, Supervisor, fold_journal
 from ._redrive import redrive_loop
@@ -230,6 +236,58 @@ class Daemon:
         ):
             return None
         return lease.holder
+
+    async def open_gates(
+        self, run_id: str | None = None
+    ) -> tuple[list[GateRequest], dict[str, str]]:
+        """The gates waiting for a person, oldest first (of one run, if
+        ``run_id`` is given), and the daemons (``host:pid``) that drive the
+        runs of those open in another, by gate id.
+
+        On a journal that leases runs one by one (PostgreSQL), these are
+        every open gate of the journal: this daemon's own, those of runs
+        another daemon drives (answered there), and those of runs nobody
+        drives for now (answerable once a daemon takes the run over).
+        """
+        supervisor, store = self.supervisor, self.store
+        gates = supervisor.gates.pending(run_id)
+        elsewhere: dict[str, str] = {}
+        if not isinstance(store, RunLeases):
+            return gates, elsewhere
+        listed = {g.gate_id for g in gates}
+        run_ids = [run_id] if run_id is not None else await self._waiting_runs()
+        for other in run_ids:
+            if supervisor.drives(other):
+                continue
+            try:
+                state = fold_journal(other, await store.read(other))
+            except (ReplanError, ValueError):
+                continue  # no such run, or one that cannot be read back
+            found = [
+                g.request
+                for g in state.open_gates
+                if g.request.gate_id not in listed and not state.status.final
+            ]
+            if not found:
+                continue
+            gates += found
+            holder = await self.driven_elsewhere(other)
+            if holder is not None:
+                elsewhere.update((g.gate_id, holder) for g in found)
+        gates.sort(key=lambda g: g.created_at)
+        return gates, elsewhere
+
+    async def _waiting_runs(self) -> list[str]:
+        """The journal's runs waiting for a person, newest first."""
+        run_ids: list[str] = []
+        page = 500
+        while True:
+            rows = await self.store.list_runs(
+                statuses=[RunStatus.WAITING_FOR_HUMAN], limit=page, offset=len(run_ids)
+            )
+            run_ids += [r.run_id for r in rows]
+            if len(rows) < page:
+                return run_ids
 
     async def side_effects(self, state: RunState) -> list[ToolEffectRecord]:
         """The side-effect tool calls the run made, in the order they ran."""

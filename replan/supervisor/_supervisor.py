@@ -641,6 +641,7 @@ class Supervisor:
                 await driver.run()
             if scope.cancel_called:
                 driver.record.detach("another supervisor took the run over")
+                self._forget_lost(driver.record)
         except Exception as exc:
             # A bug in one run must not take the supervisor and its other
             # runs down; the run stays unfinished in the journal. So does a
@@ -652,6 +653,7 @@ class Supervisor:
                 # Not a failure: another supervisor drives the run now.
                 logger.warning("%s", lost)
                 driver.record.detach(f"another supervisor took the run over: {lost}")
+                self._forget_lost(driver.record)
                 return
             if self._leases is not None:
                 # Free for another supervisor (or this one's next look).
@@ -670,6 +672,15 @@ class Supervisor:
                 del self._let_go[run_id]
             if driver.state.status.final:
                 self._forget_oldest_finished(run_id)
+
+    def _forget_lost(self, record: RunRecord) -> None:
+        """Drop a run another supervisor took over: it is that one's now,
+        so this one neither lists it (``handles()``, ``get()``) nor counts
+        it with its own unfinished runs. Its journal tells how it goes on;
+        a handle on it already given out still says why it stopped here."""
+        run_id = record.state.run_id
+        if self._records.get(run_id) is record:
+            del self._records[run_id]
 
     def _forget_oldest_finished(self, run_id: str) -> None:
         self._finished[run_id] = None
@@ -955,8 +966,9 @@ class Supervisor:
         """The handle of a run this supervisor started.
 
         Raises:
-            UnknownRunError: no such run in this supervisor, or a finished
-                one it has forgotten (see ``keep_finished``).
+            UnknownRunError: no such run in this supervisor, a finished
+                one it has forgotten (see ``keep_finished``), or one another
+                supervisor took over from it (a run lease it lost).
         """
         record = self._records.get(run_id)
         if record is None:

@@ -49,7 +49,11 @@ def test_two_daemons_share_a_journal_and_one_takes_over_the_runs_of_one_killed(
             )
             assert response.status_code == 202, response.text
             own = response.json()["run_id"]
-            assert two.get("/v1/gates").json()["gates"] == []
+            # It lists the first's gate too, naming the daemon to answer it at.
+            listed = two.get("/v1/gates").json()
+            assert listed["gates"] == gates
+            assert list(listed["elsewhere"]) == [gates[0]["gate_id"]]
+            assert listed["elsewhere"][gates[0]["gate_id"]].endswith(f":{first.pid}")
             # It lists and shows the first's run from the journal, and
             # refuses to act on it, naming the daemon that drives it.
             listed = {r["run_id"] for r in two.get("/v1/runs").json()["runs"]}
@@ -74,13 +78,18 @@ def test_two_daemons_share_a_journal_and_one_takes_over_the_runs_of_one_killed(
             )
             first.kill()
             before, _ = read_counts(counts)
-            # Once its lease expires, the second's next look takes it over.
-            pending = wait_for(lambda: two.get("/v1/gates").json()["gates"])
-            assert [g["gate_id"] for g in pending] == [g["gate_id"] for g in gates]
-            response = two.post(
-                f"/v1/gates/{gates[0]['gate_id']}", json={"decision": "approve"}
+            # Once its lease expires, the second's next look takes it over,
+            # and the gate is answered there.
+            wait_for(
+                lambda: (
+                    two.post(
+                        f"/v1/gates/{gates[0]['gate_id']}",
+                        json={"decision": "approve"},
+                    ).status_code
+                    == 200
+                ),
+                every_s=0.2,
             )
-            assert response.status_code == 200, response.text
             view = wait_for(
                 lambda: (
                     body

@@ -1,0 +1,297 @@
+"""Several daemons on one PostgreSQL journal, used as an operator would
+through any of them: a run's event stream and its gates at a daemon that
+does not drive it, and across a takeover."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from daemon_process import DaemonProcess, wait_for
+from test_durability import sse_frames
+
+from replan._demo import GOAL
+
+COUNTING = ("--model", "python:counting_model:model")
+
+
+def _env(tmp_path: Path, dsn: str) -> dict[str, str]:
+    return {
+        "REPLAN_TEST_COUNT_FILE": str(tmp_path / "executions.txt"),
+        "REPLAN_TEST_EXECUTE_S": "0.05",
+        "REPLAN_JOURNAL_DSN": dsn,
+        # Short leases and frequent looks: a takeover takes seconds.
+        "REPLAN_JOURNAL_LEASE_S": "2",
+        "REPLAN_REDRIVE_INTERVAL_S": "0.3",
+        "REPLAN_HEARTBEAT_S": "0.5",
+    }
+
+
+class Follower:
+    """A client following a run's event stream in a thread of its own."""
+
+    def __init__(self, daemon: DaemonProcess, run_id: str, after: int = 0) -> None:
+        self.frames: list[Any] = []
+        self.error: BaseException | None = None
+        headers = {"Last-Event-ID": str(after)} if after else {}
+        self._thread = threading.Thread(
+            target=self._follow, args=(daemon, run_id, headers), daemon=True
+        )
+        self._thread.start()
+
+    def _follow(
+        self, daemon: DaemonProcess, run_id: str, headers: dict[str, str]
+    ) -> None:
+        try:
+            with (
+                daemon.client() as client,
+                client.stream(
+                    "GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=30
+                ) as response,
+            ):
+                assert response.status_code == 200, response.read()
+                self.frames.extend(sse_frames(response))
+        except BaseException as exc:
+            self.error = exc
+
+    def ended(self, timeout_s: float = 30) -> list[tuple[int, str]]:
+        """The events it got, once the stream has ended."""
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "the stream did not end"
+        assert self.error is None, self.error
+        return [(f[1], f[2]) for f in self.frames if f[0] == "event"]
+
+    @property
+    def events(self) -> list[tuple[int, str]]:
+        return [(f[1], f[2]) for f in list(self.frames) if f[0] == "event"]
+
+
+@contextmanager
+def daemons(tmp_path: Path, dsn: str, *names: str) -> Iterator[list[DaemonProcess]]:
+    started: list[DaemonProcess] = []
+    try:
+        for name in names:
+            env = _env(tmp_path, dsn)
+            started.append(DaemonProcess(tmp_path / name, *COUNTING, env=env).start())
+        yield started
+    finally:
+        for daemon in started:
+            daemon.close()
+
+
+def _gated_run(daemon: DaemonProcess) -> tuple[str, dict[str, Any]]:
+    """Submit the demo's run, and wait for its gate."""
+    with daemon.client() as client:
+        response = client.post("/v1/runs", json={"goal": GOAL})
+        assert response.status_code == 202, response.text
+        run_id = response.json()["run_id"]
+        (gate,) = wait_for(
+            lambda: client.get("/v1/gates", params={"run_id": run_id}).json()["gates"]
+        )
+    return run_id, gate
+
+
+def test_a_daemon_that_does_not_drive_a_run_streams_it_live_to_its_end(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    with daemons(tmp_path, postgres_dsn, "first", "second") as (first, second):
+        run_id, gate = _gated_run(first)
+        # The history so far, read up to the gate, then the client drops.
+        with (
+            second.client() as two,
+            two.stream("GET", f"/v1/runs/{run_id}/events") as response,
+        ):
+            head = []
+            for f in sse_frames(response):
+                if f[0] == "event":
+                    head.append((f[1], f[2]))
+                    if f[2] == "gate_opened":
+                        break
+        # It reconnects where it left off, and follows the run meanwhile.
+        follower = Follower(second, run_id, after=head[-1][0])
+        wait_for(lambda: len(follower.frames) >= 2)  # heartbeats while it waits
+        assert follower.events == []
+        with first.client() as one:
+            answered = one.post(
+                f"/v1/gates/{gate['gate_id']}",
+                json={"decision": "approve", "by": "alice"},
+            )
+            assert answered.status_code == 200, answered.text
+        tail = follower.ended()
+        with first.client() as one:
+            whole = one.get(f"/v1/runs/{run_id}/events").text
+    seqs = [seq for seq, _ in head + tail]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert tail[0][1] == "gate_resolved"
+    assert tail[-1][1] == "run_finished"
+    assert whole.count("event: ") == len(seqs)
+
+
+def test_a_stream_at_the_daemon_that_takes_a_run_over_goes_on_without_a_gap(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    with daemons(tmp_path, postgres_dsn, "first", "second") as (first, second):
+        run_id, gate = _gated_run(first)
+        follower = Follower(second, run_id)
+        wait_for(lambda: any(kind == "gate_opened" for _, kind in follower.events))
+        first.kill()
+        with second.client() as two:
+            # Once the lease expires, the second daemon drives the run: the
+            # gate is answered there, and the stream follows it live.
+            wait_for(
+                lambda: (
+                    two.post(
+                        f"/v1/gates/{gate['gate_id']}",
+                        json={"decision": "approve", "by": "alice"},
+                    ).status_code
+                    == 200
+                ),
+                timeout_s=20,
+                every_s=0.2,
+            )
+        events = follower.ended()
+    seqs = [seq for seq, _ in events]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert events[-1][1] == "run_finished"
+    assert [kind for _, kind in events].count("gate_resolved") == 1
+
+
+def test_every_daemon_lists_every_open_gate_naming_the_daemon_that_drives_it(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    with daemons(tmp_path, postgres_dsn, "first", "second") as (first, second):
+        run_id, gate = _gated_run(first)
+        _, own_gate = _gated_run(second)
+        with first.client() as one, second.client() as two:
+            listed = two.get("/v1/gates").json()
+            one_run = two.get("/v1/gates", params={"run_id": run_id}).json()
+            at_first = one.get("/v1/gates").json()
+    assert [g["gate_id"] for g in listed["gates"]] == [
+        gate["gate_id"],
+        own_gate["gate_id"],
+    ]
+    assert list(listed["elsewhere"]) == [gate["gate_id"]]
+    assert listed["elsewhere"][gate["gate_id"]].endswith(f":{first.pid}")
+    assert [g["gate_id"] for g in one_run["gates"]] == [gate["gate_id"]]
+    assert [g["gate_id"] for g in at_first["gates"]] == [
+        gate["gate_id"],
+        own_gate["gate_id"],
+    ]
+    assert list(at_first["elsewhere"]) == [own_gate["gate_id"]]
+    assert at_first["elsewhere"][own_gate["gate_id"]].endswith(f":{second.pid}")
+
+
+def test_an_answer_to_a_gate_of_a_run_nobody_drives_says_to_try_again_later(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    first = DaemonProcess(
+        tmp_path / "first", *COUNTING, env=_env(tmp_path, postgres_dsn)
+    ).start()
+    # One that never looks for runs to drive on: the run stays nobody's.
+    env = {**_env(tmp_path, postgres_dsn), "REPLAN_REDRIVE_INTERVAL_S": "off"}
+    second = DaemonProcess(tmp_path / "second", *COUNTING, env=env).start()
+    try:
+        run_id, gate = _gated_run(first)
+        first.kill()
+        with second.client() as two:
+
+            def refused() -> dict[str, Any] | None:
+                answer = two.post(
+                    f"/v1/gates/{gate['gate_id']}",
+                    json={"decision": "approve", "by": "alice"},
+                )
+                assert answer.status_code == 409, answer.text
+                body: dict[str, Any] = answer.json()
+                return None if "another daemon" in body["detail"] else body
+
+            # Once its lease expired: no daemon drives the run.
+            answer = wait_for(refused, timeout_s=20, every_s=0.2)
+            cancel = two.post(f"/v1/runs/{run_id}/cancel")
+            listed = two.get("/v1/gates").json()
+    finally:
+        first.close()
+        second.close()
+    assert "driven by no daemon at the moment" in answer["detail"]
+    assert "try again once a daemon takes it over" in answer["detail"]
+    assert cancel.status_code == 409, cancel.text
+    assert "driven by no daemon at the moment" in cancel.json()["detail"]
+    assert [g["gate_id"] for g in listed["gates"]] == [gate["gate_id"]]
+    assert listed["elsewhere"] == {}
+
+
+def test_a_stream_at_a_daemon_that_lost_the_run_follows_it_in_the_journal(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    with daemons(tmp_path, postgres_dsn, "first", "second") as (first, second):
+        run_id, gate = _gated_run(first)
+        follower = Follower(first, run_id)
+        wait_for(lambda: any(kind == "gate_opened" for _, kind in follower.events))
+        # Stalled past its lease, the first loses the run to the second.
+        os.kill(first.pid, signal.SIGSTOP)
+        try:
+            with second.client() as two:
+
+                def taken_over() -> bool:
+                    # The gate is open in the second's own registry.
+                    metrics = two.get("/metrics").text.splitlines()
+                    return "replan_gates_pending 1" in metrics
+
+                wait_for(taken_over, every_s=0.2)
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
+        with second.client() as two:
+            wait_for(
+                lambda: (
+                    two.post(
+                        f"/v1/gates/{gate['gate_id']}",
+                        json={"decision": "approve", "by": "alice"},
+                    ).status_code
+                    == 200
+                ),
+                every_s=0.2,
+            )
+        events = follower.ended()
+        with first.client() as one:
+            status = one.get(f"/v1/runs/{run_id}").json()["status"]
+    seqs = [seq for seq, _ in events]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert events[-1][1] == "run_finished"
+    assert status == "completed"
+
+
+def test_a_run_lost_to_another_daemon_no_longer_counts_as_active_here(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    env = _env(tmp_path, postgres_dsn)
+    first = DaemonProcess(
+        tmp_path / "first", *COUNTING, "--max-active-runs", "1", env=env
+    ).start()
+    second = DaemonProcess(tmp_path / "second", *COUNTING, env=env).start()
+    try:
+        _gated_run(first)
+        # Stalled past its lease, the first loses the run to the second.
+        os.kill(first.pid, signal.SIGSTOP)
+        try:
+            with second.client() as two:
+                wait_for(
+                    lambda: "replan_gates_pending 1" in two.get("/metrics").text,
+                    every_s=0.2,
+                )
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
+        wait_for(lambda: "letting go of it" in first.output())
+        with first.client() as one:
+            metrics = one.get("/metrics").text.splitlines()
+            submitted = one.post(
+                "/v1/runs", json={"goal": GOAL, "gate_policy": {"gate_on": []}}
+            )
+    finally:
+        first.close()
+        second.close()
+    assert submitted.status_code == 202, submitted.text
+    assert 'replan_runs{status="waiting_for_human"} 0' in metrics
