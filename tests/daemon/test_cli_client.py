@@ -76,14 +76,14 @@ def test_watch_exits_1_when_the_run_does_not_complete(
     )
 
     spec = tmp_path / "spec.json"
-    limited = {"max_iterations": 1}
+    limited = {"max_task_executions": 1}
     spec.write_text(
         json.dumps({"goal": GOAL, "limits": limited, "gate_policy": {"gate_on": []}})
     )
     assert main(["submit", str(spec), "--watch"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("replan: error: run ")
-    assert "ended limit_reached: max_iterations" in err
+    assert "ended limit_reached: max_task_executions" in err
 
 
 @pytest.mark.parametrize("command", ["approve", "reject"])
