@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, contextmanager
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
@@ -204,6 +204,18 @@ class Supervisor:
             }
         )  # ConfigurationError naming the argument
         sizes = options.workers.model_dump()
+        if not isinstance(resume, bool):
+            raise ConfigurationError(
+                "resume", f"expected True or False, got {type(resume).__name__}"
+            )
+        if isinstance(tools, Tool) or callable(tools):
+            raise ConfigurationError(
+                "tools", "expected a list of tools, got one: pass tools=[...]"
+            )
+        if isinstance(tools, str) or not isinstance(tools, Iterable):
+            raise ConfigurationError(
+                "tools", f"expected a list of tools, got {type(tools).__name__}"
+            )
         try:
             self._tools = as_tools(list(tools))
         except (TypeError, ValueError) as exc:

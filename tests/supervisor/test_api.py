@@ -488,6 +488,11 @@ def test_a_worker_pool_of_size_zero_is_a_configuration_error() -> None:
     assert caught.value.field == "workers.executor"
 
 
+def _search(query: str) -> str:
+    """Search the web."""
+    return query
+
+
 @pytest.mark.parametrize(
     ("arguments", "field"),
     [
@@ -508,6 +513,12 @@ def test_a_worker_pool_of_size_zero_is_a_configuration_error() -> None:
         ({"executor_temperature": float("nan")}, "executor_temperature"),
         ({"executor_temperature": -5}, "executor_temperature"),
         ({"evolver_temperature": "hot"}, "evolver_temperature"),
+        # Any truthy value would resume every unfinished run.
+        ({"resume": "false"}, "resume"),
+        ({"resume": 1}, "resume"),
+        ({"tools": _search}, "tools"),
+        ({"tools": "search"}, "tools"),
+        ({"tools": 42}, "tools"),
     ],
 )
 def test_a_bad_supervisor_argument_names_itself(
@@ -516,6 +527,12 @@ def test_a_bad_supervisor_argument_names_itself(
     with pytest.raises(ConfigurationError) as caught:
         Supervisor(ScriptedModel(answers()), **arguments)
     assert caught.value.field == field
+
+
+def test_one_tool_given_for_a_list_says_how_to_pass_it() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Supervisor(ScriptedModel(answers()), tools=_search)  # type: ignore[arg-type]
+    assert caught.value.problem == "expected a list of tools, got one: pass tools=[...]"
 
 
 @pytest.mark.parametrize(
