@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from inspect import iscoroutinefunction
@@ -13,7 +14,8 @@ import httpx
 import pytest
 from in_process import serving
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
@@ -24,6 +26,7 @@ from replan._demo import GOAL, demo_model
 from replan.daemon import DaemonSettings, Token, create_app
 from replan.daemon._service import Daemon
 from replan.messages import TraceStarted
+from replan.telemetry import _guard
 
 TOKEN = "server-spans-test-token"
 NO_GATE = {"gate_on": []}
@@ -265,6 +268,41 @@ async def test_an_unexpected_error_is_an_error_span(
     assert attributes["http.response.status_code"] == 500
     assert attributes["error.type"] == "RuntimeError"
     assert [e.name for e in span.events] == ["exception"]
+
+
+class Raising(SpanProcessor):
+    """An application's buggy processor: raises as every span starts, or ends."""
+
+    def __init__(self, when: str) -> None:
+        self.when = when
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        if self.when == "start":
+            raise RuntimeError("exporter bug on start")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.when == "end":
+            raise RuntimeError("exporter bug on end")
+
+
+@pytest.mark.parametrize("when", ["start", "end"])
+async def test_a_failing_span_processor_fails_no_request(
+    when: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(_guard, "_logged", set())
+    buggy = TracerProvider()
+    buggy.add_span_processor(Raising(when))
+    try:
+        with caplog.at_level(logging.ERROR, logger="replan.telemetry"):
+            async with serving(make_daemon(tmp_path, buggy)) as client:
+                assert (await client.get("/v1/runs")).status_code == 200
+                assert (await client.get("/healthz")).status_code == 200
+    finally:
+        buggy.shutdown()
+    assert any("OpenTelemetry" in r.getMessage() for r in caplog.records)
 
 
 async def test_nothing_is_traced_without_a_tracer_provider(tmp_path: Path) -> None:
