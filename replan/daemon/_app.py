@@ -48,7 +48,7 @@ from ._schemas import (
 )
 from ._service import Daemon
 from ._sse import event_source
-from ._tracing import ServerSpans
+from ._tracing import ServerSpans, without_framework_spans
 
 logger = logging.getLogger("replan.daemon")
 
@@ -98,6 +98,7 @@ def create_app(daemon: Daemon) -> FastAPI:
         summary="Durable replanning runs with human gates.",
         lifespan=lifespan,
         responses=_ERRORS,
+        **without_framework_spans(),
     )
     app.add_middleware(BodyLimit, max_bytes=daemon.settings.max_body_bytes)
     # Added last, so it runs first: no body is read for a caller without a token.

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from inspect import iscoroutinefunction
@@ -325,6 +330,65 @@ async def test_nothing_is_traced_without_a_tracer_provider(tmp_path: Path) -> No
         events = await daemon.store.read(run_id)
     # The run was not traced: no trace segment was journaled.
     assert not [e for e in events if isinstance(e, TraceStarted)]
+
+
+GLOBAL_PROVIDER = """
+    import json, sys
+    import anyio, httpx
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+        InMemorySpanExporter,
+    )
+    from replan._demo import demo_model
+    from replan.daemon import Daemon, DaemonSettings, Token, create_app
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+
+    async def main() -> None:
+        daemon = Daemon(
+            settings=DaemonSettings(data_dir=sys.argv[1]),
+            token=Token("global-provider-token-0"),
+            model=demo_model(),
+        )
+        transport = httpx.ASGITransport(app=create_app(daemon))
+        async with daemon.running(), httpx.AsyncClient(
+            transport=transport, base_url="http://replan"
+        ) as client:
+            auth = {"Authorization": "Bearer global-provider-token-0"}
+            await client.get("/v1/runs", headers=auth)
+            await client.get("/v1/runs")
+
+    anyio.run(main)
+    print(json.dumps([
+        [s.name, s.instrumentation_scope.name]
+        for s in exporter.get_finished_spans()
+        if s.kind is trace.SpanKind.SERVER
+    ]))
+"""
+
+
+def test_with_a_global_provider_each_request_has_one_server_span(
+    tmp_path: Path,
+) -> None:
+    """The web framework's own request spans (FastAPI's native telemetry,
+    where it has it) would be a second SERVER span per request."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(GLOBAL_PROVIDER), str(tmp_path)],
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    spans = json.loads(done.stdout)
+    assert spans == [["GET /v1/runs", "replan"], ["GET", "replan"]]
 
 
 @asynccontextmanager
