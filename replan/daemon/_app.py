@@ -50,6 +50,7 @@ from ._schemas import (
 )
 from ._service import Daemon
 from ._sse import event_source
+from ._tracing import ServerSpans, without_framework_spans
 
 logger = logging.getLogger("replan.daemon")
 
@@ -99,10 +100,13 @@ def create_app(daemon: Daemon) -> FastAPI:
         summary="Durable replanning runs with human gates.",
         lifespan=lifespan,
         responses=_ERRORS,
+        **without_framework_spans(),
     )
     app.add_middleware(BodyLimit, max_bytes=daemon.settings.max_body_bytes)
     # Added last, so it runs first: no body is read for a caller without a token.
     app.add_middleware(BearerAuth, token=daemon.token)
+    # Outermost: 401, 403 and 413 answers get their SERVER span too.
+    app.add_middleware(ServerSpans, tracer_provider=daemon.tracer_provider)
     _handle_errors(app, daemon)
     app.include_router(_v1(daemon))
 

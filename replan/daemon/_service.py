@@ -26,6 +26,8 @@ from ._settings import DaemonSettings
 from ._token import Token
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
     from ..store import PostgresStore
 
     Journal = SQLiteStore | PostgresStore
@@ -78,6 +80,9 @@ class Daemon:
     model: Model
     tools: list[Tool] = field(default_factory=list)
     """The executor's tools (the ``tools`` setting)."""
+    tracer_provider: TracerProvider | None = None
+    """Where the runs' spans and the HTTP API's spans go; the global provider
+    when None (what ``replan serve`` uses, see ``setup()``)."""
     counters: Counters = field(default_factory=Counters)
     submitting: int = 0
     """Submissions accepted and not yet journaled (they count as active)."""
@@ -133,6 +138,7 @@ class Daemon:
                 workers=settings.workers,
                 tools=self.tools,
                 resume=True,
+                tracer_provider=self.tracer_provider,
             )
             await stack.enter_async_context(supervisor)
             tasks = await stack.enter_async_context(anyio.create_task_group())
