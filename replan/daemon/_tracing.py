@@ -18,10 +18,11 @@ may stay open for as long as its run lasts: its span ends as soon as the
 response's headers are sent, with ``replan.http.streaming`` set. It covers
 the request up to the first byte of the stream, not the stream itself.
 
-Status is ERROR only for a 5xx answer or an exception; 4xx answers are the
-client's errors, not the server's. ``url.query`` is not recorded (a token
-pasted into a query by mistake stays out of the trace), nor proxy headers:
-``client.address`` is the peer the server saw.
+Status is ERROR only for a 5xx answer, an exception, or a request cut off
+before any answer (``error.type`` names the cancellation's class); 4xx
+answers are the client's errors, not the server's. ``url.query`` is not
+recorded (a token pasted into a query by mistake stays out of the trace),
+nor proxy headers: ``client.address`` is the peer the server saw.
 
 FastAPI releases with native OpenTelemetry support make a SERVER span of
 their own for each request, with the global provider: the daemon's app
@@ -150,6 +151,16 @@ class ServerSpans:
                 if status is None:
                     # Answered 500 by the server's error middleware, outside.
                     span.set_attribute(HTTP_RESPONSE_STATUS_CODE, 500)
+            raise
+        except BaseException as exc:
+            if not ended and status is None:
+                # Cut off before any answer (the server stopping, the task
+                # cancelled): no status code says what happened, so this does.
+                _name_after_route(span, scope)
+                span.set_attribute(ERROR_TYPE, _qualified_name(type(exc)))
+                span.set_status(
+                    Status(StatusCode.ERROR, "cut off before an answer was sent")
+                )
             raise
         finally:
             if not ended:

@@ -30,6 +30,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from replan._demo import GOAL, demo_model
 from replan.daemon import DaemonSettings, Token, create_app
 from replan.daemon._service import Daemon
+from replan.daemon._tracing import ServerSpans
 from replan.messages import TraceStarted
 from replan.telemetry import _guard
 
@@ -273,6 +274,41 @@ async def test_an_unexpected_error_is_an_error_span(
     assert attributes["http.response.status_code"] == 500
     assert attributes["error.type"] == "RuntimeError"
     assert [e.name for e in span.events] == ["exception"]
+
+
+async def test_a_request_cut_off_before_its_answer_is_an_error_span(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    async def never_answers(scope: Any, receive: Any, send: Any) -> None:
+        await anyio.sleep_forever()
+
+    app = ServerSpans(never_answers, provider)
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "scheme": "http",
+        "path": "/v1/runs",
+        "query_string": b"",
+        "headers": [(b"host", b"replan")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("replan", 80),
+    }
+
+    async def receive() -> dict[str, Any]:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        raise AssertionError("nothing is sent")
+
+    with anyio.move_on_after(0.05) as scope_:
+        await app(scope, receive, send)
+    assert scope_.cancelled_caught
+    span = only_span(exporter)
+    assert span.status.status_code is StatusCode.ERROR
+    attributes = span.attributes or {}
+    assert "http.response.status_code" not in attributes
+    assert "Cancel" in str(attributes["error.type"])
 
 
 class Raising(SpanProcessor):
