@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +14,8 @@ from .._errors import ConfigurationError
 from ._settings import DaemonSettings
 
 TOKEN_FILE = "api-token"
+
+logger = logging.getLogger("replan.daemon")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +92,27 @@ def _read_or_create(path: Path) -> Token:
             raise ConfigurationError(
                 "data_dir", f"{path}: {problem} (delete it for a new token)"
             ) from None
+        _warn_if_shared(path)
         return Token(value)
     value = secrets.token_urlsafe(32)
     with os.fdopen(fd, "w") as file:
         file.write(value + "\n")
     return Token(value, generated_into=path)
+
+
+def _warn_if_shared(path: Path) -> None:
+    """Say so when others on the machine may read the token file: whoever
+    reads it may use the API (and a daemon without a configured token
+    listens on loopback, where every local user can reach it)."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return
+    if mode & 0o077:
+        logger.warning(
+            "%s can be read by other users (mode %04o), and whoever reads it "
+            "may use the API: chmod 600 %s",
+            path,
+            mode,
+            path,
+        )

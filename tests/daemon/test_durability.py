@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -325,6 +326,26 @@ def test_a_token_file_is_held_to_the_rule_of_a_configured_token(
         resolve_token(DaemonSettings(data_dir=tmp_path))
     assert kept.value.field == "data_dir"
     assert "delete it for a new token" in str(kept.value)
+
+
+@pytest.mark.parametrize(("mode", "warned"), [(0o644, True), (0o600, False)])
+def test_a_token_file_others_may_read_is_warned_of(
+    tmp_path: Path, mode: int, warned: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    token_file = tmp_path / "api-token"
+    token_file.write_text("a-token-of-sixteen-or-more\n")
+    token_file.chmod(mode)
+    with caplog.at_level(logging.WARNING, logger="replan.daemon"):
+        token = resolve_token(DaemonSettings(data_dir=tmp_path))
+    assert token.value == "a-token-of-sixteen-or-more"
+    messages = [r.getMessage() for r in caplog.records]
+    if warned:
+        assert messages == [
+            f"{token_file} can be read by other users (mode 0644), and whoever "
+            f"reads it may use the API: chmod 600 {token_file}"
+        ]
+    else:
+        assert messages == []
 
 
 def test_a_generated_token_is_kept_private_and_printed_once(tmp_path: Path) -> None:
