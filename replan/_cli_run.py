@@ -247,7 +247,9 @@ def cost_lines(result: RunResult) -> list[str]:
 
 
 def _provider(base_url: str | None) -> str:
-    url = (base_url or "").lower()
+    """The provider a server's address suggests (``--base-url``, else
+    ``OPENAI_BASE_URL``, as the model takes it); ``openai`` by default."""
+    url = (base_url or os.environ.get("OPENAI_BASE_URL") or "").strip().lower()
     for name, mark in (("ollama", ":11434"), ("vllm", ":8000"), ("litellm", ":4000")):
         if mark in url:
             return name

@@ -20,7 +20,7 @@ import pytest
 from chat_server import Logged, Reply, answer_type, chat_server, completion, error
 
 from replan import Alignment, PlanProposal, Synthesis, TaskDraft, TaskOutcome, Verdict
-from replan._cli_run import unreachable_message
+from replan._cli_run import _provider, unreachable_message
 from replan.cli import main
 from replan.messages import ModelFailure, RunResult, RunStatus, Usage
 
@@ -618,3 +618,27 @@ def test_an_explore_run_whose_server_drops_the_connection_names_its_error(
     assert last.startswith("replan: error: the explore run ended failed: ")
     assert "connected, but the server dropped the connection" in last
     assert "cannot reach" not in last
+
+
+@pytest.mark.parametrize(
+    ("flag", "variable", "provider"),
+    [
+        ("http://127.0.0.1:11434/v1", None, "ollama"),
+        (None, "http://127.0.0.1:11434/v1", "ollama"),
+        (None, " http://gpu-box:8000/v1\n", "vllm"),
+        ("http://127.0.0.1:4000", "http://127.0.0.1:11434/v1", "litellm"),
+        (None, None, "openai"),
+    ],
+)
+def test_the_provider_is_told_from_the_base_url_the_model_uses(
+    flag: str | None,
+    variable: str | None,
+    provider: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The flag wins over OPENAI_BASE_URL, as it does for the model itself.
+    if variable is None:
+        monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    else:
+        monkeypatch.setenv("OPENAI_BASE_URL", variable)
+    assert _provider(flag) == provider
