@@ -108,7 +108,12 @@ class GateRegistry:
         if pending is None:
             answered = self._answered.get(gate_id)
             if answered is not None:
-                raise GateAlreadyResolved(already_resolved(gate_id, answered))
+                told = already_resolved(gate_id, answered)
+                if answered.by == "supervisor" and answered.note:
+                    # Closed on the run's behalf (its end, a withdrawal):
+                    # the note says why no person's answer counts.
+                    told = f"{told}: {answered.note}"
+                raise GateAlreadyResolved(told)
             if self._elsewhere is not None:
                 await self._elsewhere(gate_id)
             raise GateError(f"no open gate {gate_id!r}")
@@ -196,9 +201,12 @@ class GateRegistry:
             pending.waited_on.set()
             pending.journaled.set()
             if error is None and pending.resolution is not None:
-                self._answered[gate_id] = pending.resolution
-                if len(self._answered) > ANSWERED_KEPT:
-                    del self._answered[next(iter(self._answered))]
+                self._remember(gate_id, pending.resolution)
+
+    def _remember(self, gate_id: str, answer: GateResolution) -> None:
+        self._answered[gate_id] = answer
+        if len(self._answered) > ANSWERED_KEPT:
+            del self._answered[next(iter(self._answered))]
 
     async def waited_on(self, gate_id: str) -> None:
         """Return once the gate's actor waits on it (or it is closed): its
@@ -207,12 +215,27 @@ class GateRegistry:
         if pending is not None:
             await pending.waited_on.wait()
 
-    def close_run(self, run_id: str, error: str) -> None:
+    def close_run(
+        self,
+        run_id: str,
+        error: str,
+        stood: Mapping[str, GateResolution | None] | None = None,
+    ) -> None:
         """Close every gate of a run that ended (answered or not: an answer
-        not journaled by the end is not taken)."""
+        not journaled by the end is not taken).
+
+        ``stood``: the answers the run's gates have in its final state (the
+        end rejects those still open, by ``supervisor``, and the wait on
+        one may have closed it already); a later answer to one is told it,
+        as :class:`GateAlreadyResolved`. None when the run did not end (the
+        supervisor let go of it): its gates are answered after a resume.
+        """
         for gate_id, pending in list(self._open.items()):
             if pending.request.run_id == run_id:
                 self.close(gate_id, error)
+        for gate_id, answer in (stood or {}).items():
+            if answer is not None and gate_id not in self._answered:
+                self._remember(gate_id, answer)
 
     def close_all(self, error: str) -> None:
         for gate_id in list(self._open):

@@ -965,8 +965,13 @@ class RunDriver:
                     # the run's, journaled before it is resumed.
                     await self._journal_unreported(lost)
             self._inbox.close()
+            state = self.state
             self.gates.close_run(
-                self.state.run_id, "the run ended before the gate was resolved"
+                state.run_id,
+                "the run ended before the gate was resolved",
+                {g: info.resolution for g, info in state.gates.items()}
+                if state.status.final
+                else None,
             )
 
     def _stage_finished_meanwhile(self) -> None:

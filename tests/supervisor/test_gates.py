@@ -626,6 +626,39 @@ async def test_cancelling_a_run_that_waits_at_a_gate_closes_the_gate() -> None:
     assert closed.note == "the run ended before the gate was answered (cancelled)"
 
 
+async def test_an_answer_to_a_gate_its_runs_end_closed_is_told_how_it_closed() -> None:
+    # The gate exists, and its state says the run's end rejected it: a
+    # person answering late is told that, not that there is no such gate.
+    model = ScriptedModel(Script())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec())
+        gate = await next_gate(sup)
+        with anyio.fail_after(10):
+            await handle.cancel()
+        with pytest.raises(GateAlreadyResolved) as raised:
+            await sup.gates.resolve(
+                gate.gate_id, GateResolution(decision="approve", by="ana")
+            )
+    assert str(raised.value) == (
+        f"gate {gate.gate_id} is already resolved (reject by supervisor): "
+        "the run ended before the gate was answered (cancelled)"
+    )
+
+
+async def test_a_gate_of_a_run_the_supervisor_let_go_of_is_not_told_resolved() -> None:
+    # A stop leaves the run unfinished, its gate open in the journal: the
+    # gate is answered after a resume, so nothing says it was resolved.
+    store = MemoryStore()
+    async with Supervisor(ScriptedModel(Script()), store) as sup:
+        handle = await sup.submit(chain_spec())
+        gate = await next_gate(sup)
+        sup.stop()
+    with pytest.raises(replan.GateError) as raised:
+        await sup.gates.resolve(gate.gate_id, GateResolution(decision="approve"))
+    assert not isinstance(raised.value, GateAlreadyResolved)
+    assert not handle.status.final
+
+
 async def test_a_side_effect_left_unapproved_at_the_runs_end_stays_pending() -> None:
     # Its gate closes with the run, which neither runs nor fails the task.
     tasks = [TaskDraft(key="send", description="send", requires_approval=True)]
