@@ -3,6 +3,7 @@ from __future__ import annotations
 from itertools import combinations
 from typing import assert_never
 
+from .._errors import ModelOutputError
 from ..llm import Model
 from ..messages import (
     Alignment,
@@ -13,8 +14,9 @@ from ..messages import (
     ExploreRequest,
     RankReply,
     RankRequest,
+    TokenUsage,
 )
-from ._calls import Allowance, call_model, explore_call
+from ._calls import Allowance, explore_call, with_problem
 from ._runtime import ActorContext
 
 
@@ -33,20 +35,55 @@ class Ranker:
             case ExploreRequest():
                 return await explore_call(self._model, "ranker", request, ctx, 0.0)
             case AlignmentRequest():
-                alignment, call = await call_model(
-                    self._model,
-                    role="ranker",
-                    purpose="alignment",
-                    output_type=Alignment,
-                    context=request.context,
-                    temperature=0.0,
-                    run_id=ctx.run_id,
-                )
-                return AlignmentReply(alignment=alignment, calls=[call])
+                return await self._alignment(request, ctx)
             case RankRequest():
                 return await self._tournament(request, ctx)
             case _:
                 assert_never(request)
+
+    async def _alignment(
+        self, request: AlignmentRequest, ctx: ActorContext
+    ) -> AlignmentReply:
+        """The goal-alignment check: one flag per proposed task, in order.
+
+        An answer with another number of flags validates as an
+        :class:`Alignment`, so no adapter asks again for it; it is asked
+        once more here, with the count in ``answer_problem``, and a second
+        such answer is a :class:`ModelOutputError`. Read as it stands, a
+        missing flag would count as a task off the goal (refusing the
+        replan as drift) on the strength of nothing the ranker said.
+
+        Raises:
+            ModelError: as :func:`call_model`, with the tokens of both calls.
+        """
+        proposed = len(request.context.get("proposed") or ())
+        allowance = Allowance(None)
+        context = request.context
+        problem = ""
+        for _ in range(2):
+            alignment = await allowance.call(
+                self._model,
+                role="ranker",
+                purpose="alignment",
+                output_type=Alignment,
+                context=context,
+                temperature=0.0,
+                run_id=ctx.run_id,
+            )
+            if len(alignment.aligned) == proposed:
+                return AlignmentReply(alignment=alignment, calls=allowance.calls)
+            problem = (
+                f"aligned has {len(alignment.aligned)} flag(s) for {proposed} "
+                "proposed task(s): give one per task, in order"
+            )
+            context = with_problem(request.context, problem)
+        error = ModelOutputError(
+            f"ranker/alignment: {problem}",
+            usage=sum((c.usage for c in allowance.calls), TokenUsage()),
+            final=True,
+        )
+        error.role, error.purpose = "ranker", "alignment"
+        raise error
 
     async def _tournament(self, request: RankRequest, ctx: ActorContext) -> RankReply:
         """Round robin: every pair once; most wins first, ties by index."""

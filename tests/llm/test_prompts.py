@@ -67,13 +67,14 @@ def test_every_role_and_purpose_of_the_design_has_a_versioned_template() -> None
         ("reviewer", "critique.explore"),
         ("reviewer", "milestone"),
     ]
-    # The planner's plan, boundary and replan prompts, and the explore
-    # critique, are at version 2: they name the last answer's problem when
-    # an unusable answer is asked for again.
+    # The planner's plan, boundary and replan prompts, the alignment check
+    # and the explore critique are at version 2: they name the last answer's
+    # problem when an unusable answer is asked for again.
     second = {
         ("planner", "plan"),
         ("planner", "boundary"),
         ("planner", "replan"),
+        ("ranker", "alignment"),
         ("reviewer", "critique.explore"),
     }
     for role, purpose in REGISTRY.available():
@@ -175,6 +176,22 @@ def test_the_ranker_prompts_check_alignment_per_task_and_compare_pairs() -> None
     assert "Candidate a:\nrationale: short" in compare
     assert "Candidate b:\nrationale: long" in compare
     assert "`winner`: `a` or `b`" in compare
+
+
+def test_the_alignment_prompt_names_the_last_answers_problem_only_if_any() -> None:
+    drafts = [TaskDraft(key="q", description="query makers")]
+    first = text("ranker", "alignment", goal=GOAL, proposed=drafts)
+    problem = "aligned has 2 flag(s) for 1 proposed task(s): give one per task"
+    again = text(
+        "ranker", "alignment", goal=GOAL, proposed=drafts, answer_problem=problem
+    )
+
+    assert "could not be used" not in first
+    assert again.startswith(first.rstrip())
+    assert again.rstrip().endswith(
+        f"Your last answer could not be used: {problem}. Answer again."
+    )
+    assert REGISTRY.get("ranker", "alignment").version == 2
 
 
 def test_the_evolver_critique_executor_and_synthesizer_prompts() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from scripts import (
     Answer,
+    all_aligned,
     chain,
     critique,
     first_then_continue,
@@ -23,6 +24,7 @@ from scripts import (
 )
 
 from replan import (
+    Alignment,
     ModelOutputError,
     ModelRefusal,
     ModelRequest,
@@ -41,17 +43,18 @@ MALFORMED = {"decision": "maybe", "tasks": "none", "aligned": "yes", "winner": "
 
 
 class MalformedFirst:
-    """Answers malformed the first time it is asked, then as ``answer`` does;
-    it keeps the requests it saw."""
+    """Answers malformed the first time it is asked (``first``), then as
+    ``answer`` does; it keeps the requests it saw."""
 
     def __init__(self, answer: Answer) -> None:
         self.answer = answer
+        self.first: Answer = lambda request: MALFORMED
         self.requests: list[ModelRequest] = []
 
     def __call__(self, request: ModelRequest) -> Any:
         self.requests.append(request)
         if len(self.requests) == 1:
-            return MALFORMED
+            return self.first(request)
         return self.answer(request)
 
 
@@ -136,6 +139,55 @@ async def test_a_replan_role_malformed_once_is_asked_again_and_the_replan_applie
     assert result.usage.by_role[role].calls >= calls
     # Every call the model answered is in the run's usage, the malformed too.
     assert result.usage.total.calls == len(model.calls)
+    assert done.replayed == result
+
+
+def short_by_one(request: ModelRequest) -> Alignment:
+    """An alignment check that leaves out the last proposed task's flag."""
+    return Alignment(aligned=[True] * (len(request.context["proposed"]) - 1))
+
+
+async def test_an_alignment_with_a_flag_missing_is_asked_again_with_the_count() -> None:
+    # The answer validates as an Alignment, but it does not answer for every
+    # proposed task: no adapter can see that, so the ranker asks again,
+    # saying how many flags it needs, rather than count a missing flag as
+    # a task off the goal.
+    ranker = MalformedFirst(all_aligned)
+    ranker.first = short_by_one
+    model = replanning(replan=lambda r: fresh_tasks(3), alignment=ranker)
+
+    done = await run_to_end(model, spec(chain(3, milestone_at=[1])))
+
+    result = done.result
+    assert done.outcomes() == [ReplanOutcome.APPLIED]
+    one, two = ranker.requests
+    assert "answer_problem" not in one.context
+    assert two.context["answer_problem"] == (
+        "aligned has 2 flag(s) for 3 proposed task(s): give one per task, in order"
+    )
+    assert result.model_failures == []
+    assert result.usage.by_role["ranker"] == USAGE + USAGE
+    assert done.replayed == result
+
+
+async def test_an_alignment_short_of_flags_twice_refuses_the_replan_as_an_error() -> (
+    None
+):
+    model = replanning(replan=lambda r: fresh_tasks(3), alignment=short_by_one)
+
+    done = await run_to_end(model, spec(chain(3, milestone_at=[1])))
+
+    result = done.result
+    assert result.status is RunStatus.COMPLETED
+    [refused] = result.replans
+    assert refused.outcome is ReplanOutcome.REFUSED_ERROR  # not refused_drift
+    assert "aligned has 2 flag(s) for 3 proposed task(s)" in refused.reason
+    assert refused.proposed is not None  # the unchecked change is kept
+    [failure] = result.model_failures
+    assert (failure.role, failure.purpose) == ("ranker", "alignment")
+    assert failure.error_type == "ModelOutputError"
+    assert len(model.calls_for("ranker", "alignment")) == 2
+    assert result.usage.by_role["ranker"] == USAGE + USAGE
     assert done.replayed == result
 
 
