@@ -195,8 +195,15 @@ def under_contract(verdict: Verdict) -> Verdict:
     return verdict
 
 
-def guard_replan(state: RunState, verdict: Verdict) -> tuple[ReplanOutcome, str] | None:
-    """The guards that need no proposal, in order. None means go on."""
+def guard_replan(
+    state: RunState, verdict: Verdict, used: int = 0
+) -> tuple[ReplanOutcome, str] | None:
+    """The guards that need no proposal, in order. None means go on.
+
+    ``used``: the tokens the run has used as its live meter counts them,
+    when that is ahead of the journal: the calls of attempts still running
+    (a tool loop's steps) are the run's, though no reply has reported them.
+    """
     limits = state.spec.limits
     if verdict.trigger is None:
         return ReplanOutcome.REFUSED_INVALID, "the reviewer named no trigger"
@@ -207,7 +214,7 @@ def guard_replan(state: RunState, verdict: Verdict) -> tuple[ReplanOutcome, str]
         )
     if limits.token_budget is not None:
         allowance = (1 - limits.replan_reserve) * limits.token_budget
-        used = state.usage.total.total_tokens
+        used = max(used, state.usage.total.total_tokens)
         if used >= allowance:
             return (
                 ReplanOutcome.REFUSED_BUDGET,

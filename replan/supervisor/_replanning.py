@@ -236,7 +236,7 @@ async def _replan(run: RunDriver, verdict: Verdict, resumed: GateInfo | None) ->
         proposal = PlanProposal(tasks=drafts_of(gated), rationale=gated.reason)
         await _after_proposal(run, verdict, proposal, gated, resumed)
         return
-    refusal = guard_replan(run.view, verdict)
+    refusal = guard_replan(run.view, verdict, used=run.meter.used)
     if refusal is not None:
         await _refuse(run, verdict, *refusal)
         return

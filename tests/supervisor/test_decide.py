@@ -240,6 +240,18 @@ def test_the_budget_guard_refuses_once_usage_passes_the_reserve_line() -> None:
     assert refusal[0] is ReplanOutcome.REFUSED_BUDGET
 
 
+def test_the_budget_guard_counts_the_tokens_the_live_meter_is_ahead_by() -> None:
+    # The journal knows of none yet; calls still running have used 800.
+    state = _state(2, token_budget=1000, replan_reserve=0.2)
+    verdict = Verdict(decision="replan", trigger=Trigger.CONTRADICTION)
+    assert guard_replan(state, verdict, used=799) is None
+    refusal = guard_replan(state, verdict, used=800)
+    assert refusal == (
+        ReplanOutcome.REFUSED_BUDGET,
+        "800 tokens used of the 800 allowed before the replan reserve",
+    )
+
+
 def _used(state: RunState, tokens: int) -> RunState:
     return apply(
         state,

@@ -30,6 +30,7 @@ from replan import (
     RunStatus,
     ScriptedModel,
     Supervisor,
+    TaskDraft,
     TaskOutcome,
     TaskStatus,
     TokenUsage,
@@ -86,6 +87,66 @@ async def test_a_replan_past_the_budget_reserve_is_refused_and_the_run_goes_on(
         assert executed_ids(model) == [f"t{i}" for i in range(1, 7)]
     else:
         assert len(model.calls_for("planner", "replan")) == 1
+
+
+async def test_the_budget_reserve_counts_the_tokens_of_attempts_still_running() -> None:
+    # Three tasks have each made a model call (10 tokens) and wait at a tool
+    # when the milestone's reviewer asks to replan: the journal knows of 20
+    # tokens (t1's call and the review), the run has used 50, past the 40
+    # allowed before the 60% reserve of 100. The replan is refused.
+    arrived = 0
+    all_waiting, release = anyio.Event(), anyio.Event()
+
+    @tool
+    async def wait(n: int) -> str:
+        """Wait until the test lets the attempt go on."""
+        nonlocal arrived
+        arrived += 1
+        if arrived == 3:
+            all_waiting.set()
+        await release.wait()
+        return "done"
+
+    def execute(request: ModelRequest) -> Any:
+        task = task_of(request)
+        if task.key == "a":
+            return TaskOutcome(success=True, summary="a", findings=["news"])
+        if not request.transcript:
+            call = ToolCall(id="c", name="wait", arguments='{"n": 1}')
+            return ModelResponse(usage=PER_CALL, tool_calls=[call])
+        return TaskOutcome(success=True, summary=task.key)
+
+    async def review(request: ModelRequest) -> Any:
+        await all_waiting.wait()
+        return first_then_continue(replan_verdict())(request)
+
+    model = scripted(
+        execute=execute,
+        milestone=review,
+        replan=lambda r: fresh_tasks(2),
+        usage=PER_CALL,
+    )
+    tasks = [TaskDraft(key="a", description="survey", milestone=True)] + [
+        TaskDraft(key=k, description=f"look up {k}") for k in "bcd"
+    ]
+    async with Supervisor(model, MemoryStore(), tools=[wait]) as sup:
+        handle = await sup.submit(spec(tasks, token_budget=100, replan_reserve=0.6))
+        with anyio.fail_after(10):
+            async for event in handle.events():
+                if event.kind in ("replan_refused", "replan_applied"):
+                    break
+            release.set()
+            result = await handle.result()
+        replayed = await sup.replay(handle.run_id)
+
+    [refused] = result.replans
+    assert refused.outcome is ReplanOutcome.REFUSED_BUDGET
+    assert refused.reason == (
+        "50 tokens used of the 40 allowed before the replan reserve"
+    )
+    assert model.calls_for("planner", "replan") == []
+    assert result.status is RunStatus.COMPLETED
+    assert replayed == result
 
 
 @pytest.mark.parametrize(
