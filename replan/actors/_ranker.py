@@ -46,12 +46,13 @@ class Ranker:
     ) -> AlignmentReply:
         """The goal-alignment check: one flag per proposed task, in order.
 
-        An answer with another number of flags validates as an
-        :class:`Alignment`, so no adapter asks again for it; it is asked
-        once more here, with the count in ``answer_problem``, and a second
-        such answer is a :class:`ModelOutputError`. Read as it stands, a
-        missing flag would count as a task off the goal (refusing the
-        replan as drift) on the strength of nothing the ranker said.
+        An answer with fewer flags validates as an :class:`Alignment`, so
+        no adapter asks again for it; it is asked once more here, with the
+        count in ``answer_problem``, and a second such answer is a
+        :class:`ModelOutputError`. Read as it stands, a missing flag would
+        count as a task off the goal (refusing the replan as drift) on the
+        strength of nothing the ranker said. Flags past the last task judge
+        nothing and are left out (see :func:`drifted`).
 
         Raises:
             ModelError: as :func:`call_model`, with the tokens of both calls.
@@ -70,7 +71,7 @@ class Ranker:
                 temperature=0.0,
                 run_id=ctx.run_id,
             )
-            if len(alignment.aligned) == proposed:
+            if len(alignment.aligned) >= proposed:
                 return AlignmentReply(alignment=alignment, calls=allowance.calls)
             problem = (
                 f"aligned has {len(alignment.aligned)} flag(s) for {proposed} "

@@ -41,7 +41,7 @@ def script(logged: Logged) -> Reply:
         case "Verdict":
             return completion(Verdict(decision="continue"))
         case "Alignment":
-            return completion(Alignment(aligned=[True]))
+            return completion(Alignment(aligned=[True] * 10))  # one per task
         case _:
             return completion(Synthesis(output="Two makers ship cells at scale."))
 

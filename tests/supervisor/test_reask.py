@@ -170,6 +170,19 @@ async def test_an_alignment_with_a_flag_missing_is_asked_again_with_the_count() 
     assert done.replayed == result
 
 
+async def test_an_alignment_with_flags_past_the_last_task_is_taken_as_it_is() -> None:
+    # The extra flag judges no task: the answer judges every one, and counts.
+    def one_too_many(request: ModelRequest) -> Alignment:
+        return Alignment(aligned=[True] * (len(request.context["proposed"]) + 1))
+
+    model = replanning(replan=lambda r: fresh_tasks(3), alignment=one_too_many)
+
+    done = await run_to_end(model, spec(chain(3, milestone_at=[1])))
+
+    assert done.outcomes() == [ReplanOutcome.APPLIED]
+    assert len(model.calls_for("ranker", "alignment")) == 1
+
+
 async def test_an_alignment_short_of_flags_twice_refuses_the_replan_as_an_error() -> (
     None
 ):
