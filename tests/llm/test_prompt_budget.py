@@ -183,7 +183,9 @@ def test_shortened_drafts_keep_their_numbers() -> None:
     dropped = fitted.omitted["proposed"]
     text = user_text(fitted.messages)
     assert f"{omission_note(dropped)}\n{dropped + 1}. k{dropped + 1}: step" in text
-    assert text.endswith("\n500. k500: " + "step 500 " * 10)
+    # (The line after the list names the last answer's problem, when asked
+    # again: left out here, as a blank line.)
+    assert text.rstrip().endswith("\n500. k500: " + ("step 500 " * 10).rstrip())
 
 
 def test_a_shortened_list_of_other_values_is_still_a_json_array() -> None:
