@@ -4,9 +4,10 @@ One span per request, named ``{method} {route}`` after the route template
 (``GET /v1/runs/{run_id}``, never the path with its ids), with the
 OpenTelemetry HTTP server attributes. The span continues the trace the
 client sent (``traceparent``, read by the application's propagator), and is
-current while the request is answered: a run submitted by ``POST /v1/runs``
-has its own trace, whose root links to this span (``replan.link`` =
-``submitted_by``).
+current while the request is answered, with the client's W3C ``baggage``: a
+run submitted by ``POST /v1/runs`` has its own trace, whose root links to
+this span (``replan.link`` = ``submitted_by``), and the request's baggage is
+current in every span of it (until a restart).
 
 A request answered before it is routed (401 or 403 without the right token,
 413 for a body too large, 404 for no route) has no route: its span is named
@@ -36,7 +37,7 @@ import inspect
 from typing import Any
 
 from fastapi import FastAPI
-from opentelemetry import trace
+from opentelemetry import context, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -109,16 +110,16 @@ class ServerSpans:
             kind=SpanKind.SERVER,
             attributes=_request_attributes(scope, headers, known),
         )
-        with trace.use_span(
-            span,
-            end_on_exit=False,
-            record_exception=False,
-            set_status_on_exception=False,
-        ):
+        # The client's context is current while the request is handled, its
+        # baggage too: a run it submits carries that baggage on its spans.
+        token = context.attach(trace.set_span_in_context(span, parent))
+        try:
             if not span.is_recording():
                 await self.app(scope, receive, send)
                 return
             await self._traced(span, scope, receive, send)
+        finally:
+            context.detach(token)
 
     async def _traced(
         self, span: Span, scope: Scope, receive: Receive, send: Send
