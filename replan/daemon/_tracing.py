@@ -2,8 +2,11 @@
 
 One span per request, named ``{method} {route}`` after the route template
 (``GET /v1/runs/{run_id}``, never the path with its ids), with the
-OpenTelemetry HTTP server attributes. The span continues the trace the
-client sent (``traceparent``, read by the application's propagator), and is
+OpenTelemetry HTTP server attributes, and ``gen_ai.conversation.id`` on a
+request about one run (its id or its gate's in the path, or the run
+``POST /v1/runs`` started), as on the run's own spans. The span continues
+the trace the client sent (``traceparent``, read by the application's
+propagator), and is
 current while the request is answered, with the client's W3C ``baggage``: a
 run submitted by ``POST /v1/runs`` has its own trace, whose root links to
 this span (``replan.link`` = ``submitted_by``), and the request's baggage is
@@ -213,13 +216,30 @@ def _server_address(
 
 
 def _name_after_route(span: Span, scope: Scope) -> None:
-    """Name the span ``{method} {route}`` once the router has matched one."""
+    """Name the span ``{method} {route}`` once the router has matched one,
+    and the run the request is about, as the run's own spans name it."""
     route = getattr(scope.get("route"), "path", None)
     if not isinstance(route, str) or not span.is_recording():
         return
     method = scope["method"]
     span.set_attribute(HTTP_ROUTE, route)
     span.update_name(f"{method if method in KNOWN_METHODS else 'HTTP'} {route}")
+    run_id = _run_of(scope.get("path_params") or {})
+    if run_id:
+        span.set_attribute(n.GEN_AI_CONVERSATION_ID, run_id)
+
+
+def _run_of(params: dict[str, Any]) -> str | None:
+    """The run a path names: its id, or its gate's (``RUN_ID-gN``)."""
+    run_id = params.get("run_id")
+    if isinstance(run_id, str):
+        return run_id
+    gate_id = params.get("gate_id")
+    if isinstance(gate_id, str):
+        run_id, sep, number = gate_id.rpartition("-g")
+        if sep and number.isdigit():
+            return run_id
+    return None
 
 
 def _set_status(span: Span, status: int) -> None:

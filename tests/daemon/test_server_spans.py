@@ -117,6 +117,7 @@ async def test_a_request_gets_a_server_span_named_after_its_route(
         "user_agent.original": "ops-console/2",
         "network.protocol.version": "1.1",
         "http.response.status_code": 200,
+        "gen_ai.conversation.id": run_id,
     }
     assert span.instrumentation_scope is not None
     assert span.instrumentation_scope.name == "replan"
@@ -245,6 +246,37 @@ async def test_the_baggage_a_request_sends_reaches_the_run_it_submits(
     assert without == []
     (request,) = [s for s in server_spans(exporter) if s.name == "POST /v1/runs"]
     assert (request.attributes or {})["tenant.id"] == "acme"
+
+
+async def test_requests_about_a_run_name_it_on_their_span(
+    tmp_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    """So that searching Jaeger for a run's id also finds who submitted it,
+    read it, answered its gates and cancelled it."""
+    async with serving(make_daemon(tmp_path, provider)) as client:
+        submitted = await client.post("/v1/runs", json={"goal": GOAL})
+        assert submitted.status_code == 202
+        run_id = submitted.json()["run_id"]
+        submit = only_span(exporter)
+
+        async def gate() -> str | None:
+            gates = (await client.get("/v1/gates")).json()["gates"]
+            return str(gates[0]["gate_id"]) if gates else None
+
+        gate_id = await until(gate)
+        exporter.clear()
+        answered = await client.post(
+            f"/v1/gates/{gate_id}", json={"decision": "approve", "by": "ana"}
+        )
+        assert answered.status_code == 200
+        answer = only_span(exporter)
+        assert (await client.get(f"/v1/runs/{run_id}")).status_code == 200
+        read = only_span(exporter)
+        assert (await client.get("/v1/runs")).status_code == 200
+        listed = only_span(exporter)
+    for span in (submit, answer, read):
+        assert (span.attributes or {})["gen_ai.conversation.id"] == run_id, span.name
+    assert "gen_ai.conversation.id" not in (listed.attributes or {})
 
 
 async def test_the_event_stream_span_ends_while_the_stream_is_still_open(
