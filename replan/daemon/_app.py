@@ -168,6 +168,14 @@ def _v1(daemon: Daemon) -> APIRouter:
         except ConfigurationError as exc:
             raise ApiError(422, str(exc), exc.field) from None
         except SupervisorError as exc:
+            if daemon.draining:
+                # Worth another try: the daemon is draining for a restart.
+                raise ApiError(
+                    503,
+                    "not accepting runs: the daemon is shutting down; submit the "
+                    "run again once it has restarted",
+                    headers={"Retry-After": "5"},
+                ) from None
             raise ApiError(503, f"not accepting runs: {exc}") from None
         except JournalUnavailable as exc:
             # A full disk, a lost database connection: worth another try once
