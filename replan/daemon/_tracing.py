@@ -6,11 +6,10 @@ OpenTelemetry HTTP server attributes, and ``gen_ai.conversation.id`` on a
 request about one run (its id or its gate's in the path, or the run
 ``POST /v1/runs`` started), as on the run's own spans. The span continues
 the trace the client sent (``traceparent``, read by the application's
-propagator), and is
-current while the request is answered, with the client's W3C ``baggage``: a
-run submitted by ``POST /v1/runs`` has its own trace, whose root links to
-this span (``replan.link`` = ``submitted_by``), and the request's baggage is
-current in every span of it (until a restart).
+propagator), and is current while the request is answered, with the
+client's W3C ``baggage``: a run submitted by ``POST /v1/runs`` has its own
+trace, whose root links to this span (``replan.link`` = ``submitted_by``),
+and the request's baggage is current in every span of it (until a restart).
 
 A request answered before it is routed (401 or 403 without the right token,
 413 for a body too large, 404 for no route) has no route: its span is named
