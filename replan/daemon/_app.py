@@ -124,6 +124,11 @@ def create_app(daemon: Daemon) -> FastAPI:
             raise ApiError(503, "not ready")
         return {"status": "ready"}
 
+    # HEAD too, as `curl -I` and some load balancers' checks ask (the server
+    # sends no body); the schema lists the GET alone.
+    for path, check in (("/healthz", healthz), ("/readyz", readyz)):
+        app.add_api_route(path, check, methods=["HEAD"], include_in_schema=False)
+
     @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
         """Prometheus text format."""
