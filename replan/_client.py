@@ -105,6 +105,14 @@ class Client:
         if self._http.base_url.scheme not in ("http", "https"):
             self._http.close()
             raise ClientError(f"{url!r} is not an http:// or https:// URL", code=2)
+        if self._http.base_url.userinfo:
+            # httpx would send it as Basic credentials, in place of the token.
+            self._http.close()
+            raise ClientError(
+                "the URL holds a user and password (USER:PASSWORD@), which the "
+                "daemon does not take: its token comes from REPLAN_API_TOKEN",
+                code=2,
+            )
         self.url = url
         self.backoff = backoff or DEFAULT_BACKOFF
         self._timeout_s = timeout_s

@@ -1,5 +1,6 @@
-"""The command line against a daemon: submit, runs, show, watch, approve,
-reject, cancel (``--url`` or ``REPLAN_URL``; token from ``REPLAN_API_TOKEN``)."""
+"""The command line against a daemon: submit, runs, show, watch, gates,
+approve, reject, cancel (``--url`` or ``REPLAN_URL``; token from
+``REPLAN_API_TOKEN``)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ from pydantic import ValidationError
 from . import _render
 from ._client import Client, ClientError, segment
 from ._render import terminal_json, terminal_text
-from .messages import RunStatus
+from .messages import GateRequest, RunStatus
 from .store import ToolEffectRecord
 from .supervisor import RunState, apply, replay
 
-COMMANDS = ("submit", "watch", "approve", "reject", "cancel")
+COMMANDS = ("submit", "watch", "gates", "approve", "reject", "cancel")
 """Commands that only talk to a daemon (``runs`` and ``show`` also read a
 local journal with ``--db``)."""
 
@@ -75,6 +76,14 @@ def add_commands(commands: Any) -> None:
     )
     watch.add_argument("run_id", metavar="RUN_ID")
     add_url(watch)
+
+    gates = commands.add_parser(
+        "gates", help="list the gates waiting for a person, by the ids approve takes"
+    )
+    gates.add_argument(
+        "--run", dest="run_id", metavar="RUN_ID", help="only this run's gates"
+    )
+    add_url(gates)
 
     for name, verb in (("approve", "approve"), ("reject", "reject")):
         gate = commands.add_parser(name, help=f"{verb} a pending gate")
@@ -183,6 +192,28 @@ def _follow(client: Client, run_id: str) -> int:
     reason = " ".join((state.stop_reason or "").split())
     ended = f"run {state.run_id} ended {state.status.value}"
     raise RemoteError(f"{ended}: {reason}" if reason else ended)
+
+
+def _gates(client: Client, args: argparse.Namespace) -> int:
+    """The gates waiting for a person, oldest first, as ``show`` names them:
+    the full id ``approve`` and ``reject`` take, and what each asks."""
+    params = {"run_id": args.run_id} if args.run_id else {}
+    listed = client.call("GET", "/v1/gates", params=params)
+    elsewhere: dict[str, str] = listed.get("elsewhere") or {}
+    lines: list[str] = []
+    for gate in listed["gates"]:
+        request = GateRequest.model_validate(gate)
+        if lines:
+            lines.append("")
+        lines += _render.gate_lines(request, "", full_id=True)
+        holder = elsewhere.get(request.gate_id)
+        if holder is not None:
+            lines.append(f"    answered at the daemon that drives its run: {holder}")
+    for line in lines:
+        print(terminal_text(line))
+    if not lines:
+        print("no gates waiting", file=sys.stderr)
+    return 0
 
 
 def _answer(client: Client, args: argparse.Namespace) -> int:
@@ -305,6 +336,7 @@ def _find_run(client: Client, run_id: str) -> tuple[str, Any]:
 _COMMANDS = {
     "submit": _submit,
     "watch": _watch,
+    "gates": _gates,
     "approve": _answer,
     "reject": _answer,
     "cancel": _cancel,

@@ -1,4 +1,5 @@
-"""The ``replan`` command line: ``run``, ``explore``, ``demo``, ``show`` and ``runs``.
+"""The ``replan`` command line: ``run``, ``explore``, ``demo``, ``show``, ``runs``,
+and the daemon's client commands (``submit``, ``watch``, ``gates``, ...).
 
 ``main`` returns the exit status instead of exiting, so tests call it
 in-process: 0 on success, 1 for a run-time problem (a missing journal, an

@@ -293,6 +293,21 @@ def test_a_malformed_url_is_a_bad_argument(
     assert err.count("\n") == 1
 
 
+def test_a_url_with_a_user_and_password_is_a_bad_argument(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # HTTP clients send a URL's user:password@ as Basic credentials, in the
+    # header the token goes in: the daemon then said "a bearer token is
+    # required" to a person who had set REPLAN_API_TOKEN.
+    monkeypatch.setenv("REPLAN_API_TOKEN", "secret-token-0123456789")
+    assert main(["runs", "--url", "http://ana:hunter2@127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "replan: error: the URL holds a user and password (USER:PASSWORD@), "
+        "which the daemon does not take: its token comes from REPLAN_API_TOKEN\n"
+    )
+
+
 @pytest.mark.parametrize(
     "argv",
     [

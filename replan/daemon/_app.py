@@ -17,6 +17,7 @@ from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.security import HTTPBearer
+from opentelemetry import trace
 from starlette.exceptions import HTTPException
 
 from .._errors import (
@@ -34,6 +35,7 @@ from ..messages import GateResolution, Limits, RunSpec, RunStatus
 from ..store import RunLeases
 from ..supervisor._gates import already_resolved
 from ..supervisor._state import RUN_ENDED_NOTE
+from ..telemetry import _names as n
 from ._auth import BearerAuth
 from ._json import StrictJsonRoute
 from ._limits import BodyLimit
@@ -122,6 +124,11 @@ def create_app(daemon: Daemon) -> FastAPI:
             raise ApiError(503, "not ready")
         return {"status": "ready"}
 
+    # HEAD too, as `curl -I` and some load balancers' checks ask (the server
+    # sends no body); the schema lists the GET alone.
+    for path, check in (("/healthz", healthz), ("/readyz", readyz)):
+        app.add_api_route(path, check, methods=["HEAD"], include_in_schema=False)
+
     @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
         """Prometheus text format."""
@@ -166,6 +173,14 @@ def _v1(daemon: Daemon) -> APIRouter:
         except ConfigurationError as exc:
             raise ApiError(422, str(exc), exc.field) from None
         except SupervisorError as exc:
+            if daemon.draining:
+                # Worth another try: the daemon is draining for a restart.
+                raise ApiError(
+                    503,
+                    "not accepting runs: the daemon is shutting down; submit the "
+                    "run again once it has restarted",
+                    headers={"Retry-After": "5"},
+                ) from None
             raise ApiError(503, f"not accepting runs: {exc}") from None
         except JournalUnavailable as exc:
             # A full disk, a lost database connection: worth another try once
@@ -174,6 +189,8 @@ def _v1(daemon: Daemon) -> APIRouter:
             logger.warning("a run could not be journaled: %s", exc)
             raise ApiError(503, str(exc), headers={"Retry-After": "5"}) from None
         daemon.counters.submitted += 1
+        # The request's SERVER span names the run it started.
+        trace.get_current_span().set_attribute(n.GEN_AI_CONVERSATION_ID, handle.run_id)
         url = f"/v1/runs/{handle.run_id}"
         body = Accepted(run_id=handle.run_id, url=url, status=handle.status)
         return JSONResponse(

@@ -2,11 +2,14 @@
 
 One span per request, named ``{method} {route}`` after the route template
 (``GET /v1/runs/{run_id}``, never the path with its ids), with the
-OpenTelemetry HTTP server attributes. The span continues the trace the
-client sent (``traceparent``, read by the application's propagator), and is
-current while the request is answered: a run submitted by ``POST /v1/runs``
-has its own trace, whose root links to this span (``replan.link`` =
-``submitted_by``).
+OpenTelemetry HTTP server attributes, and ``gen_ai.conversation.id`` on a
+request about one run (its id or its gate's in the path, or the run
+``POST /v1/runs`` started), as on the run's own spans. The span continues
+the trace the client sent (``traceparent``, read by the application's
+propagator), and is current while the request is answered, with the
+client's W3C ``baggage``: a run submitted by ``POST /v1/runs`` has its own
+trace, whose root links to this span (``replan.link`` = ``submitted_by``),
+and the request's baggage is current in every span of it (until a restart).
 
 A request answered before it is routed (401 or 403 without the right token,
 413 for a body too large, 404 for no route) has no route: its span is named
@@ -36,7 +39,7 @@ import inspect
 from typing import Any
 
 from fastapi import FastAPI
-from opentelemetry import trace
+from opentelemetry import context, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -109,16 +112,16 @@ class ServerSpans:
             kind=SpanKind.SERVER,
             attributes=_request_attributes(scope, headers, known),
         )
-        with trace.use_span(
-            span,
-            end_on_exit=False,
-            record_exception=False,
-            set_status_on_exception=False,
-        ):
+        # The client's context is current while the request is handled, its
+        # baggage too: a run it submits carries that baggage on its spans.
+        token = context.attach(trace.set_span_in_context(span, parent))
+        try:
             if not span.is_recording():
                 await self.app(scope, receive, send)
                 return
             await self._traced(span, scope, receive, send)
+        finally:
+            context.detach(token)
 
     async def _traced(
         self, span: Span, scope: Scope, receive: Receive, send: Send
@@ -212,13 +215,30 @@ def _server_address(
 
 
 def _name_after_route(span: Span, scope: Scope) -> None:
-    """Name the span ``{method} {route}`` once the router has matched one."""
+    """Name the span ``{method} {route}`` once the router has matched one,
+    and the run the request is about, as the run's own spans name it."""
     route = getattr(scope.get("route"), "path", None)
     if not isinstance(route, str) or not span.is_recording():
         return
     method = scope["method"]
     span.set_attribute(HTTP_ROUTE, route)
     span.update_name(f"{method if method in KNOWN_METHODS else 'HTTP'} {route}")
+    run_id = _run_of(scope.get("path_params") or {})
+    if run_id:
+        span.set_attribute(n.GEN_AI_CONVERSATION_ID, run_id)
+
+
+def _run_of(params: dict[str, Any]) -> str | None:
+    """The run a path names: its id, or its gate's (``RUN_ID-gN``)."""
+    run_id = params.get("run_id")
+    if isinstance(run_id, str):
+        return run_id
+    gate_id = params.get("gate_id")
+    if isinstance(gate_id, str):
+        run_id, sep, number = gate_id.rpartition("-g")
+        if sep and number.isdigit():
+            return run_id
+    return None
 
 
 def _set_status(span: Span, status: int) -> None:

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 import anyio
-from opentelemetry import context, trace
+from opentelemetry import baggage, context, trace
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
@@ -96,9 +96,8 @@ def resumed_root(
 def _start_root(
     telemetry: Telemetry, state: RunState, links: Sequence[Link], segment: int
 ) -> Span:
-    # An empty context: one trace per run, not a child of whoever submitted.
     root = telemetry.tracer.start_span(
-        n.SPAN_RUN, context=context.Context(), kind=SpanKind.INTERNAL, links=links
+        n.SPAN_RUN, context=_baggage_only(), kind=SpanKind.INTERNAL, links=links
     )
     if root.is_recording():
         spec = state.spec
@@ -116,6 +115,16 @@ def _start_root(
                 attrs[n.LIMIT_PREFIX + name] = value
         root.set_attributes(attrs)
     return root
+
+
+def _baggage_only() -> context.Context:
+    """A context without a span, so that the root starts a trace of its own
+    (one trace per run, not a child of whoever submitted), that holds the
+    current baggage, as the spans under the root see it."""
+    carried = context.Context()
+    for name, value in baggage.get_all().items():
+        carried = baggage.set_baggage(name, value, carried)
+    return carried
 
 
 class RunTrace:

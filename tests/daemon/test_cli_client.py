@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -149,6 +150,69 @@ def test_the_gate_id_show_prints_is_the_one_approve_takes(
     watched = capsys.readouterr().out
     assert f"gate {run_ids[1]}-g1 opened" in watched
     assert f"gate {run_ids[1]}-g1 resolved: approve by gina" in watched
+
+
+def test_gates_lists_the_gates_waiting_for_a_person_by_the_ids_approve_takes(
+    remote: DaemonProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["gates"]) == 0
+    assert capsys.readouterr().err == "no gates waiting\n"
+    run_ids = []
+    for _ in range(2):
+        assert main(["submit", "--goal", GOAL]) == 0
+        run_ids.append(capsys.readouterr().out.strip())
+    with remote.client() as client:
+        wait_for(lambda: len(client.get("/v1/gates").json()["gates"]) == 2)
+
+    assert main(["gates"]) == 0
+    listed = capsys.readouterr().out
+    opened = [
+        line.split()[1] for line in listed.splitlines() if line.startswith("gate ")
+    ]
+    assert sorted(opened) == sorted(f"{run_id}-g1" for run_id in run_ids)
+    assert "scope_shift" in listed  # what it asks, with the proposed diff
+    assert main(["gates", "--run", run_ids[1]]) == 0
+    only = capsys.readouterr().out
+    assert only.startswith(f"gate {run_ids[1]}-g1 opened: waiting for a decision")
+    assert run_ids[0] not in only
+
+    assert main(["approve", opened[0], "--by", "gina"]) == 0
+    capsys.readouterr()
+    assert main(["gates"]) == 0
+    left = [
+        line.split()[1]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("gate ")
+    ]
+    assert left == opened[1:]
+
+
+class _GateList:
+    """A daemon's answer to ``GET /v1/gates`` on a shared journal."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        self.answer = answer
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        assert (method, path) == ("GET", "/v1/gates")
+        return self.answer
+
+
+def test_gates_names_the_daemon_to_answer_a_gate_another_drives(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    gate = {
+        "gate_id": "r1-g2",
+        "run_id": "r1",
+        "reason": "task t1 asks to run the tool send_email",
+        "created_at": "2026-01-01T00:00:00Z",
+    }
+    client = _GateList({"gates": [gate], "elsewhere": {"r1-g2": "host-b:4242"}})
+    args = argparse.Namespace(run_id=None)
+    assert _remote._gates(client, args) == 0  # type: ignore[arg-type]
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "gate r1-g2 opened: waiting for a decision"
+    assert out[-1] == "    answered at the daemon that drives its run: host-b:4242"
 
 
 def test_show_lists_the_hypotheses_an_explore_review_gate_asks_about(

@@ -239,6 +239,16 @@ def test_every_v1_endpoint_needs_the_bearer_token(daemon: DaemonProcess) -> None
         assert anonymous.get("/readyz").status_code == 200
 
 
+def test_health_and_readiness_answer_head_requests_too(daemon: DaemonProcess) -> None:
+    # As `curl -I` and some load balancers' checks ask: a 405 there reads
+    # as a daemon that is down.
+    with httpx.Client(base_url=daemon.url) as anonymous:
+        for path in ("/healthz", "/readyz"):
+            response = anonymous.head(path)
+            assert response.status_code == 200, path
+            assert response.content == b""
+
+
 def test_the_token_is_checked_before_the_body_is_read(daemon: DaemonProcess) -> None:
     headers = {"content-type": "application/json"}
     with (

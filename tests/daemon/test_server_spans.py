@@ -18,7 +18,7 @@ import anyio
 import httpx
 import pytest
 from in_process import serving
-from opentelemetry import trace
+from opentelemetry import baggage, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -117,6 +117,7 @@ async def test_a_request_gets_a_server_span_named_after_its_route(
         "user_agent.original": "ops-console/2",
         "network.protocol.version": "1.1",
         "http.response.status_code": 200,
+        "gen_ai.conversation.id": run_id,
     }
     assert span.instrumentation_scope is not None
     assert span.instrumentation_scope.name == "replan"
@@ -195,6 +196,87 @@ async def test_a_submitted_run_has_its_own_trace_linked_to_the_request(
     (link,) = run_root.links
     assert link.context.span_id == request.context.span_id
     assert (link.attributes or {})["replan.link"] == "submitted_by"
+
+
+class BaggageOnSpans(SpanProcessor):
+    """What an application adds to copy W3C baggage onto every span (as
+    ``opentelemetry-processor-baggage`` does): the baggage of the context
+    the span starts in becomes its attributes."""
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        span.set_attributes(
+            {k: str(v) for k, v in baggage.get_all(parent_context).items()}
+        )
+
+
+async def test_the_baggage_a_request_sends_reaches_the_run_it_submits(
+    tmp_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    provider.add_span_processor(BaggageOnSpans())
+    async with serving(make_daemon(tmp_path, provider)) as client:
+        response = await client.post(
+            "/v1/runs",
+            json={"goal": GOAL, "gate_policy": NO_GATE},
+            headers={"traceparent": TRACEPARENT, "baggage": "tenant.id=acme"},
+        )
+        assert response.status_code == 202
+
+        def root() -> ReadableSpan | None:
+            for span in exporter.get_finished_spans():
+                if span.name == "invoke_workflow replan":
+                    return span
+            return None
+
+        run_root = await until(root)
+    assert run_root.context is not None
+    run_spans = [
+        s
+        for s in exporter.get_finished_spans()
+        if s.context is not None and s.context.trace_id == run_root.context.trace_id
+    ]
+    assert {s.name for s in run_spans} >= {
+        "invoke_workflow replan",
+        "plan planner",
+        "invoke_agent executor",
+        "invoke_agent reviewer",
+    }
+    without = [
+        s.name for s in run_spans if (s.attributes or {}).get("tenant.id") != "acme"
+    ]
+    assert without == []
+    (request,) = [s for s in server_spans(exporter) if s.name == "POST /v1/runs"]
+    assert (request.attributes or {})["tenant.id"] == "acme"
+
+
+async def test_requests_about_a_run_name_it_on_their_span(
+    tmp_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    """So that searching Jaeger for a run's id also finds who submitted it,
+    read it, answered its gates and cancelled it."""
+    async with serving(make_daemon(tmp_path, provider)) as client:
+        submitted = await client.post("/v1/runs", json={"goal": GOAL})
+        assert submitted.status_code == 202
+        run_id = submitted.json()["run_id"]
+        submit = only_span(exporter)
+
+        async def gate() -> str | None:
+            gates = (await client.get("/v1/gates")).json()["gates"]
+            return str(gates[0]["gate_id"]) if gates else None
+
+        gate_id = await until(gate)
+        exporter.clear()
+        answered = await client.post(
+            f"/v1/gates/{gate_id}", json={"decision": "approve", "by": "ana"}
+        )
+        assert answered.status_code == 200
+        answer = only_span(exporter)
+        assert (await client.get(f"/v1/runs/{run_id}")).status_code == 200
+        read = only_span(exporter)
+        assert (await client.get("/v1/runs")).status_code == 200
+        listed = only_span(exporter)
+    for span in (submit, answer, read):
+        assert (span.attributes or {})["gen_ai.conversation.id"] == run_id, span.name
+    assert "gen_ai.conversation.id" not in (listed.attributes or {})
 
 
 async def test_the_event_stream_span_ends_while_the_stream_is_still_open(

@@ -92,7 +92,11 @@ async def test_the_drain_answers_503_to_new_runs_while_work_in_flight_finishes(
         for sock in sockets:
             sock.close()
     assert refused.status_code == 503, refused.text
-    assert refused.json()["detail"].startswith("not accepting runs")
+    assert refused.json()["detail"] == (
+        "not accepting runs: the daemon is shutting down; submit the run again "
+        "once it has restarted"
+    )
+    assert refused.headers["Retry-After"] == "5"
     assert ready.status_code == 503
     assert still_read.status_code == 200
     assert still_read.json()["status"] == "running"

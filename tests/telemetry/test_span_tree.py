@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry import baggage, context
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
@@ -59,6 +61,32 @@ async def test_a_run_is_one_trace_under_an_invoke_workflow_root(
     assert attr(root, n.RUN_USAGE_OUTPUT_TOKENS) == total.output_tokens
     for span in tree.spans:
         assert attr(span, n.GEN_AI_CONVERSATION_ID) == result.run_id, span.name
+
+
+class BaggageOnSpans(SpanProcessor):
+    """Copies the baggage of the context a span starts in onto the span, as
+    an application's baggage span processor does."""
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        span.set_attributes(
+            {k: str(v) for k, v in baggage.get_all(parent_context).items()}
+        )
+
+
+async def test_the_baggage_current_at_submit_is_on_every_span_of_the_run(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    provider.add_span_processor(BaggageOnSpans())
+    token = context.attach(baggage.set_baggage("tenant.id", "acme"))
+    try:
+        await run_traced(replanning_model(), spec(chain(3, milestone_at=[1])), provider)
+    finally:
+        context.detach(token)
+    tree = Tree(exporter.get_finished_spans())
+    assert len(tree.traces()) == 1
+    assert tree.one(n.SPAN_RUN).parent is None  # still a trace of its own
+    assert {s.name for s in tree.spans} >= {n.SPAN_RUN, n.SPAN_REPLAN}
+    assert [s.name for s in tree.spans if attr(s, "tenant.id") != "acme"] == []
 
 
 async def test_each_task_execution_is_an_executor_span_under_the_root(
