@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -36,7 +36,13 @@ from ..messages import GateRequest, GateResolution, RunStatus, TaskStatus
 from ..messages._base import Frozen
 from ..messages._spec import check_drafts
 from ..store import RequestOutcome, RunLeases, RunOwner, RunRequest, RunRequests, Store
-from ._gates import GateRegistry, Validator, already_resolved, check_answer
+from ._gates import (
+    GateRegistry,
+    Validator,
+    already_resolved,
+    check_answer,
+    resolution_from,
+)
 from ._state import RUN_ENDED_NOTE, RunState, fold_journal
 
 if TYPE_CHECKING:
@@ -128,8 +134,11 @@ class Forwarding:
 
     # Sending ------------------------------------------------------------------
 
-    async def answer(self, gate_id: str, resolution: GateResolution) -> Forwarded:
-        """Send an answer to a gate of a run this supervisor does not drive.
+    async def answer(
+        self, gate_id: str, answer: GateResolution | Mapping[str, Any]
+    ) -> Forwarded:
+        """Send an answer to a gate of a run this supervisor does not drive
+        (its fields as a mapping are read as the run reads them).
 
         Raises:
             GateAlreadyResolved: the gate has an answer (in the journal, or
@@ -141,6 +150,11 @@ class Forwarding:
         run_id = gate_of(gate_id)
         state = None if run_id is None else await self._state(run_id)
         info = None if state is None else state.gates.get(gate_id)
+        if isinstance(answer, GateResolution):
+            resolution = answer
+        else:
+            review = info is not None and info.request.hypotheses is not None
+            resolution = resolution_from(gate_id, answer, review=review)
         if state is None or info is None:
             raise GateError(f"no open gate {gate_id!r}")
         if info.resolution is not None and not _ended_by_run(info.resolution):

@@ -38,9 +38,13 @@ Validator = Callable[[GateResolution], None]
 """Raises ``ValueError`` when a resolution does not fit the gate (a
 ``ConfigurationError`` to name the field)."""
 
-Elsewhere = Callable[[str, GateResolution], Awaitable["Forwarded"]]
+Elsewhere = Callable[
+    [str, "GateResolution | Mapping[str, Any]"], Awaitable["Forwarded"]
+]
 """Sends an answer to a gate that is not open here on to the supervisor
-that drives its run; raises :class:`GateError` when there is no such gate."""
+that drives its run (reading a mapping as the gate's run would, see
+:func:`resolution_from`); raises :class:`GateError` when there is no such
+gate."""
 
 
 @dataclass(slots=True)
@@ -114,12 +118,12 @@ class GateRegistry:
                 the gate closed).
         """
         pending = self._open.get(gate_id)
-        if not isinstance(resolution, GateResolution):
-            review = pending is not None and pending.request.hypotheses is not None
-            resolution = _resolution_from(gate_id, resolution, review=review)
         elsewhere = self._elsewhere
         if pending is None and gate_id not in self._answered and elsewhere:
             return await elsewhere(gate_id, resolution)
+        if not isinstance(resolution, GateResolution):
+            review = pending is not None and pending.request.hypotheses is not None
+            resolution = resolution_from(gate_id, resolution, review=review)
         await self.answer_here(gate_id, resolution)
         return None
 
@@ -292,7 +296,7 @@ def _refused_field(
     return "decision"
 
 
-def _resolution_from(
+def resolution_from(
     gate_id: str, value: object, *, review: bool = False
 ) -> GateResolution:
     """``value``'s fields as a resolution; ``review``: the gate is an explore

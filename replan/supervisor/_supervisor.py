@@ -60,7 +60,7 @@ from ..store import (
 from ..telemetry import Telemetry
 from ._budget import MeteredModel, RunMeter
 from ._forwarding import Forwarded, Forwarding, gate_of
-from ._gates import GateRegistry
+from ._gates import GateRegistry, resolution_from
 from ._handle import RunHandle, RunRecord
 from ._leases import claim, keep_leases, lease_lost, new_owner, owned_journal, release
 from ._resume import Recovery
@@ -443,7 +443,7 @@ class Supervisor:
             self.store.release_lease(self)
 
     async def _gate_elsewhere(
-        self, gate_id: str, resolution: GateResolution
+        self, gate_id: str, resolution: GateResolution | Mapping[str, Any]
     ) -> Forwarded:
         """Send an answer to a gate not open here on to the supervisor that
         drives its run (a gate's id is its run's, ``-g``, a number); on a
@@ -456,6 +456,8 @@ class Supervisor:
         run_id = gate_of(gate_id)
         forwarding = self._forwarding
         if forwarding is None or run_id is None or run_id in self._drivers:
+            if not isinstance(resolution, GateResolution):
+                resolution_from(gate_id, resolution)  # a bad one is named first
             await self._check_elsewhere(run_id)
             raise GateError(f"no open gate {gate_id!r}")
         return await forwarding.answer(gate_id, resolution)

@@ -87,6 +87,11 @@ async def test_a_bad_answer_sent_from_elsewhere_is_refused_at_once_naming_the_fi
                 await b.gates.resolve(gate_id, edit)
             with pytest.raises(ResolutionRefused) as here:
                 await a.gates.resolve(gate_id, edit)
+            unread = {"decision": "edit", "by": "ana"}  # an edit with no tasks
+            with pytest.raises(ResolutionRefused) as unread_there:
+                await b.gates.resolve(gate_id, unread)
+            with pytest.raises(ResolutionRefused) as unread_here:
+                await a.gates.resolve(gate_id, unread)
             with pytest.raises(GateError, match="no open gate"):
                 await b.gates.resolve(
                     f"{handle.run_id}-g9", {"decision": "approve", "by": "ana"}
@@ -104,6 +109,10 @@ async def test_a_bad_answer_sent_from_elsewhere_is_refused_at_once_naming_the_fi
     # Refused as the driver refuses it.
     assert (there.value.field, str(there.value)) == (here.value.field, str(here.value))
     assert there.value.field == "decision"
+    assert (unread_there.value.field, str(unread_there.value)) == (
+        unread_here.value.field,
+        str(unread_here.value),
+    )
 
 
 async def test_a_cancel_at_a_supervisor_that_does_not_drive_the_run_ends_it(
