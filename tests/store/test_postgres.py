@@ -79,6 +79,7 @@ async def test_the_tables_are_created_in_the_replan_schema_with_a_version(
         "effects",
         "events",
         "journal_schema",
+        "requests",
         "runs",
         "tool_effects",
     ]
