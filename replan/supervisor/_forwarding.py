@@ -166,6 +166,16 @@ class Forwarding:
         check_answer(
             gate_id, info.request, answer_check(state, info.request), resolution
         )
+        if info.request.tool_call is not None and (
+            await self._leases.run_lease(state.run_id) is None
+        ):
+            # Withdrawn by whoever takes the run over: the attempt that
+            # asked was cut short, and the one run again asks again.
+            raise GateError(
+                f"gate {gate_id} asks for a tool call of run {state.run_id}, "
+                "which no supervisor drives at the moment: the attempt runs "
+                "again once one takes the run over, and asks again"
+            )
         request, added = await self._requests.add_request(
             state.run_id, self._owner.holder, gate_id=gate_id, resolution=resolution
         )

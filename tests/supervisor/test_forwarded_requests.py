@@ -7,7 +7,7 @@ from __future__ import annotations
 import anyio
 import psycopg
 import pytest
-from scripts import scripted, spec
+from scripts import emails_first, scripted, send_email, spec
 
 from replan import (
     GateAlreadyResolved,
@@ -205,6 +205,27 @@ async def test_an_answer_journaled_before_its_driver_settled_it_is_not_applied_a
             await handle.result()
             events = await store.read(handle.run_id)
     assert [r.by for r in _resolved(events)] == ["ana", "ana"]  # g1 once, g2
+
+
+async def test_a_tool_calls_gate_of_a_run_nobody_drives_is_not_answered_from_afar(
+    postgres_dsn: str,
+) -> None:
+    # Whoever takes the run over withdraws the gate (its attempt was cut
+    # short) and runs the attempt again, which asks again.
+    with anyio.fail_after(30):
+        async with PostgresStore(postgres_dsn) as store_a:
+            model = scripted(execute=emails_first)
+            async with Supervisor(model, store_a, tools=[send_email]) as a:
+                handle = await a.submit(spec([TaskDraft(key="s1", description="x")]))
+                gate_id = await _at_gate(handle)
+            async with (
+                PostgresStore(postgres_dsn) as store_b,
+                Supervisor(scripted(), store_b) as b,
+            ):
+                answer = {"decision": "approve", "by": "ana"}
+                with pytest.raises(GateError, match="no supervisor drives"):
+                    await b.gates.resolve(gate_id, answer)
+    assert _count(postgres_dsn, "requests") == 0
 
 
 def _rows(dsn: str, statement: str) -> list[tuple[object, ...]]:
