@@ -208,7 +208,9 @@ def _gates(client: Client, args: argparse.Namespace) -> int:
         lines += _render.gate_lines(request, "", full_id=True)
         holder = elsewhere.get(request.gate_id)
         if holder is not None:
-            lines.append(f"    answered at the daemon that drives its run: {holder}")
+            lines.append(
+                f"    its run is driven by daemon {holder}; any daemon takes the answer"
+            )
     for line in lines:
         print(terminal_text(line))
     if not lines:
@@ -229,7 +231,8 @@ def _answer(client: Client, args: argparse.Namespace) -> int:
             raise
         answer = client.call("POST", f"/v1/gates/{segment(full_id)}", json=body)
     said = f"gate {answer['gate_id']}: {answer['decision']} (run {answer['run_id']})"
-    print(terminal_text(said))
+    # 202: sent on to the daemon that drives the run (it says where).
+    print(terminal_text(answer.get("detail") or said))
     return 0
 
 
@@ -251,7 +254,8 @@ def _find_gate(client: Client, short_id: str) -> str | None:
 
 def _cancel(client: Client, args: argparse.Namespace) -> int:
     ended = client.call("POST", f"/v1/runs/{segment(args.run_id)}/cancel")
-    print(terminal_text(f"run {ended['run_id']}: {ended['status']}"))
+    said = f"run {ended['run_id']}: {ended['status']}"
+    print(terminal_text(ended.get("detail") or said))
     return 0
 
 

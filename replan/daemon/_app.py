@@ -27,16 +27,24 @@ from .._errors import (
     JournalCorrupt,
     JournalUnavailable,
     ResolutionRefused,
+    RunDrivenElsewhere,
     SupervisorError,
     UnknownRunError,
 )
 from .._version import __version__
 from ..messages import GateResolution, Limits, RunSpec, RunStatus
 from ..store import RunLeases
+from ..supervisor._forwarding import gate_of
 from ..supervisor._gates import already_resolved
 from ..supervisor._state import RUN_ENDED_NOTE
 from ..telemetry import _names as n
 from ._auth import BearerAuth
+from ._forwarded import (
+    CancelForwarded,
+    GateForwarded,
+    cancel_forwarded,
+    gate_forwarded,
+)
 from ._json import StrictJsonRoute
 from ._limits import BodyLimit
 from ._metrics import CONTENT_TYPE, render_metrics
@@ -260,31 +268,45 @@ def _v1(daemon: Daemon) -> APIRouter:
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
-    @router.post("/runs/{run_id}/cancel", response_model=Cancelled)
-    async def cancel(run_id: RunId) -> Cancelled:
+    @router.post(
+        "/runs/{run_id}/cancel",
+        response_model=Cancelled,
+        responses={202: {"model": CancelForwarded}},
+    )
+    async def cancel(run_id: RunId) -> Any:
         """Cancel a run; it ends ``cancelled`` (409 if it already ended).
 
         200 only once the run has ended; 409 when it cannot end here (its
-        driver stopped), 503 while the daemon shuts down.
+        driver stopped), 503 while the daemon shuts down. On a shared
+        PostgreSQL journal, the cancel of a run another daemon drives (or
+        none does at the moment) goes to it: 202, saying whether it was
+        applied already.
         """
         state = await _state(daemon, run_id)
         if state.status.final:
             raise ApiError(409, f"run {run_id} already ended {state.status.value}")
         try:
-            handle = daemon.supervisor.get(run_id)
+            sup = daemon.supervisor
         except SupervisorError as exc:  # shutting down
             raise ApiError(503, f"not cancelling runs: {exc}") from None
-        except UnknownRunError:
-            raise ApiError(409, await _not_here(daemon, run_id)) from None
         try:
-            await handle.cancel()
+            sent = await sup.cancel(run_id)
+        except (UnknownRunError, RunDrivenElsewhere):
+            raise ApiError(409, await _not_here(daemon, run_id)) from None
         except SupervisorError as exc:
             status = 409 if daemon.ready else 503
             raise ApiError(status, str(exc)) from None
-        final = handle.state
-        return Cancelled(
+        final = await daemon.run_state(run_id)
+        ended = Cancelled(
             run_id=run_id, status=final.status, stop_reason=final.stop_reason
         )
+        if sent is None:
+            return ended
+        if final.status.final and final.status is not RunStatus.CANCELLED:
+            raise ApiError(409, f"run {run_id} already ended {final.status.value}")
+        applied = final.status is RunStatus.CANCELLED
+        body = cancel_forwarded(sent, ended, applied=applied)
+        return JSONResponse(body.model_dump(mode="json"), status_code=202)
 
     @router.get("/gates", response_model=GateList)
     async def gates(
@@ -299,28 +321,40 @@ def _v1(daemon: Daemon) -> APIRouter:
         gates, elsewhere = await daemon.open_gates(run_id)
         return GateList(gates=gates, elsewhere=elsewhere)
 
-    @router.post("/gates/{gate_id}", response_model=GateAnswered)
+    @router.post(
+        "/gates/{gate_id}",
+        response_model=GateAnswered,
+        responses={202: {"model": GateForwarded}},
+    )
     async def resolve(
         gate_id: GateId,
         resolution: GateResolution,
-    ) -> GateAnswered:
-        """Approve, reject, or edit (with tasks) a gate's proposed change."""
+    ) -> Any:
+        """Approve, reject, or edit (with tasks) a gate's proposed change.
+
+        200 once the answer is journaled. On a shared PostgreSQL journal,
+        an answer to a gate of a run another daemon drives (or none does at
+        the moment) is checked here, then goes to it: 202, saying whether
+        it was applied already.
+        """
         sup = daemon.supervisor
         request = sup.gates.get(gate_id)
-        if request is None:
-            await _closed_gate(daemon, gate_id)
         try:
-            await sup.gates.resolve(gate_id, resolution)
+            sent = await sup.gates.resolve(gate_id, resolution)
         except GateAlreadyResolved as exc:
             # Someone else's answer came first: the error names it.
             raise ApiError(409, str(exc)) from None
         except ResolutionRefused as exc:
             raise ApiError(422, str(exc), exc.field) from None
         except GateError:
-            # Closed, or its run ended, while this answer was on its way.
+            # No such gate open, or closed (its run ended) meanwhile.
             await _closed_gate(daemon, gate_id)
+        if sent is not None:
+            body = gate_forwarded(sent, gate_id, resolution)
+            return JSONResponse(body.model_dump(mode="json"), status_code=202)
+        run_id = request.run_id if request is not None else gate_of(gate_id)
         return GateAnswered(
-            gate_id=gate_id, run_id=request.run_id, decision=resolution.decision
+            gate_id=gate_id, run_id=run_id or "", decision=resolution.decision
         )
 
     return router

@@ -13,9 +13,12 @@ from ._port import JournalConflict as JournalConflict
 from ._port import JournalCorrupt as JournalCorrupt
 from ._port import JournalRetention as JournalRetention
 from ._port import LeaseLost as LeaseLost
+from ._port import RequestOutcome as RequestOutcome
 from ._port import RunLease as RunLease
 from ._port import RunLeases as RunLeases
 from ._port import RunOwner as RunOwner
+from ._port import RunRequest as RunRequest
+from ._port import RunRequests as RunRequests
 from ._port import RunSummary as RunSummary
 from ._port import Store as Store
 from ._port import ToolEffectLedger as ToolEffectLedger
@@ -44,9 +47,12 @@ __all__ = (
     "LeaseLost",
     "MemoryStore",
     "PostgresStore",
+    "RequestOutcome",
     "RunLease",
     "RunLeases",
     "RunOwner",
+    "RunRequest",
+    "RunRequests",
     "RunSummary",
     "SQLiteStore",
     "Store",

@@ -2,14 +2,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from .._errors import JournalConflict as JournalConflict
 from .._errors import JournalCorrupt as JournalCorrupt
 from .._errors import LeaseLost as LeaseLost
-from ..messages import Event, ModelCall, RunCompacted, RunStatus, TaskOutcome
+from ..messages import (
+    Event,
+    GateResolution,
+    ModelCall,
+    RunCompacted,
+    RunStatus,
+    TaskOutcome,
+)
 from ..messages._base import Frozen
 
 
@@ -191,6 +198,78 @@ class RunLeases(Protocol):
 
     async def run_lease(self, run_id: str) -> RunLease | None:
         """The run's lease while it holds (not expired), else None."""
+        ...
+
+
+RequestOutcome = Literal["applied", "already_resolved", "refused", "closed"]
+"""What became of a forwarded request: ``applied`` (the run journaled the
+answer, or ended cancelled), ``already_resolved`` (the gate had another
+answer), ``refused`` (the answer no longer fits the gate), ``closed`` (the
+gate closed, or the run ended, unanswered)."""
+
+
+class RunRequest(Frozen):
+    """A gate's answer, or a run's cancel, that a supervisor which does not
+    drive the run received: kept in the journal until the run's driver
+    applies it (see :class:`RunRequests`)."""
+
+    id: int
+    run_id: str
+    gate_id: str | None = None
+    """The gate it answers; None for a cancel."""
+    resolution: GateResolution | None = None
+    """The answer (None for a cancel)."""
+    sender: str
+    """Who received it (``host:pid``)."""
+    outcome: RequestOutcome | None = None
+    """None while it waits for the run's driver."""
+    detail: str | None = None
+    """Why it was not applied (``already_resolved``, ``refused``, ``closed``)."""
+
+
+@runtime_checkable
+class RunRequests(Protocol):
+    """A store with run leases that keeps the requests for runs others drive.
+
+    A gate answer or a cancel that reaches a supervisor which does not hold
+    the run's lease is added here; the supervisor that does (or the one that
+    takes the run over) finds it among :meth:`waiting_requests`, applies it
+    as its own, and settles it (:meth:`settle_request`) once, so the sender
+    learns what became of it.
+    """
+
+    async def add_request(
+        self,
+        run_id: str,
+        sender: str,
+        *,
+        gate_id: str | None = None,
+        resolution: GateResolution | None = None,
+    ) -> tuple[RunRequest, bool]:
+        """Keep a gate's answer (``gate_id`` and ``resolution``) or a run's
+        cancel (neither).
+
+        Returns:
+            The request and True; or, when the gate has an answer here
+            already (the first stands) or the run a cancel that waits, that
+            one and False.
+        """
+        ...
+
+    async def get_request(self, request_id: int) -> RunRequest | None:
+        """The request, with its outcome once settled (None if gone)."""
+        ...
+
+    async def waiting_requests(self, owner: RunOwner) -> list[RunRequest]:
+        """The requests that wait for the runs ``owner`` holds the leases
+        of, and for runs that ended (or are gone), oldest first."""
+        ...
+
+    async def settle_request(
+        self, request_id: int, outcome: RequestOutcome, detail: str | None = None
+    ) -> bool:
+        """Record what became of a request that waits; False if it was
+        settled already (the first settlement stands)."""
         ...
 
 

@@ -27,14 +27,23 @@ from psycopg import conninfo
 from pydantic import BaseModel
 
 from .._errors import ConfigurationError
-from ..messages import Event, RunCompacted, RunStatus, event_json, read_event
+from ..messages import (
+    Event,
+    GateResolution,
+    RunCompacted,
+    RunStatus,
+    event_json,
+    read_event,
+)
 from ._port import (
     EffectRecord,
     JournalConflict,
     JournalCorrupt,
     LeaseLost,
+    RequestOutcome,
     RunLease,
     RunOwner,
+    RunRequest,
     RunSummary,
     ToolEffectRecord,
 )
@@ -516,6 +525,85 @@ class PostgresStore:
         if row is None:
             return None
         return RunLease(run_id=run_id, owner=row[0], holder=row[1], expires_at=row[2])
+
+    # Requests for runs another supervisor drives (see RunRequests) ---------
+
+    async def add_request(
+        self,
+        run_id: str,
+        sender: str,
+        *,
+        gate_id: str | None = None,
+        resolution: GateResolution | None = None,
+    ) -> tuple[RunRequest, bool]:
+        queries = self._queries
+        payload = None if resolution is None else resolution.model_dump_json()
+        params = (run_id, gate_id, payload, sender)
+
+        def add(conn: _Conn) -> tuple[Any, bool]:
+            # Another request's may be settled (a cancel) between the two
+            # statements: tried again then.
+            for _ in range(3):
+                with conn.transaction():
+                    added = conn.execute(queries.add_request, params).fetchone()
+                    if added is not None:
+                        found = conn.execute(queries.get_request, added).fetchone()
+                        return found, True
+                    if gate_id is not None:
+                        found = conn.execute(queries.answer_of, (gate_id,)).fetchone()
+                    else:
+                        found = conn.execute(
+                            queries.waiting_cancel, (run_id,)
+                        ).fetchone()
+                    if found is not None:
+                        return found, False
+            raise JournalConflict(f"run {run_id}: its request could not be kept")
+
+        row, added = await self._connections().run(add)
+        return self._request(row), added
+
+    async def get_request(self, request_id: int) -> RunRequest | None:
+        query = self._queries.get_request
+        row = await self._connections().run(
+            lambda conn: conn.execute(query, (request_id,)).fetchone()
+        )
+        return None if row is None else self._request(row)
+
+    async def waiting_requests(self, owner: RunOwner) -> list[RunRequest]:
+        query = self._queries.waiting_requests
+        params = {"owner": owner.id, "unfinished": _UNFINISHED}
+        rows = await self._connections().run(
+            lambda conn: conn.execute(query, params).fetchall()
+        )
+        return [self._request(row) for row in rows]
+
+    async def settle_request(
+        self, request_id: int, outcome: RequestOutcome, detail: str | None = None
+    ) -> bool:
+        query = self._queries.settle_request
+        params = (outcome, detail, request_id)
+        settled = await self._connections().run(
+            lambda conn: conn.execute(query, params).rowcount
+        )
+        return bool(settled)
+
+    def _request(self, row: Any) -> RunRequest:
+        request_id, run_id, gate_id, payload, sender, outcome, detail = row
+        try:
+            resolution = (
+                None if payload is None else GateResolution.model_validate_json(payload)
+            )
+            return RunRequest(
+                id=request_id,
+                run_id=run_id,
+                gate_id=gate_id,
+                resolution=resolution,
+                sender=sender,
+                outcome=outcome,
+                detail=detail,
+            )
+        except (ValueError, TypeError) as exc:
+            raise self._corrupt(run_id, f"request {request_id}", exc) from None
 
     def checkpoint_soon(self) -> None:
         """Nothing to do: PostgreSQL checkpoints by itself (for callers

@@ -18,7 +18,7 @@ from psycopg import sql
 
 from .._errors import ConfigurationError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The layout this module writes, kept in the schema's ``journal_schema``
 table. A journal of an earlier layout is migrated when it is opened."""
 
@@ -96,6 +96,31 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             ADD COLUMN lease_expires timestamptz
         """,
         "CREATE INDEX runs_by_owner ON {schema}.runs (owner) WHERE owner IS NOT NULL",
+    ),
+    # 2 -> 3: gate answers and cancels received by a supervisor that does
+    # not drive the run, kept until its driver applies them. ``outcome`` is
+    # NULL while one waits; a gate takes one answer here (the first stands,
+    # as in a supervisor's own registry), a run one waiting cancel.
+    2: (
+        """
+        CREATE TABLE {schema}.requests (
+            id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            run_id     text COLLATE "C" NOT NULL,
+            gate_id    text COLLATE "C",
+            payload    text,
+            sender     text NOT NULL,
+            created_at timestamptz NOT NULL DEFAULT now(),
+            outcome    text,
+            detail     text,
+            settled_at timestamptz
+        )
+        """,
+        "CREATE UNIQUE INDEX requests_one_answer ON {schema}.requests (gate_id) "
+        "WHERE gate_id IS NOT NULL",
+        "CREATE UNIQUE INDEX requests_one_cancel ON {schema}.requests (run_id) "
+        "WHERE gate_id IS NULL AND outcome IS NULL",
+        "CREATE INDEX requests_waiting ON {schema}.requests (run_id) "
+        "WHERE outcome IS NULL",
     ),
 }
 """The statements that take a journal from a version to the next."""
@@ -280,6 +305,17 @@ class Queries:
     """After the snapshot's check: drop the run's events and records."""
     set_head_at: sql.Composed
     delete: tuple[sql.Composed, ...]
+    add_request: sql.Composed
+    """Keep a request, unless the gate has one or the run a waiting cancel."""
+    answer_of: sql.Composed
+    """The request that answers a gate."""
+    waiting_cancel: sql.Composed
+    """The run's cancel that waits, if any."""
+    get_request: sql.Composed
+    waiting_requests: sql.Composed
+    """The requests that wait, of the runs ``owner`` holds the leases of, or
+    that are finished (or gone), oldest first."""
+    settle_request: sql.Composed
 
     @classmethod
     def of(cls, schema: str) -> Queries:
@@ -289,6 +325,7 @@ class Queries:
                 runs=sql.Identifier(schema, "runs"),
                 effects=sql.Identifier(schema, "effects"),
                 tool_effects=sql.Identifier(schema, "tool_effects"),
+                requests=sql.Identifier(schema, "requests"),
             )
 
         summary = """goal = %(goal)s, kind = %(kind)s, pattern = %(pattern)s,
@@ -302,6 +339,7 @@ class Queries:
             %(head)s, %(head_at)s)"""
         select = f"SELECT {_SUMMARY_COLUMNS} FROM {{runs}} r"
         order = "ORDER BY r.created_at DESC, r.run_id DESC LIMIT %s OFFSET %s"
+        request = "SELECT id, run_id, gate_id, payload, sender, outcome, detail FROM"
         return cls(
             advance=q(
                 f"UPDATE {{runs}} SET {summary}, head = %(head)s, "
@@ -407,12 +445,36 @@ class Queries:
                 q("DELETE FROM {events} WHERE run_id = %s"),
                 q("DELETE FROM {effects} WHERE run_id = %s"),
                 q("DELETE FROM {tool_effects} WHERE run_id = %s"),
+                q("DELETE FROM {requests} WHERE run_id = %s"),
             ),
             set_head_at=q("UPDATE {runs} SET head_at = %s WHERE run_id = %s"),
             delete=(
                 q("DELETE FROM {events} WHERE run_id = %s"),
                 q("DELETE FROM {effects} WHERE run_id = %s"),
                 q("DELETE FROM {tool_effects} WHERE run_id = %s"),
+                q("DELETE FROM {requests} WHERE run_id = %s"),
                 q("DELETE FROM {runs} WHERE run_id = %s"),
+            ),
+            add_request=q(
+                "INSERT INTO {requests} (run_id, gate_id, payload, sender) "
+                "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING id"
+            ),
+            answer_of=q(f"{request} {{requests}} WHERE gate_id = %s"),
+            waiting_cancel=q(
+                f"{request} {{requests}} WHERE run_id = %s AND gate_id IS NULL "
+                "AND outcome IS NULL"
+            ),
+            get_request=q(f"{request} {{requests}} WHERE id = %s"),
+            waiting_requests=q(
+                "SELECT q.id, q.run_id, q.gate_id, q.payload, q.sender, q.outcome, "
+                "q.detail FROM {requests} q LEFT JOIN {runs} r ON r.run_id = q.run_id "
+                "WHERE q.outcome IS NULL AND (r.run_id IS NULL "
+                "OR NOT r.status = ANY(%(unfinished)s::text[]) "
+                "OR (r.owner = %(owner)s AND r.lease_expires >= now())) "
+                "ORDER BY q.id"
+            ),
+            settle_request=q(
+                "UPDATE {requests} SET outcome = %s, detail = %s, "
+                "settled_at = now() WHERE id = %s AND outcome IS NULL"
             ),
         )

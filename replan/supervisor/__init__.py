@@ -23,6 +23,7 @@ from ._decide import (
 from ._decide import (
     ready_tasks as ready_tasks,
 )
+from ._forwarding import Forwarded as Forwarded
 from ._gates import GateRegistry as GateRegistry
 from ._handle import RunHandle as RunHandle
 from ._state import RunState as RunState
@@ -34,6 +35,7 @@ from ._supervisor import Supervisor as Supervisor
 from ._versions import build_version as build_version
 
 __all__ = (
+    "Forwarded",
     "GateRegistry",
     "RunHandle",
     "RunState",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from pydantic import ValidationError
@@ -17,6 +17,9 @@ from .._errors import (
     ResolutionRefused,
 )
 from ..messages._gate import POLICY_TIMEOUT, GateRequest, GateResolution
+
+if TYPE_CHECKING:
+    from ._forwarding import Forwarded
 
 GATE_CLOSED = "the gate was closed before a gate worker took it"
 
@@ -34,6 +37,14 @@ def already_resolved(gate_id: str, answer: GateResolution) -> str:
 Validator = Callable[[GateResolution], None]
 """Raises ``ValueError`` when a resolution does not fit the gate (a
 ``ConfigurationError`` to name the field)."""
+
+Elsewhere = Callable[
+    [str, "GateResolution | Mapping[str, Any]"], Awaitable["Forwarded"]
+]
+"""Sends an answer to a gate that is not open here on to the supervisor
+that drives its run (reading a mapping as the gate's run would, see
+:func:`resolution_from`); raises :class:`GateError` when there is no such
+gate."""
 
 
 @dataclass(slots=True)
@@ -56,12 +67,10 @@ class GateRegistry:
     rely on it surviving a crash.
     """
 
-    def __init__(
-        self, elsewhere: Callable[[str], Awaitable[None]] | None = None
-    ) -> None:
+    def __init__(self, elsewhere: Elsewhere | None = None) -> None:
         self._elsewhere = elsewhere
-        """Raises :class:`~replan.RunDrivenElsewhere` for a gate id whose
-        run another supervisor drives (see :meth:`resolve`)."""
+        """Sends an answer on to the supervisor that drives the gate's run,
+        for a gate not open here (see :meth:`resolve`)."""
         self._open: dict[str, _Pending] = {}
         self._answered: dict[str, GateResolution] = {}
         """Gates closed with their answer journaled, newest last (at most
@@ -81,12 +90,21 @@ class GateRegistry:
 
     async def resolve(
         self, gate_id: str, resolution: GateResolution | Mapping[str, Any]
-    ) -> None:
+    ) -> Forwarded | None:
         """Answer a gate and wait until the run has journaled the answer.
 
         ``resolution`` may also be its fields as a mapping
         (``{"decision": "approve", "by": "alice"}``), as ``submit`` takes a
         spec's.
+
+        On a journal shared by supervisors that lease runs one by one
+        (``PostgresStore``), a gate of a run another supervisor drives (or
+        that nobody drives at the moment) is answered there: checked here
+        against the run's journal as its driver would, the answer is kept
+        in the journal until the run's driver applies it, and what was sent
+        on is returned (:class:`~replan.supervisor.Forwarded`: whether it
+        was applied within a moment, and who drives the run). Otherwise
+        None, once the answer is journaled.
 
         Raises:
             GateAlreadyResolved: the gate has been answered already (two
@@ -95,16 +113,28 @@ class GateRegistry:
                 whose tasks are not a valid plan, say), names no one in ``by``,
                 or holds a string the journal cannot store; names the field,
                 and the gate stays open.
-            RunDrivenElsewhere: the gate's run is driven by another
-                supervisor (another daemon) that holds its lease: answer it
-                there (a :class:`GateError` too).
             GateError: no open gate has this id, or the run ended before it
-                journaled the answer.
+                journaled the answer (or, sent on, the run's driver found
+                the gate closed).
         """
         pending = self._open.get(gate_id)
+        elsewhere = self._elsewhere
+        if pending is None and gate_id not in self._answered and elsewhere:
+            return await elsewhere(gate_id, resolution)
         if not isinstance(resolution, GateResolution):
             review = pending is not None and pending.request.hypotheses is not None
-            resolution = _resolution_from(gate_id, resolution, review=review)
+            resolution = resolution_from(gate_id, resolution, review=review)
+        await self.answer_here(gate_id, resolution)
+        return None
+
+    async def answer_here(self, gate_id: str, resolution: GateResolution) -> None:
+        """:meth:`resolve` for a gate open in this registry (never sent on).
+
+        Raises:
+            GateAlreadyResolved, ResolutionRefused, GateError: as
+                :meth:`resolve`.
+        """
+        pending = self._open.get(gate_id)
         if pending is None:
             answered = self._answered.get(gate_id)
             if answered is not None:
@@ -114,28 +144,11 @@ class GateRegistry:
                     # the note says why no person's answer counts.
                     told = f"{told}: {answered.note}"
                 raise GateAlreadyResolved(told)
-            if self._elsewhere is not None:
-                await self._elsewhere(gate_id)
             raise GateError(f"no open gate {gate_id!r}")
         if pending.resolution is not None:
             # The first of two answers at once, not journaled yet: it stands.
             raise GateAlreadyResolved(already_resolved(gate_id, pending.resolution))
-        try:
-            resolution.check_storable()
-        except ConfigurationError as exc:
-            raise ResolutionRefused(exc.field, f"gate {gate_id}: {exc}") from None
-        if not any(c.isprintable() and not c.isspace() for c in resolution.by):
-            # Blank, or only invisible characters (a zero-width space).
-            # The journal keeps who decided each gate (its audit trail).
-            raise ResolutionRefused(
-                "by", f"gate {gate_id}: by: name who decides (the journal keeps it)"
-            )
-        if pending.validate is not None:
-            try:
-                pending.validate(resolution)
-            except ValueError as exc:
-                field = _refused_field(pending.request, resolution, exc)
-                raise ResolutionRefused(field, f"gate {gate_id}: {exc}") from None
+        check_answer(gate_id, pending.request, pending.validate, resolution)
         pending.resolution = resolution
         pending.answered.set()
         await pending.journaled.wait()
@@ -242,6 +255,36 @@ class GateRegistry:
             self.close(gate_id, error)
 
 
+def check_answer(
+    gate_id: str,
+    request: GateRequest,
+    validate: Validator | None,
+    resolution: GateResolution,
+) -> None:
+    """Check an answer to a gate as the run takes it: storable, naming who
+    decides, and fitting the gate (``validate``).
+
+    Raises:
+        ResolutionRefused: names the field.
+    """
+    try:
+        resolution.check_storable()
+    except ConfigurationError as exc:
+        raise ResolutionRefused(exc.field, f"gate {gate_id}: {exc}") from None
+    if not any(c.isprintable() and not c.isspace() for c in resolution.by):
+        # Blank, or only invisible characters (a zero-width space).
+        # The journal keeps who decided each gate (its audit trail).
+        raise ResolutionRefused(
+            "by", f"gate {gate_id}: by: name who decides (the journal keeps it)"
+        )
+    if validate is not None:
+        try:
+            validate(resolution)
+        except ValueError as exc:
+            field = _refused_field(request, resolution, exc)
+            raise ResolutionRefused(field, f"gate {gate_id}: {exc}") from None
+
+
 async def _settled(pending: _Pending) -> GateResolution:
     """Wait for the answer, or apply the policy default when the gate expires."""
     request = pending.request
@@ -276,7 +319,7 @@ def _refused_field(
     return "decision"
 
 
-def _resolution_from(
+def resolution_from(
     gate_id: str, value: object, *, review: bool = False
 ) -> GateResolution:
     """``value``'s fields as a resolution; ``review``: the gate is an explore

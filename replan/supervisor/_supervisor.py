@@ -20,6 +20,7 @@ from pydantic import Field
 
 from .._errors import (
     ConfigurationError,
+    GateError,
     JournalCorrupt,
     JournalUnavailable,
     ReplanError,
@@ -52,12 +53,14 @@ from ..store import (
     RunLease,
     RunLeases,
     RunOwner,
+    RunRequests,
     Store,
     ToolEffectLedger,
 )
 from ..telemetry import Telemetry
 from ._budget import MeteredModel, RunMeter
-from ._gates import GateRegistry
+from ._forwarding import Forwarded, Forwarding, gate_of
+from ._gates import GateRegistry, resolution_from
 from ._handle import RunHandle, RunRecord
 from ._leases import claim, keep_leases, lease_lost, new_owner, owned_journal, release
 from ._resume import Recovery
@@ -268,6 +271,21 @@ class Supervisor:
         self._finished: dict[str, None] = {}
         self._keep_finished = options.keep_finished
         self._drivers: dict[str, RunDriver] = {}
+        requests = self.store if isinstance(self.store, RunRequests) else None
+        self._forwarding = (
+            None
+            if self._leases is None or requests is None
+            else Forwarding(
+                requests,
+                self._leases,
+                self.store,
+                self._owner,
+                self.gates,
+                self._drivers,
+            )
+        )
+        """Gate answers and cancels for runs other supervisors drive: sent
+        on, and applied to the runs this one drives (see ``_forwarding``)."""
         self._taking_up: dict[str, anyio.Event] = {}
         """Runs whose journal is being written (submit) or read (resume) before
         a driver starts: another resume of one waits for the first to end, so
@@ -360,6 +378,8 @@ class Supervisor:
                             self._still_driving,
                             self._lost_lease,
                         )
+                    if self._forwarding is not None:
+                        tg.start_soon(self._forwarding.take)
                     try:
                         self._telemetry.watch(roles.all())
                         if self._resume_on_start:
@@ -422,12 +442,25 @@ class Supervisor:
         if self._leases is None and isinstance(self.store, DriverLease):
             self.store.release_lease(self)
 
-    async def _gate_elsewhere(self, gate_id: str) -> None:
-        """Raise :class:`RunDrivenElsewhere` for a gate of a run another
-        supervisor holds the lease of (a gate's id is its run's, ``-g``, a
-        number)."""
-        run_id, sep, _ = gate_id.rpartition("-g")
-        await self._check_elsewhere(run_id if sep else None)
+    async def _gate_elsewhere(
+        self, gate_id: str, resolution: GateResolution | Mapping[str, Any]
+    ) -> Forwarded:
+        """Send an answer to a gate not open here on to the supervisor that
+        drives its run (a gate's id is its run's, ``-g``, a number); on a
+        store that keeps no requests, raise :class:`RunDrivenElsewhere` for
+        a run another supervisor holds the lease of.
+
+        Raises:
+            GateError: no such gate is open (see ``Forwarding.answer``).
+        """
+        run_id = gate_of(gate_id)
+        forwarding = self._forwarding
+        if forwarding is None or run_id is None or run_id in self._drivers:
+            if not isinstance(resolution, GateResolution):
+                resolution_from(gate_id, resolution)  # a bad one is named first
+            await self._check_elsewhere(run_id)
+            raise GateError(f"no open gate {gate_id!r}")
+        return await forwarding.answer(gate_id, resolution)
 
     async def _check_elsewhere(self, run_id: str | None) -> None:
         """Raise :class:`RunDrivenElsewhere` if another supervisor holds the
@@ -973,6 +1006,40 @@ class Supervisor:
                 await self._check_elsewhere(run_id)
 
         return RunHandle(record, self.store, cancel)
+
+    async def cancel(self, run_id: str) -> Forwarded | None:
+        """Cancel a run, wherever it is driven.
+
+        A run this supervisor drives is cancelled here, and the call returns
+        None once its end is journaled (at once for a run that ended). On a
+        journal shared by supervisors that lease runs one by one
+        (``PostgresStore``), a run another supervisor drives, or that nobody
+        drives at the moment, is cancelled there: the cancel is kept in the
+        journal until the run's driver applies it, and what was sent on is
+        returned (:class:`~replan.supervisor.Forwarded`).
+
+        Raises:
+            UnknownRunError: the journal has no such run.
+            RunDrivenElsewhere: another supervisor drives the run, and the
+                store keeps no requests to send the cancel on with.
+            SupervisorError: the run did not end here (see
+                :meth:`RunHandle.cancel`).
+        """
+        while (taken := self._taking_up.get(run_id)) is not None:
+            await taken.wait()
+        record = self._records.get(run_id)
+        if record is not None and (
+            run_id in self._drivers or record.state.status.final
+        ):
+            await self._handle(record).cancel()
+            return None
+        if self._forwarding is None:
+            if record is None:
+                await self._check_elsewhere(run_id)
+                raise UnknownRunError(run_id)
+            await self._handle(record).cancel()
+            return None
+        return await self._forwarding.cancel(run_id)
 
     def get(self, run_id: str) -> RunHandle:
         """The handle of a run this supervisor started.

@@ -212,7 +212,10 @@ def test_gates_names_the_daemon_to_answer_a_gate_another_drives(
     assert _remote._gates(client, args) == 0  # type: ignore[arg-type]
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "gate r1-g2 opened: waiting for a decision"
-    assert out[-1] == "    answered at the daemon that drives its run: host-b:4242"
+    assert (
+        out[-1]
+        == "    its run is driven by daemon host-b:4242; any daemon takes the answer"
+    )
 
 
 def test_show_lists_the_hypotheses_an_explore_review_gate_asks_about(

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from daemon_process import DaemonProcess, wait_for
+import psycopg
+from daemon_process import TOKEN, DaemonProcess, wait_for
 from test_durability import sse_frames
 
 from replan._demo import GOAL
@@ -141,19 +144,14 @@ def test_a_stream_at_the_daemon_that_takes_a_run_over_goes_on_without_a_gap(
         wait_for(lambda: any(kind == "gate_opened" for _, kind in follower.events))
         first.kill()
         with second.client() as two:
-            # Once the lease expires, the second daemon drives the run: the
-            # gate is answered there, and the stream follows it live.
-            wait_for(
-                lambda: (
-                    two.post(
-                        f"/v1/gates/{gate['gate_id']}",
-                        json={"decision": "approve", "by": "alice"},
-                    ).status_code
-                    == 200
-                ),
-                timeout_s=20,
-                every_s=0.2,
+            # The answer waits in the journal; once the lease expires, the
+            # second daemon drives the run and applies it, and the stream
+            # follows the run live.
+            answer = two.post(
+                f"/v1/gates/{gate['gate_id']}",
+                json={"decision": "approve", "by": "alice"},
             )
+            assert answer.status_code == 202, answer.text
         events = follower.ended()
     seqs = [seq for seq, _ in events]
     assert seqs == list(range(1, len(seqs) + 1))
@@ -186,7 +184,7 @@ def test_every_daemon_lists_every_open_gate_naming_the_daemon_that_drives_it(
     assert at_first["elsewhere"][own_gate["gate_id"]].endswith(f":{second.pid}")
 
 
-def test_an_answer_to_a_gate_of_a_run_nobody_drives_says_to_try_again_later(
+def test_an_answer_to_a_gate_of_a_run_nobody_drives_waits_for_a_daemon_to_take_it(
     tmp_path: Path, postgres_dsn: str
 ) -> None:
     first = DaemonProcess(
@@ -199,29 +197,146 @@ def test_an_answer_to_a_gate_of_a_run_nobody_drives_says_to_try_again_later(
         run_id, gate = _gated_run(first)
         first.kill()
         with second.client() as two:
-
-            def refused() -> dict[str, Any] | None:
-                answer = two.post(
-                    f"/v1/gates/{gate['gate_id']}",
-                    json={"decision": "approve", "by": "alice"},
-                )
-                assert answer.status_code == 409, answer.text
-                body: dict[str, Any] = answer.json()
-                return None if "another daemon" in body["detail"] else body
-
             # Once its lease expired: no daemon drives the run.
-            answer = wait_for(refused, timeout_s=20, every_s=0.2)
+            wait_for(lambda: two.get("/v1/gates").json()["elsewhere"] == {})
+            answer = two.post(
+                f"/v1/gates/{gate['gate_id']}",
+                json={"decision": "approve", "by": "alice"},
+            )
             cancel = two.post(f"/v1/runs/{run_id}/cancel")
             listed = two.get("/v1/gates").json()
+            status = two.get(f"/v1/runs/{run_id}").json()["status"]
     finally:
         first.close()
         second.close()
-    assert "driven by no daemon at the moment" in answer["detail"]
-    assert "try again once a daemon takes it over" in answer["detail"]
-    assert cancel.status_code == 409, cancel.text
-    assert "driven by no daemon at the moment" in cancel.json()["detail"]
+    assert answer.status_code == 202, answer.text
+    body = answer.json()
+    assert (body["state"], body["driven_by"]) == ("forwarded", None)
+    assert "driven by no daemon at the moment" in body["detail"]
+    assert "the daemon that takes it over applies it" in body["detail"]
+    assert cancel.status_code == 202, cancel.text
+    assert cancel.json()["state"] == "forwarded"
+    assert cancel.json()["status"] == "waiting_for_human"
+    # Both wait in the journal; the run is as it was.
     assert [g["gate_id"] for g in listed["gates"]] == [gate["gate_id"]]
-    assert listed["elsewhere"] == {}
+    assert status == "waiting_for_human"
+    assert _requests(postgres_dsn) == [(gate["gate_id"], None), (None, None)]
+
+
+def test_an_answer_and_a_cancel_at_a_daemon_that_does_not_drive_the_run_apply_once(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    with daemons(tmp_path, postgres_dsn, "first", "second") as (first, second):
+        run_id, gate = _gated_run(first)
+        other, _ = _gated_run(first)
+        with second.client() as two:
+            answer = two.post(
+                f"/v1/gates/{gate['gate_id']}",
+                json={"decision": "approve", "by": "alice"},
+            )
+            again = two.post(
+                f"/v1/gates/{gate['gate_id']}",
+                json={"decision": "reject", "by": "bob"},
+            )
+            cancel = two.post(f"/v1/runs/{other}/cancel")
+        with first.client() as one:
+            wait_for(
+                lambda: one.get(f"/v1/runs/{run_id}").json()["status"] == "completed"
+            )
+            events = one.get(f"/v1/runs/{run_id}/events").text
+            cancelled = one.get(f"/v1/runs/{other}").json()
+    assert answer.status_code == 202, answer.text
+    body = answer.json()
+    assert body["state"] == "applied"
+    assert body["driven_by"].endswith(f":{first.pid}")
+    assert (body["gate_id"], body["run_id"], body["decision"]) == (
+        gate["gate_id"],
+        run_id,
+        "approve",
+    )
+    assert body["detail"].startswith(f"gate {gate['gate_id']}: approve by alice ")
+    assert again.status_code == 409, again.text
+    assert again.json()["detail"] == (
+        f"gate {gate['gate_id']} is already resolved (approve by alice)"
+    )
+    assert cancel.status_code == 202, cancel.text
+    assert (cancel.json()["state"], cancel.json()["status"]) == (
+        "applied",
+        "cancelled",
+    )
+    assert cancelled["status"] == "cancelled"
+    assert events.count("event: gate_resolved") == 1
+    assert _requests(postgres_dsn) == [
+        (gate["gate_id"], "applied"),
+        (None, "applied"),
+    ]
+
+
+def test_a_pending_answer_of_a_driver_killed_is_applied_by_the_daemon_taking_over(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    with daemons(tmp_path, postgres_dsn, "first", "second") as (first, second):
+        run_id, gate = _gated_run(first)
+        # Stopped (as good as dead) with its lease still held: the answer
+        # waits for it, then for the daemon that takes the run over.
+        os.kill(first.pid, signal.SIGSTOP)
+        with second.client() as two:
+            answer = two.post(
+                f"/v1/gates/{gate['gate_id']}",
+                json={"decision": "approve", "by": "alice"},
+            )
+            first.kill()
+            wait_for(
+                lambda: two.get(f"/v1/runs/{run_id}").json()["status"] == "completed",
+                timeout_s=30,
+            )
+            events = two.get(f"/v1/runs/{run_id}/events").text
+    assert answer.status_code == 202, answer.text
+    body = answer.json()
+    assert body["state"] == "forwarded"
+    assert body["driven_by"].endswith(f":{first.pid}")
+    assert "applies it at its next look" in body["detail"]
+    assert events.count("event: gate_resolved") == 1
+    assert _requests(postgres_dsn) == [(gate["gate_id"], "applied")]
+
+
+def test_the_cli_says_where_an_answer_and_a_cancel_went(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    with daemons(tmp_path, postgres_dsn, "first", "second") as (first, second):
+        run_id, gate = _gated_run(first)
+        env = {**os.environ, "REPLAN_API_TOKEN": TOKEN, "REPLAN_URL": second.url}
+        approve = subprocess.run(
+            [sys.executable, "-m", "replan", "approve", gate["gate_id"], "--by", "al"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        other, _ = _gated_run(first)
+        cancel = subprocess.run(
+            [sys.executable, "-m", "replan", "cancel", other],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    assert approve.returncode == 0, approve.stderr
+    assert approve.stdout.startswith(
+        f"gate {gate['gate_id']}: approve by al was applied by daemon "
+    )
+    assert approve.stdout.rstrip().endswith(f":{first.pid}, which drives run {run_id}")
+    assert cancel.returncode == 0, cancel.stderr
+    assert cancel.stdout.startswith(f"run {other}: the cancel was applied by daemon ")
+
+
+def _requests(dsn: str) -> list[tuple[Any, ...]]:
+    """The journal's requests, oldest first: the gate each answers, and
+    what became of it."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT gate_id, outcome FROM replan.requests ORDER BY id"
+        ).fetchall()
 
 
 def test_a_stream_at_a_daemon_that_lost_the_run_follows_it_in_the_journal(

@@ -79,10 +79,11 @@ async def test_the_tables_are_created_in_the_replan_schema_with_a_version(
         "effects",
         "events",
         "journal_schema",
+        "requests",
         "runs",
         "tool_effects",
     ]
-    assert sql(postgres_dsn, "SELECT version FROM replan.journal_schema") == [(2,)]
+    assert sql(postgres_dsn, "SELECT version FROM replan.journal_schema") == [(3,)]
 
 
 async def test_two_schemas_of_one_database_are_two_journals(
@@ -142,7 +143,7 @@ def test_stores_opening_a_new_database_at_once_create_the_tables_once(
 
     anyio.run(open_four)
     assert len(opened) == 4
-    assert sql(postgres_dsn, "SELECT version FROM replan.journal_schema") == [(2,)]
+    assert sql(postgres_dsn, "SELECT version FROM replan.journal_schema") == [(3,)]
 
 
 def test_a_server_that_cannot_be_reached_is_a_configuration_error_without_password(

@@ -266,7 +266,7 @@ async def test_a_journal_of_the_first_version_is_migrated_and_its_runs_claimed(
 ) -> None:
     create_first_version(postgres_dsn)
     async with PostgresStore(postgres_dsn) as store:
-        assert sql(postgres_dsn, "SELECT version FROM replan.journal_schema") == [(2,)]
+        assert sql(postgres_dsn, "SELECT version FROM replan.journal_schema") == [(3,)]
         assert [e.seq for e in await store.read("old")] == [1]
         found = await store.get_run("old")
         assert found is not None

@@ -1,0 +1,238 @@
+"""Gate answers and cancels that reach a supervisor which does not drive the
+run, on a shared PostgreSQL journal: checked there as the driver would,
+kept in the journal, and applied once by the supervisor that drives it."""
+
+from __future__ import annotations
+
+import anyio
+import psycopg
+import pytest
+from scripts import emails_first, scripted, send_email, spec
+
+from replan import (
+    GateAlreadyResolved,
+    GateError,
+    ResolutionRefused,
+    RunStatus,
+    Supervisor,
+    TaskDraft,
+)
+from replan.messages import GateOpened, GateResolution, GateResolved
+from replan.store import PostgresStore
+from replan.supervisor import Forwarded, RunHandle
+
+SEND = [TaskDraft(key="s1", description="send it", requires_approval=True)]
+
+
+async def _at_gate(handle: RunHandle) -> str:
+    async for event in handle.events():
+        if isinstance(event, GateOpened):
+            return event.request.gate_id
+    raise AssertionError("the run opened no gate")
+
+
+def _resolved(events: list[object]) -> list[GateResolution]:
+    return [e.resolution for e in events if isinstance(e, GateResolved)]
+
+
+async def test_an_answer_at_a_supervisor_that_does_not_drive_the_run_is_applied_once(
+    postgres_dsn: str,
+) -> None:
+    with anyio.fail_after(30):
+        async with (
+            PostgresStore(postgres_dsn) as store_a,
+            PostgresStore(postgres_dsn) as store_b,
+            Supervisor(scripted(), store_a) as a,
+            Supervisor(scripted(), store_b) as b,
+        ):
+            handle = await a.submit(spec(SEND))
+            gate_id = await _at_gate(handle)
+            sent = await b.gates.resolve(gate_id, {"decision": "approve", "by": "ana"})
+            assert isinstance(sent, Forwarded)
+            assert sent.applied
+            assert sent.driven_by == a.owner.holder
+            assert (sent.run_id, sent.gate_id) == (handle.run_id, gate_id)
+            # A second answer, at either supervisor, is told the first stands.
+            again = {"decision": "reject", "by": "bo"}
+            with pytest.raises(GateAlreadyResolved, match=r"approve by ana"):
+                await b.gates.resolve(gate_id, again)
+            with pytest.raises(GateAlreadyResolved, match=r"approve by ana"):
+                await a.gates.resolve(gate_id, again)
+            result = await handle.result()
+            events = await store_a.read(handle.run_id)
+    assert result.status is RunStatus.COMPLETED
+    assert [(r.decision, r.by) for r in _resolved(events)] == [("approve", "ana")]
+
+
+async def test_a_bad_answer_sent_from_elsewhere_is_refused_at_once_naming_the_field(
+    postgres_dsn: str,
+) -> None:
+    with anyio.fail_after(30):
+        async with (
+            PostgresStore(postgres_dsn) as store_a,
+            PostgresStore(postgres_dsn) as store_b,
+            Supervisor(scripted(), store_a) as a,
+            Supervisor(scripted(), store_b) as b,
+        ):
+            handle = await a.submit(spec(SEND))
+            gate_id = await _at_gate(handle)
+            with pytest.raises(ResolutionRefused, match="by") as blank:
+                await b.gates.resolve(gate_id, {"decision": "approve", "by": " "})
+            edit = {
+                "decision": "edit",
+                "by": "ana",
+                "tasks": [{"key": "x", "description": "do x"}],
+            }
+            with pytest.raises(ResolutionRefused) as there:
+                await b.gates.resolve(gate_id, edit)
+            with pytest.raises(ResolutionRefused) as here:
+                await a.gates.resolve(gate_id, edit)
+            unread = {"decision": "edit", "by": "ana"}  # an edit with no tasks
+            with pytest.raises(ResolutionRefused) as unread_there:
+                await b.gates.resolve(gate_id, unread)
+            with pytest.raises(ResolutionRefused) as unread_here:
+                await a.gates.resolve(gate_id, unread)
+            with pytest.raises(GateError, match="no open gate"):
+                await b.gates.resolve(
+                    f"{handle.run_id}-g9", {"decision": "approve", "by": "ana"}
+                )
+            with pytest.raises(GateError, match="no open gate"):
+                await b.gates.resolve(
+                    "no-such-run-g1", {"decision": "approve", "by": "ana"}
+                )
+            # None of them reached the run: the gate is still open.
+            assert [g.gate_id for g in a.gates.pending()] == [gate_id]
+            assert _count(postgres_dsn, "requests") == 0
+            await a.gates.resolve(gate_id, {"decision": "reject", "by": "ana"})
+            await handle.result()
+    assert blank.value.field == "by"
+    # Refused as the driver refuses it.
+    assert (there.value.field, str(there.value)) == (here.value.field, str(here.value))
+    assert there.value.field == "decision"
+    assert (unread_there.value.field, str(unread_there.value)) == (
+        unread_here.value.field,
+        str(unread_here.value),
+    )
+
+
+async def test_a_cancel_at_a_supervisor_that_does_not_drive_the_run_ends_it(
+    postgres_dsn: str,
+) -> None:
+    with anyio.fail_after(30):
+        async with (
+            PostgresStore(postgres_dsn) as store_a,
+            PostgresStore(postgres_dsn) as store_b,
+            Supervisor(scripted(), store_a) as a,
+            Supervisor(scripted(), store_b) as b,
+        ):
+            handle = await a.submit(spec(SEND))
+            await _at_gate(handle)
+            sent = await b.cancel(handle.run_id)
+            assert sent is not None
+            assert sent.applied
+            assert sent.gate_id is None
+            result = await handle.result()
+            # Ended: a cancel anywhere is nothing to do.
+            assert await b.cancel(handle.run_id) is None
+            assert await a.cancel(handle.run_id) is None
+    assert result.status is RunStatus.CANCELLED
+    assert _rows(postgres_dsn, "SELECT outcome FROM replan.requests") == [("applied",)]
+
+
+async def test_an_answer_for_a_run_nobody_drives_waits_for_the_one_that_takes_it_over(
+    postgres_dsn: str,
+) -> None:
+    with anyio.fail_after(30):
+        async with PostgresStore(postgres_dsn) as store_a:
+            async with Supervisor(scripted(), store_a) as a:
+                handle = await a.submit(spec(SEND))
+                gate_id = await _at_gate(handle)
+            # The first stopped: nobody drives the run.
+            async with (
+                PostgresStore(postgres_dsn) as store_b,
+                Supervisor(scripted(), store_b) as b,
+            ):
+                answer = {"decision": "approve", "by": "ana"}
+                sent = await b.gates.resolve(gate_id, answer)
+                assert sent is not None
+                assert not sent.applied
+                assert sent.driven_by is None
+                # A second answer meanwhile is told the first stands.
+                with pytest.raises(GateAlreadyResolved, match="approve by ana"):
+                    await b.gates.resolve(gate_id, {"decision": "reject", "by": "bo"})
+                taken = await b.resume(handle.run_id)
+                result = await taken.result()
+                events = await store_b.read(handle.run_id)
+    assert result.status is RunStatus.COMPLETED
+    assert [(r.decision, r.by) for r in _resolved(events)] == [("approve", "ana")]
+    assert _rows(postgres_dsn, "SELECT outcome FROM replan.requests") == [("applied",)]
+
+
+async def test_an_answer_journaled_before_its_driver_settled_it_is_not_applied_again(
+    postgres_dsn: str,
+) -> None:
+    with anyio.fail_after(30):
+        async with (
+            PostgresStore(postgres_dsn) as store,
+            Supervisor(scripted(), store) as a,
+        ):
+            then = TaskDraft(
+                key="s2",
+                description="file it",
+                depends_on=["s1"],
+                requires_approval=True,
+            )
+            handle = await a.submit(spec([*SEND, then], milestone_every=100))
+            gate_id = await _at_gate(handle)
+            answer = GateResolution(decision="approve", by="ana")
+            # The answer is journaled, and its request still waits: as a
+            # driver that died before it settled the request leaves them.
+            await a.gates.resolve(gate_id, answer)
+            await store.add_request(
+                handle.run_id, "elsewhere:1", gate_id=gate_id, resolution=answer
+            )
+
+            for _ in range(400):  # the driver's next looks
+                if _rows(postgres_dsn, "SELECT outcome FROM replan.requests") == [
+                    ("applied",)
+                ]:
+                    break
+                await anyio.sleep(0.05)
+            else:
+                raise AssertionError("the request was not settled")
+            (second,) = a.gates.pending()
+            await a.gates.resolve(second.gate_id, answer)
+            await handle.result()
+            events = await store.read(handle.run_id)
+    assert [r.by for r in _resolved(events)] == ["ana", "ana"]  # g1 once, g2
+
+
+async def test_a_tool_calls_gate_of_a_run_nobody_drives_is_not_answered_from_afar(
+    postgres_dsn: str,
+) -> None:
+    # Whoever takes the run over withdraws the gate (its attempt was cut
+    # short) and runs the attempt again, which asks again.
+    with anyio.fail_after(30):
+        async with PostgresStore(postgres_dsn) as store_a:
+            model = scripted(execute=emails_first)
+            async with Supervisor(model, store_a, tools=[send_email]) as a:
+                handle = await a.submit(spec([TaskDraft(key="s1", description="x")]))
+                gate_id = await _at_gate(handle)
+            async with (
+                PostgresStore(postgres_dsn) as store_b,
+                Supervisor(scripted(), store_b) as b,
+            ):
+                answer = {"decision": "approve", "by": "ana"}
+                with pytest.raises(GateError, match="no supervisor drives"):
+                    await b.gates.resolve(gate_id, answer)
+    assert _count(postgres_dsn, "requests") == 0
+
+
+def _rows(dsn: str, statement: str) -> list[tuple[object, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(statement).fetchall()  # type: ignore[arg-type]
+
+
+def _count(dsn: str, table: str) -> int:
+    (row,) = _rows(dsn, f"SELECT count(*) FROM replan.{table}")
+    return int(row[0])  # type: ignore[call-overload]
