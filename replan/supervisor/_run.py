@@ -89,6 +89,7 @@ logger = logging.getLogger("replan.supervisor")
 
 Req = TypeVar("Req")
 Rep = TypeVar("Rep")
+_T = TypeVar("_T")
 
 
 ANSWER_FAILURES = frozenset({ModelOutputError.__name__, ModelRefusal.__name__})
@@ -438,6 +439,11 @@ class RunDriver:
         self._posted: set[ReplySlot[Any]] = set()
         """Executions sent to the executor pool and not answered yet."""
         self._tg: TaskGroup | None = None
+        self._children = 0
+        """Tasks started in the driver's group that have not ended (approvals'
+        waits, reports being secured): the group is cancelled at the end of
+        the run only while there are any, which spares a run without them a
+        cancellation's trip through the driver."""
         self.trace = RunTrace(
             self.telemetry,
             record.state,
@@ -1051,7 +1057,8 @@ class RunDriver:
                     # from now on must not start a task in a group that is
                     # closing; _run() secures what reaches the inbox.
                     self._tg = None
-                tg.cancel_scope.cancel()
+                if self._children:
+                    tg.cancel_scope.cancel()
         finally:
             self._tg = None
             # Executions still running are nobody's business any more:
@@ -1283,7 +1290,24 @@ class RunDriver:
         if self.gates.get(request.gate_id) is None:
             self.gates.open(request, approval_check)
         self._awaiting_approval.add(request.gate_id)
-        tg.start_soon(self._await_approval, request)
+        self._start_child(tg, self._await_approval, request)
+
+    def _start_child(
+        self, tg: TaskGroup, func: Callable[[_T], Awaitable[None]], arg: _T
+    ) -> None:
+        """Start ``func(arg)`` in the driver's group, counted until it ends."""
+        self._children += 1
+        try:
+            tg.start_soon(self._counted, func, arg)
+        except BaseException:
+            self._children -= 1
+            raise
+
+    async def _counted(self, func: Callable[[_T], Awaitable[None]], arg: _T) -> None:
+        try:
+            await func(arg)
+        finally:
+            self._children -= 1
 
     async def _request_approval(self, tg: TaskGroup, task: Task) -> None:
         request = self.gate_request(
@@ -1293,7 +1317,7 @@ class RunDriver:
 
         await self.open_gate(request, approval_check)
         self._awaiting_approval.add(request.gate_id)
-        tg.start_soon(self._await_approval, request)
+        self._start_child(tg, self._await_approval, request)
 
     async def _await_approval(self, request: GateRequest) -> None:
         """Wait for a side effect's approval and journal the answer at once.
@@ -1480,7 +1504,7 @@ class RunDriver:
             # The driver is busy elsewhere (a review, a gate): make the
             # outcome durable now, so that a crash before the driver journals
             # it does not run the task again (see _secure).
-            tg.start_soon(self._secure_soon, report)
+            self._start_child(tg, self._secure_soon, report)
             self._begin()  # after: a group that refused leaves no count
         return report
 
