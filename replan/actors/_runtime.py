@@ -568,7 +568,8 @@ class ActorPool(Generic[ReqT, RepT]):
         # Timed by the worker that takes it (a running pool has its timer).
         envelope.timeout = handle_within_s
         try:
-            await self._enqueue(envelope)
+            if not self._enqueue_nowait(envelope):
+                await self._enqueue(envelope)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             raise ActorStopped(self.role, self.stop_reason or "stopped") from None
         except ActorTimeout as exc:
@@ -582,24 +583,34 @@ class ActorPool(Generic[ReqT, RepT]):
             self._deadlines.add(deadline, slot, waited=False)
         return slot
 
-    async def _enqueue(self, envelope: Envelope[ReqT, RepT]) -> None:
+    def _enqueue_nowait(self, envelope: Envelope[ReqT, RepT]) -> bool:
+        """Put ``envelope`` in the mailbox if it has room; False if full.
+
+        The fast path of :meth:`_enqueue`, without a coroutine: a caller
+        awaits that only when this returns False.
+        """
         try:
-            # The fast path skips send()'s extra trip through the event loop.
+            # Skips send()'s extra trip through the event loop.
             self._send.send_nowait(envelope)
         except anyio.WouldBlock:
-            # Full (or a mailbox of size 0): a worker that takes a request
-            # takes this one from the blocked sender too.
-            self._wake_worker()
-            if envelope.deadline is None:
+            return False
+        self._wake_worker()
+        return True
+
+    async def _enqueue(self, envelope: Envelope[ReqT, RepT]) -> None:
+        """Send ``envelope`` to a full mailbox (or one of size 0), waiting for
+        room (see :meth:`_enqueue_nowait`)."""
+        # A worker that takes a request takes this one from the blocked
+        # sender too.
+        self._wake_worker()
+        if envelope.deadline is None:
+            await self._send.send(envelope)
+        else:
+            # The pool's timer cannot reach a sender blocked here.
+            with self._new_scope(deadline=envelope.deadline) as waited:
                 await self._send.send(envelope)
-            else:
-                # The pool's timer cannot reach a sender blocked here.
-                with self._new_scope(deadline=envelope.deadline) as waited:
-                    await self._send.send(envelope)
-                if waited.cancelled_caught:
-                    raise ActorTimeout(
-                        self.role, "the request's deadline passed"
-                    ) from None
+            if waited.cancelled_caught:
+                raise ActorTimeout(self.role, "the request's deadline passed") from None
         # Wake one now: the request may have gone into the buffer after every
         # worker looked (send() passes through the loop before it tries).
         self._wake_worker()
@@ -617,7 +628,8 @@ class ActorPool(Generic[ReqT, RepT]):
         try:
             # A caller already cancelled, or past its deadline, sends nothing.
             await checkpoint_if_cancelled()
-            await self._enqueue(envelope)
+            if not self._enqueue_nowait(envelope):
+                await self._enqueue(envelope)
             # Waiting for the reply is the checkpoint.
             return await slot.wait()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):

@@ -6,7 +6,7 @@ one of a closed set of outcomes; none does I/O, so each is tested exhaustively.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from itertools import islice
 from typing import Literal
 
@@ -36,7 +36,9 @@ def iter_ready(state: RunState) -> Iterator[Task]:
     return _ready_among(state.tasks, state.tasks.values())
 
 
-def _ready_among(tasks: dict[str, Task], candidates: Iterable[Task]) -> Iterator[Task]:
+def _ready_among(
+    tasks: Mapping[str, Task], candidates: Iterable[Task]
+) -> Iterator[Task]:
     """The pending ``candidates`` whose dependencies in ``tasks`` completed."""
     # Plain loops: the driver walks the plan after every report.
     pending, completed = TaskStatus.PENDING, TaskStatus.COMPLETED

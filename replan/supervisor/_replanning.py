@@ -14,6 +14,7 @@ their planner's failure ends the run ``failed``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..messages import (
@@ -309,7 +310,7 @@ async def _after_proposal(
     proposal: PlanProposal,
     version: PlanVersion,
     resumed: GateInfo | None,
-    built_on: dict[str, Task] | None = None,
+    built_on: Mapping[str, Task] | None = None,
 ) -> None:
     """The gate (when the trigger needs one), then apply the plan.
 

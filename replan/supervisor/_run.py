@@ -89,6 +89,7 @@ logger = logging.getLogger("replan.supervisor")
 
 Req = TypeVar("Req")
 Rep = TypeVar("Rep")
+_T = TypeVar("_T")
 
 
 ANSWER_FAILURES = frozenset({ModelOutputError.__name__, ModelRefusal.__name__})
@@ -203,7 +204,17 @@ class _JournalLock:
         self._held = False
         self._waiters: deque[anyio.Event] = deque()
 
+    def try_acquire(self) -> bool:
+        """Take the lock if it is free (the driver's way: no coroutine)."""
+        if self._held:
+            return False
+        self._held = True
+        return True
+
     async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def acquire(self) -> None:
         if not self._held:
             self._held = True
             return
@@ -219,6 +230,9 @@ class _JournalLock:
             raise
 
     async def __aexit__(self, *exc_info: object) -> None:
+        self._release()
+
+    def release(self) -> None:
         self._release()
 
     def _release(self) -> None:
@@ -438,6 +452,11 @@ class RunDriver:
         self._posted: set[ReplySlot[Any]] = set()
         """Executions sent to the executor pool and not answered yet."""
         self._tg: TaskGroup | None = None
+        self._children = 0
+        """Tasks started in the driver's group that have not ended (approvals'
+        waits, reports being secured): the group is cancelled at the end of
+        the run only while there are any, which spares a run without them a
+        cancellation's trip through the driver."""
         self.trace = RunTrace(
             self.telemetry,
             record.state,
@@ -576,7 +595,12 @@ class RunDriver:
         caller's task be cancelled by the time it holds the lock (taking the
         lock is no cancellation point when the lock is free or handed over).
         """
-        async with self._journal_lock:
+        # Not ``async with``: its two coroutines cost more than taking a free
+        # lock, and an append comes after nearly every report.
+        lock = self._journal_lock
+        if not lock.try_acquire():
+            await lock.acquire()
+        try:
             if unless_cancelled:
                 # Switches to no other task when not cancelled: nothing can
                 # change between this check and the append below.
@@ -605,6 +629,8 @@ class RunDriver:
             if self._staged_state is state:
                 self._staged_state = None
             return state
+        finally:
+            lock.release()
 
     async def _journal_unreported(
         self, lost: list[tuple[type[Event], dict[str, Any]]]
@@ -949,20 +975,20 @@ class RunDriver:
         finally:
             # Reports the driver never took (it was stopped): keep what
             # finished in the ledger, so that a resumed run does not redo it.
-            left = self._inbox.take_nowait()
-            with anyio.CancelScope(shield=True):
-                await self._secure([*self._unjournaled, *self._held, *left])
-                lost = [*self._attempts_spent(), *self._unreported()]
-                if (
-                    lost
-                    and not self.state.status.final
-                    and not any(
-                        isinstance(e, ExploreErrorRecorded) for e in self._staged
-                    )
-                ):
-                    # Stopped (a drain's grace ran out) with answers taken
-                    # by a role whose reply never came: their tokens are
-                    # the run's, journaled before it is resumed.
+            held = [*self._unjournaled, *self._held, *self._inbox.take_nowait()]
+            if held and self.effects is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._secure(held)
+            lost = [*self._attempts_spent(), *self._unreported()]
+            if (
+                lost
+                and not self.state.status.final
+                and not any(isinstance(e, ExploreErrorRecorded) for e in self._staged)
+            ):
+                # Stopped (a drain's grace ran out) with answers taken by a
+                # role whose reply never came: their tokens are the run's,
+                # journaled before it is resumed.
+                with anyio.CancelScope(shield=True):
                     await self._journal_unreported(lost)
             self._inbox.close()
             state = self.state
@@ -1056,7 +1082,8 @@ class RunDriver:
                     # from now on must not start a task in a group that is
                     # closing; _run() secures what reaches the inbox.
                     self._tg = None
-                tg.cancel_scope.cancel()
+                if self._children:
+                    tg.cancel_scope.cancel()
         finally:
             self._tg = None
             # Executions still running are nobody's business any more:
@@ -1288,7 +1315,24 @@ class RunDriver:
         if self.gates.get(request.gate_id) is None:
             self.gates.open(request, approval_check)
         self._awaiting_approval.add(request.gate_id)
-        tg.start_soon(self._await_approval, request)
+        self._start_child(tg, self._await_approval, request)
+
+    def _start_child(
+        self, tg: TaskGroup, func: Callable[[_T], Awaitable[None]], arg: _T
+    ) -> None:
+        """Start ``func(arg)`` in the driver's group, counted until it ends."""
+        self._children += 1
+        try:
+            tg.start_soon(self._counted, func, arg)
+        except BaseException:
+            self._children -= 1
+            raise
+
+    async def _counted(self, func: Callable[[_T], Awaitable[None]], arg: _T) -> None:
+        try:
+            await func(arg)
+        finally:
+            self._children -= 1
 
     async def _request_approval(self, tg: TaskGroup, task: Task) -> None:
         request = self.gate_request(
@@ -1298,7 +1342,7 @@ class RunDriver:
 
         await self.open_gate(request, approval_check)
         self._awaiting_approval.add(request.gate_id)
-        tg.start_soon(self._await_approval, request)
+        self._start_child(tg, self._await_approval, request)
 
     async def _await_approval(self, request: GateRequest) -> None:
         """Wait for a side effect's approval and journal the answer at once.
@@ -1485,7 +1529,7 @@ class RunDriver:
             # The driver is busy elsewhere (a review, a gate): make the
             # outcome durable now, so that a crash before the driver journals
             # it does not run the task again (see _secure).
-            tg.start_soon(self._secure_soon, report)
+            self._start_child(tg, self._secure_soon, report)
             self._begin()  # after: a group that refused leaves no count
         return report
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Literal, assert_never
 
@@ -46,6 +46,7 @@ from ..messages import (
 from ..messages._base import Frozen
 from ..messages._explore_events import ExploreEvent
 from ._explore_state import ExploreState, fold_explore
+from ._tables import with_id, with_task, with_tasks
 
 Phase = Literal["main", "collection", "synthesis"]
 
@@ -60,8 +61,11 @@ class RunState(Frozen):
     created_at: datetime
     updated_at: datetime
     deadline_at: datetime | None = None
-    tasks: dict[str, Task] = Field(default_factory=dict)
-    """Every task ever planned, in the order planned (ids ``t1``, ``t2``...)."""
+    tasks: Mapping[str, Task] = Field(default_factory=dict)
+    """Every task ever planned, in the order planned (ids ``t1``, ``t2``...).
+
+    A dict in small plans; in large ones a table that an event's fold
+    updates without copying it whole (see ``_tables``)."""
     task_count: int = 0
     versions: list[PlanVersion] = Field(default_factory=list)
     replans: list[ReplanRecord] = Field(default_factory=list)
@@ -79,9 +83,9 @@ class RunState(Frozen):
     nothing new starts, then the run synthesizes."""
     task_executions: int = 0
     """Task attempts started."""
-    window: list[str] = Field(default_factory=list)
+    window: Sequence[str] = Field(default_factory=list)
     """Ids of tasks finished (completed or failed) since the last review."""
-    completion_order: list[str] = Field(default_factory=list)
+    completion_order: Sequence[str] = Field(default_factory=list)
     """Ids of completed tasks, in the order they completed."""
     gates: dict[str, GateInfo] = Field(default_factory=dict)
     output: str | None = None
@@ -247,11 +251,11 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
             return changes
         case TaskStarted(task_id=task_id, attempt=attempt):
             task = _task(state, task_id)
-            tasks = dict(state.tasks)
-            tasks[task_id] = task.evolve(
-                status=TaskStatus.IN_PROGRESS, attempts=attempt
-            )
-            return {"tasks": tasks, "task_executions": state.task_executions + 1}
+            started = task.evolve(status=TaskStatus.IN_PROGRESS, attempts=attempt)
+            return {
+                "tasks": with_task(state.tasks, started),
+                "task_executions": state.task_executions + 1,
+            }
         case TaskFinished(task_id=task_id, outcome=outcome, usage=usage):
             changes = _finish(state, task_id, outcome)
             if usage is not None:
@@ -261,11 +265,8 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
             task = _task(state, task_id)
             if task.status is not TaskStatus.IN_PROGRESS:
                 raise ValueError(f"task {task_id} was interrupted without starting")
-            tasks = dict(state.tasks)
-            tasks[task_id] = task.evolve(
-                status=TaskStatus.PENDING, attempts=task.attempts - 1
-            )
-            return {"tasks": tasks}
+            again = task.evolve(status=TaskStatus.PENDING, attempts=task.attempts - 1)
+            return {"tasks": with_task(state.tasks, again)}
         case MilestoneReviewed(verdict=verdict, by=by):
             changes = {
                 "iterations": state.iterations + 1,
@@ -316,16 +317,15 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
             return {"model_failures": [*state.model_failures, failure]}
         case RunFinished(status=status, stop_reason=reason, synthesis=synthesis):
             # Attempts cut short by the end of the run never finished.
-            tasks = {
+            cut = {
                 tid: t.evolve(status=TaskStatus.PENDING)
-                if t.status is TaskStatus.IN_PROGRESS
-                else t
                 for tid, t in state.tasks.items()
+                if t.status is TaskStatus.IN_PROGRESS
             }
             changes = {
                 "status": status,
                 "stop_reason": reason,
-                "tasks": tasks,
+                "tasks": with_tasks(state.tasks, cut) if cut else state.tasks,
                 "output": synthesis.output if synthesis else None,
                 "sources": synthesis.sources if synthesis else [],
             }
@@ -410,7 +410,7 @@ def snapshot(state: RunState, events: int) -> RunCompacted:
         deadline_at=state.deadline_at,
         result=state.result(),
         gates=list(state.gates.values()),
-        completion_order=state.completion_order,
+        completion_order=list(state.completion_order),
         task_count=state.task_count,
         phase=state.phase,
         boundary_crossed=state.boundary_crossed,
@@ -444,11 +444,10 @@ def _resolve_gate(
         changes.update(_fail(state, task_id, outcome))
         # Reviewed like any failed task (a run of nothing but rejected side
         # effects has no results to synthesize from).
-        changes["window"] = [*state.window, task_id]
+        changes["window"] = with_id(state.window, task_id)
     else:
-        tasks = dict(state.tasks)
-        tasks[task_id] = _task(state, task_id).evolve(approved=True)
-        changes["tasks"] = tasks
+        approved = _task(state, task_id).evolve(approved=True)
+        changes["tasks"] = with_task(state.tasks, approved)
     return changes
 
 
@@ -463,11 +462,13 @@ def _pending_ids(state: RunState) -> list[str]:
     return [t.id for t in state.tasks.values() if t.status is TaskStatus.PENDING]
 
 
-def _supersede(tasks: dict[str, Task], ids: Iterable[str]) -> dict[str, Task]:
-    out = dict(tasks)
-    for task_id in ids:
-        out[task_id] = out[task_id].evolve(status=TaskStatus.SUPERSEDED)
-    return out
+def _supersede(
+    tasks: Mapping[str, Task], ids: Iterable[str], added: Sequence[Task] = ()
+) -> Mapping[str, Task]:
+    superseded = {
+        task_id: tasks[task_id].evolve(status=TaskStatus.SUPERSEDED) for task_id in ids
+    }
+    return with_tasks(tasks, superseded, added)
 
 
 def _install(state: RunState, version: PlanVersion) -> dict[str, object]:
@@ -475,12 +476,10 @@ def _install(state: RunState, version: PlanVersion) -> dict[str, object]:
     for task_id in version.removed:
         if _task(state, task_id).status is not TaskStatus.PENDING:
             raise ValueError(f"only pending tasks can be replaced, not {task_id}")
-    tasks = _supersede(state.tasks, version.removed)
     after = {t.id: t for t in version.tasks_after}
-    for task_id in version.added:
-        if task_id in tasks:
-            raise ValueError(f"task {task_id} already exists")
-        tasks[task_id] = after[task_id]
+    tasks = _supersede(
+        state.tasks, version.removed, [after[task_id] for task_id in version.added]
+    )
     return {
         "tasks": tasks,
         "versions": [*state.versions, version],
@@ -493,38 +492,39 @@ def _finish(state: RunState, task_id: str, outcome: TaskOutcome) -> dict[str, ob
     if task.status is not TaskStatus.IN_PROGRESS:
         raise ValueError(f"task {task_id} finished without starting")
     if outcome.success:
-        tasks = dict(state.tasks)
-        tasks[task_id] = task.evolve(status=TaskStatus.COMPLETED, result=outcome)
+        done = task.evolve(status=TaskStatus.COMPLETED, result=outcome)
         return {
-            "tasks": tasks,
-            "window": [*state.window, task_id],
-            "completion_order": [*state.completion_order, task_id],
+            "tasks": with_task(state.tasks, done),
+            "window": with_id(state.window, task_id),
+            "completion_order": with_id(state.completion_order, task_id),
         }
     if outcome.transient and task.attempts < state.spec.limits.max_task_attempts:
         # A retry, unless a ``complete`` verdict came meanwhile: it superseded
         # every pending task, and this one would be pending again.
         status = TaskStatus.SUPERSEDED if state.completing else TaskStatus.PENDING
-        tasks = dict(state.tasks)
-        tasks[task_id] = task.evolve(status=status, result=outcome)
-        return {"tasks": tasks}
+        again = task.evolve(status=status, result=outcome)
+        return {"tasks": with_task(state.tasks, again)}
     changes = _fail(state, task_id, outcome)
-    changes["window"] = [*state.window, task_id]
+    changes["window"] = with_id(state.window, task_id)
     return changes
 
 
 def _fail(state: RunState, task_id: str, outcome: TaskOutcome) -> dict[str, object]:
     """Fail the task and skip every pending task that depends on it."""
-    tasks = dict(state.tasks)
-    tasks[task_id] = tasks[task_id].evolve(status=TaskStatus.FAILED, result=outcome)
+    changed = {
+        task_id: state.tasks[task_id].evolve(status=TaskStatus.FAILED, result=outcome)
+    }
     doomed = {task_id}
-    changed = True
-    while changed:
-        changed = False
-        for task in tasks.values():
-            if task.status is TaskStatus.PENDING and doomed.intersection(
-                task.depends_on
+    grew = True
+    while grew:
+        grew = False
+        for task in state.tasks.values():
+            if (
+                task.status is TaskStatus.PENDING
+                and task.id not in changed
+                and doomed.intersection(task.depends_on)
             ):
-                tasks[task.id] = task.evolve(status=TaskStatus.SKIPPED)
+                changed[task.id] = task.evolve(status=TaskStatus.SKIPPED)
                 doomed.add(task.id)
-                changed = True
-    return {"tasks": tasks}
+                grew = True
+    return {"tasks": with_tasks(state.tasks, changed)}

@@ -454,6 +454,34 @@ async def test_a_side_effect_task_waits_for_approval_while_independent_tasks_run
     assert all(t.status is TaskStatus.COMPLETED for t in result.tasks)
 
 
+async def test_a_run_reaching_a_limit_while_a_side_effect_awaits_approval_ends() -> (
+    None
+):
+    # The approval's wait runs beside the driver: the run's end must not wait
+    # for its answer.
+    drafts = [
+        TaskDraft(key="send", description="send the email", requires_approval=True),
+        *(TaskDraft(key=f"d{i}", description=f"draft part {i}") for i in range(4)),
+    ]
+    model = ScriptedModel(
+        Script(trigger=None), usage=replan.TokenUsage(output_tokens=10)
+    )
+    limits = Limits(token_budget=20, max_concurrency=1)
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(RunSpec(goal="report", tasks=drafts, limits=limits))
+        result = await finish(handle)
+        assert sup.gates.pending() == []
+
+    assert result.status is RunStatus.LIMIT_REACHED
+    assert result.stop_reason is not None
+    assert result.stop_reason.startswith("token_budget")
+    assert executed(model, "t1") == 0
+    [gate] = handle.state.gates.values()
+    assert gate.request.task_id == "t1"
+    assert gate.resolution is not None
+    assert gate.resolution.by == "supervisor"
+
+
 async def test_rejecting_a_side_effect_fails_the_task_and_skips_its_dependents() -> (
     None
 ):
