@@ -342,7 +342,10 @@ def _v1(daemon: Daemon) -> APIRouter:
         try:
             sent = await sup.gates.resolve(gate_id, resolution)
         except GateAlreadyResolved as exc:
-            # Someone else's answer came first: the error names it.
+            # Someone else's answer came first: the error names it. A gate
+            # its run's end closed is told as such, as an unknown one is.
+            if RUN_ENDED_NOTE in str(exc):
+                await _closed_gate(daemon, gate_id)
             raise ApiError(409, str(exc)) from None
         except ResolutionRefused as exc:
             raise ApiError(422, str(exc), exc.field) from None
