@@ -176,7 +176,14 @@ def _utf8(text: str) -> bool:
 
 
 def _watch(client: Client, args: argparse.Namespace) -> int:
-    return _follow(client, args.run_id)
+    try:
+        return _follow(client, args.run_id)
+    except ClientError as exc:
+        if exc.status != 404:
+            raise
+    # No run has that id: a unique prefix of one will do, as for show.
+    run_id, _ = _find_run(client, args.run_id)
+    return _follow(client, run_id)
 
 
 def _follow(client: Client, run_id: str) -> int:

@@ -56,6 +56,10 @@ def test_submit_watch_runs_and_show_against_a_daemon(
     # A unique prefix names the run, as it does with --db.
     assert main(["show", run_id[:6]]) == 0
     assert capsys.readouterr().out == remote_report
+    assert main(["watch", run_id[:6]]) == 0  # the id show printed, shortened
+    assert capsys.readouterr().out.splitlines()[-1] == "run finished: completed"
+    assert main(["watch", "zz"]) == 1
+    assert capsys.readouterr().err == "replan: error: 404: no run zz\n"
     assert main(["show", "zz"]) == 1
     assert capsys.readouterr().err == "replan: error: 404: no run zz\n"
 
