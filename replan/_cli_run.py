@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -51,11 +52,13 @@ def add_run_parser(commands: Any) -> None:
         "OPENAI_BASE_URL (OpenAI by default), the model from --model or "
         "REPLAN_MODEL.",
     )
-    run.add_argument("goal", metavar="GOAL", help="what the run should achieve")
+    run.add_argument(
+        "goal", metavar="GOAL", nargs="?", help="what the run should achieve"
+    )
     run.add_argument(
         "--pattern",
         choices=("discovery", "contract", "hybrid"),
-        default="discovery",
+        default=None,
         help="how the plan may change (default discovery)",
     )
     run.add_argument(
@@ -94,6 +97,52 @@ def add_run_parser(commands: Any) -> None:
     run.add_argument("--yes", action="store_true", help="approve every gate")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--db", metavar="PATH", help="journal the run in this SQLite file")
+    add_resume(run, "run")
+
+
+RUN_SPEC_FLAGS = {"pattern": "--pattern"} | {
+    field: flag for field, (flag, _, _) in LIMIT_FLAGS.items()
+}
+"""The flags of ``replan run`` that make its spec (not for ``--resume``);
+each defaults to None, its default applied when the spec is made."""
+
+
+def add_resume(parser: argparse.ArgumentParser, command: str) -> None:
+    """``--resume RUN_ID``: go on with an unfinished run of the ``--db`` journal."""
+    parser.add_argument(
+        "--resume",
+        metavar="RUN_ID",
+        help=f"go on with an unfinished {command} of the --db journal (an id or "
+        "a unique prefix), with the model and tools given now; its goal and "
+        "settings come from the journal",
+    )
+
+
+def check_resume(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    spec_flags: dict[str, str],
+    what: str,
+) -> None:
+    """Either a new run (``what``: GOAL, QUESTION) or ``--resume`` with
+    ``--db``, never both, and no flag that would change the journaled spec."""
+    if args.resume is None:
+        if args.goal is None:
+            parser.error(f"{args.command}: give {what}, or --resume RUN_ID --db PATH")
+        return
+    if args.goal is not None:
+        parser.error(
+            f"{args.command}: --resume takes the run's {what} from the journal; "
+            f"give one or the other"
+        )
+    if not args.db:
+        parser.error(f"{args.command}: --resume needs --db PATH, the run's journal")
+    for dest, flag in spec_flags.items():
+        if getattr(args, dest) is not None:
+            parser.error(
+                f"{args.command}: {flag} cannot change a journaled run "
+                "(--resume goes on with the settings it started with)"
+            )
 
 
 def add_prompt_budget(parser: argparse.ArgumentParser) -> None:
@@ -146,15 +195,17 @@ async def run_goal(console: Any, args: argparse.Namespace) -> int:
     from .llm._tools import import_tools
 
     limits = {f: getattr(args, f) for f in LIMIT_FLAGS if getattr(args, f) is not None}
-    try:
-        spec = RunSpec(
-            goal=args.goal,
-            pattern=args.pattern,
-            limits=Limits(**limits),
-            gate_policy=GatePolicy(on_timeout="reject"),
-        )
-    except ConfigurationError as exc:
-        raise CommandError(_flag_message(exc, args.base_url), code=2) from None
+    spec: RunSpec | None = None
+    if args.resume is None:
+        try:
+            spec = RunSpec(
+                goal=args.goal,
+                pattern=args.pattern or "discovery",
+                limits=Limits(**limits),
+                gate_policy=GatePolicy(on_timeout="reject"),
+            )
+        except ConfigurationError as exc:
+            raise CommandError(_flag_message(exc, args.base_url), code=2) from None
     model: Model
     name = args.model or os.environ.get("REPLAN_MODEL") or None
     if is_scripted(name):
@@ -182,6 +233,8 @@ async def run_goal(console: Any, args: argparse.Namespace) -> int:
         yes=args.yes,
         as_json=args.json,
         db=args.db,
+        resume=args.resume,
+        again=_again(args),
         report=lambda state, result: [
             *_render.outcome_lines(state),
             *cost_lines(result),
@@ -190,6 +243,17 @@ async def run_goal(console: Any, args: argparse.Namespace) -> int:
     if result.status is RunStatus.FAILED:
         raise CommandError(_failure_message(result, model))
     return 0 if result.status is RunStatus.COMPLETED else 1
+
+
+def _again(args: argparse.Namespace) -> str:
+    """The command that goes on with this run, bar ``--resume`` and ``--db``."""
+    words = ["replan run"]
+    if args.model:
+        words.append(f"--model {shlex.quote(args.model)}")
+    if args.base_url:
+        words.append(f"--base-url {shlex.quote(args.base_url)}")
+    words += [f"--tool {shlex.quote(tool)}" for tool in args.tools or []]
+    return " ".join(words)
 
 
 SCRIPTED_MODELS = ("scripted:demo",)

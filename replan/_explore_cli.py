@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import _render
 from ._cli_run import (
     add_prompt_budget,
+    add_resume,
     is_scripted,
     openai_model,
     unreachable_message,
@@ -66,12 +68,14 @@ def add_explore_parser(commands: argparse._SubParsersAction) -> None:  # type: i
         "them on seven lenses, rank them by tournament, keep a diverse set, and "
         "print a discovery brief with a validation step for each.",
     )
-    explore.add_argument("goal", metavar="GOAL", help="the open question to explore")
+    explore.add_argument(
+        "goal", metavar="GOAL", nargs="?", help="the open question to explore"
+    )
     explore.add_argument(
         "--context",
         metavar="FILE",
         nargs="+",
-        default=[],
+        default=None,
         help="text files of evidence (paragraphs become evidence items)",
     )
     explore.add_argument(
@@ -87,28 +91,44 @@ def add_explore_parser(commands: argparse._SubParsersAction) -> None:  # type: i
         help="retries per model call on 429/5xx/timeouts (default 3)",
     )
     add_prompt_budget(explore)
+    explore.add_argument("--domain", help="the domain, for the safety screen")
     explore.add_argument(
-        "--domain", default="", help="the domain, for the safety screen"
+        "--select", type=int, help=f"hypotheses to select (default {SELECT})"
     )
     explore.add_argument(
-        "--select", type=int, default=3, help="hypotheses to select (default 3)"
+        "--max-iterations", type=int, help=f"cycles at most (default {ITERATIONS})"
     )
-    explore.add_argument(
-        "--max-iterations", type=int, default=3, help="cycles at most (default 3)"
-    )
-    explore.add_argument("--seed", type=int, default=0, help="the tournament's seed")
+    explore.add_argument("--seed", type=int, help="the tournament's seed (default 0)")
     explore.add_argument("--yes", action="store_true", help="approve every review")
     explore.add_argument(
         "--json", action="store_true", help="print only the run result as JSON"
     )
     explore.add_argument("--db", metavar="PATH", help="journal the run in this file")
+    add_resume(explore, "explore run")
+
+
+SELECT = 3
+"""Hypotheses selected unless ``--select`` says otherwise."""
+
+ITERATIONS = 3
+"""Cycles at most unless ``--max-iterations`` says otherwise."""
+
+EXPLORE_SPEC_FLAGS = {
+    "context": "--context",
+    "domain": "--domain",
+    "select": "--select",
+    "max_iterations": "--max-iterations",
+    "seed": "--seed",
+}
+"""The flags of ``replan explore`` that make its spec (not for ``--resume``);
+each defaults to None, its default applied when the spec is made."""
 
 
 def explore_spec_from(args: argparse.Namespace) -> RunSpec:
     from .cli import CommandError
 
     context: list[str] = []
-    for name in args.context:
+    for name in args.context or []:
         try:
             context.append(Path(name).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError) as exc:
@@ -120,9 +140,11 @@ def explore_spec_from(args: argparse.Namespace) -> RunSpec:
             goal=args.goal,
             kind="explore",
             context=context,
-            limits=Limits(max_iterations=args.max_iterations),
+            limits=Limits(max_iterations=_or(args.max_iterations, ITERATIONS)),
             explore=ExploreSettings(
-                domain=args.domain, select=args.select, seed=args.seed
+                domain=args.domain or "",
+                select=_or(args.select, SELECT),
+                seed=_or(args.seed, 0),
             ),
         )
         # An argument the shell passed as bytes that are no UTF-8 (a lone
@@ -136,6 +158,10 @@ def explore_spec_from(args: argparse.Namespace) -> RunSpec:
     return spec
 
 
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
 _FLAGS = {
     "domain": "--domain",
     "select": "--select",
@@ -146,10 +172,25 @@ _FLAGS = {
 
 
 async def explore(console: Console, args: argparse.Namespace) -> int:
-    """``replan explore``: run one explore run and print its brief."""
-    spec = explore_spec_from(args)
+    """``replan explore``: run one explore run (or go on with one, with
+    ``--resume``) and print its brief."""
+    spec = None if args.resume else explore_spec_from(args)
     model = make_model(args.model, args.base_url, args.retries, args.max_prompt_chars)
-    return await _run(console, model, spec, yes=args.yes, as_json=args.json, db=args.db)
+    again = ["replan explore"]
+    if args.model:
+        again.append(f"--model {shlex.quote(args.model)}")
+    if args.base_url:
+        again.append(f"--base-url {shlex.quote(args.base_url)}")
+    return await _run(
+        console,
+        model,
+        spec,
+        yes=args.yes,
+        as_json=args.json,
+        db=args.db,
+        resume=args.resume,
+        again=" ".join(again),
+    )
 
 
 async def explore_demo(
@@ -158,23 +199,40 @@ async def explore_demo(
     """``replan demo --explore``: the offline explore scenario."""
     model = explore_demo_model(latency)
     return await _run(
-        console, model, explore_demo_spec(), yes=yes, as_json=as_json, db=db
+        console,
+        model,
+        explore_demo_spec(),
+        yes=yes,
+        as_json=as_json,
+        db=db,
+        again=f"replan explore --model {DEMO_MODEL}",
     )
 
 
 async def _run(
     console: Console,
     model: Model,
-    spec: RunSpec,
+    spec: RunSpec | None,
     *,
     yes: bool,
     as_json: bool,
     db: str | None,
+    resume: str | None = None,
+    again: str,
 ) -> int:
     from .cli import CommandError, supervise
 
     result = await supervise(
-        console, model, spec, yes=yes, as_json=as_json, db=db, report=report
+        console,
+        model,
+        spec,
+        yes=yes,
+        as_json=as_json,
+        db=db,
+        report=report,
+        resume=resume,
+        kind="explore",
+        again=again,
     )
     if result.status is not RunStatus.COMPLETED:
         unreachable = unreachable_message(result, model)

@@ -22,18 +22,29 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, Literal, NoReturn, TextIO
 
 import anyio
 from anyio.abc import TaskStatus
 
 from . import _remote, _render
 from ._cli_prompt import follow
+from ._cli_run import (
+    RUN_SPEC_FLAGS,
+    check_resume,
+    run_goal,
+    whole_number,
+    without_credentials,
+)
 from ._cli_run import add_run_parser as _add_run_parser
-from ._cli_run import run_goal, whole_number, without_credentials
 from ._demo import MAX_LATENCY_S, demo_model, demo_spec
 from ._errors import ConfigurationError, JournalCorrupt
-from ._explore_cli import add_explore_parser, explore, explore_demo
+from ._explore_cli import (
+    EXPLORE_SPEC_FLAGS,
+    add_explore_parser,
+    explore,
+    explore_demo,
+)
 from ._version import __version__
 from .llm import Model, Tool
 from .messages import (
@@ -145,7 +156,11 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             f"{args.command}: --db takes a SQLite journal file; a PostgreSQL "
             "journal is read through the daemon serving it (--url URL)"
         )
-    for name in ("run_id", "gate_id"):
+    if args.command == "run":
+        check_resume(parser, args, RUN_SPEC_FLAGS, "GOAL")
+    if args.command == "explore":
+        check_resume(parser, args, EXPLORE_SPEC_FLAGS, "GOAL")
+    for name in ("run_id", "gate_id", "resume"):
         value = getattr(args, name, None)
         if value is not None and not value.strip():
             parser.error(f"{args.command}: {name.upper()} cannot be empty")
@@ -434,6 +449,7 @@ async def demo(
         as_json=as_json,
         db=db,
         report=lambda state, _: _render.outcome_lines(state),
+        again="replan run --model scripted:demo",
     )
     if result.status is not RunStatus.COMPLETED:
         reason = f": {result.stop_reason}" if result.stop_reason else ""
@@ -444,32 +460,60 @@ async def demo(
 async def supervise(
     console: Console,
     model: Model,
-    spec: RunSpec,
+    spec: RunSpec | None,
     *,
     yes: bool,
     as_json: bool,
     db: str | None,
     report: Callable[[RunState, RunResult], list[str]],
     tools: Sequence[Tool] = (),
+    resume: str | None = None,
+    kind: Literal["plan", "explore"] = "plan",
+    again: str = "replan run",
 ) -> RunResult:
     """Run ``spec`` on a supervisor of its own: follow it live, answer its
     gates, then print the ``RunResult`` as JSON or the ``report`` lines.
 
     The journal is ``db`` (a SQLite file) when given, else in memory; the
-    model is closed afterwards when it holds a connection.
+    model is closed afterwards when it holds a connection. With ``resume``
+    (a run id or a unique prefix; ``spec`` is None) the run of that ``kind``
+    in ``db`` goes on from its journal instead. A run interrupted (Ctrl-C,
+    SIGTERM) with a ``db`` is left unfinished there, and the command that
+    goes on with it (``again``, ``--resume`` and ``--db``) is printed.
     """
+    if resume is not None and (db is None or not await anyio.Path(db).is_file()):
+        raise CommandError(f"--db: no journal at {db} to resume a run from", 2)
     store: Store = MemoryStore() if db is None else _open_store(db, create=True)
+    run_id: str | None = None
     try:
         async with AsyncExitStack() as stack:
             aclose = getattr(model, "aclose", None)
             if aclose is not None:
                 stack.push_async_callback(aclose)
+            if resume is not None:
+                assert isinstance(store, SQLiteStore)
+                assert db is not None
+                run_id = await _resumable(store, resume, db, kind)
             sup = await stack.enter_async_context(
                 Supervisor(model=model, store=store, tools=tools)
             )
-            handle = await sup.submit(spec)
-            await follow(sup, handle, console, yes=yes)
-            result = await handle.result()
+            try:
+                if run_id is not None:
+                    handle = await sup.resume(run_id)
+                else:
+                    assert spec is not None
+                    handle = await sup.submit(spec)
+                    run_id = handle.run_id
+                await follow(sup, handle, console, yes=yes)
+                result = await handle.result()
+            except anyio.get_cancelled_exc_class():
+                if db is not None and run_id is not None:
+                    line = (
+                        f"replan: run {run_id} is left unfinished in {db}; to go "
+                        f"on with it: {again} --resume {run_id} --db {shlex.quote(db)}"
+                    )
+                    print(_render.terminal_text(line), file=sys.stderr, flush=True)
+                raise
             state = handle.state
     finally:
         await store.aclose()
@@ -481,6 +525,22 @@ async def supervise(
             hint = f"replan show {result.run_id} --db {shlex.quote(db)}"
             console.emit(["", f"journal: {hint}"])
     return result
+
+
+async def _resumable(
+    store: SQLiteStore, prefix: str, db: str, kind: Literal["plan", "explore"]
+) -> str:
+    """The id of the run ``prefix`` names in ``db``, if it is of ``kind``."""
+    run_id = await _find_run(store, prefix, db)
+    summary = await store.get_run(run_id)
+    if summary is not None and summary.kind != kind:
+        command = "replan explore" if summary.kind == "explore" else "replan run"
+        raise CommandError(
+            f"run {run_id} is {'an explore' if summary.kind == 'explore' else 'a plan'}"
+            f" run: resume it with {command} --resume",
+            2,
+        )
+    return run_id
 
 
 # serve -------------------------------------------------------------------------

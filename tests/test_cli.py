@@ -526,7 +526,9 @@ def test_two_ctrl_c_at_once_end_a_run_with_one_line_and_a_readable_journal(
             proc.wait()
     # 130, or killed by the second SIGINT once the first was reported.
     assert code in (130, -signal.SIGINT)
-    assert err.read_text() == "replan: interrupted\n"
+    lines = err.read_text().splitlines()
+    assert lines[-1] == "replan: interrupted"
+    assert all(line.startswith("replan: run ") for line in lines[:-1])
     assert main(["runs", "--db", str(db)]) == 0
 
 
@@ -554,10 +556,153 @@ def test_sigterm_winds_a_run_down_like_ctrl_c_and_exits_143(tmp_path: Path) -> N
             proc.kill()
             proc.wait()
     assert code == 143
-    assert err.read_text() == "replan: terminated\n"
+    hint, last = err.read_text().splitlines()
+    assert last == "replan: terminated"
+    assert hint.startswith("replan: run ")
     # The journal was closed: SQLite removes the WAL with its last connection.
     assert not Path(f"{db}-wal").exists()
     assert main(["runs", "--db", str(db)]) == 0
+
+
+def _interrupted_demo(db: Path, tmp_path: Path, progress: str, *flags: str) -> str:
+    """Start ``replan demo`` journaling to ``db``, SIGTERM it once it printed
+    ``progress``, and return the line it printed on how to go on."""
+    err = tmp_path / "stderr"
+    out = tmp_path / "stdout"
+    with err.open("wb") as stderr, out.open("wb") as stdout:
+        command = ["demo", "--yes", "--latency", "0.2", "--db", str(db), *flags]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "replan", *command],
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+        )
+        try:
+            _wait_for_text(out, progress)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(10) == 143
+        finally:
+            proc.kill()
+            proc.wait()
+    hint, last = err.read_text().splitlines()
+    assert last == "replan: terminated"
+    return hint
+
+
+async def _journal(db: Path) -> tuple[list[Any], list[Any]]:
+    from replan.store import SQLiteStore
+
+    async with SQLiteStore(str(db), read_only=True) as store:
+        (summary,) = await store.list_runs()
+        return [summary], await store.read(summary.run_id)
+
+
+def test_an_interrupted_run_goes_on_with_the_command_it_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "j.db"
+    hint = _interrupted_demo(db, tmp_path, "task t1 completed")
+    (summary,), before = anyio.run(_journal, db)
+    assert summary.status == "running"
+    command = f"replan run --model scripted:demo --resume {summary.run_id} --db {db}"
+    assert hint == (
+        f"replan: run {summary.run_id} is left unfinished in {db}; "
+        f"to go on with it: {command}"
+    )
+    done_before = {e.task_id for e in before if e.kind == "task_finished"}
+    assert done_before
+
+    assert main([*command.split()[1:], "--yes"]) == 0
+    assert f"journal: replan show {summary.run_id}" in capsys.readouterr().out
+    (summary,), after = anyio.run(_journal, db)
+    assert summary.status == "completed"
+    assert after[: len(before)] == before
+    started_again = {
+        e.task_id for e in after[len(before) :] if e.kind == "task_started"
+    }
+    assert not started_again & done_before  # finished tasks are not run again
+
+
+def test_an_interrupted_explore_run_goes_on_with_replan_explore(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "j.db"
+    hint = _interrupted_demo(db, tmp_path, "hypotheses added", "--explore")
+    (summary,), _ = anyio.run(_journal, db)
+    command = f"replan explore --model scripted:demo --resume {summary.run_id}"
+    assert hint.endswith(f"to go on with it: {command} --db {db}")
+    # A prefix is enough, as for replan show; a plan command refuses it.
+    assert (
+        main(
+            [
+                "run",
+                "--model",
+                "scripted:demo",
+                "--resume",
+                summary.run_id[:8],
+                "--db",
+                str(db),
+            ]
+        )
+        == 2
+    )
+    assert "is an explore run: resume it with replan explore --resume" in (
+        capsys.readouterr().err
+    )
+    resume = ["explore", "--model", "scripted:demo", "--yes"]
+    assert main([*resume, "--resume", summary.run_id[:8], "--db", str(db)]) == 0
+    (summary,), _ = anyio.run(_journal, db)
+    assert summary.status == "completed"
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        pytest.param(
+            ["run"], "run: give GOAL, or --resume RUN_ID --db PATH", id="none"
+        ),
+        pytest.param(
+            ["run", "x", "--resume", "abc", "--db", "j.db"],
+            "run: --resume takes the run's GOAL from the journal",
+            id="both",
+        ),
+        pytest.param(
+            ["run", "--resume", "abc"],
+            "run: --resume needs --db PATH, the run's journal",
+            id="no-db",
+        ),
+        pytest.param(
+            ["run", "--resume", "abc", "--db", "j.db", "--pattern", "contract"],
+            "run: --pattern cannot change a journaled run",
+            id="pattern",
+        ),
+        pytest.param(
+            ["run", "--resume", "abc", "--db", "j.db", "--deadline", "5"],
+            "run: --deadline cannot change a journaled run",
+            id="limit",
+        ),
+        pytest.param(
+            ["explore", "--resume", "abc", "--db", "j.db", "--select", "2"],
+            "explore: --select cannot change a journaled run",
+            id="explore-setting",
+        ),
+        pytest.param(
+            ["run", "--model", "scripted:demo", "--resume", "abc", "--db", "no.db"],
+            "--db: no journal at no.db to resume a run from",
+            id="no-journal",
+        ),
+    ],
+)
+def test_resume_refuses_what_it_cannot_do(
+    argv: list[str],
+    problem: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert problem in capsys.readouterr().err
 
 
 def test_the_demo_latency_is_bounded_as_the_daemon_bounds_it(
