@@ -482,14 +482,25 @@ def _unparsable_body(exc: HTTPException) -> str | None:
     return str(cause) or type(cause).__name__
 
 
-def _at_explore_review(daemon: Daemon, request: Request) -> bool:
-    """Does the request answer an open explore review (which takes
-    hypotheses, where a plan's gate takes tasks)?"""
+async def _at_explore_review(daemon: Daemon, request: Request) -> bool:
+    """Does the request answer an explore review (which takes hypotheses,
+    where a plan's gate takes tasks)? Open here, or, for a run another
+    daemon drives, in the run's journal."""
     gate_id = request.path_params.get("gate_id")
     if not isinstance(gate_id, str) or not daemon.ready:
         return False
     gate = daemon.supervisor.gates.get(gate_id)
-    return gate is not None and gate.hypotheses is not None
+    if gate is not None:
+        return gate.hypotheses is not None
+    run_id = gate_of(gate_id)
+    if not run_id:
+        return False
+    try:
+        state = await daemon.run_state(run_id)
+    except (UnknownRunError, JournalCorrupt):
+        return False
+    info = state.gates.get(gate_id)
+    return info is not None and info.request.hypotheses is not None
 
 
 def _handle_errors(app: FastAPI, daemon: Daemon) -> None:
@@ -511,7 +522,7 @@ def _handle_errors(app: FastAPI, daemon: Daemon) -> None:
             # A message model's own check, raised with the field it is about.
             field = ".".join(p for p in (field, inner.field) if p)
             message = inner.problem
-            if field == "tasks" and _at_explore_review(daemon, request):
+            if field == "tasks" and await _at_explore_review(daemon, request):
                 field = "hypotheses"  # an edit with neither, at an explore review
         if first.get("type") == "missing" and not field:
             return _problem(422, "a JSON body is required", "body")

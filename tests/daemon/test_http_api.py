@@ -127,6 +127,11 @@ def test_an_explore_run_is_accepted_reviewed_and_briefed_over_http(
         )
         assert answer.status_code == 200, answer.text
         view = finished(client, run_id)
+        # Read from the run's journal once the gate is no longer open here
+        # (as for a run another daemon drives): still hypotheses.
+        late = client.post(f"/v1/gates/{gate['gate_id']}", json={"decision": "edit"})
+        assert late.status_code == 422, late.text
+        assert late.json()["field"] == "hypotheses"
     assert view["status"] == "completed"
     brief = view["result"]["brief"]
     assert brief["status"] == "completed"
