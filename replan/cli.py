@@ -643,8 +643,10 @@ def serve(args: argparse.Namespace) -> int:
     workers: dict[str, int] | None = None
     for item in args.workers or []:
         role, _, size = item.partition("=")
+        if role.strip() in (workers or {}):
+            raise CommandError(f"--workers: {role.strip()} is given twice", 2)
         try:
-            workers = {**(workers or {}), role: int(size)}
+            workers = {**(workers or {}), role.strip(): int(size)}
         except ValueError:
             raise CommandError(f"--workers takes ROLE=N, not {item!r}", 2) from None
     try:

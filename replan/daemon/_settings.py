@@ -180,7 +180,10 @@ class DaemonSettings(BaseSettings):
                     f"takes ROLE=N (executor=64,planner=2) or a JSON object, "
                     f"not {item!r}"
                 )
-            sizes[role.strip()] = size.strip()
+            role = role.strip()
+            if role in sizes:
+                raise ValueError(f"{role} is given twice ({workers.strip()!r})")
+            sizes[role] = size.strip()
         return sizes
 
     @field_validator("workers")

@@ -197,6 +197,7 @@ def test_replan_workers_takes_what_the_flag_takes_or_a_json_object(
         ("executor=x", "integer"),
         ("painter=2", "unknown role 'painter'"),
         ("{bad", "not a JSON object"),
+        ("executor=2, executor=3", "executor is given twice"),
     ],
 )
 def test_a_bad_replan_workers_names_the_field_and_the_form(
@@ -268,3 +269,16 @@ def test_a_busy_loop_or_an_unreachable_date_is_refused_at_start(
         load_settings()
     assert raised.value.field == variable.removeprefix("REPLAN_").lower()
     assert problem in raised.value.problem
+
+
+def test_a_role_given_twice_to_workers_is_a_bad_argument(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from replan.cli import main
+
+    # A config file that is not there: without the check, the command ends
+    # on it rather than serving.
+    argv = ["serve", "--workers", "executor=2", "--workers", "executor=3"]
+    argv += ["--config", "/nonexistent/replan.toml"]
+    assert main(argv) == 2
+    assert "--workers: executor is given twice" in capsys.readouterr().err
