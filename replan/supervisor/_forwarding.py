@@ -69,8 +69,10 @@ class Forwarded(Frozen):
     """The run's driver applied it already (the answer is journaled, the
     run ended cancelled); else it waits in the journal for it."""
     driven_by: str | None
-    """Who drives the run (``host:pid``); None when nobody does at the
-    moment: the supervisor that takes the run over applies it."""
+    """Who drives the run (``host:pid``): the supervisor that took it over
+    while the sender waited, for a run nobody drove as it was sent; None
+    when nobody does at the moment (the supervisor that takes the run over
+    applies it), or when the run ended before its driver could be told."""
 
 
 def gate_of(gate_id: str) -> str | None:
@@ -218,6 +220,10 @@ class Forwarding:
             if time.monotonic() >= deadline:
                 break
             await anyio.sleep(_SETTLED_POLL_S)
+            if lease is None:
+                # Nobody drove the run as it was sent: the supervisor that
+                # takes it over meanwhile is the one that applies it.
+                lease = await self._leases.run_lease(request.run_id)
             current = await self._requests.get_request(request.id)
         refused = current is not None and current.outcome not in (None, "applied")
         if refused and current is not None and request.gate_id is not None:

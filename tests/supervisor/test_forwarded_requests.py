@@ -168,6 +168,47 @@ async def test_an_answer_for_a_run_nobody_drives_waits_for_the_one_that_takes_it
     assert _rows(postgres_dsn, "SELECT outcome FROM replan.requests") == [("applied",)]
 
 
+async def test_a_request_applied_by_the_supervisor_that_took_the_run_over_names_it(
+    postgres_dsn: str,
+) -> None:
+    # Nobody drives the runs as the answer and the cancel are sent; a third
+    # supervisor takes them over while their senders wait, and applies them.
+    with anyio.fail_after(30):
+        async with PostgresStore(postgres_dsn) as store_a:
+            async with Supervisor(scripted(), store_a) as a:
+                answered = await a.submit(spec(SEND))
+                gate_id = await _at_gate(answered)
+                cancelled = await a.submit(spec(SEND))
+                await _at_gate(cancelled)
+            async with (
+                PostgresStore(postgres_dsn) as store_b,
+                PostgresStore(postgres_dsn) as store_c,
+                Supervisor(scripted(), store_b) as b,
+                Supervisor(scripted(), store_c) as c,
+            ):
+                sent: list[Forwarded | None] = []
+
+                async def answer() -> None:
+                    answer = {"decision": "approve", "by": "ana"}
+                    sent.append(await b.gates.resolve(gate_id, answer))
+
+                async def cancel() -> None:
+                    sent.append(await b.cancel(cancelled.run_id))
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(answer)
+                    tg.start_soon(cancel)
+                    await anyio.sleep(0.3)
+                    taken = await c.resume(answered.run_id)
+                    await c.resume(cancelled.run_id)
+                await taken.result()
+    assert len(sent) == 2
+    for forwarded in sent:
+        assert forwarded is not None
+        assert forwarded.applied
+        assert forwarded.driven_by == c.owner.holder
+
+
 async def test_an_answer_journaled_before_its_driver_settled_it_is_not_applied_again(
     postgres_dsn: str,
 ) -> None:
