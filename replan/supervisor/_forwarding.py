@@ -41,6 +41,7 @@ from ._gates import (
     Validator,
     already_resolved,
     check_answer,
+    refused_field,
     resolution_from,
 )
 from ._state import RUN_ENDED_NOTE, RunState, fold_journal
@@ -183,7 +184,7 @@ class Forwarding:
         )
         if not added:
             raise _refusal(gate_id, request)
-        return await self._sent(request)
+        return await self._sent(request, info.request)
 
     async def cancel(self, run_id: str) -> Forwarded | None:
         """Send a cancel of a run this supervisor does not drive; None for a
@@ -204,10 +205,15 @@ class Forwarding:
         events = await self._store.read(run_id)
         return fold_journal(run_id, events) if events else None
 
-    async def _sent(self, request: RunRequest) -> Forwarded:
-        """Wait a little for the run's driver to settle ``request``.
+    async def _sent(
+        self, request: RunRequest, gate: GateRequest | None = None
+    ) -> Forwarded:
+        """Wait a little for the run's driver to settle ``request`` (an
+        answer to ``gate``).
 
         Raises:
+            ResolutionRefused: the driver refused the answer (names the
+                field; the gate stays open).
             GateError: an answer was not applied (the error says why); a
                 cancel that was not (the run ended otherwise) is left to
                 the run's journal to tell.
@@ -227,7 +233,7 @@ class Forwarding:
             current = await self._requests.get_request(request.id)
         refused = current is not None and current.outcome not in (None, "applied")
         if refused and current is not None and request.gate_id is not None:
-            raise _refusal(request.gate_id, current)
+            raise _refusal(request.gate_id, current, gate)
         return Forwarded(
             request_id=request.id,
             run_id=request.run_id,
@@ -336,13 +342,20 @@ def _ended_by_run(answer: GateResolution) -> bool:
     return answer.by == "supervisor" and (answer.note or "").startswith(RUN_ENDED_NOTE)
 
 
-def _refusal(gate_id: str, request: RunRequest) -> GateError:
+def _refusal(
+    gate_id: str, request: RunRequest, gate: GateRequest | None = None
+) -> GateError:
     """The error for a request that was not applied, or an answer that came
     second to one sent on before."""
     if request.outcome is None or request.outcome == "applied":
         assert request.resolution is not None
         return GateAlreadyResolved(already_resolved(gate_id, request.resolution))
     detail = request.detail or f"gate {gate_id} was not answered"
+    if request.outcome == "refused" and gate is not None and request.resolution:
+        # The driver's check refused it: the gate stays open, as for an
+        # answer refused here.
+        field = refused_field(gate, request.resolution, ValueError(detail))
+        return ResolutionRefused(field, detail)
     if request.outcome == "already_resolved":
         return GateAlreadyResolved(detail)
     return GateError(detail)

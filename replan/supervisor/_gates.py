@@ -281,7 +281,7 @@ def check_answer(
         try:
             validate(resolution)
         except ValueError as exc:
-            field = _refused_field(request, resolution, exc)
+            field = refused_field(request, resolution, exc)
             raise ResolutionRefused(field, f"gate {gate_id}: {exc}") from None
 
 
@@ -302,7 +302,7 @@ async def _settled(pending: _Pending) -> GateResolution:
     return pending.resolution
 
 
-def _refused_field(
+def refused_field(
     request: GateRequest, resolution: GateResolution, error: ValueError
 ) -> str:
     """The field of ``resolution`` a gate's check refused.

@@ -209,6 +209,67 @@ async def test_a_request_applied_by_the_supervisor_that_took_the_run_over_names_
         assert forwarded.driven_by == c.owner.holder
 
 
+async def test_an_answer_its_driver_refused_leaves_the_gate_open_to_answers_from_afar(
+    postgres_dsn: str,
+) -> None:
+    with anyio.fail_after(30):
+        async with (
+            PostgresStore(postgres_dsn) as store_a,
+            PostgresStore(postgres_dsn) as store_b,
+            Supervisor(scripted(), store_a) as a,
+            Supervisor(scripted(), store_b) as b,
+        ):
+            handle = await a.submit(spec(SEND))
+            gate_id = await _at_gate(handle)
+            # An answer the driver's own check refuses (a sender that checked
+            # the run otherwise): an edit at a task's approval gate.
+            edit = GateResolution(decision="edit", tasks=SEND, by="cy")
+            await store_b.add_request(
+                handle.run_id, "elsewhere:1", gate_id=gate_id, resolution=edit
+            )
+            for _ in range(400):  # the driver's next looks
+                outcomes = _rows(postgres_dsn, "SELECT outcome FROM replan.requests")
+                if outcomes == [("refused",)]:
+                    break
+                await anyio.sleep(0.05)
+            else:
+                raise AssertionError("the request was not settled")
+            # The gate is still open, and any supervisor takes its answer.
+            sent = await b.gates.resolve(gate_id, {"decision": "approve", "by": "ana"})
+            assert sent is not None
+            assert sent.applied
+            result = await handle.result()
+            events = await store_a.read(handle.run_id)
+    assert result.status is RunStatus.COMPLETED
+    assert [(r.decision, r.by) for r in _resolved(events)] == [("approve", "ana")]
+
+
+async def test_an_answer_its_driver_refuses_is_refused_to_its_sender_naming_the_field(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from replan.supervisor import _forwarding
+
+    # A sender that checks the run otherwise than its driver (it read the
+    # journal at another moment): here, one that checks nothing.
+    monkeypatch.setattr(_forwarding, "answer_check", lambda state, request: None)
+    with anyio.fail_after(30):
+        async with (
+            PostgresStore(postgres_dsn) as store_a,
+            PostgresStore(postgres_dsn) as store_b,
+            Supervisor(scripted(), store_a) as a,
+            Supervisor(scripted(), store_b) as b,
+        ):
+            handle = await a.submit(spec(SEND))
+            gate_id = await _at_gate(handle)
+            edit = {"decision": "edit", "tasks": SEND, "by": "cy"}
+            with pytest.raises(ResolutionRefused, match="approve or reject") as e:
+                await b.gates.resolve(gate_id, edit)
+            assert e.value.field == "decision"
+            await a.gates.resolve(gate_id, {"decision": "approve", "by": "ana"})
+            result = await handle.result()
+    assert result.status is RunStatus.COMPLETED
+
+
 async def test_an_answer_journaled_before_its_driver_settled_it_is_not_applied_again(
     postgres_dsn: str,
 ) -> None:
