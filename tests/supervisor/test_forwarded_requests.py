@@ -270,6 +270,37 @@ async def test_an_answer_its_driver_refuses_is_refused_to_its_sender_naming_the_
     assert result.status is RunStatus.COMPLETED
 
 
+async def test_an_answer_at_a_supervisor_whose_run_was_taken_over_goes_on_to_it(
+    postgres_dsn: str,
+) -> None:
+    # The first supervisor stalled past its lease, and another took the run
+    # over before the first's renewal noticed: the answer, given to the
+    # first, is applied by the second.
+    with anyio.fail_after(30):
+        async with (
+            PostgresStore(postgres_dsn) as store_a,
+            PostgresStore(postgres_dsn) as store_b,
+            Supervisor(scripted(), store_a) as a,
+            Supervisor(scripted(), store_b) as b,
+        ):
+            handle = await a.submit(spec(SEND))
+            gate_id = await _at_gate(handle)
+            _rows(
+                postgres_dsn,
+                "UPDATE replan.runs SET lease_expires = now() - interval '1 second' "
+                "RETURNING run_id",
+            )
+            taken = await b.resume(handle.run_id)
+            sent = await a.gates.resolve(gate_id, {"decision": "approve", "by": "ana"})
+            assert sent is not None
+            assert sent.applied
+            assert sent.driven_by == b.owner.holder
+            result = await taken.result()
+            events = await store_b.read(handle.run_id)
+    assert result.status is RunStatus.COMPLETED
+    assert [(r.decision, r.by) for r in _resolved(events)] == [("approve", "ana")]
+
+
 async def test_an_answer_journaled_before_its_driver_settled_it_is_not_applied_again(
     postgres_dsn: str,
 ) -> None:
