@@ -35,6 +35,10 @@ class CancelForwarded(Cancelled):
 
 def _where(sent: Forwarded, run_id: str) -> str:
     """What became of the request, after its subject."""
+    if sent.applied and sent.driven_by is None:
+        # The run's driver took it over and ended it (a cancel) before the
+        # sender could tell which daemon that was.
+        return f"was applied by the daemon that took run {run_id} over"
     if sent.applied:
         return f"was applied by daemon {sent.driven_by}, which drives run {run_id}"
     if sent.driven_by is None:

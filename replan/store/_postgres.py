@@ -545,6 +545,10 @@ class PostgresStore:
             # statements: tried again then.
             for _ in range(3):
                 with conn.transaction():
+                    if gate_id is not None:
+                        # A refused answer left the gate open: this one
+                        # takes its place.
+                        conn.execute(queries.drop_refused, (gate_id,))
                     added = conn.execute(queries.add_request, params).fetchone()
                     if added is not None:
                         found = conn.execute(queries.get_request, added).fetchone()

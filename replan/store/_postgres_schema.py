@@ -307,6 +307,9 @@ class Queries:
     delete: tuple[sql.Composed, ...]
     add_request: sql.Composed
     """Keep a request, unless the gate has one or the run a waiting cancel."""
+    drop_refused: sql.Composed
+    """Forget a gate's answer its run's driver refused: the gate stays open,
+    and the next answer sent to it is kept in its place."""
     answer_of: sql.Composed
     """The request that answers a gate."""
     waiting_cancel: sql.Composed
@@ -458,6 +461,9 @@ class Queries:
             add_request=q(
                 "INSERT INTO {requests} (run_id, gate_id, payload, sender) "
                 "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING id"
+            ),
+            drop_refused=q(
+                "DELETE FROM {requests} WHERE gate_id = %s AND outcome = 'refused'"
             ),
             answer_of=q(f"{request} {{requests}} WHERE gate_id = %s"),
             waiting_cancel=q(

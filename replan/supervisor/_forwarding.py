@@ -41,6 +41,7 @@ from ._gates import (
     Validator,
     already_resolved,
     check_answer,
+    refused_field,
     resolution_from,
 )
 from ._state import RUN_ENDED_NOTE, RunState, fold_journal
@@ -69,8 +70,10 @@ class Forwarded(Frozen):
     """The run's driver applied it already (the answer is journaled, the
     run ended cancelled); else it waits in the journal for it."""
     driven_by: str | None
-    """Who drives the run (``host:pid``); None when nobody does at the
-    moment: the supervisor that takes the run over applies it."""
+    """Who drives the run (``host:pid``): the supervisor that took it over
+    while the sender waited, for a run nobody drove as it was sent; None
+    when nobody does at the moment (the supervisor that takes the run over
+    applies it), or when the run ended before its driver could be told."""
 
 
 def gate_of(gate_id: str) -> str | None:
@@ -181,7 +184,7 @@ class Forwarding:
         )
         if not added:
             raise _refusal(gate_id, request)
-        return await self._sent(request)
+        return await self._sent(request, info.request)
 
     async def cancel(self, run_id: str) -> Forwarded | None:
         """Send a cancel of a run this supervisor does not drive; None for a
@@ -202,10 +205,15 @@ class Forwarding:
         events = await self._store.read(run_id)
         return fold_journal(run_id, events) if events else None
 
-    async def _sent(self, request: RunRequest) -> Forwarded:
-        """Wait a little for the run's driver to settle ``request``.
+    async def _sent(
+        self, request: RunRequest, gate: GateRequest | None = None
+    ) -> Forwarded:
+        """Wait a little for the run's driver to settle ``request`` (an
+        answer to ``gate``).
 
         Raises:
+            ResolutionRefused: the driver refused the answer (names the
+                field; the gate stays open).
             GateError: an answer was not applied (the error says why); a
                 cancel that was not (the run ended otherwise) is left to
                 the run's journal to tell.
@@ -218,10 +226,14 @@ class Forwarding:
             if time.monotonic() >= deadline:
                 break
             await anyio.sleep(_SETTLED_POLL_S)
+            if lease is None:
+                # Nobody drove the run as it was sent: the supervisor that
+                # takes it over meanwhile is the one that applies it.
+                lease = await self._leases.run_lease(request.run_id)
             current = await self._requests.get_request(request.id)
         refused = current is not None and current.outcome not in (None, "applied")
         if refused and current is not None and request.gate_id is not None:
-            raise _refusal(request.gate_id, current)
+            raise _refusal(request.gate_id, current, gate)
         return Forwarded(
             request_id=request.id,
             run_id=request.run_id,
@@ -330,13 +342,20 @@ def _ended_by_run(answer: GateResolution) -> bool:
     return answer.by == "supervisor" and (answer.note or "").startswith(RUN_ENDED_NOTE)
 
 
-def _refusal(gate_id: str, request: RunRequest) -> GateError:
+def _refusal(
+    gate_id: str, request: RunRequest, gate: GateRequest | None = None
+) -> GateError:
     """The error for a request that was not applied, or an answer that came
     second to one sent on before."""
     if request.outcome is None or request.outcome == "applied":
         assert request.resolution is not None
         return GateAlreadyResolved(already_resolved(gate_id, request.resolution))
     detail = request.detail or f"gate {gate_id} was not answered"
+    if request.outcome == "refused" and gate is not None and request.resolution:
+        # The driver's check refused it: the gate stays open, as for an
+        # answer refused here.
+        field = refused_field(gate, request.resolution, ValueError(detail))
+        return ResolutionRefused(field, detail)
     if request.outcome == "already_resolved":
         return GateAlreadyResolved(detail)
     return GateError(detail)

@@ -39,12 +39,14 @@ Validator = Callable[[GateResolution], None]
 ``ConfigurationError`` to name the field)."""
 
 Elsewhere = Callable[
-    [str, "GateResolution | Mapping[str, Any]"], Awaitable["Forwarded"]
+    [str, "GateResolution | Mapping[str, Any]", bool], Awaitable["Forwarded | None"]
 ]
 """Sends an answer to a gate that is not open here on to the supervisor
 that drives its run (reading a mapping as the gate's run would, see
 :func:`resolution_from`); raises :class:`GateError` when there is no such
-gate."""
+gate. The flag says the gate was open here, and its run stopped here
+before it journaled the answer: None then when the answer is not sent on
+(the run ended here, or nobody else took it over)."""
 
 
 @dataclass(slots=True)
@@ -120,11 +122,22 @@ class GateRegistry:
         pending = self._open.get(gate_id)
         elsewhere = self._elsewhere
         if pending is None and gate_id not in self._answered and elsewhere:
-            return await elsewhere(gate_id, resolution)
+            return await elsewhere(gate_id, resolution, False)
         if not isinstance(resolution, GateResolution):
             review = pending is not None and pending.request.hypotheses is not None
             resolution = resolution_from(gate_id, resolution, review=review)
-        await self.answer_here(gate_id, resolution)
+        try:
+            await self.answer_here(gate_id, resolution)
+        except GateError as exc:
+            if type(exc) is not GateError or pending is None or elsewhere is None:
+                raise
+            # The run stopped here before it journaled the answer: another
+            # supervisor may have taken it over (this one stalled past its
+            # lease), and the gate is open there.
+            sent = await elsewhere(gate_id, resolution, True)
+            if sent is None:
+                raise
+            return sent
         return None
 
     async def answer_here(self, gate_id: str, resolution: GateResolution) -> None:
@@ -281,7 +294,7 @@ def check_answer(
         try:
             validate(resolution)
         except ValueError as exc:
-            field = _refused_field(request, resolution, exc)
+            field = refused_field(request, resolution, exc)
             raise ResolutionRefused(field, f"gate {gate_id}: {exc}") from None
 
 
@@ -302,7 +315,7 @@ async def _settled(pending: _Pending) -> GateResolution:
     return pending.resolution
 
 
-def _refused_field(
+def refused_field(
     request: GateRequest, resolution: GateResolution, error: ValueError
 ) -> str:
     """The field of ``resolution`` a gate's check refused.

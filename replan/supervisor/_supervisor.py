@@ -59,7 +59,7 @@ from ..store import (
 )
 from ..telemetry import Telemetry
 from ._budget import MeteredModel, RunMeter
-from ._forwarding import Forwarded, Forwarding, gate_of
+from ._forwarding import FORWARD_WAIT_S, Forwarded, Forwarding, gate_of
 from ._gates import GateRegistry, resolution_from
 from ._handle import RunHandle, RunRecord
 from ._leases import claim, keep_leases, lease_lost, new_owner, owned_journal, release
@@ -443,24 +443,57 @@ class Supervisor:
             self.store.release_lease(self)
 
     async def _gate_elsewhere(
-        self, gate_id: str, resolution: GateResolution | Mapping[str, Any]
-    ) -> Forwarded:
+        self,
+        gate_id: str,
+        resolution: GateResolution | Mapping[str, Any],
+        stopped: bool = False,
+    ) -> Forwarded | None:
         """Send an answer to a gate not open here on to the supervisor that
         drives its run (a gate's id is its run's, ``-g``, a number); on a
         store that keeps no requests, raise :class:`RunDrivenElsewhere` for
         a run another supervisor holds the lease of.
+
+        ``stopped``: the gate was open here, and its run stopped here before
+        it journaled the answer; the answer goes on only to a supervisor
+        that took the run over (None otherwise).
 
         Raises:
             GateError: no such gate is open (see ``Forwarding.answer``).
         """
         run_id = gate_of(gate_id)
         forwarding = self._forwarding
+        if stopped:
+            return await self._after_let_go(gate_id, resolution)
         if forwarding is None or run_id is None or run_id in self._drivers:
             if not isinstance(resolution, GateResolution):
                 resolution_from(gate_id, resolution)  # a bad one is named first
             await self._check_elsewhere(run_id)
             raise GateError(f"no open gate {gate_id!r}")
         return await forwarding.answer(gate_id, resolution)
+
+    async def _after_let_go(
+        self, gate_id: str, resolution: GateResolution | Mapping[str, Any]
+    ) -> Forwarded | None:
+        """Send an answer on to the supervisor that took the gate's run over
+        from this one, or to the one that takes it over (it let go of the
+        run); None when the run ended here, or is still this one's."""
+        run_id = gate_of(gate_id)
+        if self._forwarding is None or self._leases is None or run_id is None:
+            return None
+        driver = self._drivers.get(run_id)
+        if driver is not None:
+            # It is stopping: its gates were closed as it let go of the run.
+            with anyio.move_on_after(FORWARD_WAIT_S):
+                await driver.record.done.wait()
+            if not driver.record.done.is_set() or driver.state.status.final:
+                return None
+        try:
+            lease = await self._leases.run_lease(run_id)
+        except Exception:
+            return None  # the journal fails: the run's own error stands
+        if lease is not None and lease.owner == self._owner.id:
+            return None
+        return await self._forwarding.answer(gate_id, resolution)
 
     async def _check_elsewhere(self, run_id: str | None) -> None:
         """Raise :class:`RunDrivenElsewhere` if another supervisor holds the

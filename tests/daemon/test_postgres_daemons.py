@@ -410,3 +410,19 @@ def test_a_run_lost_to_another_daemon_no_longer_counts_as_active_here(
         second.close()
     assert submitted.status_code == 202, submitted.text
     assert 'replan_runs{status="waiting_for_human"} 0' in metrics
+
+
+def test_a_cancel_applied_by_a_daemon_that_cannot_be_named_says_so() -> None:
+    # The run was taken over and ended before the sender saw who drove it.
+    from replan.daemon._forwarded import cancel_forwarded
+    from replan.daemon._schemas import Cancelled
+    from replan.messages import RunStatus
+    from replan.supervisor import Forwarded
+
+    sent = Forwarded(request_id=1, run_id="r1", applied=True, driven_by=None)
+    ended = Cancelled(run_id="r1", status=RunStatus.CANCELLED, stop_reason="x")
+    body = cancel_forwarded(sent, ended, applied=True)
+    assert body.detail == (
+        "run r1: the cancel was applied by the daemon that took run r1 over"
+    )
+    assert "None" not in body.detail

@@ -168,6 +168,139 @@ async def test_an_answer_for_a_run_nobody_drives_waits_for_the_one_that_takes_it
     assert _rows(postgres_dsn, "SELECT outcome FROM replan.requests") == [("applied",)]
 
 
+async def test_a_request_applied_by_the_supervisor_that_took_the_run_over_names_it(
+    postgres_dsn: str,
+) -> None:
+    # Nobody drives the runs as the answer and the cancel are sent; a third
+    # supervisor takes them over while their senders wait, and applies them.
+    with anyio.fail_after(30):
+        async with PostgresStore(postgres_dsn) as store_a:
+            async with Supervisor(scripted(), store_a) as a:
+                answered = await a.submit(spec(SEND))
+                gate_id = await _at_gate(answered)
+                cancelled = await a.submit(spec(SEND))
+                await _at_gate(cancelled)
+            async with (
+                PostgresStore(postgres_dsn) as store_b,
+                PostgresStore(postgres_dsn) as store_c,
+                Supervisor(scripted(), store_b) as b,
+                Supervisor(scripted(), store_c) as c,
+            ):
+                sent: list[Forwarded | None] = []
+
+                async def answer() -> None:
+                    answer = {"decision": "approve", "by": "ana"}
+                    sent.append(await b.gates.resolve(gate_id, answer))
+
+                async def cancel() -> None:
+                    sent.append(await b.cancel(cancelled.run_id))
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(answer)
+                    tg.start_soon(cancel)
+                    await anyio.sleep(0.3)
+                    taken = await c.resume(answered.run_id)
+                    await c.resume(cancelled.run_id)
+                await taken.result()
+    assert len(sent) == 2
+    for forwarded in sent:
+        assert forwarded is not None
+        assert forwarded.applied
+        assert forwarded.driven_by == c.owner.holder
+
+
+async def test_an_answer_its_driver_refused_leaves_the_gate_open_to_answers_from_afar(
+    postgres_dsn: str,
+) -> None:
+    with anyio.fail_after(30):
+        async with (
+            PostgresStore(postgres_dsn) as store_a,
+            PostgresStore(postgres_dsn) as store_b,
+            Supervisor(scripted(), store_a) as a,
+            Supervisor(scripted(), store_b) as b,
+        ):
+            handle = await a.submit(spec(SEND))
+            gate_id = await _at_gate(handle)
+            # An answer the driver's own check refuses (a sender that checked
+            # the run otherwise): an edit at a task's approval gate.
+            edit = GateResolution(decision="edit", tasks=SEND, by="cy")
+            await store_b.add_request(
+                handle.run_id, "elsewhere:1", gate_id=gate_id, resolution=edit
+            )
+            for _ in range(400):  # the driver's next looks
+                outcomes = _rows(postgres_dsn, "SELECT outcome FROM replan.requests")
+                if outcomes == [("refused",)]:
+                    break
+                await anyio.sleep(0.05)
+            else:
+                raise AssertionError("the request was not settled")
+            # The gate is still open, and any supervisor takes its answer.
+            sent = await b.gates.resolve(gate_id, {"decision": "approve", "by": "ana"})
+            assert sent is not None
+            assert sent.applied
+            result = await handle.result()
+            events = await store_a.read(handle.run_id)
+    assert result.status is RunStatus.COMPLETED
+    assert [(r.decision, r.by) for r in _resolved(events)] == [("approve", "ana")]
+
+
+async def test_an_answer_its_driver_refuses_is_refused_to_its_sender_naming_the_field(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from replan.supervisor import _forwarding
+
+    # A sender that checks the run otherwise than its driver (it read the
+    # journal at another moment): here, one that checks nothing.
+    monkeypatch.setattr(_forwarding, "answer_check", lambda state, request: None)
+    with anyio.fail_after(30):
+        async with (
+            PostgresStore(postgres_dsn) as store_a,
+            PostgresStore(postgres_dsn) as store_b,
+            Supervisor(scripted(), store_a) as a,
+            Supervisor(scripted(), store_b) as b,
+        ):
+            handle = await a.submit(spec(SEND))
+            gate_id = await _at_gate(handle)
+            edit = {"decision": "edit", "tasks": SEND, "by": "cy"}
+            with pytest.raises(ResolutionRefused, match="approve or reject") as e:
+                await b.gates.resolve(gate_id, edit)
+            assert e.value.field == "decision"
+            await a.gates.resolve(gate_id, {"decision": "approve", "by": "ana"})
+            result = await handle.result()
+    assert result.status is RunStatus.COMPLETED
+
+
+async def test_an_answer_at_a_supervisor_whose_run_was_taken_over_goes_on_to_it(
+    postgres_dsn: str,
+) -> None:
+    # The first supervisor stalled past its lease, and another took the run
+    # over before the first's renewal noticed: the answer, given to the
+    # first, is applied by the second.
+    with anyio.fail_after(30):
+        async with (
+            PostgresStore(postgres_dsn) as store_a,
+            PostgresStore(postgres_dsn) as store_b,
+            Supervisor(scripted(), store_a) as a,
+            Supervisor(scripted(), store_b) as b,
+        ):
+            handle = await a.submit(spec(SEND))
+            gate_id = await _at_gate(handle)
+            _rows(
+                postgres_dsn,
+                "UPDATE replan.runs SET lease_expires = now() - interval '1 second' "
+                "RETURNING run_id",
+            )
+            taken = await b.resume(handle.run_id)
+            sent = await a.gates.resolve(gate_id, {"decision": "approve", "by": "ana"})
+            assert sent is not None
+            assert sent.applied
+            assert sent.driven_by == b.owner.holder
+            result = await taken.result()
+            events = await store_b.read(handle.run_id)
+    assert result.status is RunStatus.COMPLETED
+    assert [(r.decision, r.by) for r in _resolved(events)] == [("approve", "ana")]
+
+
 async def test_an_answer_journaled_before_its_driver_settled_it_is_not_applied_again(
     postgres_dsn: str,
 ) -> None:
