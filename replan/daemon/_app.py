@@ -296,7 +296,8 @@ def _v1(daemon: Daemon) -> APIRouter:
         except SupervisorError as exc:
             status = 409 if daemon.ready else 503
             raise ApiError(status, str(exc)) from None
-        final = await daemon.run_state(run_id)
+        # Retention may delete the run once it ended: a 404, as for any run.
+        final = await _state(daemon, run_id)
         ended = Cancelled(
             run_id=run_id, status=final.status, stop_reason=final.stop_reason
         )

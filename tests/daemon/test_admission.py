@@ -6,11 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import pytest
 from in_process import serving
 
 from replan._demo import GOAL, demo_model
+from replan._errors import UnknownRunError
 from replan.daemon import DaemonSettings, Token
 from replan.daemon._service import Daemon
+from replan.supervisor import RunState
 
 TOKEN = "admission-test-token"
 
@@ -41,3 +44,30 @@ async def test_a_burst_of_submissions_fills_the_free_places_and_no_more(
         assert len(unfinished) == 3
         for handle in unfinished:
             await handle.cancel()
+
+
+async def test_a_cancel_of_a_run_deleted_as_it_ends_is_a_404(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Retention may delete a run the moment it ends: the cancel's answer,
+    # which reads the run again, says there is no such run, not a 500.
+    settings = DaemonSettings(data_dir=tmp_path)
+    daemon = Daemon(settings=settings, token=Token(TOKEN), model=demo_model())
+    async with serving(daemon) as client:
+        submitted = await client.post("/v1/runs", json={"goal": GOAL})
+        run_id = submitted.json()["run_id"]
+        reads = 0
+        run_state = daemon.run_state
+
+        async def deleted_once_cancelled(run: str) -> RunState:
+            nonlocal reads
+            reads += 1
+            if reads > 1:
+                raise UnknownRunError(run)
+            return await run_state(run)
+
+        monkeypatch.setattr(daemon, "run_state", deleted_once_cancelled)
+        cancelled = await client.post(f"/v1/runs/{run_id}/cancel")
+    assert reads == 2
+    assert cancelled.status_code == 404, cancelled.text
+    assert cancelled.json()["field"] == "run_id"
