@@ -4,6 +4,9 @@ kept in the journal, and applied once by the supervisor that drives it."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import anyio
 import psycopg
 import pytest
@@ -35,16 +38,25 @@ def _resolved(events: list[object]) -> list[GateResolution]:
     return [e.resolution for e in events if isinstance(e, GateResolved)]
 
 
+@asynccontextmanager
+async def _two(
+    dsn: str,
+) -> AsyncIterator[tuple[PostgresStore, Supervisor, PostgresStore, Supervisor]]:
+    """Two supervisors, each on a journal of its own on one database."""
+    async with (
+        PostgresStore(dsn) as store_a,
+        PostgresStore(dsn) as store_b,
+        Supervisor(scripted(), store_a) as a,
+        Supervisor(scripted(), store_b) as b,
+    ):
+        yield store_a, a, store_b, b
+
+
 async def test_an_answer_at_a_supervisor_that_does_not_drive_the_run_is_applied_once(
     postgres_dsn: str,
 ) -> None:
     with anyio.fail_after(30):
-        async with (
-            PostgresStore(postgres_dsn) as store_a,
-            PostgresStore(postgres_dsn) as store_b,
-            Supervisor(scripted(), store_a) as a,
-            Supervisor(scripted(), store_b) as b,
-        ):
+        async with _two(postgres_dsn) as (store_a, a, _store_b, b):
             handle = await a.submit(spec(SEND))
             gate_id = await _at_gate(handle)
             sent = await b.gates.resolve(gate_id, {"decision": "approve", "by": "ana"})
@@ -68,12 +80,7 @@ async def test_a_bad_answer_sent_from_elsewhere_is_refused_at_once_naming_the_fi
     postgres_dsn: str,
 ) -> None:
     with anyio.fail_after(30):
-        async with (
-            PostgresStore(postgres_dsn) as store_a,
-            PostgresStore(postgres_dsn) as store_b,
-            Supervisor(scripted(), store_a) as a,
-            Supervisor(scripted(), store_b) as b,
-        ):
+        async with _two(postgres_dsn) as (_store_a, a, _store_b, b):
             handle = await a.submit(spec(SEND))
             gate_id = await _at_gate(handle)
             with pytest.raises(ResolutionRefused, match="by") as blank:
@@ -119,12 +126,7 @@ async def test_a_cancel_at_a_supervisor_that_does_not_drive_the_run_ends_it(
     postgres_dsn: str,
 ) -> None:
     with anyio.fail_after(30):
-        async with (
-            PostgresStore(postgres_dsn) as store_a,
-            PostgresStore(postgres_dsn) as store_b,
-            Supervisor(scripted(), store_a) as a,
-            Supervisor(scripted(), store_b) as b,
-        ):
+        async with _two(postgres_dsn) as (_store_a, a, _store_b, b):
             handle = await a.submit(spec(SEND))
             await _at_gate(handle)
             sent = await b.cancel(handle.run_id)
@@ -213,12 +215,7 @@ async def test_an_answer_its_driver_refused_leaves_the_gate_open_to_answers_from
     postgres_dsn: str,
 ) -> None:
     with anyio.fail_after(30):
-        async with (
-            PostgresStore(postgres_dsn) as store_a,
-            PostgresStore(postgres_dsn) as store_b,
-            Supervisor(scripted(), store_a) as a,
-            Supervisor(scripted(), store_b) as b,
-        ):
+        async with _two(postgres_dsn) as (store_a, a, store_b, b):
             handle = await a.submit(spec(SEND))
             gate_id = await _at_gate(handle)
             # An answer the driver's own check refuses (a sender that checked
@@ -253,12 +250,7 @@ async def test_an_answer_its_driver_refuses_is_refused_to_its_sender_naming_the_
     # journal at another moment): here, one that checks nothing.
     monkeypatch.setattr(_forwarding, "answer_check", lambda state, request: None)
     with anyio.fail_after(30):
-        async with (
-            PostgresStore(postgres_dsn) as store_a,
-            PostgresStore(postgres_dsn) as store_b,
-            Supervisor(scripted(), store_a) as a,
-            Supervisor(scripted(), store_b) as b,
-        ):
+        async with _two(postgres_dsn) as (_store_a, a, _store_b, b):
             handle = await a.submit(spec(SEND))
             gate_id = await _at_gate(handle)
             edit = {"decision": "edit", "tasks": SEND, "by": "cy"}
@@ -277,12 +269,7 @@ async def test_an_answer_at_a_supervisor_whose_run_was_taken_over_goes_on_to_it(
     # over before the first's renewal noticed: the answer, given to the
     # first, is applied by the second.
     with anyio.fail_after(30):
-        async with (
-            PostgresStore(postgres_dsn) as store_a,
-            PostgresStore(postgres_dsn) as store_b,
-            Supervisor(scripted(), store_a) as a,
-            Supervisor(scripted(), store_b) as b,
-        ):
+        async with _two(postgres_dsn) as (_store_a, a, store_b, b):
             handle = await a.submit(spec(SEND))
             gate_id = await _at_gate(handle)
             _rows(
