@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from .._errors import (
     UnknownRunError,
 )
 from ..llm import Model, Tool
-from ..messages import GateRequest, RunStatus
+from ..messages import GateRequest, RunCompacted, RunStatus
 from ..store import RunLeases, SQLiteStore, ToolEffectRecord
 from ..supervisor import RunState, Supervisor, fold_journal
 from ._redrive import redrive_loop
@@ -60,6 +61,11 @@ def open_journal(settings: DaemonSettings) -> Journal:
         raise ConfigurationError("journal_dsn", exc.problem) from None
 
 
+FOLDED_KEPT = 1024
+"""Runs driven elsewhere whose folded state the gate listing keeps (those
+waiting for a person; past this many it reads the least recent again)."""
+
+
 @dataclass
 class Counters:
     """Counts the daemon keeps for ``/metrics`` (the supervisor keeps the rest)."""
@@ -95,6 +101,9 @@ class Daemon:
     _hurried: bool = False
     _streams: set[anyio.CancelScope] = field(default_factory=set)
     _drains: set[anyio.CancelScope] = field(default_factory=set)
+    _folded: OrderedDict[str, RunState] = field(default_factory=OrderedDict)
+    """Runs other daemons drive, as last folded from the journal for the
+    gate listing (least recently listed first, at most ``FOLDED_KEPT``)."""
 
     @property
     def supervisor(self) -> Supervisor:
@@ -261,12 +270,16 @@ class Daemon:
         if not isinstance(store, RunLeases):
             return gates, elsewhere
         listed = {g.gate_id for g in gates}
-        run_ids = [run_id] if run_id is not None else await self._waiting_runs()
-        for other in run_ids:
+        if run_id is None:
+            waiting = await self._waiting_runs()
+        else:
+            summary = await store.get_run(run_id)
+            waiting = [] if summary is None else [(run_id, summary.last_seq)]
+        for other, last_seq in waiting:
             if supervisor.drives(other):
                 continue
             try:
-                state = fold_journal(other, await store.read(other))
+                state = await self._journal_state(other, last_seq)
             except (ReplanError, ValueError):
                 continue  # no such run, or one that cannot be read back
             found = [
@@ -280,20 +293,52 @@ class Daemon:
             holder = await self.driven_elsewhere(other)
             if holder is not None:
                 elsewhere.update((g.gate_id, holder) for g in found)
+        if run_id is None:
+            # Runs no longer waiting (answered, ended) are not kept.
+            still = {other for other, _ in waiting}
+            for gone in [r for r in self._folded if r not in still]:
+                del self._folded[gone]
         gates.sort(key=lambda g: g.created_at)
         return gates, elsewhere
 
-    async def _waiting_runs(self) -> list[str]:
-        """The journal's runs waiting for a person, newest first."""
-        run_ids: list[str] = []
+    async def _waiting_runs(self) -> list[tuple[str, int]]:
+        """The journal's runs waiting for a person, newest first, each with
+        the seq of its last event."""
+        runs: list[tuple[str, int]] = []
         page = 500
         while True:
             rows = await self.store.list_runs(
-                statuses=[RunStatus.WAITING_FOR_HUMAN], limit=page, offset=len(run_ids)
+                statuses=[RunStatus.WAITING_FOR_HUMAN], limit=page, offset=len(runs)
             )
-            run_ids += [r.run_id for r in rows]
+            runs += [(r.run_id, r.last_seq) for r in rows]
             if len(rows) < page:
-                return run_ids
+                return runs
+
+    async def _journal_state(self, run_id: str, last_seq: int) -> RunState:
+        """The run's state from the journal, up to ``last_seq`` at least.
+
+        The state folded last time is kept: a run whose journal has not grown
+        since is not read again, and one that has is read from where it was
+        folded to. A run waits at its gate for minutes or days while the
+        listing is asked for again and again.
+
+        Raises:
+            JournalCorrupt: the run has no events, or they do not fold.
+        """
+        folded = self._folded
+        state = folded.pop(run_id, None)
+        if state is not None and state.seq > last_seq:
+            state = None  # rewritten since (compacted): read it whole
+        if state is None or state.seq < last_seq:
+            after = 0 if state is None else state.seq
+            events = await self.store.read(run_id, after=after)
+            if events and isinstance(events[0], RunCompacted):
+                state = None  # a snapshot folds from nothing
+            state = fold_journal(run_id, events, start=state)
+        folded[run_id] = state
+        while len(folded) > FOLDED_KEPT:
+            folded.popitem(last=False)
+        return state
 
     async def side_effects(self, state: RunState) -> list[ToolEffectRecord]:
         """The side-effect tool calls the run made, in the order they ran."""

@@ -183,15 +183,18 @@ def replay(events: Iterable[Event]) -> RunState:
     return state
 
 
-def fold_journal(run_id: str, events: Iterable[Event]) -> RunState:
-    """:func:`replay` for a journal read from a store.
+def fold_journal(
+    run_id: str, events: Iterable[Event], start: RunState | None = None
+) -> RunState:
+    """:func:`replay` for a journal read from a store; from ``start``, the
+    run's state up to the events given, when one is at hand.
 
     Raises:
         JournalCorrupt: the events do not fold into a run (one missing or
             edited by hand); names the run and the first event that does
             not follow.
     """
-    state: RunState | None = None
+    state = start
     for event in events:
         try:
             state = apply(state, event)
