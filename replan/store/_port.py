@@ -136,7 +136,9 @@ class RunLeases(Protocol):
     append with an ``owner`` checks, in its own transaction, that the owner
     still holds the lease: a supervisor that stalled past the expiry while
     another took the run over gets :class:`~replan.LeaseLost`, so a run
-    never has two writers. Times are the database server's, never a
+    never has two writers; so does a record of its effect ledger or of a
+    side-effect tool call (:meth:`record_effect`, :meth:`record_tool_effect`
+    with ``owner``). Times are the database server's, never a
     client's.
 
     A store with run leases needs no :class:`DriverLease`: supervisors
@@ -163,6 +165,30 @@ class RunLeases(Protocol):
         Raises:
             LeaseLost: another owner holds the run's lease.
             JournalConflict: an event's ``seq`` is not the next in the run.
+        """
+        ...
+
+    async def record_effect(
+        self, run_id: str, record: EffectRecord, *, owner: RunOwner | None = None
+    ) -> None:
+        """:meth:`EffectLedger.record_effect`; with ``owner``, only while
+        it holds the run's lease, checked in the same statement.
+
+        Raises:
+            LeaseLost: another owner holds the run's lease, or nobody does.
+        """
+        ...
+
+    async def record_tool_effect(
+        self, run_id: str, record: ToolEffectRecord, *, owner: RunOwner | None = None
+    ) -> None:
+        """:meth:`ToolEffectLedger.record_tool_effect`; with ``owner``, only
+        while it holds the run's lease, checked in the same statement: a
+        supervisor that lost the run does not record a tool call as
+        started, and so does not run it.
+
+        Raises:
+            LeaseLost: another owner holds the run's lease, or nobody does.
         """
         ...
 

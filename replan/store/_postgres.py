@@ -288,13 +288,7 @@ class PostgresStore:
                     row = conn.execute(queries.head, (run_id,)).fetchone()
                     head, holds, holder = (0, None, None) if row is None else row
                     if owner is not None and holds != owner.id:
-                        raise LeaseLost(
-                            f"run {run_id}: its lease is "
-                            + (f"{holder}'s" if holder else "nobody's")
-                            + " now; this supervisor no longer drives it",
-                            run_id=run_id,
-                            holder=holder,
-                        )
+                        raise _lease_lost(run_id, holder)
                     if owner is None and holds is not None:
                         raise JournalConflict(
                             f"run {run_id}: {holder} holds its lease and "
@@ -358,20 +352,73 @@ class PostgresStore:
 
     # Effect ledger --------------------------------------------------------------
 
-    async def record_effect(self, run_id: str, record: EffectRecord) -> None:
-        query = self._queries.record_effect
-        params = (run_id, record.task_id, record.attempt, record.model_dump_json())
-        await self._connections().run(lambda conn: conn.execute(query, params))
+    async def record_effect(
+        self, run_id: str, record: EffectRecord, *, owner: RunOwner | None = None
+    ) -> None:
+        """Keep ``record`` (see :class:`~replan.store.EffectLedger`); with
+        ``owner``, only while it holds the run's lease, as an append.
+
+        Raises:
+            LeaseLost: another owner holds the run's lease, or nobody does.
+        """
+        params = {
+            "run_id": run_id,
+            "task_id": record.task_id,
+            "attempt": record.attempt,
+            "payload": record.model_dump_json(),
+        }
+        await self._record(
+            self._queries.record_effect, self._queries.owned_effect, params, owner
+        )
 
     async def read_effects(self, run_id: str) -> list[EffectRecord]:
         return await self._records(
             EffectRecord, "effect record", self._queries.read_effects, run_id
         )
 
-    async def record_tool_effect(self, run_id: str, record: ToolEffectRecord) -> None:
-        query = self._queries.record_tool_effect
-        params = (run_id, record.task_id, record.key, record.model_dump_json())
-        await self._connections().run(lambda conn: conn.execute(query, params))
+    async def record_tool_effect(
+        self, run_id: str, record: ToolEffectRecord, *, owner: RunOwner | None = None
+    ) -> None:
+        """Keep ``record`` (see :class:`~replan.store.ToolEffectLedger`);
+        with ``owner``, only while it holds the run's lease, as an append.
+
+        Raises:
+            LeaseLost: another owner holds the run's lease, or nobody does.
+        """
+        params: dict[str, object] = {
+            "run_id": run_id,
+            "task_id": record.task_id,
+            "key": record.key,
+            "payload": record.model_dump_json(),
+        }
+        queries = self._queries
+        await self._record(
+            queries.record_tool_effect, queries.owned_tool_effect, params, owner
+        )
+
+    async def _record(
+        self,
+        query: Any,
+        owned: Any,
+        params: dict[str, object],
+        owner: RunOwner | None,
+    ) -> None:
+        """Write a ledger's record; with ``owner``, in the statement that
+        checks it holds the run's lease."""
+        pool = self._connections()
+        if owner is None:
+            await pool.run(lambda conn: conn.execute(query, params))
+            return
+        run_id = str(params["run_id"])
+        head = self._queries.head
+
+        def write(conn: _Conn) -> None:
+            if conn.execute(owned, {**params, "owner": owner.id}).rowcount:
+                return
+            row = conn.execute(head, (run_id,)).fetchone()
+            raise _lease_lost(run_id, None if row is None else row[2])
+
+        await pool.run(write)
 
     async def read_tool_effects(
         self, run_id: str, task_id: str | None = None
@@ -623,6 +670,17 @@ class PostgresStore:
         self, run_id: str, what: str, exc: Exception, *, seq: int | None = None
     ) -> JournalCorrupt:
         return corrupt(self.journal, run_id, what, exc, seq=seq)
+
+
+def _lease_lost(run_id: str, holder: str | None) -> LeaseLost:
+    """The error of a write by a supervisor whose lease of the run is lost."""
+    return LeaseLost(
+        f"run {run_id}: its lease is "
+        + (f"{holder}'s" if holder else "nobody's")
+        + " now; this supervisor no longer drives it",
+        run_id=run_id,
+        holder=holder,
+    )
 
 
 def _where(params: dict[str, Any]) -> str:

@@ -295,8 +295,13 @@ class Queries:
     list_runs: sql.Composed
     list_runs_with: sql.Composed
     record_effect: sql.Composed
+    owned_effect: sql.Composed
+    """:attr:`record_effect`, if ``owner`` holds the run's lease (its row
+    locked meanwhile, so no claim takes the run over in between)."""
     read_effects: sql.Composed
     record_tool_effect: sql.Composed
+    owned_tool_effect: sql.Composed
+    """:attr:`record_tool_effect`, if ``owner`` holds the run's lease."""
     read_tool_effects: sql.Composed
     read_run_tool_effects: sql.Composed
     finished_before: sql.Composed
@@ -343,6 +348,20 @@ class Queries:
         select = f"SELECT {_SUMMARY_COLUMNS} FROM {{runs}} r"
         order = "ORDER BY r.created_at DESC, r.run_id DESC LIMIT %s OFFSET %s"
         request = "SELECT id, run_id, gate_id, payload, sender, outcome, detail FROM"
+        # A share lock on the run's row: a claim waits for the record to
+        # commit (and then finds it), or the record finds the claim's owner.
+        held = (
+            "WHERE EXISTS (SELECT 1 FROM {runs} WHERE run_id = %(run_id)s "
+            "AND owner = %(owner)s FOR SHARE)"
+        )
+        upsert_effect = (
+            "ON CONFLICT (run_id, task_id, attempt) "
+            "DO UPDATE SET payload = EXCLUDED.payload, id = EXCLUDED.id"
+        )
+        upsert_tool_effect = (
+            "ON CONFLICT (run_id, task_id, key) "
+            "DO UPDATE SET payload = EXCLUDED.payload"
+        )
         return cls(
             advance=q(
                 f"UPDATE {{runs}} SET {summary}, head = %(head)s, "
@@ -419,16 +438,26 @@ class Queries:
             list_runs_with=q(f"{select} WHERE r.status = ANY(%s::text[]) {order}"),
             record_effect=q(
                 "INSERT INTO {effects} (run_id, task_id, attempt, payload) "
-                "VALUES (%s, %s, %s, %s) ON CONFLICT (run_id, task_id, attempt) "
-                "DO UPDATE SET payload = EXCLUDED.payload, id = EXCLUDED.id"
+                "VALUES (%(run_id)s, %(task_id)s, %(attempt)s, %(payload)s) "
+                + upsert_effect
+            ),
+            owned_effect=q(
+                "INSERT INTO {effects} (run_id, task_id, attempt, payload) "
+                "SELECT %(run_id)s, %(task_id)s, %(attempt)s, %(payload)s "
+                f"{held} {upsert_effect}"
             ),
             read_effects=q(
                 "SELECT payload FROM {effects} WHERE run_id = %s ORDER BY id"
             ),
             record_tool_effect=q(
                 "INSERT INTO {tool_effects} (run_id, task_id, key, payload) "
-                "VALUES (%s, %s, %s, %s) ON CONFLICT (run_id, task_id, key) "
-                "DO UPDATE SET payload = EXCLUDED.payload"
+                "VALUES (%(run_id)s, %(task_id)s, %(key)s, %(payload)s) "
+                + upsert_tool_effect
+            ),
+            owned_tool_effect=q(
+                "INSERT INTO {tool_effects} (run_id, task_id, key, payload) "
+                "SELECT %(run_id)s, %(task_id)s, %(key)s, %(payload)s "
+                f"{held} {upsert_tool_effect}"
             ),
             read_tool_effects=q(
                 "SELECT payload FROM {tool_effects} WHERE run_id = %s "

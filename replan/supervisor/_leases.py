@@ -6,9 +6,10 @@ first append takes the lease) and those it claims on resuming (nobody held
 them, or their holder's lease expired: its process died). A background
 task renews them every third of the lease's duration; a run another
 supervisor took over meanwhile (this one stalled past the expiry) is let
-go of here. The driver's appends go through :class:`OwnedJournal`, which
-names the owner, so the store refuses those of a run that is no longer
-this supervisor's (:class:`~replan.LeaseLost`).
+go of here. The driver's appends, and its records of finished attempts and
+side-effect tool calls, go through :class:`OwnedJournal`, which names the
+owner, so the store refuses those of a run that is no longer this
+supervisor's (:class:`~replan.LeaseLost`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from ..store import (
     RunOwner,
     RunSummary,
     Store,
+    ToolEffectLedger,
+    ToolEffectRecord,
 )
 
 logger = logging.getLogger("replan.supervisor")
@@ -80,22 +83,34 @@ class OwnedJournal:
 
 
 class OwnedLedgerJournal(OwnedJournal):
-    """:class:`OwnedJournal` of a store with an effect ledger."""
+    """:class:`OwnedJournal` of a store with an effect ledger and tool
+    effects, whose records are fenced by the run's lease as its appends
+    are: a driver that lost the run records no task's outcome there, and
+    no side-effect tool call as started (so it does not run it)."""
 
     async def record_effect(self, run_id: str, record: EffectRecord) -> None:
-        store = self._store
-        assert isinstance(store, EffectLedger)
-        await store.record_effect(run_id, record)
+        await self._store.record_effect(run_id, record, owner=self._owner)
 
     async def read_effects(self, run_id: str) -> list[EffectRecord]:
         store = self._store
         assert isinstance(store, EffectLedger)
         return await store.read_effects(run_id)
 
+    async def record_tool_effect(self, run_id: str, record: ToolEffectRecord) -> None:
+        await self._store.record_tool_effect(run_id, record, owner=self._owner)
+
+    async def read_tool_effects(
+        self, run_id: str, task_id: str | None = None
+    ) -> list[ToolEffectRecord]:
+        store = self._store
+        assert isinstance(store, ToolEffectLedger)
+        return await store.read_tool_effects(run_id, task_id)
+
 
 def owned_journal(store: RunLeases, owner: RunOwner) -> Store:
-    """What a driver appends through: the store, naming ``owner``."""
-    if isinstance(store, EffectLedger):
+    """What a driver appends through (and its executor records tool calls
+    in): the store, naming ``owner``."""
+    if isinstance(store, EffectLedger) and isinstance(store, ToolEffectLedger):
         return OwnedLedgerJournal(store, owner)
     return OwnedJournal(store, owner)
 

@@ -581,8 +581,10 @@ class Supervisor:
     def _build_roles(self) -> Roles:
         model, runner = self._metered, self._task_runner
         tools, approve = self._tools, self._approve_tool_call
-        store = self.store
-        effects = store if isinstance(store, ToolEffectLedger) else None
+        # Through the runs' journal: on a leased store, a side-effect call
+        # is recorded (and so run) only while this supervisor holds the run.
+        journal = self._journal
+        effects = journal if isinstance(journal, ToolEffectLedger) else None
         executor_t, evolver_t = self._temperatures
         opts = self._pool_options
         size = self._sizes

@@ -212,13 +212,15 @@ class Holding:
     hold_at: int | None = None
     held: anyio.Event
 
-    async def record_tool_effect(self, run_id: str, record: ToolEffectRecord) -> None:
+    async def record_tool_effect(
+        self, run_id: str, record: ToolEffectRecord, **owner: Any
+    ) -> None:
         if record.content is None and self.hold_at is not None:
             self.hold_at -= 1
             if not self.hold_at:
                 self.held.set()
                 await anyio.sleep_forever()
-        await super().record_tool_effect(run_id, record)  # type: ignore[misc]
+        await super().record_tool_effect(run_id, record, **owner)  # type: ignore[misc]
 
 
 class HoldingMemory(Holding, MemoryStore):

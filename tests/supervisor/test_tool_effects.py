@@ -298,8 +298,10 @@ async def test_an_attempt_past_its_timeout_and_the_next_one_share_no_key(
     record = ledger.record_tool_effect
     ana_recorded = anyio.Event()
 
-    async def record_and_tell(run_id: str, effect: ToolEffectRecord) -> None:
-        await record(run_id, effect)
+    async def record_and_tell(
+        run_id: str, effect: ToolEffectRecord, **owner: Any
+    ) -> None:
+        await record(run_id, effect, **owner)
         if effect.content == "sent to ana":
             ana_recorded.set()
 
