@@ -292,6 +292,8 @@ def _v1(daemon: Daemon) -> APIRouter:
         try:
             sent = await sup.cancel(run_id)
         except (UnknownRunError, RunDrivenElsewhere):
+            # Deleted meanwhile (retention, once the cancel ended it): 404.
+            await _state(daemon, run_id)
             raise ApiError(409, await _not_here(daemon, run_id)) from None
         except SupervisorError as exc:
             status = 409 if daemon.ready else 503

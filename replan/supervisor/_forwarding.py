@@ -63,6 +63,8 @@ class Forwarded(Frozen):
     """A gate answer or a cancel sent on to the supervisor that drives the run."""
 
     request_id: int
+    """The request's row in the journal's ``requests`` table (the same
+    answer, or a cancel, sent again while it waits gets the same one)."""
     run_id: str
     gate_id: str | None = None
     """The gate answered; None for a cancel."""
@@ -143,9 +145,13 @@ class Forwarding:
         """Send an answer to a gate of a run this supervisor does not drive
         (its fields as a mapping are read as the run reads them).
 
+        The same answer sent again while the first waits (a retry) is
+        not kept twice: the call waits for the first, and says what became
+        of it.
+
         Raises:
             GateAlreadyResolved: the gate has an answer (in the journal, or
-                one sent on already, which stands).
+                another one sent on already, which stands).
             ResolutionRefused: the answer does not fit the gate (names the
                 field).
             GateError: no such gate is open (none, or its run ended).
@@ -182,8 +188,10 @@ class Forwarding:
         request, added = await self._requests.add_request(
             state.run_id, self._owner.holder, gate_id=gate_id, resolution=resolution
         )
-        if not added:
+        if not added and not _same_waiting(request, resolution):
             raise _refusal(gate_id, request)
+        # The same answer sent again (a retry) waits for the one kept, and
+        # says what became of it, as a cancel sent again does.
         return await self._sent(request, info.request)
 
     async def cancel(self, run_id: str) -> Forwarded | None:
@@ -231,6 +239,10 @@ class Forwarding:
                 # takes it over meanwhile is the one that applies it.
                 lease = await self._leases.run_lease(request.run_id)
             current = await self._requests.get_request(request.id)
+        if current is None:
+            # Gone with its run (retention compacted or deleted it once it
+            # ended): the run's journal tells what became of it.
+            current = await self._judged(request)
         refused = current is not None and current.outcome not in (None, "applied")
         if refused and current is not None and request.gate_id is not None:
             raise _refusal(request.gate_id, current, gate)
@@ -241,6 +253,27 @@ class Forwarding:
             applied=current is not None and current.outcome == "applied",
             driven_by=None if lease is None else lease.holder,
         )
+
+    async def _judged(self, request: RunRequest) -> RunRequest | None:
+        """``request`` settled by its run's journal, once its row is gone
+        (None while the run is unfinished: the row is left to tell).
+
+        Raises:
+            UnknownRunError: a cancel's run is gone from the journal.
+            GateError: so is an answer's.
+        """
+        state = await self._state(request.run_id)
+        if state is None:
+            if request.gate_id is None:
+                raise UnknownRunError(request.run_id)
+            raise GateError(
+                f"gate {request.gate_id} is closed: run {request.run_id} "
+                "is gone from the journal"
+            )
+        if not state.status.final:
+            return None
+        outcome, detail = _settled(request, state)
+        return request.model_copy(update={"outcome": outcome, "detail": detail})
 
     # Applying -----------------------------------------------------------------
 
@@ -335,6 +368,12 @@ def _settled(request: RunRequest, state: RunState) -> tuple[RequestOutcome, str 
     if answer == request.resolution:
         return "applied", None
     return "already_resolved", already_resolved(request.gate_id, answer)
+
+
+def _same_waiting(request: RunRequest, resolution: GateResolution) -> bool:
+    """Whether ``request`` is the answer ``resolution``, still waiting for
+    the run's driver (or applied by it)."""
+    return request.outcome in (None, "applied") and request.resolution == resolution
 
 
 def _ended_by_run(answer: GateResolution) -> bool:

@@ -71,3 +71,31 @@ async def test_a_cancel_of_a_run_deleted_as_it_ends_is_a_404(
     assert reads == 2
     assert cancelled.status_code == 404, cancelled.text
     assert cancelled.json()["field"] == "run_id"
+
+
+async def test_a_cancel_sent_on_whose_run_is_deleted_meanwhile_is_a_404(
+    tmp_path: Path, postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Sent on to the daemon that drives the run, the cancel ended it, and
+    # retention deleted it (its request with it) before the sender read
+    # what became of the cancel: no such run, not "driven by no daemon".
+    def settings(name: str) -> DaemonSettings:
+        return DaemonSettings(data_dir=tmp_path / name, journal_dsn=postgres_dsn)
+
+    first = Daemon(settings=settings("a"), token=Token(TOKEN), model=demo_model())
+    second = Daemon(settings=settings("b"), token=Token(TOKEN), model=demo_model())
+    async with serving(first) as one, serving(second) as two:
+        submitted = await one.post("/v1/runs", json={"goal": GOAL})
+        run_id = submitted.json()["run_id"]
+        sup = second.supervisor
+        cancel = sup.cancel
+
+        async def cancelled_and_deleted(run: str) -> None:
+            await cancel(run)
+            await second.store.delete_run(run)
+            raise UnknownRunError(run)
+
+        monkeypatch.setattr(sup, "cancel", cancelled_and_deleted)
+        cancelled = await two.post(f"/v1/runs/{run_id}/cancel")
+    assert cancelled.status_code == 404, cancelled.text
+    assert cancelled.json()["field"] == "run_id"

@@ -19,10 +19,12 @@ from replan import (
     RunStatus,
     Supervisor,
     TaskDraft,
+    UnknownRunError,
 )
 from replan.messages import GateOpened, GateResolution, GateResolved
-from replan.store import PostgresStore
-from replan.supervisor import Forwarded, RunHandle
+from replan.store import PostgresStore, RequestOutcome
+from replan.supervisor import Forwarded, RunHandle, fold_journal
+from replan.supervisor._state import snapshot
 
 SEND = [TaskDraft(key="s1", description="send it", requires_approval=True)]
 
@@ -345,6 +347,88 @@ async def test_a_tool_calls_gate_of_a_run_nobody_drives_is_not_answered_from_afa
                 answer = {"decision": "approve", "by": "ana"}
                 with pytest.raises(GateError, match="no supervisor drives"):
                     await b.gates.resolve(gate_id, answer)
+    assert _count(postgres_dsn, "requests") == 0
+
+
+async def test_the_same_answer_sent_again_waits_for_the_first_and_says_how_it_went(
+    postgres_dsn: str,
+) -> None:
+    # A sender that stopped waiting (or a client retrying) sends its answer
+    # again: it is not applied twice, and is told what became of the first.
+    answer = {"decision": "approve", "by": "ana"}
+    with anyio.fail_after(30):
+        async with PostgresStore(postgres_dsn) as store_a:
+            async with Supervisor(scripted(), store_a) as a:
+                handle = await a.submit(spec(SEND))
+                gate_id = await _at_gate(handle)
+            async with (
+                PostgresStore(postgres_dsn) as store_b,
+                Supervisor(scripted(), store_b) as b,
+            ):
+                first = await b.gates.resolve(gate_id, answer)
+                again = await b.gates.resolve(gate_id, answer)
+                assert isinstance(first, Forwarded)
+                assert isinstance(again, Forwarded)
+                assert again.request_id == first.request_id
+                assert not again.applied
+                # Another answer is still told the first stands.
+                with pytest.raises(GateAlreadyResolved, match="approve by ana"):
+                    await b.gates.resolve(gate_id, {"decision": "reject", "by": "bo"})
+                taken = await b.resume(handle.run_id)
+                result = await taken.result()
+                # Journaled: the answer stands, as at the driver.
+                with pytest.raises(GateAlreadyResolved, match="approve by ana"):
+                    await b.gates.resolve(gate_id, answer)
+                events = await store_b.read(handle.run_id)
+    assert result.status is RunStatus.COMPLETED
+    assert [(r.decision, r.by) for r in _resolved(events)] == [("approve", "ana")]
+    assert _rows(postgres_dsn, "SELECT outcome FROM replan.requests") == [("applied",)]
+
+
+class Retained(PostgresStore):
+    """A journal whose retention takes a run away (``compact`` or
+    ``delete``) as soon as a cancel sent from elsewhere ended it, before the
+    cancel's request is settled: the request goes with the run."""
+
+    retention = "compact"
+
+    async def settle_request(
+        self, request_id: int, outcome: RequestOutcome, detail: str | None = None
+    ) -> bool:
+        request = await self.get_request(request_id)
+        assert request is not None
+        events = await self.read(request.run_id)
+        if self.retention == "compact":
+            state = fold_journal(request.run_id, events)
+            await self.compact_run(request.run_id, snapshot(state, len(events)))
+        else:
+            await self.delete_run(request.run_id)
+        return True
+
+
+@pytest.mark.parametrize("retention", ["compact", "delete"])
+async def test_a_cancel_whose_run_retention_took_away_meanwhile_says_how_it_went(
+    retention: str, postgres_dsn: str
+) -> None:
+    with anyio.fail_after(30):
+        async with (
+            Retained(postgres_dsn) as store_a,
+            PostgresStore(postgres_dsn) as store_b,
+            Supervisor(scripted(), store_a) as a,
+            Supervisor(scripted(), store_b) as b,
+        ):
+            store_a.retention = retention
+            handle = await a.submit(spec(SEND))
+            await _at_gate(handle)
+            if retention == "compact":
+                sent = await b.cancel(handle.run_id)
+                assert sent is not None
+                assert sent.applied
+            else:
+                with pytest.raises(UnknownRunError):
+                    await b.cancel(handle.run_id)
+            result = await handle.result()
+    assert result.status is RunStatus.CANCELLED
     assert _count(postgres_dsn, "requests") == 0
 
 
