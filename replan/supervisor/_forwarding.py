@@ -277,6 +277,17 @@ class Forwarding:
 
     # Applying -----------------------------------------------------------------
 
+    async def waiting_answers(self, run_id: str) -> dict[str, GateResolution]:
+        """The answers sent to the gates of a run this supervisor just took
+        over that wait for it, by gate id (applied as it is taken up, when
+        the gate would otherwise be withdrawn: a tool call's)."""
+        waiting = await self._requests.waiting_requests(self._owner)
+        return {
+            r.gate_id: r.resolution
+            for r in waiting
+            if r.run_id == run_id and r.gate_id is not None and r.resolution
+        }
+
     async def take(self) -> None:
         """Apply the requests for the runs this supervisor drives (and settle
         those of runs that ended), every :data:`REQUEST_POLL_S`, until

@@ -22,8 +22,8 @@ the journaled steps' outcomes and waits again at a review gate left open.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from anyio.abc import TaskGroup
@@ -59,6 +59,9 @@ class Recovery:
     """The run's whole journal at the time of the resume."""
     effects: Sequence[EffectRecord]
     """The ledger's finished attempts for the run."""
+    answers: Mapping[str, GateResolution] = field(default_factory=dict)
+    """Answers sent from elsewhere to the run's open tool call gates, by
+    gate id, that wait for the run's driver (see ``_forwarding``)."""
 
     def list_gates(self, run: RunDriver) -> None:
         """List the run's open gates again, before the run is driven on, so a
@@ -81,7 +84,7 @@ class Recovery:
             run.gates.open(request, check)
 
     async def __call__(self, run: RunDriver, tg: TaskGroup) -> None:
-        await _withdraw_tool_gates(run)
+        await _withdraw_tool_gates(run, self.answers)
         await _recover_attempts(run, tg, self.effects)
         _reopen_approvals(run, tg)
         flow = interrupted_review(self.events, run)
@@ -120,23 +123,36 @@ async def _recover_attempts(
         await run.restart(state.tasks[task.id])
 
 
-async def _withdraw_tool_gates(run: RunDriver) -> None:
+async def _withdraw_tool_gates(
+    run: RunDriver, answers: Mapping[str, GateResolution]
+) -> None:
     """Close the gates of tool calls whose attempts the stop cut short.
 
     No attempt waits for their answers any more; one that runs again asks
-    again, at a gate of its own.
+    again, at a gate of its own. A person's answer sent to such a gate from
+    elsewhere before the run was taken over (``answers``) is journaled
+    instead: it stands, as one journaled before the stop does, and the
+    attempt run again takes it for the same call instead of asking again.
     """
     for gate in run.state.open_gates:
-        if gate.request.tool_call is not None:
-            await run.resolve_gate(
-                gate.request,
-                GateResolution(
-                    decision="reject",
-                    by="supervisor",
-                    note="the attempt that asked was interrupted; "
-                    "an attempt that runs again asks again",
-                ),
-            )
+        if gate.request.tool_call is None:
+            continue
+        answer = answers.get(gate.request.gate_id)
+        if answer is not None:
+            try:
+                approval_check(answer)
+            except ValueError:
+                answer = None  # refused, as its driver would: withdrawn
+        await run.resolve_gate(
+            gate.request,
+            answer
+            or GateResolution(
+                decision="reject",
+                by="supervisor",
+                note="the attempt that asked was interrupted; "
+                "an attempt that runs again asks again",
+            ),
+        )
 
 
 def _reopen_approvals(run: RunDriver, tg: TaskGroup) -> None:

@@ -869,9 +869,16 @@ class Supervisor:
                 if isinstance(store, EffectLedger)
                 else []
             )
+            forwarding = self._forwarding
+            answers = (
+                await forwarding.waiting_answers(run_id)
+                if forwarding is not None
+                and any(g.request.tool_call for g in state.open_gates)
+                else {}
+            )
             self._records[run_id] = record
             driver = self._driver(record, roles)
-            recovery = Recovery(events, effects)
+            recovery = Recovery(events, effects, answers)
             recovery.list_gates(driver)
             driver.recovery = recovery
             self._start(tg, driver, quiet=quiet)

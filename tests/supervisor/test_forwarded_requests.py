@@ -20,6 +20,7 @@ from replan import (
     Supervisor,
     TaskDraft,
     UnknownRunError,
+    tool,
 )
 from replan.messages import GateOpened, GateResolution, GateResolved
 from replan.store import PostgresStore, RequestOutcome
@@ -327,6 +328,66 @@ async def test_an_answer_journaled_before_its_driver_settled_it_is_not_applied_a
             await handle.result()
             events = await store.read(handle.run_id)
     assert [r.by for r in _resolved(events)] == ["ana", "ana"]  # g1 once, g2
+
+
+async def test_an_answer_to_a_tool_calls_gate_of_a_dead_driver_stands_at_the_takeover(
+    postgres_dsn: str,
+) -> None:
+    # The run's driver died at a tool call's gate, its lease not yet
+    # expired: the answer sent meanwhile waits in the journal. The
+    # supervisor that takes the run over journals it instead of withdrawing
+    # the gate, and the attempt run again takes it: no new gate, one email.
+    sent: list[str] = []
+
+    @tool(side_effect=True)
+    def send_email(to: str, idempotency_key: str) -> str:
+        """Email someone."""
+        sent.append(idempotency_key)
+        return "sent"
+
+    answer = {"decision": "approve", "by": "ana"}
+    with anyio.fail_after(30):
+        async with PostgresStore(postgres_dsn) as store_a:
+            model = scripted(execute=emails_first)
+            async with Supervisor(model, store_a, tools=[send_email]) as a:
+                handle = await a.submit(spec([TaskDraft(key="s1", description="x")]))
+                gate_id = await _at_gate(handle)
+            # As a killed process leaves it: its lease still holds.
+            _rows(
+                postgres_dsn,
+                "UPDATE replan.runs SET owner = 'dead', holder = 'host:1', "
+                "lease_expires = now() + interval '1 hour' RETURNING run_id",
+            )
+            async with (
+                PostgresStore(postgres_dsn) as store_b,
+                Supervisor(model, store_b, tools=[send_email]) as b,
+            ):
+                forwarded = await b.gates.resolve(gate_id, answer)
+                assert forwarded is not None
+                assert not forwarded.applied
+                assert forwarded.driven_by == "host:1"
+                _rows(
+                    postgres_dsn,
+                    "UPDATE replan.runs SET lease_expires = now() - "
+                    "interval '1 second' RETURNING run_id",
+                )
+                taken = await b.resume(handle.run_id)
+                result = await taken.result()
+                assert b.gates.pending() == []
+                events = await store_b.read(handle.run_id)
+                for _ in range(400):  # settled at the next look
+                    outcomes = _rows(
+                        postgres_dsn, "SELECT outcome FROM replan.requests"
+                    )
+                    if outcomes == [("applied",)]:
+                        break
+                    await anyio.sleep(0.05)
+                else:
+                    raise AssertionError(f"the request was not settled: {outcomes}")
+    assert result.status is RunStatus.COMPLETED
+    assert sent == [f"{handle.run_id}:t1:s1c0"]
+    assert sum(isinstance(e, GateOpened) for e in events) == 1
+    assert [(r.decision, r.by) for r in _resolved(events)] == [("approve", "ana")]
 
 
 async def test_a_tool_calls_gate_of_a_run_nobody_drives_is_not_answered_from_afar(
