@@ -185,7 +185,9 @@ class RunLeases(Protocol):
         """:meth:`ToolEffectLedger.record_tool_effect`; with ``owner``, only
         while it holds the run's lease, checked in the same statement: a
         supervisor that lost the run does not record a tool call as
-        started, and so does not run it.
+        started, and so does not run it. A call's result (``content``) is
+        also kept once the run has finished (the call was under way as it
+        ended): nobody drives a finished run.
 
         Raises:
             LeaseLost: another owner holds the run's lease, or nobody does.

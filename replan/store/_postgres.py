@@ -368,7 +368,10 @@ class PostgresStore:
             "payload": record.model_dump_json(),
         }
         await self._record(
-            self._queries.record_effect, self._queries.owned_effect, params, owner
+            self._queries.record_effect,
+            self._queries.owned_effect,
+            params | {"ended": False},
+            owner,
         )
 
     async def read_effects(self, run_id: str) -> list[EffectRecord]:
@@ -390,6 +393,8 @@ class PostgresStore:
             "task_id": record.task_id,
             "key": record.key,
             "payload": record.model_dump_json(),
+            # What a call under way as its run ended returned: kept.
+            "ended": record.content is not None,
         }
         queries = self._queries
         await self._record(
@@ -413,7 +418,8 @@ class PostgresStore:
         head = self._queries.head
 
         def write(conn: _Conn) -> None:
-            if conn.execute(owned, {**params, "owner": owner.id}).rowcount:
+            checked = {**params, "owner": owner.id, "unfinished": _UNFINISHED}
+            if conn.execute(owned, checked).rowcount:
                 return
             row = conn.execute(head, (run_id,)).fetchone()
             raise _lease_lost(run_id, None if row is None else row[2])

@@ -301,7 +301,8 @@ class Queries:
     read_effects: sql.Composed
     record_tool_effect: sql.Composed
     owned_tool_effect: sql.Composed
-    """:attr:`record_tool_effect`, if ``owner`` holds the run's lease."""
+    """:attr:`record_tool_effect`, if ``owner`` holds the run's lease (or,
+    with ``ended``, the run is finished)."""
     read_tool_effects: sql.Composed
     read_run_tool_effects: sql.Composed
     finished_before: sql.Composed
@@ -350,9 +351,12 @@ class Queries:
         request = "SELECT id, run_id, gate_id, payload, sender, outcome, detail FROM"
         # A share lock on the run's row: a claim waits for the record to
         # commit (and then finds it), or the record finds the claim's owner.
+        # A finished run is nobody's to drive: what a call that was under
+        # way as it ended returned is still kept (``ended``).
         held = (
             "WHERE EXISTS (SELECT 1 FROM {runs} WHERE run_id = %(run_id)s "
-            "AND owner = %(owner)s FOR SHARE)"
+            "AND (owner = %(owner)s OR (%(ended)s AND owner IS NULL "
+            "AND NOT status = ANY(%(unfinished)s::text[]))) FOR SHARE)"
         )
         upsert_effect = (
             "ON CONFLICT (run_id, task_id, attempt) "

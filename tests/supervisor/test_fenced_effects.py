@@ -5,6 +5,7 @@ another took the run over does not run the call a second time."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -191,3 +192,37 @@ async def test_a_stalled_driver_records_no_finished_attempt_of_a_run_taken_over(
             await write(b)
         assert record in await store.read_effects(run_id)
         assert await store.read_tool_effects(run_id) == [tool_record]
+
+
+async def test_what_a_call_under_way_as_its_run_was_cancelled_returned_is_kept(
+    postgres_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The run's end lets go of its lease; the call, already running, is
+    # waited for, and its result recorded: the run is nobody's to drive.
+    release, started = threading.Event(), threading.Event()
+
+    @tool(side_effect=True)
+    def send_email(to: str, idempotency_key: str) -> str:
+        """Email someone."""
+        started.set()
+        release.wait(5)
+        return f"sent to {to}"
+
+    with anyio.fail_after(30):
+        async with (
+            PostgresStore(postgres_dsn) as store,
+            Supervisor(scripted(execute=Emailer()), store, tools=[send_email]) as sup,
+        ):
+            handle = await sup.submit(spec(chain(1)))
+            await sup.gates.resolve(await at_gate(handle), APPROVE)
+            await anyio.to_thread.run_sync(started.wait, 5)
+            await handle.cancel()
+            release.set()
+            for _ in range(400):
+                [record] = await store.read_tool_effects(handle.run_id)
+                if record.content is not None:
+                    break
+                await anyio.sleep(0.02)
+    assert handle.status is RunStatus.CANCELLED
+    assert record.content == "sent to ana"
+    assert "not recorded" not in caplog.text
