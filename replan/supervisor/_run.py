@@ -12,7 +12,7 @@ import logging
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -29,6 +29,7 @@ from .._errors import (
     ActorStopped,
     ActorTimeout,
     ConfigurationError,
+    LeaseLost,
     ModelOutputError,
     ModelRefusal,
 )
@@ -637,6 +638,9 @@ class RunDriver:
     ) -> None:
         try:
             await self.record_events(*lost)
+        except LeaseLost:
+            # Another supervisor drives the run: the usage is its no more.
+            logger.debug("run %s: let go of", self.state.run_id, exc_info=True)
         except Exception:
             # The store may be failing too: the run stops all the same.
             logger.exception(
@@ -977,7 +981,8 @@ class RunDriver:
             # finished in the ledger, so that a resumed run does not redo it.
             held = [*self._unjournaled, *self._held, *self._inbox.take_nowait()]
             if held and self.effects is not None:
-                with anyio.CancelScope(shield=True):
+                # Not this supervisor's ledger once another drives the run.
+                with anyio.CancelScope(shield=True), suppress(LeaseLost):
                     await self._secure(held)
             lost = [*self._attempts_spent(), *self._unreported()]
             if (

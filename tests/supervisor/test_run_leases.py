@@ -19,14 +19,16 @@ from scripts import chain, clean, executed_ids, scripted, spec, task_of
 from replan import (
     GateError,
     ModelRequest,
+    ModelResponse,
     RunDrivenElsewhere,
     RunStatus,
     Supervisor,
     SupervisorError,
     TaskDraft,
     TaskStatus,
+    tool,
 )
-from replan.messages import GateOpened, TaskFinished, TaskInterrupted
+from replan.messages import GateOpened, TaskFinished, TaskInterrupted, ToolCall
 from replan.store import PostgresStore
 
 DRIVER = Path(__file__).with_name("postgres_driver.py")
@@ -281,3 +283,81 @@ async def test_a_supervisor_keeps_the_leases_of_its_runs_past_their_duration(
                 await b.resume(handle.run_id)
             assert await b.resume_all() == []
             assert a.drives(handle.run_id)
+
+
+async def test_a_run_lost_at_an_append_closes_its_gates_here(
+    postgres_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The first holds a finished attempt it could not journal as it lets go:
+    # not its ledger's any more, and its gate of the run is no longer open
+    # here (answered at the supervisor that took the run over).
+    reached, go = anyio.Event(), anyio.Event()
+    first = scripted(execute=blocking_at("s1", reached, go))
+    tasks = [
+        TaskDraft(key="s1", description="one"),
+        TaskDraft(key="s2", description="two", requires_approval=True),
+    ]
+    with anyio.fail_after(30):
+        async with (
+            PostgresStore(postgres_dsn) as store_a,
+            PostgresStore(postgres_dsn) as store_b,
+            Supervisor(first, store_a) as a,
+            Supervisor(scripted(), store_b) as b,
+        ):
+            handle = await a.submit(spec(tasks, milestone_every=100))
+            await reached.wait()
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    break
+            expire_leases(postgres_dsn)
+            taken = await b.resume(handle.run_id)
+            go.set()
+            with pytest.raises(SupervisorError, match="took the run over"):
+                await handle.result()
+            assert a.gates.pending() == []
+            (gate,) = b.gates.pending()
+            await b.gates.resolve(gate.gate_id, {"decision": "approve", "by": "ana"})
+            result = await taken.result()
+    assert result.status is RunStatus.COMPLETED
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_run_let_go_of_with_a_model_answer_in_flight_logs_no_error(
+    postgres_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The attempt's model answered (a tool call: its tokens spent) and the
+    # tool still runs as the renewal finds the run another's: the usage is
+    # the other supervisor's to journal, not an error here.
+    reached, go = anyio.Event(), anyio.Event()
+
+    @tool
+    async def look_up(query: str) -> str:
+        """Look something up."""
+        reached.set()
+        await go.wait()
+        return "found"
+
+    def execute(request: ModelRequest) -> object:
+        if not request.transcript:
+            call = ToolCall(id="c1", name="look_up", arguments='{"query": "x"}')
+            return ModelResponse(tool_calls=[call])
+        return clean(request)
+
+    with anyio.fail_after(30):
+        async with (
+            PostgresStore(postgres_dsn, lease_s=1) as store_a,
+            PostgresStore(postgres_dsn) as store_b,
+            Supervisor(scripted(execute=execute), store_a, tools=[look_up]) as a,
+            Supervisor(scripted(), store_b) as b,
+        ):
+            handle = await a.submit(spec(chain(1)))
+            await reached.wait()
+            expire_leases(postgres_dsn)
+            taken = await b.resume(handle.run_id)
+            with pytest.raises(SupervisorError, match="took the run over"):
+                await handle.result()
+            go.set()
+            result = await taken.result()
+    assert result.status is RunStatus.COMPLETED
+    assert "now; letting go of it" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
