@@ -267,8 +267,8 @@ class Forwarding:
             if request.gate_id is None:
                 raise UnknownRunError(request.run_id)
             raise GateError(
-                f"gate {request.gate_id} is closed: run {request.run_id} "
-                "is gone from the journal"
+                f"gate {request.gate_id} is closed: run {request.run_id} is "
+                "gone from the journal (deleted once it ended)"
             )
         if not state.status.final:
             return None
