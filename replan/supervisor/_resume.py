@@ -10,7 +10,8 @@ attempts had finished without the journal hearing of it. A resumed run:
   tool call's: its attempt runs again; a side-effect call that had run
   gets its result from the tool effect ledger, and one a person had
   answered but that had not started takes the journaled answer, instead
-  of a new gate);
+  of a new gate; so does one whose answer was sent from elsewhere while
+  the run's driver was dead, journaled as the run is taken over);
 * picks up a milestone review the stop interrupted: the replan flow after
   the verdict (from its gate, if one was open or answered), or the review
   itself if one was due and not yet held.
