@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import functools
+import json
 import sys
 import threading
 from pathlib import Path
@@ -230,6 +233,31 @@ def test_a_result_is_always_text_a_journal_can_keep() -> None:
     assert as_text(circular) == "[[...]]"
     assert as_text({"n": 1}) == '{"n": 1}'
     assert as_text(Unserializable(value=object())).startswith("Unserializable(")
+
+
+class Place(BaseModel):
+    city: str
+    zip: int | None = None
+
+
+@dataclasses.dataclass
+class Visit:
+    place: Place
+    on: datetime.date
+
+
+def test_models_and_dataclasses_inside_a_result_reach_the_model_as_json() -> None:
+    # A search tool returning a list of pydantic results: the model reads
+    # their fields as JSON, not the str() of each ("city='Paris' zip=None").
+    assert json.loads(as_text([Place(city="Paris")])) == [
+        {"city": "Paris", "zip": None}
+    ]
+    visit = Visit(place=Place(city="Lyon", zip=69001), on=datetime.date(2026, 1, 2))
+    assert json.loads(as_text({"visits": [visit], "tags": {"a"}})) == {
+        "visits": [{"place": {"city": "Lyon", "zip": 69001}, "on": "2026-01-02"}],
+        "tags": ["a"],
+    }
+    assert as_text({"at": object}) == json.dumps({"at": str(object)})
 
 
 async def test_a_sync_tool_that_hangs_is_abandoned_when_its_call_is_cancelled() -> None:
