@@ -20,6 +20,7 @@ from ..messages import (
 )
 from ..store import ToolEffectLedger
 from ._calls import call_model
+from ._escapes import escaped
 from ._runtime import ActorContext, mark_request_failed
 from ._tool_loop import Approver, ToolLoop
 
@@ -121,5 +122,11 @@ class Executor:
                 # sound and keeps serving.
                 mark_request_failed(exc)
                 raise
+            except BaseException as exc:
+                failure = await escaped(exc, "the task function")
+                if failure is None:
+                    raise  # a real cancellation, KeyboardInterrupt...
+                mark_request_failed(failure)
+                raise failure from exc
             return ExecuteReply(outcome=outcome)
         return await self._loop.run(request, ctx.run_id or "")

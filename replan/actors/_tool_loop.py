@@ -54,6 +54,7 @@ from ..messages._base import built
 from ..store import Store, ToolEffectLedger, ToolEffectRecord
 from ..telemetry import tool_call
 from ._calls import answer, made_at, wrong_answer
+from ._escapes import escaped
 from ._runtime import waiting_for_a_person
 from ._tool_answers import StandingAnswers, ToolCallAnswer, interrupted_answers
 
@@ -366,6 +367,15 @@ async def _traced_run(
         except (Exception, SystemExit) as exc:
             text = tool.bounded(f"{type(exc).__name__}: {exc}")
             done("failed", text, exc)
+            return ToolResult(call_id=call.id, name=call.name, content=text, error=True)
+        except BaseException as exc:
+            # A cancellation the tool raised that nothing sent (asyncio code
+            # awaiting a task something else cancelled): its error too.
+            failure = await escaped(exc, f"the tool {call.name}")
+            if failure is None:
+                raise
+            text = tool.bounded(str(failure))
+            done("failed", text, failure)
             return ToolResult(call_id=call.id, name=call.name, content=text, error=True)
         done("ran", content, None)
     return ToolResult(call_id=call.id, name=call.name, content=content)

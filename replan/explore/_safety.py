@@ -15,9 +15,25 @@ def _in_word(char: str) -> bool:
     return char.isalnum() or unicodedata.category(char).startswith("M")
 
 
+def _folded(text: str) -> str:
+    """``text`` as terms are matched in: one form for what reads the same.
+
+    Compatibility-normalized (NFKC: a decomposed ``i`` and accent is the
+    ``í`` of the term, fullwidth letters are the letters), case-folded,
+    and without the invisible format characters (a zero-width space or a
+    soft hyphen inside a word) that would split a word no reader sees split.
+    """
+    folded = unicodedata.normalize(
+        "NFKC", unicodedata.normalize("NFKC", text).casefold()
+    )
+    if folded.isascii():
+        return folded
+    return "".join(c for c in folded if unicodedata.category(c) != "Cf")
+
+
 def _term_words(term: str) -> list[str]:
-    """The case-folded words of ``term``, split on spaces and joiners."""
-    return [part for part in TERM_JOINERS.split(term.casefold()) if part]
+    """The folded words of ``term``, split on spaces and joiners."""
+    return [part for part in TERM_JOINERS.split(_folded(term)) if part]
 
 
 def mentions(text: str, term: str) -> bool:
@@ -26,12 +42,14 @@ def mentions(text: str, term: str) -> bool:
     Words are those of any script; a multi-word term matches its words joined
     by spaces, hyphens, underscores or slashes, and no match starts or ends
     inside a word (``вирус`` is not in ``антивирус``). No stemming: ``exploit``
-    is not in ``exploiters``.
+    is not in ``exploiters``. Text and term are compared as :func:`_folded`
+    makes them, so the same word typed another way (decomposed accents,
+    fullwidth letters, a zero-width space inside it) still matches.
     """
     parts = _term_words(term)
     if not parts:
         return False
-    folded = text.casefold()
+    folded = _folded(text)
     pattern = re.compile(TERM_JOINERS.pattern.join(re.escape(part) for part in parts))
     # Only a word-like edge of the term needs a boundary: ``c++`` ends in
     # ``+``, which no following letter extends.

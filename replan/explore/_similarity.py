@@ -8,6 +8,7 @@ above the threshold are the same idea; clusters are the connected groups.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -25,10 +26,34 @@ why will with would
 STOP_WORDS = frozenset(_STOP.split())
 
 
+def text_words(text: str) -> list[str]:
+    """The case-folded words of ``text``, in order: runs of letters, digits
+    and combining marks of any script.
+
+    A combining mark continues its word: a Devanagari or Thai vowel sign,
+    or an accent typed apart from its letter (``naïve`` decomposed), is
+    part of the word, not a break that leaves single letters as words.
+    """
+    folded = unicodedata.normalize("NFC", text.casefold())
+    if folded.isascii():
+        return _WORD.findall(folded)
+    found: list[str] = []
+    word: list[str] = []
+    for char in folded:
+        if char.isalnum() or (word and unicodedata.category(char).startswith("M")):
+            word.append(char)
+        elif word:
+            found.append("".join(word))
+            word = []
+    if word:
+        found.append("".join(word))
+    return found
+
+
 def words(text: str) -> frozenset[str]:
     """The normalized content words of ``text``."""
     out: set[str] = set()
-    for word in _WORD.findall(text.casefold()):
+    for word in text_words(text):
         if word in STOP_WORDS:
             continue
         if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):

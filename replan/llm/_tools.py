@@ -19,6 +19,7 @@ from typing import Any, get_type_hints, overload
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic_core import to_jsonable_python
 
 from .._errors import ConfigurationError, ReplanError
 from .._importing import import_named
@@ -274,7 +275,7 @@ def as_text(result: Any) -> str:
         elif isinstance(result, BaseModel):
             text = result.model_dump_json()
         else:
-            text = json.dumps(result, default=str)
+            text = json.dumps(result, default=_jsonable)
     except (TypeError, ValueError):  # PydanticSerializationError included
         text = repr(result)
     try:
@@ -282,6 +283,14 @@ def as_text(result: Any) -> str:
     except UnicodeEncodeError:
         text = text.encode(errors="replace").decode()
     return text
+
+
+def _jsonable(value: Any) -> Any:
+    """What ``json`` cannot encode by itself, as JSON values: a pydantic
+    model or a dataclass in a list or a mapping as its fields (not as the
+    ``str`` of it, ``city='Paris' zip=None``), a date in ISO format, an enum
+    as its value, a set as a list; anything else as its ``str``."""
+    return to_jsonable_python(value, fallback=str)
 
 
 def _described(fn: Callable[..., Any]) -> tuple[Any, Callable[..., Any]]:

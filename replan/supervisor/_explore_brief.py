@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Literal
 
 from ..explore import shortfalls
+from ..explore._similarity import text_words
 from ..messages import (
     DiscoveryBrief,
     ExploreSettings,
@@ -18,9 +18,6 @@ from ..messages import (
 from ._explore_state import ExploreState
 
 BriefStatus = Literal["completed", "needs_review", "blocked", "failed"]
-
-_WORD = re.compile(r"[^\W_]+")
-"""Letters and digits of any script: what a statement's wording is made of."""
 
 NOT_FACTS = (
     "These are candidate hypotheses to validate, not verified findings; "
@@ -88,7 +85,7 @@ def admit(
 
 
 def _wording(statement: str) -> tuple[str, ...]:
-    return tuple(_WORD.findall(statement.casefold()))
+    return tuple(text_words(statement))
 
 
 def build_brief(

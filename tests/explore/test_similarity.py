@@ -52,3 +52,15 @@ def test_a_threshold_of_one_merges_only_identical_word_sets() -> None:
     texts = {"H1": "cooks leave early", "H2": "Cooks leave, early!", "H3": "cooks stay"}
     groups = clusters(texts, 1.0, rank=lambda h: (h,))
     assert [members for _, members in groups] == [["H1", "H2"], ["H3"]]
+
+
+def test_a_combining_mark_continues_its_word_in_any_script() -> None:
+    # Python's \w takes no combining mark: a Devanagari vowel sign, or an
+    # accent typed apart from its letter, split a word into single letters,
+    # and unrelated statements shared those "words".
+    assert words("हिन्दी भाषा") == {"हिन्दी", "भाषा"}
+    assert words("nai\u0308ve cafe\u0301") == {"naïve", "café"}
+    assert similarity("naïve cooks skip plans", "nai\u0308ve cooks skip plans") == 1.0
+    a = "रसोइये इसलिए छोड़ते हैं क्योंकि व्यंजन चार लोगों के लिए होते हैं"
+    b = "बचा हुआ खाना साप्ताहिक योजना को बेकार महसूस कराता है"
+    assert similarity(a, b) < 0.1

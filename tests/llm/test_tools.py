@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import functools
+import json
 import sys
 import threading
 from pathlib import Path
@@ -232,6 +235,31 @@ def test_a_result_is_always_text_a_journal_can_keep() -> None:
     assert as_text(Unserializable(value=object())).startswith("Unserializable(")
 
 
+class Place(BaseModel):
+    city: str
+    zip: int | None = None
+
+
+@dataclasses.dataclass
+class Visit:
+    place: Place
+    on: datetime.date
+
+
+def test_models_and_dataclasses_inside_a_result_reach_the_model_as_json() -> None:
+    # A search tool returning a list of pydantic results: the model reads
+    # their fields as JSON, not the str() of each ("city='Paris' zip=None").
+    assert json.loads(as_text([Place(city="Paris")])) == [
+        {"city": "Paris", "zip": None}
+    ]
+    visit = Visit(place=Place(city="Lyon", zip=69001), on=datetime.date(2026, 1, 2))
+    assert json.loads(as_text({"visits": [visit], "tags": {"a"}})) == {
+        "visits": [{"place": {"city": "Lyon", "zip": 69001}, "on": "2026-01-02"}],
+        "tags": ["a"],
+    }
+    assert as_text({"at": object}) == json.dumps({"at": str(object)})
+
+
 async def test_a_sync_tool_that_hangs_is_abandoned_when_its_call_is_cancelled() -> None:
     released = threading.Event()
 
@@ -404,3 +432,39 @@ async def test_a_tool_that_calls_sys_exit_fails_its_call_not_the_application() -
         "SystemExit: no such account: a1",
         "SystemExit: 2",
     ]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_tool_raising_a_stray_cancellation_fails_its_call_only() -> None:
+    # Only asyncio code can raise a cancellation that no scope sent: a tool
+    # awaiting a task of its own that something else cancelled.
+    import asyncio  # noqa: TID251 - a stray asyncio.CancelledError
+
+    async def close_account(account: str) -> str:
+        """Close an account through a client whose request was cancelled."""
+        future = asyncio.get_running_loop().create_future()
+        future.cancel()
+        await future
+        return "closed"
+
+    tasks = [TaskDraft(key="close", description="close_account")]
+    with anyio.fail_after(10):
+        async with Supervisor(
+            ScriptedModel(_calls_each_tool),
+            tools=[close_account],
+            max_restarts=0,
+        ) as sup:
+            handle = await sup.submit(
+                RunSpec(goal="tidy accounts", pattern="contract", tasks=tasks)
+            )
+            result = await handle.result()
+            executor = next(p for p in sup.pool_statistics() if p.role == "executor")
+    assert result.status is RunStatus.ABORTED  # its one task failed
+    outcome = result.tasks[0].result
+    assert outcome is not None
+    assert outcome.summary == (
+        "the tool close_account raised a cancellation that nothing had asked "
+        "for (CancelledError)"
+    )
+    assert not executor.stopped
+    assert executor.restarts == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import anyio
@@ -285,6 +286,80 @@ async def test_a_raising_task_function_fails_its_tasks_not_the_executor_role() -
         )
     assert healthy.status is RunStatus.COMPLETED
     assert [t.status for t in healthy.tasks] == [TaskStatus.COMPLETED] * 2
+    assert not executor.stopped
+    assert executor.restarts == 0
+
+
+async def test_a_task_function_calling_sys_exit_fails_its_attempt_only() -> None:
+    # As in a tool: a command-line helper's sys.exit() ends the attempt, not
+    # the application the supervisor runs in, nor the other runs.
+    def run_task(task: Task, ctx: TaskContext) -> TaskOutcome:
+        if task.description == "call the command-line helper":
+            sys.exit(3)
+        return TaskOutcome(success=True, summary=f"{task.id} done")
+
+    exits = [TaskDraft(key="cli", description="call the command-line helper")]
+    async with Supervisor(
+        scripted(), MemoryStore(), task_runner=run_task, max_restarts=0
+    ) as sup:
+        with anyio.fail_after(10):
+            exited = await (await sup.submit(spec(exits))).result()
+            healthy = await (await sup.submit(spec(independent(2)))).result()
+        executor = next(p for p in sup.pool_statistics() if p.role == "executor")
+
+    task = exited.tasks[0]
+    assert task.status is TaskStatus.FAILED
+    assert task.attempts == 2
+    assert task.result is not None
+    assert task.result.reason == (
+        "executor crashed: executor: RuntimeError: the task function called sys.exit(3)"
+    )
+    assert healthy.status is RunStatus.COMPLETED
+    assert not executor.stopped
+    assert executor.restarts == 0
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_task_function_raising_a_stray_cancellation_fails_its_tasks_only() -> (
+    None
+):
+    # Only asyncio code can raise a cancellation no scope sent (a task
+    # function awaiting a task of its own that something else cancelled).
+    # Counted as crashes of the executor, three such tasks stopped the role
+    # and failed every other run of the supervisor with it.
+    import asyncio  # noqa: TID251 - a stray asyncio.CancelledError
+
+    async def run_task(task: Task, ctx: TaskContext) -> TaskOutcome:
+        if task.description == "call the flaky service":
+            future = asyncio.get_running_loop().create_future()
+            future.cancel()
+            await future
+        return TaskOutcome(success=True, summary=f"{task.id} done")
+
+    flaky = [TaskDraft(key="s1", description="call the flaky service")]
+    async with Supervisor(
+        scripted(),
+        MemoryStore(),
+        task_runner=run_task,
+        max_restarts=1,
+        restart_period_s=60,
+    ) as sup:
+        with anyio.fail_after(10):
+            failing = [await sup.submit(spec(flaky)) for _ in range(3)]
+            results = [await handle.result() for handle in failing]
+            healthy = await (await sup.submit(spec(independent(2)))).result()
+        executor = next(p for p in sup.pool_statistics() if p.role == "executor")
+
+    for result in results:
+        task = result.tasks[0]
+        assert task.status is TaskStatus.FAILED
+        assert task.attempts == 2
+        assert task.result is not None
+        assert task.result.reason == (
+            "executor crashed: executor: RuntimeError: the task function raised "
+            "a cancellation that nothing had asked for (CancelledError)"
+        )
+    assert healthy.status is RunStatus.COMPLETED
     assert not executor.stopped
     assert executor.restarts == 0
 
