@@ -221,8 +221,11 @@ class _Running:
     async def stop(self) -> None:
         """Leave ``running()``, or stop the start where it is; wait for it."""
         self._stopped.set()
-        if not self._started:
-            # Runs not resumed yet wait in the journal for the next start.
+        if not self._started and not self._done.is_set():
+            logger.info(
+                "stopped while starting: the runs not resumed yet wait in the "
+                "journal for the next start"
+            )
             self._scope.cancel()
         await self._done.wait()
 
