@@ -35,6 +35,7 @@ from anyio.abc import TaskStatus
 from ..store import DriverLease
 from ..telemetry import setup_if_asked
 from ._app import QUERY_PARAMETERS, create_app
+from ._files import AcceptErrors, raise_open_files_limit
 from ._limits import KnownQuery, KnownQueryInAccessLog
 from ._listen import listen
 from ._lock import data_dir_lock
@@ -289,6 +290,7 @@ def serve(settings: DaemonSettings) -> None:
 
 
 def _listen_and_serve(settings: DaemonSettings, daemon: Daemon) -> None:
+    open_files = raise_open_files_limit()
     sockets = listen(settings.host, settings.port)
     try:
         check_journal(settings)
@@ -298,6 +300,10 @@ def _listen_and_serve(settings: DaemonSettings, daemon: Daemon) -> None:
             stream=sys.stderr,
             format="%(levelname)s %(name)s: %(message)s",
         )
+        loop_log = logging.getLogger("asyncio")
+        for old in [f for f in loop_log.filters if isinstance(f, AcceptErrors)]:
+            loop_log.removeFilter(old)
+        loop_log.addFilter(AcceptErrors(open_files))
         for sock in sockets:
             host, port = sock.getsockname()[:2]
             where = f"[{host}]" if sock.family == socket.AF_INET6 else host
