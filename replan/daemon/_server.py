@@ -212,7 +212,8 @@ class _Running:
                     self._started = True
                     await self._stopped.wait()
         except Exception as exc:
-            logger.error("the daemon could not start: %s", exc, exc_info=exc)
+            what = "stopped on an error" if self._started else "could not start"
+            logger.error("the daemon %s: %s", what, exc, exc_info=exc)
             self.failed = True
             self._daemon.begin_shutdown()
             self._server.should_exit = True
