@@ -92,15 +92,33 @@ class ApiError(HTTPException):
         self.field = field
 
 
+STARTING = (
+    "the daemon is starting (it resumes the journal's unfinished runs): "
+    "try again in a few seconds"
+)
+_RETRY = {"Retry-After": "5"}
+
+
+def _starting(daemon: Daemon) -> bool:
+    """The daemon has not served yet: its journal's runs are resuming."""
+    return daemon._supervisor is None and not daemon.draining
+
+
 QUERY_PARAMETERS = frozenset({"status", "limit", "offset", "after", "run_id"})
 """Every query parameter an endpoint takes (see :class:`KnownQuery`)."""
 
 
-def create_app(daemon: Daemon) -> FastAPI:
-    """The ASGI app; its lifespan runs ``daemon.running()``."""
+def create_app(daemon: Daemon, *, start: bool = True) -> FastAPI:
+    """The ASGI app; its lifespan runs ``daemon.running()``, unless ``start``
+    is false: whoever serves the app runs the daemon beside it, as ``replan
+    serve`` does so that the API answers while the journal's runs resume
+    (503 with ``Retry-After`` until they have)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if not start:
+            yield
+            return
         async with daemon.running():
             yield
 
@@ -128,8 +146,10 @@ def create_app(daemon: Daemon) -> FastAPI:
     @app.get("/readyz", tags=["operations"], responses={503: {"model": Problem}})
     async def readyz() -> dict[str, str]:
         """The daemon accepts runs (not starting, not draining)."""
+        if _starting(daemon):
+            raise ApiError(503, f"not ready: {STARTING}", headers=_RETRY)
         if not daemon.ready:
-            raise ApiError(503, "not ready")
+            raise ApiError(503, "not ready: the daemon is shutting down")
         return {"status": "ready"}
 
     # HEAD too, as `curl -I` and some load balancers' checks ask (the server
@@ -188,6 +208,10 @@ def _v1(daemon: Daemon) -> APIRouter:
                     "not accepting runs: the daemon is shutting down; submit the "
                     "run again once it has restarted",
                     headers={"Retry-After": "5"},
+                ) from None
+            if _starting(daemon):
+                raise ApiError(
+                    503, f"not accepting runs yet: {STARTING}", headers=_RETRY
                 ) from None
             raise ApiError(503, f"not accepting runs: {exc}") from None
         except JournalUnavailable as exc:
@@ -558,6 +582,10 @@ def _handle_errors(app: FastAPI, daemon: Daemon) -> None:
 
     @app.exception_handler(SupervisorError)
     async def unavailable(request: Request, exc: SupervisorError) -> JSONResponse:
+        if _starting(daemon):
+            response = _problem(503, f"not serving yet: {STARTING}")
+            response.headers.update(_RETRY)
+            return response
         return _problem(503, f"not serving: {exc}")
 
     @app.exception_handler(Exception)

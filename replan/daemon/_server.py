@@ -9,6 +9,13 @@ the process would end by SIGTERM, not exit 0), stops listening at once and
 knows nothing of the supervisor; here the daemon handles SIGTERM and SIGINT
 itself (see :class:`Shutdown`): it drains the runs while uvicorn still
 answers, then lets uvicorn finish the requests in flight and return.
+
+The daemon (its journal, and the runs it resumes from it) starts beside
+uvicorn, not in the app's lifespan, which uvicorn finishes before it
+answers anything: a journal of thousands of unfinished runs takes a while
+to resume, and meanwhile ``/healthz`` answers 200 and the rest 503 with
+``Retry-After`` (a liveness probe that timed out would restart the daemon
+over and over, and clients would wait without an answer).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from anyio.abc import TaskStatus
 from ..store import DriverLease
 from ..telemetry import setup_if_asked
 from ._app import QUERY_PARAMETERS, create_app
+from ._files import AcceptErrors, raise_open_files_limit
 from ._limits import KnownQuery, KnownQueryInAccessLog
 from ._listen import listen
 from ._lock import data_dir_lock
@@ -132,7 +140,8 @@ def uvicorn_server(daemon: Daemon) -> uvicorn.Server:
     """uvicorn serving the daemon's app, with the daemon's signal handling."""
     settings = daemon.settings
     config = uvicorn.Config(
-        KnownQuery(create_app(daemon), QUERY_PARAMETERS),
+        # run_server starts the daemon itself, beside uvicorn.
+        KnownQuery(create_app(daemon, start=False), QUERY_PARAMETERS),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
@@ -155,30 +164,72 @@ async def run_server(
 ) -> None:
     """Serve on ``sockets`` until a :class:`Shutdown` has run, and return.
 
-    SIGTERM and SIGINT request the shutdown; so can whoever starts this
-    with ``tg.start``, which hands them the :class:`Shutdown`.
+    The daemon starts (resuming the journal's runs) while uvicorn already
+    answers. SIGTERM and SIGINT request the shutdown; so can whoever starts
+    this with ``tg.start``, which hands them the :class:`Shutdown`.
 
     Raises:
-        SystemExit: the app's startup failed (uvicorn logged why).
+        SystemExit: the daemon could not start (logged why).
     """
     shutdown = Shutdown(daemon, server)
+    running = _Running(daemon, server)
     failed = False
     async with anyio.create_task_group() as tg:
         tg.start_soon(_on_signals, shutdown)
         tg.start_soon(shutdown.run)
+        tg.start_soon(running.run)
         task_status.started(shutdown)
         try:
             await server.serve(sockets=sockets)
-            if server.force_exit and server.started:
-                # A forced exit skips the app's shutdown; run it, so the
-                # journal closes cleanly (quick: the drain was cut short).
-                await server.lifespan.shutdown()
         except SystemExit:
             # Raised inside this task group it would come out wrapped.
             failed = True
+        # Drains what is left (quick after the Shutdown's drain) and closes
+        # the journal; a start still resuming runs is cut short.
+        await running.stop()
         tg.cancel_scope.cancel()
-    if failed:
+    if failed or running.failed:
         raise SystemExit(3)
+
+
+class _Running:
+    """The daemon's ``running()``, entered beside uvicorn and left once it
+    has stopped."""
+
+    def __init__(self, daemon: Daemon, server: uvicorn.Server) -> None:
+        self._daemon = daemon
+        self._server = server
+        self._scope = anyio.CancelScope()
+        self._started = False
+        self._stopped = anyio.Event()
+        self._done = anyio.Event()
+        self.failed = False
+
+    async def run(self) -> None:
+        try:
+            with self._scope:
+                async with self._daemon.running():
+                    self._started = True
+                    await self._stopped.wait()
+        except Exception as exc:
+            what = "stopped on an error" if self._started else "could not start"
+            logger.error("the daemon %s: %s", what, exc, exc_info=exc)
+            self.failed = True
+            self._daemon.begin_shutdown()
+            self._server.should_exit = True
+        finally:
+            self._done.set()
+
+    async def stop(self) -> None:
+        """Leave ``running()``, or stop the start where it is; wait for it."""
+        self._stopped.set()
+        if not self._started and not self._done.is_set():
+            logger.info(
+                "stopped while starting: the runs not resumed yet wait in the "
+                "journal for the next start"
+            )
+            self._scope.cancel()
+        await self._done.wait()
 
 
 async def _on_signals(shutdown: Shutdown) -> None:
@@ -233,9 +284,14 @@ def serve(settings: DaemonSettings) -> None:
                     "telemetry not sent within %gs (is the OTLP collector running?)",
                     TELEMETRY_FLUSH_S,
                 )
+            # Nothing is left to collect that matters: the interpreter's
+            # last collections at exit would walk every object the runs
+            # left (seconds for thousands of runs) after the daemon stopped.
+            gc.freeze()
 
 
 def _listen_and_serve(settings: DaemonSettings, daemon: Daemon) -> None:
+    open_files = raise_open_files_limit()
     sockets = listen(settings.host, settings.port)
     try:
         check_journal(settings)
@@ -245,6 +301,10 @@ def _listen_and_serve(settings: DaemonSettings, daemon: Daemon) -> None:
             stream=sys.stderr,
             format="%(levelname)s %(name)s: %(message)s",
         )
+        loop_log = logging.getLogger("asyncio")
+        for old in [f for f in loop_log.filters if isinstance(f, AcceptErrors)]:
+            loop_log.removeFilter(old)
+        loop_log.addFilter(AcceptErrors(open_files))
         for sock in sockets:
             host, port = sock.getsockname()[:2]
             where = f"[{host}]" if sock.family == socket.AF_INET6 else host

@@ -74,17 +74,20 @@ class GateRegistry:
         """Sends an answer on to the supervisor that drives the gate's run,
         for a gate not open here (see :meth:`resolve`)."""
         self._open: dict[str, _Pending] = {}
+        self._by_run: dict[str, dict[str, None]] = {}
+        """The open gates' ids by run, oldest first: a run's end closes its
+        own without looking through every other run's."""
         self._answered: dict[str, GateResolution] = {}
         """Gates closed with their answer journaled, newest last (at most
         :data:`ANSWERED_KEPT`): a second answer to one is told so."""
 
     def pending(self, run_id: str | None = None) -> list[GateRequest]:
         """The open gates, oldest first (of one run, if ``run_id`` is given)."""
-        return [
-            p.request
-            for p in self._open.values()
-            if p.resolution is None and (run_id is None or p.request.run_id == run_id)
-        ]
+        if run_id is None:
+            found = list(self._open.values())
+        else:
+            found = [self._open[g] for g in self._by_run.get(run_id, ())]
+        return [p.request for p in found if p.resolution is None]
 
     def get(self, gate_id: str) -> GateRequest | None:
         pending = self._open.get(gate_id)
@@ -172,6 +175,7 @@ class GateRegistry:
 
     def open(self, request: GateRequest, validate: Validator | None = None) -> None:
         self._open[request.gate_id] = _Pending(request, validate)
+        self._by_run.setdefault(request.run_id, {})[request.gate_id] = None
 
     async def wait(self, request: GateRequest) -> GateResolution:
         """Wait for a person, or apply the policy default when the gate expires.
@@ -223,6 +227,11 @@ class GateRegistry:
         """The run journaled the answer (or gave up, with ``error``)."""
         pending = self._open.pop(gate_id, None)
         if pending is not None:
+            run_id = pending.request.run_id
+            of_run = self._by_run.get(run_id, {})
+            of_run.pop(gate_id, None)
+            if not of_run:
+                self._by_run.pop(run_id, None)
             pending.error = error
             pending.waited_on.set()
             pending.journaled.set()
@@ -256,9 +265,8 @@ class GateRegistry:
         as :class:`GateAlreadyResolved`. None when the run did not end (the
         supervisor let go of it): its gates are answered after a resume.
         """
-        for gate_id, pending in list(self._open.items()):
-            if pending.request.run_id == run_id:
-                self.close(gate_id, error)
+        for gate_id in list(self._by_run.get(run_id, ())):
+            self.close(gate_id, error)
         for gate_id, answer in (stood or {}).items():
             if answer is not None and gate_id not in self._answered:
                 self._remember(gate_id, answer)

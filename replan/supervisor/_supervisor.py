@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import Any, Self
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 from anyio.abc import TaskGroup, TaskStatus
 from opentelemetry.metrics import MeterProvider
@@ -916,6 +917,10 @@ class Supervisor:
         run_ids = await self._runs_to_take_up(damaged)
         self._unreadable |= damaged
         for run_id in reversed(run_ids):
+            # A SQLite journal reads without yielding: thousands of runs
+            # would hold the event loop (a daemon's HTTP API) until all
+            # had resumed.
+            await anyio.lowlevel.checkpoint()
             try:
                 handles.append(
                     await self._resume(run_id, hold_lease=False, quiet=False)

@@ -1,9 +1,11 @@
-"""SIGTERM's drain, in process: the server keeps answering until it is over."""
+"""SIGTERM's drain, in process: the server keeps answering until it is over;
+and the start, which it answers during too."""
 
 from __future__ import annotations
 
 import sqlite3
-from contextlib import closing
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, closing
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,15 @@ def held_daemon(tmp_path: Path, held: HeldModel) -> Daemon:
     return Daemon(settings=settings, token=Token(TOKEN), model=held.model)
 
 
+async def until_ready(client: httpx.AsyncClient) -> None:
+    """Wait for the daemon to serve: it answers while it starts."""
+    for _ in range(1000):
+        if (await client.get("/readyz")).status_code == 200:
+            return
+        await anyio.sleep(0.01)
+    raise AssertionError("the daemon did not start in 10 s")
+
+
 async def test_the_drain_answers_503_to_new_runs_while_work_in_flight_finishes(
     tmp_path: Path,
 ) -> None:
@@ -74,6 +85,7 @@ async def test_the_drain_answers_503_to_new_runs_while_work_in_flight_finishes(
             httpx.AsyncClient(base_url=url, headers=headers) as client,
         ):
             shutdown: Shutdown = await tg.start(run_server, daemon, server, sockets)
+            await until_ready(client)
             accepted = await client.post("/v1/runs", json=body)
             assert accepted.status_code == 202, accepted.text
             run_id = accepted.json()["run_id"]
@@ -120,6 +132,7 @@ async def test_a_second_signal_stops_without_waiting_for_the_drain(
         async with anyio.create_task_group() as tg:
             shutdown: Shutdown = await tg.start(run_server, daemon, server, sockets)
             async with httpx.AsyncClient(base_url=url, headers=headers) as client:
+                await until_ready(client)
                 accepted = await client.post(
                     "/v1/runs", json={"goal": GOAL, "gate_policy": {"gate_on": []}}
                 )
@@ -155,6 +168,7 @@ async def test_a_run_can_still_be_shown_while_the_daemon_drains(
             httpx.AsyncClient(base_url=url, headers=headers) as client,
         ):
             shutdown: Shutdown = await tg.start(run_server, daemon, server, sockets)
+            await until_ready(client)
             accepted = await client.post(
                 "/v1/runs", json={"goal": GOAL, "gate_policy": {"gate_on": []}}
             )
@@ -181,3 +195,109 @@ async def test_a_run_can_still_be_shown_while_the_daemon_drains(
     assert kinds[:3] == ["run_submitted", "usage_recorded", "plan_created"]
     assert "task_started" in kinds
     assert shown == [0]
+
+
+class SlowStart:
+    """``Daemon.running`` held before it opens the journal, as a journal of
+    thousands of unfinished runs holds it while they resume."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entered = anyio.Event()
+        self.release = anyio.Event()
+        running = Daemon.running
+
+        @asynccontextmanager
+        async def held(daemon: Daemon) -> AsyncIterator[None]:
+            self.entered.set()
+            await self.release.wait()
+            async with running(daemon):
+                yield
+
+        monkeypatch.setattr(Daemon, "running", held)
+
+
+async def test_the_daemon_answers_while_it_resumes_the_journal_s_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start = SlowStart(monkeypatch)
+    held = HeldModel()
+    held.release.set()
+    daemon = held_daemon(tmp_path, held)
+    server = uvicorn_server(daemon)
+    sockets = listen("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        async with (
+            anyio.create_task_group() as tg,
+            httpx.AsyncClient(base_url=url, headers=headers, timeout=5) as client,
+        ):
+            shutdown: Shutdown = await tg.start(run_server, daemon, server, sockets)
+            await start.entered.wait()
+            # Before, nothing answered until every run had resumed.
+            alive = await client.get("/healthz")
+            ready = await client.get("/readyz")
+            submitted = await client.post("/v1/runs", json={"goal": GOAL})
+            listed = await client.get("/v1/runs")
+            metrics = await client.get("/metrics")
+            start.release.set()
+            await until_ready(client)
+            accepted = await client.post("/v1/runs", json={"goal": GOAL})
+            shutdown.request()
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert alive.status_code == 200
+    assert ready.status_code == 503
+    assert ready.json()["detail"].startswith("not ready: the daemon is starting")
+    assert submitted.status_code == 503
+    assert submitted.json()["detail"] == (
+        "not accepting runs yet: the daemon is starting (it resumes the "
+        "journal's unfinished runs): try again in a few seconds"
+    )
+    for refused in (ready, submitted, listed):
+        assert refused.headers["Retry-After"] == "5"
+    assert listed.status_code == 503
+    assert listed.json()["detail"].startswith("not serving yet: the daemon is starting")
+    assert "replan_ready 0" in metrics.text
+    assert accepted.status_code == 202
+
+
+async def test_a_signal_while_the_daemon_starts_stops_it_without_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start = SlowStart(monkeypatch)  # never released
+    daemon = held_daemon(tmp_path, HeldModel())
+    server = uvicorn_server(daemon)
+    sockets = listen("127.0.0.1", 0)
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                shutdown: Shutdown = await tg.start(run_server, daemon, server, sockets)
+                await start.entered.wait()
+                shutdown.request()
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert not daemon.ready
+
+
+async def test_a_daemon_that_cannot_start_stops_serving_and_exits_3(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @asynccontextmanager
+    async def failing(daemon: Daemon) -> AsyncIterator[None]:
+        raise OSError("disk I/O error")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(Daemon, "running", failing)
+    daemon = held_daemon(tmp_path, HeldModel())
+    server = uvicorn_server(daemon)
+    sockets = listen("127.0.0.1", 0)
+    try:
+        with anyio.fail_after(10), pytest.raises(SystemExit) as exited:
+            await run_server(daemon, server, sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert exited.value.code == 3

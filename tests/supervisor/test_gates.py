@@ -1058,3 +1058,30 @@ async def test_a_gate_closed_before_a_gate_worker_takes_it_crashes_no_worker() -
             stats = pool.statistics()
             assert (stats.restarts, stats.stop_reason) == (0, None)
             tg.cancel_scope.cancel()
+
+
+def test_closing_a_run_s_gates_does_not_look_through_every_other_run_s() -> None:
+    # Each run's end (and a stop, for every run) closed its gates by looking
+    # through all open gates: a daemon stopping with thousands of runs at
+    # their gates took seconds per thousand, growing with the square.
+    import time
+    from datetime import UTC, datetime
+
+    from replan.supervisor._gates import GateRegistry
+
+    registry = GateRegistry()
+    runs = 10_000
+    now = datetime.now(UTC)
+    for i in range(runs):
+        registry.open(
+            GateRequest(gate_id=f"r{i}-g1", run_id=f"r{i}", reason="?", created_at=now)
+        )
+    registry.open(GateRequest(gate_id="r0-g2", run_id="r0", reason="?", created_at=now))
+    assert [g.gate_id for g in registry.pending("r0")] == ["r0-g1", "r0-g2"]
+    started = time.perf_counter()
+    for i in range(runs - 1):
+        registry.close_run(f"r{i}", "the run ended")
+    took = time.perf_counter() - started
+    assert [g.gate_id for g in registry.pending()] == [f"r{runs - 1}-g1"]
+    assert registry.pending("r0") == []
+    assert took < 2.0, f"closing {runs} runs' gates took {took:.1f} s"

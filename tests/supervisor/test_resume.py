@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from scripts import (
     GOAL,
@@ -749,3 +750,41 @@ async def test_a_run_another_supervisor_drives_is_not_taken_over(
     ):
         resumed = await after.resume(handle.run_id)
         assert (await resumed.result()).status is RunStatus.COMPLETED
+
+
+async def test_resuming_many_runs_from_sqlite_lets_other_tasks_run_meanwhile(
+    tmp_path: Any,
+) -> None:
+    # A SQLite journal reads without yielding: a daemon resuming thousands
+    # of runs answered no HTTP request until the last one had resumed.
+    runs = 30
+    with anyio.fail_after(20):
+        async with (
+            SQLiteStore(tmp_path / "j.db") as store,
+            Supervisor(demo_model(), store) as sup,
+        ):
+            for _ in range(runs):
+                handle = await sup.submit(demo_spec())
+                async for event in handle.events():
+                    if isinstance(event, GateOpened):
+                        break
+        ticks = 0
+        resumed = anyio.Event()
+
+        async def tick() -> None:
+            nonlocal ticks
+            while not resumed.is_set():
+                ticks += 1
+                await anyio.lowlevel.checkpoint()
+
+        async with SQLiteStore(tmp_path / "j.db") as store:
+            sup = Supervisor(demo_model(), store)
+            async with anyio.create_task_group() as tg, sup:
+                tg.start_soon(tick)
+                await anyio.lowlevel.checkpoint()  # the ticker is waiting
+                counted = ticks
+                handles = await sup.resume_all()
+                during = ticks - counted
+                resumed.set()
+    assert len(handles) == runs
+    assert during >= runs
