@@ -243,15 +243,9 @@ def apply(state: RunState | None, event: Event) -> RunState:
 def _changes(state: RunState, event: Event) -> dict[str, object]:
     changes: dict[str, object]
     match event:
-        case RunSubmitted():
-            raise ValueError("run_submitted can only begin a journal")
-        case RunCompacted():
-            raise ValueError("run_compacted can only be a whole journal")
-        case PlanCreated(version=version, boundary=boundary):
-            changes = _install(state, version)
-            if boundary:
-                changes.update(boundary_crossed=True, phase="synthesis", window=[])
-            return changes
+        # A run's commonest events first (task starts and finishes, model
+        # usage): each case that does not match is an isinstance() check
+        # through the models' metaclass, on every event folded.
         case TaskStarted(task_id=task_id, attempt=attempt):
             task = _task(state, task_id)
             started = task.evolve(status=TaskStatus.IN_PROGRESS, attempts=attempt)
@@ -263,6 +257,22 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
             changes = _finish(state, task_id, outcome)
             if usage is not None:
                 changes["usage"] = state.usage.add("executor", usage)
+            return changes
+        case UsageRecorded(role=role, purpose=purpose, usage=usage):
+            changes = {"usage": state.usage.add(role, usage)}
+            if purpose in REPLANNING_PURPOSES:
+                changes["replanning_tokens"] = (
+                    state.replanning_tokens + usage.total_tokens
+                )
+            return changes
+        case RunSubmitted():
+            raise ValueError("run_submitted can only begin a journal")
+        case RunCompacted():
+            raise ValueError("run_compacted can only be a whole journal")
+        case PlanCreated(version=version, boundary=boundary):
+            changes = _install(state, version)
+            if boundary:
+                changes.update(boundary_crossed=True, phase="synthesis", window=[])
             return changes
         case TaskInterrupted(task_id=task_id):
             task = _task(state, task_id)
@@ -297,13 +307,6 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
             return {"gates": gates, "status": RunStatus.WAITING_FOR_HUMAN}
         case GateResolved(gate_id=gate_id, resolution=resolution):
             return _resolve_gate(state, gate_id, resolution, event.at)
-        case UsageRecorded(role=role, purpose=purpose, usage=usage):
-            changes = {"usage": state.usage.add(role, usage)}
-            if purpose in REPLANNING_PURPOSES:
-                changes["replanning_tokens"] = (
-                    state.replanning_tokens + usage.total_tokens
-                )
-            return changes
         case TraceStarted(carrier=carrier, segment=segment):
             return {
                 "last_trace": carrier,
