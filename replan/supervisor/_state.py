@@ -241,30 +241,17 @@ def apply(state: RunState | None, event: Event) -> RunState:
 
 
 def _changes(state: RunState, event: Event) -> dict[str, object]:
+    # A run's commonest events (task starts and finishes, model usage) by
+    # their class alone: each case of the match below that does not match
+    # costs an isinstance() check through the models' metaclass.
+    if type(event) is TaskStarted:
+        return _started(state, event)
+    if type(event) is TaskFinished:
+        return _finished(state, event)
+    if type(event) is UsageRecorded:
+        return _usage_recorded(state, event)
     changes: dict[str, object]
     match event:
-        # A run's commonest events first (task starts and finishes, model
-        # usage): each case that does not match is an isinstance() check
-        # through the models' metaclass, on every event folded.
-        case TaskStarted(task_id=task_id, attempt=attempt):
-            task = _task(state, task_id)
-            started = task.evolve(status=TaskStatus.IN_PROGRESS, attempts=attempt)
-            return {
-                "tasks": with_task(state.tasks, started),
-                "task_executions": state.task_executions + 1,
-            }
-        case TaskFinished(task_id=task_id, outcome=outcome, usage=usage):
-            changes = _finish(state, task_id, outcome)
-            if usage is not None:
-                changes["usage"] = state.usage.add("executor", usage)
-            return changes
-        case UsageRecorded(role=role, purpose=purpose, usage=usage):
-            changes = {"usage": state.usage.add(role, usage)}
-            if purpose in REPLANNING_PURPOSES:
-                changes["replanning_tokens"] = (
-                    state.replanning_tokens + usage.total_tokens
-                )
-            return changes
         case RunSubmitted():
             raise ValueError("run_submitted can only begin a journal")
         case RunCompacted():
@@ -341,8 +328,38 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
         case ExploreEvent():
             explore = fold_explore(state.explore, event)
             return {"explore": explore, "iterations": len(explore.cycles)}
+        case TaskStarted():
+            return _started(state, event)
+        case TaskFinished():
+            return _finished(state, event)
+        case UsageRecorded():
+            return _usage_recorded(state, event)
         case _:
             assert_never(event)
+
+
+def _started(state: RunState, event: TaskStarted) -> dict[str, object]:
+    task = _task(state, event.task_id)
+    started = task.evolve(status=TaskStatus.IN_PROGRESS, attempts=event.attempt)
+    return {
+        "tasks": with_task(state.tasks, started),
+        "task_executions": state.task_executions + 1,
+    }
+
+
+def _finished(state: RunState, event: TaskFinished) -> dict[str, object]:
+    changes = _finish(state, event.task_id, event.outcome)
+    if event.usage is not None:
+        changes["usage"] = state.usage.add("executor", event.usage)
+    return changes
+
+
+def _usage_recorded(state: RunState, event: UsageRecorded) -> dict[str, object]:
+    usage = event.usage
+    changes: dict[str, object] = {"usage": state.usage.add(event.role, usage)}
+    if event.purpose in REPLANNING_PURPOSES:
+        changes["replanning_tokens"] = state.replanning_tokens + usage.total_tokens
+    return changes
 
 
 RUN_ENDED_NOTE = "the run ended before the gate was answered"
