@@ -8,7 +8,7 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -746,16 +746,11 @@ class ActorPool(Generic[ReqT, RepT]):
             # cancelled) cancels this scope through the slot.
             slot.bind(scope)
             try:
-                with (
-                    serving(
-                        self._telemetry, role, envelope.request, ctx.run_id, carrier
-                    )
-                    if carrier
-                    else _UNTRACED
-                ) as span:
+                if carrier:
+                    value = await self._traced(actor, envelope, ctx)
+                else:
+                    # Untraced (no span is recording): no context to enter.
                     value = await actor.handle(envelope.request, ctx)
-                    if span is not None:
-                        span.replied(value)
             except ModelError as exc:
                 # The model failed, not the actor: answer with the typed
                 # report and keep serving (a restart would not help).
@@ -819,8 +814,20 @@ class ActorPool(Generic[ReqT, RepT]):
                 self._busy -= 1
         return None
 
-
-_UNTRACED = nullcontext()
+    async def _traced(
+        self,
+        actor: Actor[ReqT, RepT],
+        envelope: Envelope[ReqT, RepT],
+        ctx: ActorContext,
+    ) -> RepT:
+        """Handle a request under its sender's trace context, in a span."""
+        with serving(
+            self._telemetry, self.role, envelope.request, ctx.run_id, envelope.carrier
+        ) as span:
+            value = await actor.handle(envelope.request, ctx)
+            if span is not None:
+                span.replied(value)
+            return value
 
 
 async def _stray_cancellation(exc: BaseException) -> bool:

@@ -43,6 +43,10 @@ def check_follows(run_id: str, events: Sequence[Event], last: int) -> None:
 def to_text(moment: datetime) -> str:
     """ISO-8601 that sorts as text: aware moments in UTC, always microseconds."""
     if moment.tzinfo is UTC:  # what replan itself writes: nothing to convert
+        if moment.microsecond:
+            # The same text: isoformat() leaves out only zero microseconds,
+            # and is a quarter cheaper without arguments (one per event).
+            return moment.isoformat()
         return moment.isoformat(timespec="microseconds")
     if moment.utcoffset() is not None:
         # Within a day of year 1 or 9999 there is no UTC equivalent: keep the

@@ -1243,9 +1243,11 @@ class RunDriver:
         room = self.limits.max_concurrency - self._in_flight
         budget = self.limits.max_task_executions - state.task_executions
         to_start: list[Task] = []
-        gated = {g.request.task_id for g in state.open_gates}
+        gated: set[str | None] | None = None  # looked up for side effects only
         for task in self._ready(state):
             if task.requires_approval and not task.approved:
+                if gated is None:
+                    gated = {g.request.task_id for g in state.open_gates}
                 if task.id not in gated:
                     await self._request_approval(tg, task)
                 continue

@@ -241,6 +241,15 @@ def apply(state: RunState | None, event: Event) -> RunState:
 
 
 def _changes(state: RunState, event: Event) -> dict[str, object]:
+    # A run's commonest events (task starts and finishes, model usage) by
+    # their class alone: each case of the match below that does not match
+    # costs an isinstance() check through the models' metaclass.
+    if type(event) is TaskStarted:
+        return _started(state, event)
+    if type(event) is TaskFinished:
+        return _finished(state, event)
+    if type(event) is UsageRecorded:
+        return _usage_recorded(state, event)
     changes: dict[str, object]
     match event:
         case RunSubmitted():
@@ -251,18 +260,6 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
             changes = _install(state, version)
             if boundary:
                 changes.update(boundary_crossed=True, phase="synthesis", window=[])
-            return changes
-        case TaskStarted(task_id=task_id, attempt=attempt):
-            task = _task(state, task_id)
-            started = task.evolve(status=TaskStatus.IN_PROGRESS, attempts=attempt)
-            return {
-                "tasks": with_task(state.tasks, started),
-                "task_executions": state.task_executions + 1,
-            }
-        case TaskFinished(task_id=task_id, outcome=outcome, usage=usage):
-            changes = _finish(state, task_id, outcome)
-            if usage is not None:
-                changes["usage"] = state.usage.add("executor", usage)
             return changes
         case TaskInterrupted(task_id=task_id):
             task = _task(state, task_id)
@@ -297,13 +294,6 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
             return {"gates": gates, "status": RunStatus.WAITING_FOR_HUMAN}
         case GateResolved(gate_id=gate_id, resolution=resolution):
             return _resolve_gate(state, gate_id, resolution, event.at)
-        case UsageRecorded(role=role, purpose=purpose, usage=usage):
-            changes = {"usage": state.usage.add(role, usage)}
-            if purpose in REPLANNING_PURPOSES:
-                changes["replanning_tokens"] = (
-                    state.replanning_tokens + usage.total_tokens
-                )
-            return changes
         case TraceStarted(carrier=carrier, segment=segment):
             return {
                 "last_trace": carrier,
@@ -338,8 +328,38 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
         case ExploreEvent():
             explore = fold_explore(state.explore, event)
             return {"explore": explore, "iterations": len(explore.cycles)}
+        case TaskStarted():
+            return _started(state, event)
+        case TaskFinished():
+            return _finished(state, event)
+        case UsageRecorded():
+            return _usage_recorded(state, event)
         case _:
             assert_never(event)
+
+
+def _started(state: RunState, event: TaskStarted) -> dict[str, object]:
+    task = _task(state, event.task_id)
+    started = task.evolve(status=TaskStatus.IN_PROGRESS, attempts=event.attempt)
+    return {
+        "tasks": with_task(state.tasks, started),
+        "task_executions": state.task_executions + 1,
+    }
+
+
+def _finished(state: RunState, event: TaskFinished) -> dict[str, object]:
+    changes = _finish(state, event.task_id, event.outcome)
+    if event.usage is not None:
+        changes["usage"] = state.usage.add("executor", event.usage)
+    return changes
+
+
+def _usage_recorded(state: RunState, event: UsageRecorded) -> dict[str, object]:
+    usage = event.usage
+    changes: dict[str, object] = {"usage": state.usage.add(event.role, usage)}
+    if event.purpose in REPLANNING_PURPOSES:
+        changes["replanning_tokens"] = state.replanning_tokens + usage.total_tokens
+    return changes
 
 
 RUN_ENDED_NOTE = "the run ended before the gate was answered"

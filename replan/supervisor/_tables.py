@@ -166,7 +166,8 @@ def with_tasks(
     Raises:
         ValueError: an added task's id is in the table already.
     """
-    if isinstance(tasks, TaskTable):
+    # By its class: isinstance() on a dict would go through the Mapping ABC.
+    if type(tasks) is TaskTable:
         return tasks.replaced(changed).added(added)
     out = dict(tasks)
     out.update(changed)

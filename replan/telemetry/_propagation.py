@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -30,6 +31,8 @@ called each time, since the application may set another one later."""
 _first_use_lock = threading.Lock()
 _W3C = TraceContextTextMapPropagator()
 _TRACEPARENT = "traceparent"
+_untraced: weakref.ref[context.Context] | None = None
+"""The last context :func:`current_carrier` found carrying no valid span."""
 
 
 def current_carrier() -> dict[str, str]:
@@ -43,7 +46,15 @@ def current_carrier() -> dict[str, str]:
     sends to other processes) it carries W3C ``traceparent`` as well, and
     the actors' spans stay in the run's trace.
     """
-    if not trace.get_current_span().get_span_context().is_valid:
+    global _untraced
+    current = context.get_current()
+    if _untraced is not None and _untraced() is current:
+        return {}
+    if not trace.get_current_span(current).get_span_context().is_valid:
+        # A context never changes: the next envelope sent under this one
+        # needs no second look (get_current_span() checks the span against
+        # an ABC, which costs more than the rest of sending a request).
+        _untraced = weakref.ref(current)
         return {}
     carrier: dict[str, str] = {}
     propagator().inject(carrier)

@@ -556,21 +556,19 @@ class RunTrace:
         """Turn what the driver just journaled into span attributes and metrics."""
         self._state = state
         for event in events:
+            # A run's commonest events by their class alone: each case of
+            # the match below that does not match costs an isinstance()
+            # check through the models' metaclass.
+            if type(event) is TaskStarted:
+                self._started[event.task_id] = event.at
+                continue
+            if type(event) is TaskFinished:
+                self._finished_task(event)
+                continue
+            if type(event) is UsageRecorded:
+                self._tokens(event.role, event.usage)
+                continue
             match event:
-                case TaskStarted(task_id=task_id):
-                    self._started[task_id] = event.at
-                case TaskFinished(task_id=task_id, outcome=outcome, usage=usage):
-                    if usage is not None:
-                        self._tokens("executor", usage)
-                    started = self._started.pop(task_id, None)
-                    if started is not None:
-                        label = task_outcome(outcome)
-                        self._t.task_duration.record(
-                            (event.at - started).total_seconds(),
-                            {n.TASK_OUTCOME: label},
-                        )
-                case UsageRecorded(role=role, usage=usage):
-                    self._tokens(role, usage)
                 case ReplanRefused(record=record):
                     self._decided_replan(record, None, state)
                 case ReplanApplied(record=record, version=version):
@@ -604,6 +602,16 @@ class RunTrace:
                     self._finished(event, state)
                 case _:
                     pass
+
+    def _finished_task(self, event: TaskFinished) -> None:
+        if event.usage is not None:
+            self._tokens("executor", event.usage)
+        started = self._started.pop(event.task_id, None)
+        if started is not None:
+            self._t.task_duration.record(
+                (event.at - started).total_seconds(),
+                {n.TASK_OUTCOME: task_outcome(event.outcome)},
+            )
 
     def _tokens(self, role: str, usage: TokenUsage) -> None:
         if usage.input_tokens:
