@@ -88,6 +88,7 @@ from .store import Store as Store
 from .supervisor import RunHandle as RunHandle
 from .supervisor import RunState as RunState
 from .supervisor import Supervisor as Supervisor
+from .supervisor import SupervisorTotals as SupervisorTotals
 from .supervisor import apply as apply
 from .supervisor import replay as replay
 
@@ -166,6 +167,7 @@ __all__ = (
     "Store",
     "Supervisor",
     "SupervisorError",
+    "SupervisorTotals",
     "Synthesis",
     "Task",
     "TaskContext",

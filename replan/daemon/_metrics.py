@@ -32,6 +32,39 @@ def render_metrics(daemon: Daemon) -> str:
         f'replan_runs{{status="{status.value}"}} {by_status[status]}'
         for status in RunStatus
     )
+    totals = sup.totals() if sup is not None else None
+    family(
+        "replan_runs_ended_total",
+        "counter",
+        "Runs this daemon process drove to their end, by final status.",
+    )
+    ended = totals.runs_ended if totals else {}
+    lines.extend(
+        f'replan_runs_ended_total{{status="{status.value}"}} '
+        f"{ended.get(status.value, 0)}"
+        for status in RunStatus
+        if status.final
+    )
+    family(
+        "replan_replans_total",
+        "counter",
+        "Replan decisions of this daemon process's runs, by trigger and outcome.",
+    )
+    lines.extend(
+        f'replan_replans_total{{trigger="{trigger}",outcome="{outcome}"}} {count}'
+        for (trigger, outcome), count in sorted(
+            (totals.replans if totals else {}).items()
+        )
+    )
+    family(
+        "replan_tokens_total",
+        "counter",
+        "Model tokens of this daemon process's runs, by role and type.",
+    )
+    lines.extend(
+        f'replan_tokens_total{{role="{role}",type="{kind}"}} {count}'
+        for (role, kind), count in sorted((totals.tokens if totals else {}).items())
+    )
     family("replan_runs_submitted_total", "counter", "Runs accepted over HTTP.")
     lines.append(f"replan_runs_submitted_total {daemon.counters.submitted}")
     family(

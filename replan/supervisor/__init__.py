@@ -32,6 +32,7 @@ from ._state import fold_journal as fold_journal
 from ._state import replay as replay
 from ._state import snapshot as snapshot
 from ._supervisor import Supervisor as Supervisor
+from ._supervisor import SupervisorTotals as SupervisorTotals
 from ._versions import build_version as build_version
 
 __all__ = (
@@ -40,6 +41,7 @@ __all__ = (
     "RunHandle",
     "RunState",
     "Supervisor",
+    "SupervisorTotals",
     "apply",
     "budget_spent",
     "build_version",

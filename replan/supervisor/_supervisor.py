@@ -7,6 +7,7 @@ import math
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, Self
@@ -1106,6 +1107,22 @@ class Supervisor:
         roles = self._roles
         return [] if roles is None else [pool.statistics() for pool in roles.all()]
 
+    def totals(self) -> SupervisorTotals:
+        """What this supervisor's runs did since it was made: runs ended by
+        status, replan decisions by trigger and outcome, model tokens by role
+        and kind. These are the counts of the ``replan.runs``,
+        ``replan.replans`` and ``replan.usage.tokens`` metrics, kept whether
+        or not a metrics SDK is installed; they are not read back from the
+        journal, so a restarted process counts from zero."""
+        t = self._telemetry
+        return SupervisorTotals(
+            runs_ended={str(k[0]): int(v) for k, v in t.runs.totals.items()},
+            replans={
+                (str(k[0]), str(k[1])): int(v) for k, v in t.replans.totals.items()
+            },
+            tokens={(str(k[0]), str(k[1])): int(v) for k, v in t.tokens.totals.items()},
+        )
+
     def handles(self) -> list[RunHandle]:
         """Handles of every run started by this supervisor, oldest first."""
         return [self._handle(r) for r in self._records.values()]
@@ -1120,6 +1137,19 @@ class Supervisor:
         if not events:
             raise UnknownRunError(run_id)
         return fold_journal(run_id, events).result()
+
+
+@dataclass(frozen=True)
+class SupervisorTotals:
+    """Counts since a supervisor was made (:meth:`Supervisor.totals`)."""
+
+    runs_ended: dict[str, int]
+    """Runs that ended, by final status (``completed``, ``failed``...)."""
+    replans: dict[tuple[str, str], int]
+    """Replan decisions, by (trigger, outcome); trigger ``none`` when the
+    decision had none."""
+    tokens: dict[tuple[str, str], int]
+    """Model tokens, by (role, ``input`` or ``output``)."""
 
 
 def _log_unreadable(run_id: str, exc: Exception) -> None:

@@ -136,14 +136,24 @@ class GuardedTracer:
 
 
 class GuardedCounter:
-    """A counter whose ``add`` logs what the SDK raises instead of raising it."""
+    """A counter whose ``add`` logs what the SDK raises instead of raising it.
 
-    __slots__ = ("_counter",)
+    It also keeps its own totals, by the values of the attributes added with
+    (in the order given), whatever the meter provider does with the counts:
+    the daemon's ``/metrics`` reads them with no metrics SDK installed.
+    """
+
+    __slots__ = ("_counter", "totals")
 
     def __init__(self, counter: metrics.Counter) -> None:
         self._counter = counter
+        self.totals: dict[tuple[AttributeValue, ...], int | float] = {}
+        """Sum of the amounts added, by the attributes' values."""
 
     def add(self, amount: int | float, attributes: Attributes = None) -> None:
+        key = tuple(attributes.values()) if attributes else ()
+        totals = self.totals
+        totals[key] = totals.get(key, 0) + amount
         try:
             self._counter.add(amount, attributes)
         except Exception as exc:

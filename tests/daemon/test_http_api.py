@@ -389,7 +389,8 @@ def test_malformed_json_and_oversized_bodies_are_refused(daemon: DaemonProcess) 
 def test_openapi_and_metrics_are_published(daemon: DaemonProcess) -> None:
     with daemon.client() as client:
         schema = client.get("/openapi.json").json()
-        submit(client, gate_policy=NO_GATE)
+        run_id = submit(client, gate_policy=NO_GATE)
+        view = finished(client, run_id)
         metrics = client.get("/metrics")
     paths = set(schema["paths"])
     assert {
@@ -411,6 +412,17 @@ def test_openapi_and_metrics_are_published(daemon: DaemonProcess) -> None:
     assert "# TYPE replan_actor_mailbox_depth gauge" in lines
     assert 'replan_actor_waiting_for_people{role="executor"} 0' in lines
     assert "replan_ready 1" in lines
+    # What the runs did, counted however many finished runs it keeps.
+    assert view["status"] == "completed"
+    assert 'replan_runs_ended_total{status="completed"} 1' in lines
+    assert 'replan_runs_ended_total{status="failed"} 0' in lines
+    assert (
+        'replan_replans_total{trigger="scope_shift",outcome="applied"} 1' in lines
+    )
+    executor_in = view["result"]["usage"]["by_role"]["executor"]["input_tokens"]
+    assert executor_in > 0
+    assert f'replan_tokens_total{{role="executor",type="input"}} {executor_in}' in lines
+    assert "# TYPE replan_tokens_total counter" in lines
 
 
 def test_last_event_id_is_bounded_like_after_before_the_stream_starts(

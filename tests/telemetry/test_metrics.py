@@ -301,3 +301,35 @@ async def test_an_attempt_whose_executor_crashed_is_counted_and_traced_as_crashe
     (crashed,) = (s for s in executors if s.attributes[n.TASK_OUTCOME] == "crashed")
     assert crashed.attributes is not None
     assert crashed.attributes[n.ERROR_TYPE] == "RuntimeError"
+
+
+async def test_totals_count_every_run_with_no_metrics_sdk_past_keep_finished() -> None:
+    # No meter provider: the OpenTelemetry API is a no-op, and the
+    # supervisor keeps one finished run in memory; its totals still count
+    # every run, replan and token, as the metrics would.
+    model = scripted(execute=with_finding, milestone=always_replan, usage=USAGE)
+    results = []
+    with anyio.fail_after(10):
+        async with Supervisor(model, MemoryStore(), keep_finished=1) as sup:
+            assert sup.totals().runs_ended == {}
+            for _ in range(3):
+                handle = await sup.submit(
+                    spec(chain(3), milestone_every=1, max_replans=1)
+                )
+                results.append(await handle.result())
+            totals = sup.totals()
+    assert len(sup.handles()) <= 1
+    assert totals.runs_ended == {"completed": 3}
+    assert totals.replans == {
+        ("contradiction", "applied"): 3,
+        ("contradiction", "refused_ceiling"): 6,
+    }
+    expected: dict[tuple[str, str], int] = {}
+    for result in results:
+        for role, usage in result.usage.by_role.items():
+            key_in, key_out = (role, "input"), (role, "output")
+            expected[key_in] = expected.get(key_in, 0) + usage.input_tokens
+            expected[key_out] = expected.get(key_out, 0) + usage.output_tokens
+    counted = {k: v for k, v in totals.tokens.items() if k in expected}
+    assert counted == expected
+    assert expected[("executor", "input")] > 0
