@@ -22,14 +22,17 @@ from scripts import (
 from replan import (
     MemoryStore,
     ModelRequest,
+    RunResult,
     RunStatus,
     Supervisor,
     Task,
     TaskContext,
     TaskDraft,
     TaskOutcome,
+    TaskRunner,
     TaskStatus,
 )
+from replan.actors import PoolStatistics
 from replan.messages import MilestoneReviewed, TaskFinished, TaskStarted
 
 
@@ -253,15 +256,12 @@ async def test_a_report_that_cannot_be_read_fails_the_task_not_the_pool(
     assert "could not be read: unreadable" in (failed.result.reason or "")
 
 
-async def test_a_raising_task_function_fails_its_tasks_not_the_executor_role() -> None:
-    # The user's task function raising is that task's failure, retried as a
-    # crash; the executor itself is sound, so no number of such failures may
-    # stop the role and fail every other run of the supervisor with it.
-    async def run_task(task: Task, ctx: TaskContext) -> TaskOutcome:
-        if task.description == "call the flaky service":
-            raise ConnectionError("the service hung up")
-        return TaskOutcome(success=True, summary=f"{task.id} done")
-
+async def three_flaky_runs_then_a_healthy_one(
+    run_task: TaskRunner,
+) -> tuple[list[RunResult], RunResult, PoolStatistics]:
+    """Three runs of the flaky service's task, then one of two independent
+    tasks, on a supervisor whose executor stops after more than one crash a
+    minute: their results and the executor's statistics."""
     flaky = [TaskDraft(key="s1", description="call the flaky service")]
     async with Supervisor(
         scripted(),
@@ -275,6 +275,19 @@ async def test_a_raising_task_function_fails_its_tasks_not_the_executor_role() -
             results = [await handle.result() for handle in failing]
             healthy = await (await sup.submit(spec(independent(2)))).result()
         executor = next(p for p in sup.pool_statistics() if p.role == "executor")
+    return results, healthy, executor
+
+
+async def test_a_raising_task_function_fails_its_tasks_not_the_executor_role() -> None:
+    # The user's task function raising is that task's failure, retried as a
+    # crash; the executor itself is sound, so no number of such failures may
+    # stop the role and fail every other run of the supervisor with it.
+    async def run_task(task: Task, ctx: TaskContext) -> TaskOutcome:
+        if task.description == "call the flaky service":
+            raise ConnectionError("the service hung up")
+        return TaskOutcome(success=True, summary=f"{task.id} done")
+
+    results, healthy, executor = await three_flaky_runs_then_a_healthy_one(run_task)
 
     for result in results:
         task = result.tasks[0]
@@ -336,19 +349,7 @@ async def test_a_task_function_raising_a_stray_cancellation_fails_its_tasks_only
             await future
         return TaskOutcome(success=True, summary=f"{task.id} done")
 
-    flaky = [TaskDraft(key="s1", description="call the flaky service")]
-    async with Supervisor(
-        scripted(),
-        MemoryStore(),
-        task_runner=run_task,
-        max_restarts=1,
-        restart_period_s=60,
-    ) as sup:
-        with anyio.fail_after(10):
-            failing = [await sup.submit(spec(flaky)) for _ in range(3)]
-            results = [await handle.result() for handle in failing]
-            healthy = await (await sup.submit(spec(independent(2)))).result()
-        executor = next(p for p in sup.pool_statistics() if p.role == "executor")
+    results, healthy, executor = await three_flaky_runs_then_a_healthy_one(run_task)
 
     for result in results:
         task = result.tasks[0]
