@@ -416,9 +416,7 @@ def test_openapi_and_metrics_are_published(daemon: DaemonProcess) -> None:
     assert view["status"] == "completed"
     assert 'replan_runs_ended_total{status="completed"} 1' in lines
     assert 'replan_runs_ended_total{status="failed"} 0' in lines
-    assert (
-        'replan_replans_total{trigger="scope_shift",outcome="applied"} 1' in lines
-    )
+    assert 'replan_replans_total{trigger="scope_shift",outcome="applied"} 1' in lines
     executor_in = view["result"]["usage"]["by_role"]["executor"]["input_tokens"]
     assert executor_in > 0
     assert f'replan_tokens_total{{role="executor",type="input"}} {executor_in}' in lines
