@@ -277,16 +277,23 @@ class Forwarding:
 
     # Applying -----------------------------------------------------------------
 
-    async def waiting_answers(self, run_id: str) -> dict[str, GateResolution]:
-        """The answers sent to the gates of a run this supervisor just took
-        over that wait for it, by gate id (applied as it is taken up, when
-        the gate would otherwise be withdrawn: a tool call's)."""
-        waiting = await self._requests.waiting_requests(self._owner)
-        return {
+    async def waiting_for(self, run_id: str) -> tuple[dict[str, GateResolution], bool]:
+        """What waits for a run this supervisor just took over: the answers
+        sent to its gates, by gate id (applied as it is taken up, when the
+        gate would otherwise be withdrawn: a tool call's), and whether a
+        cancel was sent (the run is cancelled before any of its work starts
+        again)."""
+        waiting = [
+            r
+            for r in await self._requests.waiting_requests(self._owner)
+            if r.run_id == run_id
+        ]
+        answers = {
             r.gate_id: r.resolution
             for r in waiting
-            if r.run_id == run_id and r.gate_id is not None and r.resolution
+            if r.gate_id is not None and r.resolution
         }
+        return answers, any(r.gate_id is None for r in waiting)
 
     async def take(self) -> None:
         """Apply the requests for the runs this supervisor drives (and settle

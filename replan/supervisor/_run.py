@@ -444,6 +444,9 @@ class RunDriver:
         gate id -> task id. Each change wakes the driver (``_ToolGate``)."""
         self._awaiting_approval: set[str] = set()
         self._cancel_requested = False
+        self.cancel_at_start = False
+        """Cancelled before it is driven on (a cancel that waited for the run
+        while nobody drove it): nothing of its work starts again."""
         self._staged: list[Event] = []
         self._journal_lock = _JournalLock()
         self._summary: RunSummary | None = None
@@ -1073,6 +1076,8 @@ class RunDriver:
                 self._tg = tg
                 outcome: tuple[RunStatus, str | None, Synthesis | None]
                 try:
+                    if self.cancel_at_start:
+                        raise RunEnded(RunStatus.CANCELLED, "cancelled on request")
                     if self.state.spec.kind == "explore":
                         from ._explore import explore
 

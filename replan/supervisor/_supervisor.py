@@ -872,17 +872,19 @@ class Supervisor:
                 else []
             )
             forwarding = self._forwarding
-            answers = (
-                await forwarding.waiting_answers(run_id)
-                if forwarding is not None
-                and any(g.request.tool_call for g in state.open_gates)
-                else {}
-            )
+            answers: dict[str, GateResolution] = {}
+            cancelled = False
+            if forwarding is not None:
+                answers, cancelled = await forwarding.waiting_for(run_id)
             self._records[run_id] = record
             driver = self._driver(record, roles)
             recovery = Recovery(events, effects, answers)
             recovery.list_gates(driver)
             driver.recovery = recovery
+            # A cancel sent while nobody drove the run: it ends before any of
+            # its cut-short work (a side-effect tool's task) starts again; the
+            # request is settled at the next look for requests.
+            driver.cancel_at_start = cancelled
             self._start(tg, driver, quiet=quiet)
         except BaseException:
             if claimed:
