@@ -1077,6 +1077,9 @@ class RunDriver:
                 outcome: tuple[RunStatus, str | None, Synthesis | None]
                 try:
                     if self.cancel_at_start:
+                        # Nothing to pick up: an explore run's brief reads
+                        # the journaled state as it stands.
+                        self.recovery = None
                         raise RunEnded(RunStatus.CANCELLED, "cancelled on request")
                     if self.state.spec.kind == "explore":
                         from ._explore import explore

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import psycopg
 import pytest
+from explore_scripts import ExploreScript, Idea, explore_spec
 from scripts import emails_first, scripted, send_email, spec
 
 from replan import (
@@ -18,13 +20,20 @@ from replan import (
     ModelRequest,
     ResolutionRefused,
     RunStatus,
+    ScriptedModel,
     Supervisor,
     TaskDraft,
     TaskOutcome,
     UnknownRunError,
     tool,
 )
-from replan.messages import GateOpened, GateResolution, GateResolved, TaskStarted
+from replan.messages import (
+    GateOpened,
+    GateResolution,
+    GateResolved,
+    HypothesesAdded,
+    TaskStarted,
+)
 from replan.store import PostgresStore, RequestOutcome
 from replan.supervisor import Forwarded, RunHandle, fold_journal
 from replan.supervisor._state import snapshot
@@ -570,3 +579,53 @@ async def test_a_cancel_sent_while_nobody_drives_the_run_ends_it_before_work_res
     assert result.stop_reason == "cancelled on request"
     assert asked == []
     assert sum(isinstance(e, TaskStarted) for e in events) == 1
+
+
+async def test_an_explore_run_cancelled_at_its_takeover_briefs_what_its_journal_holds(
+    postgres_dsn: str,
+) -> None:
+    # As a plan run: cancelled before its flow starts again. Its brief says
+    # what the journal held (the analysis made before the stop), and no
+    # model is asked again.
+    script = ExploreScript(generated=[Idea("Cooks of one waste leftovers")])
+    asked: list[str] = []
+
+    async def stalls(request: ModelRequest) -> Any:
+        if request.purpose == "critique":
+            await anyio.sleep_forever()
+        return script(request)
+
+    def records(request: ModelRequest) -> Any:
+        asked.append(request.purpose)
+        return script(request)
+
+    with anyio.fail_after(30):
+        async with PostgresStore(postgres_dsn) as store_a:
+            async with Supervisor(ScriptedModel(stalls), store_a) as a:
+                handle = await a.submit(explore_spec())
+                async for event in handle.events():
+                    if isinstance(event, HypothesesAdded):
+                        break
+            _rows(
+                postgres_dsn,
+                "UPDATE replan.runs SET owner = 'dead', holder = 'host:1', "
+                "lease_expires = now() + interval '1 hour' RETURNING run_id",
+            )
+            async with (
+                PostgresStore(postgres_dsn) as store_b,
+                Supervisor(ScriptedModel(records), store_b) as b,
+            ):
+                assert await b.cancel(handle.run_id) is not None
+                _rows(
+                    postgres_dsn,
+                    "UPDATE replan.runs SET lease_expires = now() - "
+                    "interval '1 second' RETURNING run_id",
+                )
+                result = await (await b.resume(handle.run_id)).result()
+                assert await b.replay(handle.run_id) == result
+    assert result.status is RunStatus.CANCELLED
+    assert asked == []
+    assert result.brief is not None
+    assert "cancelled on request" in result.brief.summary
+    # Read from the journal: the context analysis made before the stop.
+    assert result.brief.gaps == ["no data on household size"]
