@@ -136,21 +136,44 @@ class Client:
         self.close()
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        """One request; the JSON answer, or ClientError."""
+        """One request; the JSON answer, or ClientError.
+
+        A read (``GET``) answered 503 with ``Retry-After`` (the daemon is
+        starting, resuming its journal's runs, or draining for a restart) is
+        sent again, waiting as :attr:`backoff` says. A write is not: a
+        submission refused because the journal failed may have been
+        journaled all the same (its 503 names the run to look up).
+        """
         import httpx
 
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.InvalidURL as exc:
-            raise ClientError(f"not a valid URL: {self._scrub(exc)}", code=2) from None
-        except httpx.ReadTimeout:
-            # Reached, and busy or frozen: not "cannot reach".
-            raise ClientError(
-                f"{self.url} took the request but did not answer "
-                f"in {self._timeout_s:g} s"
-            ) from None
-        except httpx.HTTPError as exc:
-            raise ClientError(f"cannot reach {self.url}: {self._scrub(exc)}") from None
+        waits = self.backoff.delays()
+        while True:
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.InvalidURL as exc:
+                raise ClientError(
+                    f"not a valid URL: {self._scrub(exc)}", code=2
+                ) from None
+            except httpx.ReadTimeout:
+                # Reached, and busy or frozen: not "cannot reach".
+                raise ClientError(
+                    f"{self.url} took the request but did not answer "
+                    f"in {self._timeout_s:g} s"
+                ) from None
+            except httpx.HTTPError as exc:
+                raise ClientError(
+                    f"cannot reach {self.url}: {self._scrub(exc)}"
+                ) from None
+            if (
+                method != "GET"
+                or response.status_code != 503
+                or "retry-after" not in response.headers
+            ):
+                break
+            delay = next(waits, None)
+            if delay is None:
+                break  # its 503, saying why
+            self.backoff.sleep(delay)
         self._checked(response)
         try:
             return response.json()

@@ -263,6 +263,52 @@ async def test_the_daemon_answers_while_it_resumes_the_journal_s_runs(
     assert accepted.status_code == 202
 
 
+async def test_a_command_sent_while_the_daemon_starts_waits_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `replan runs` during a restart got the 503 and exited 1, where
+    # `replan watch` waited: a read answered 503 with Retry-After is now
+    # sent again until the backoff gives up.
+    start = SlowStart(monkeypatch)
+    held = HeldModel()
+    held.release.set()
+    daemon = held_daemon(tmp_path, held)
+    server = uvicorn_server(daemon)
+    sockets = listen("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    monkeypatch.setenv("REPLAN_API_TOKEN", TOKEN)
+    monkeypatch.setattr(_client, "DEFAULT_BACKOFF", Backoff(0.05, 0.1, 10.0))
+    codes: list[int] = []
+    try:
+        async with (
+            anyio.create_task_group() as tg,
+            httpx.AsyncClient(base_url=url, headers=headers, timeout=5) as client,
+        ):
+            shutdown: Shutdown = await tg.start(run_server, daemon, server, sockets)
+            await start.entered.wait()
+
+            async def listing() -> None:
+                codes.append(
+                    await anyio.to_thread.run_sync(main, ["runs", "--url", url])
+                )
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as commands:
+                    commands.start_soon(listing)
+                    assert (await client.get("/readyz")).status_code == 503
+                    # Long enough for the command to be refused a few times.
+                    await anyio.sleep(0.3)
+                    assert codes == []
+                    start.release.set()
+            shutdown.request()
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert codes == [0]
+    assert "starting" not in capsys.readouterr().err
+
+
 async def test_a_signal_while_the_daemon_starts_stops_it_without_waiting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
