@@ -368,12 +368,7 @@ async def test_an_answer_to_a_tool_calls_gate_of_a_dead_driver_stands_at_the_tak
             async with Supervisor(model, store_a, tools=[send_email]) as a:
                 handle = await a.submit(spec([TaskDraft(key="s1", description="x")]))
                 gate_id = await _at_gate(handle)
-            # As a killed process leaves it: its lease still holds.
-            _rows(
-                postgres_dsn,
-                "UPDATE replan.runs SET owner = 'dead', holder = 'host:1', "
-                "lease_expires = now() + interval '1 hour' RETURNING run_id",
-            )
+            _as_a_killed_process_leaves_it(postgres_dsn)
             async with (
                 PostgresStore(postgres_dsn) as store_b,
                 Supervisor(model, store_b, tools=[send_email]) as b,
@@ -382,24 +377,12 @@ async def test_an_answer_to_a_tool_calls_gate_of_a_dead_driver_stands_at_the_tak
                 assert forwarded is not None
                 assert not forwarded.applied
                 assert forwarded.driven_by == "host:1"
-                _rows(
-                    postgres_dsn,
-                    "UPDATE replan.runs SET lease_expires = now() - "
-                    "interval '1 second' RETURNING run_id",
-                )
+                _lease_expired(postgres_dsn)
                 taken = await b.resume(handle.run_id)
                 result = await taken.result()
                 assert b.gates.pending() == []
                 events = await store_b.read(handle.run_id)
-                for _ in range(400):  # settled at the next look
-                    outcomes = _rows(
-                        postgres_dsn, "SELECT outcome FROM replan.requests"
-                    )
-                    if outcomes == [("applied",)]:
-                        break
-                    await anyio.sleep(0.05)
-                else:
-                    raise AssertionError(f"the request was not settled: {outcomes}")
+                await _settled_applied(postgres_dsn)
     assert result.status is RunStatus.COMPLETED
     assert sent == [f"{handle.run_id}:t1:s1c0"]
     assert sum(isinstance(e, GateOpened) for e in events) == 1
@@ -509,6 +492,35 @@ async def test_a_cancel_whose_run_retention_took_away_meanwhile_says_how_it_went
     assert _count(postgres_dsn, "requests") == 0
 
 
+async def _settled_applied(dsn: str) -> None:
+    """Wait until the one request is settled ``applied`` (at its driver's
+    next look for requests)."""
+    for _ in range(400):
+        outcomes = _rows(dsn, "SELECT outcome FROM replan.requests")
+        if outcomes == [("applied",)]:
+            return
+        await anyio.sleep(0.05)
+    raise AssertionError(f"the request was not settled: {outcomes}")
+
+
+def _as_a_killed_process_leaves_it(dsn: str) -> None:
+    """Every run's lease held by a process that is gone, for an hour yet."""
+    _rows(
+        dsn,
+        "UPDATE replan.runs SET owner = 'dead', holder = 'host:1', "
+        "lease_expires = now() + interval '1 hour' RETURNING run_id",
+    )
+
+
+def _lease_expired(dsn: str) -> None:
+    """Every run's lease expired a second ago."""
+    _rows(
+        dsn,
+        "UPDATE replan.runs SET lease_expires = now() - "
+        "interval '1 second' RETURNING run_id",
+    )
+
+
 def _rows(dsn: str, statement: str) -> list[tuple[object, ...]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         return conn.execute(statement).fetchall()  # type: ignore[arg-type]
@@ -544,12 +556,7 @@ async def test_a_cancel_sent_while_nobody_drives_the_run_ends_it_before_work_res
                 async for event in handle.events():
                     if isinstance(event, TaskStarted):
                         break
-            # As a killed process leaves it: its lease still holds.
-            _rows(
-                postgres_dsn,
-                "UPDATE replan.runs SET owner = 'dead', holder = 'host:1', "
-                "lease_expires = now() + interval '1 hour' RETURNING run_id",
-            )
+            _as_a_killed_process_leaves_it(postgres_dsn)
             async with (
                 PostgresStore(postgres_dsn) as store_b,
                 Supervisor(scripted(execute=records), store_b) as b,
@@ -557,24 +564,12 @@ async def test_a_cancel_sent_while_nobody_drives_the_run_ends_it_before_work_res
                 forwarded = await b.cancel(handle.run_id)
                 assert forwarded is not None
                 assert not forwarded.applied
-                _rows(
-                    postgres_dsn,
-                    "UPDATE replan.runs SET lease_expires = now() - "
-                    "interval '1 second' RETURNING run_id",
-                )
+                _lease_expired(postgres_dsn)
                 taken = await b.resume(handle.run_id)
                 result = await taken.result()
                 events = await store_b.read(handle.run_id)
                 assert await b.replay(handle.run_id) == result
-                for _ in range(400):  # settled at the next look
-                    outcomes = _rows(
-                        postgres_dsn, "SELECT outcome FROM replan.requests"
-                    )
-                    if outcomes == [("applied",)]:
-                        break
-                    await anyio.sleep(0.05)
-                else:
-                    raise AssertionError(f"the request was not settled: {outcomes}")
+                await _settled_applied(postgres_dsn)
     assert result.status is RunStatus.CANCELLED
     assert result.stop_reason == "cancelled on request"
     assert asked == []
@@ -606,21 +601,13 @@ async def test_an_explore_run_cancelled_at_its_takeover_briefs_what_its_journal_
                 async for event in handle.events():
                     if isinstance(event, HypothesesAdded):
                         break
-            _rows(
-                postgres_dsn,
-                "UPDATE replan.runs SET owner = 'dead', holder = 'host:1', "
-                "lease_expires = now() + interval '1 hour' RETURNING run_id",
-            )
+            _as_a_killed_process_leaves_it(postgres_dsn)
             async with (
                 PostgresStore(postgres_dsn) as store_b,
                 Supervisor(ScriptedModel(records), store_b) as b,
             ):
                 assert await b.cancel(handle.run_id) is not None
-                _rows(
-                    postgres_dsn,
-                    "UPDATE replan.runs SET lease_expires = now() - "
-                    "interval '1 second' RETURNING run_id",
-                )
+                _lease_expired(postgres_dsn)
                 result = await (await b.resume(handle.run_id)).result()
                 assert await b.replay(handle.run_id) == result
     assert result.status is RunStatus.CANCELLED
