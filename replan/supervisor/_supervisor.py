@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, contextmanager
@@ -71,6 +72,9 @@ from ._run import RunDriver, summary_of
 from ._state import apply, fold_journal
 
 logger = logging.getLogger("replan.supervisor")
+
+_RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,200}")
+"""A run id a caller may choose: one URL path segment, as the API names it."""
 
 
 class _Workers(Settings):
@@ -622,19 +626,37 @@ class Supervisor:
 
     # Runs ---------------------------------------------------------------------
 
-    async def submit(self, spec: RunSpec | Mapping[str, Any]) -> RunHandle:
+    async def submit(
+        self, spec: RunSpec | Mapping[str, Any], *, run_id: str | None = None
+    ) -> RunHandle:
         """Validate ``spec``, journal it, and start the run.
 
+        Args:
+            spec: the run.
+            run_id: the run's id (letters, digits, ``-`` and ``_``); a new
+                random one if not given. A caller that derives it from a
+                request's idempotency key looks the journal up first: the
+                journal refuses a second run under one id.
+
         Raises:
-            ConfigurationError: the spec is invalid (names the field).
+            ConfigurationError: the spec is invalid (names the field), or
+                ``run_id`` is malformed or a run of this supervisor has it.
             SupervisorError: the supervisor is not serving.
             JournalUnavailable: the journal refused the run's first write.
         """
         if not isinstance(spec, RunSpec):
             spec = RunSpec.model_validate(spec)  # ConfigurationError if bad
         spec.check_storable()  # a lone surrogate in a string: ConfigurationError
+        if run_id is not None and not _RUN_ID.fullmatch(run_id):
+            raise ConfigurationError(
+                "run_id", "1 to 200 letters, digits, '-' or '_' expected"
+            )
+        if run_id is not None and (
+            run_id in self._records or run_id in self._taking_up
+        ):
+            raise ConfigurationError("run_id", f"run {run_id} exists already")
         tg, roles = self._serving()
-        run_id = uuid.uuid4().hex
+        run_id = run_id or uuid.uuid4().hex
         now = datetime.now(UTC)
         deadline = spec.limits.deadline_s
         event = RunSubmitted(

@@ -629,6 +629,20 @@ async def test_submitting_a_bad_dict_names_the_offending_field(
     assert model.calls == []
 
 
+async def test_a_run_submitted_under_an_id_of_its_callers_keeps_it() -> None:
+    store = MemoryStore()
+    async with Supervisor(ScriptedModel(answers()), store) as sup:
+        handle = await sup.submit(RunSpec(goal="g"), run_id="key-0123_ab")
+        assert handle.run_id == "key-0123_ab"
+        assert (await handle.result()).status is RunStatus.COMPLETED
+        with pytest.raises(ConfigurationError, match="exists already") as again:
+            await sup.submit(RunSpec(goal="g"), run_id="key-0123_ab")
+        with pytest.raises(ConfigurationError) as bad:
+            await sup.submit(RunSpec(goal="g"), run_id="../runs")
+        assert [r.run_id for r in await store.list_runs()] == ["key-0123_ab"]
+    assert again.value.field == bad.value.field == "run_id"
+
+
 async def test_a_supervisor_forgets_the_oldest_finished_runs_past_keep_finished() -> (
     None
 ):
