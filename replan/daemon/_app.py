@@ -26,6 +26,7 @@ from .._errors import (
     GateError,
     JournalCorrupt,
     JournalUnavailable,
+    ReplanError,
     ResolutionRefused,
     RunDrivenElsewhere,
     SupervisorError,
@@ -44,6 +45,13 @@ from ._forwarded import (
     GateForwarded,
     cancel_forwarded,
     gate_forwarded,
+)
+from ._idempotency import (
+    HEADER,
+    KeyedSubmissions,
+    differences,
+    key_problem,
+    run_id_of,
 )
 from ._json import StrictJsonRoute
 from ._limits import BodyLimit
@@ -173,9 +181,59 @@ def _v1(daemon: Daemon) -> APIRouter:
         route_class=StrictJsonRoute,
     )
 
-    @router.post("/runs", status_code=202, response_model=Accepted)
-    async def submit(spec: RunSpec, request: Request) -> JSONResponse:
+    keyed = KeyedSubmissions()
+
+    @router.post(
+        "/runs",
+        status_code=202,
+        response_model=Accepted,
+        responses={200: {"model": Accepted, "description": "Accepted before"}},
+    )
+    async def submit(
+        spec: RunSpec,
+        idempotency_key: Annotated[
+            str | None,
+            Header(
+                description="Any string up to 255 characters: the same key "
+                "with the same spec gets the run it started (200), never a "
+                "second run, also after a restart; with another spec, 422."
+            ),
+        ] = None,
+    ) -> JSONResponse:
         """Start a run; follow the returned ``url``."""
+        if idempotency_key is None:
+            return await _start_run(spec)
+        key = idempotency_key.strip()
+        problem = key_problem(key)
+        if problem is not None:
+            raise ApiError(400, problem, "idempotency-key")
+        run_id = run_id_of(key)
+        async with keyed.holding(run_id):
+            try:
+                state = await daemon.run_state(run_id)
+            except UnknownRunError:
+                return await _start_run(spec, run_id)
+            except ReplanError:
+                raise  # not serving yet (503), a damaged journal (409)
+            except Exception as exc:
+                logger.warning("cannot look up run %s: %s", run_id, exc)
+                raise ApiError(
+                    503,
+                    f"cannot look up run {run_id}, which {HEADER} names: the "
+                    "journal cannot be read; send the request again",
+                    headers=_RETRY,
+                ) from None
+        differ = differences(state.spec, spec)
+        if differ:
+            raise ApiError(
+                422,
+                f"{HEADER}: the key started run {run_id} with another spec "
+                f"(it differs in {', '.join(differ)}): a new run needs a new key",
+                "idempotency-key",
+            )
+        return _accepted(run_id, state.status, 200)
+
+    async def _start_run(spec: RunSpec, run_id: str | None = None) -> JSONResponse:
         try:
             supervisor = daemon.supervisor
             # Submissions still on their way into the journal count too: a
@@ -195,7 +253,7 @@ def _v1(daemon: Daemon) -> APIRouter:
             spec = _with_default_limits(spec, daemon.settings.default_limits)
             daemon.submitting += 1
             try:
-                handle = await supervisor.submit(spec)
+                handle = await supervisor.submit(spec, run_id=run_id)
             finally:
                 daemon.submitting -= 1
         except ConfigurationError as exc:
@@ -221,13 +279,7 @@ def _v1(daemon: Daemon) -> APIRouter:
             logger.warning("a run could not be journaled: %s", exc)
             raise ApiError(503, str(exc), headers={"Retry-After": "5"}) from None
         daemon.counters.submitted += 1
-        # The request's SERVER span names the run it started.
-        trace.get_current_span().set_attribute(n.GEN_AI_CONVERSATION_ID, handle.run_id)
-        url = f"/v1/runs/{handle.run_id}"
-        body = Accepted(run_id=handle.run_id, url=url, status=handle.status)
-        return JSONResponse(
-            body.model_dump(mode="json"), status_code=202, headers={"Location": url}
-        )
+        return _accepted(handle.run_id, handle.status, 202)
 
     @router.get("/runs", response_model=RunPage)
     async def list_runs(
@@ -388,6 +440,18 @@ def _v1(daemon: Daemon) -> APIRouter:
         )
 
     return router
+
+
+def _accepted(run_id: str, status: RunStatus, code: int) -> JSONResponse:
+    """The answer to a submission: 202 for a run it started, 200 for the
+    run an earlier one with its idempotency key started."""
+    # The request's SERVER span names the run.
+    trace.get_current_span().set_attribute(n.GEN_AI_CONVERSATION_ID, run_id)
+    url = f"/v1/runs/{run_id}"
+    body = Accepted(run_id=run_id, url=url, status=status)
+    return JSONResponse(
+        body.model_dump(mode="json"), status_code=code, headers={"Location": url}
+    )
 
 
 async def _state(daemon: Daemon, run_id: str) -> Any:
