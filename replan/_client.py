@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
 from .messages import Event, RunCompacted, RunFinished, read_event
@@ -62,6 +62,20 @@ DEFAULT_BACKOFF = Backoff()
 
 _RETRIED = (502, 503, 504)
 """Answers of a daemon (or a proxy before it) that is restarting or draining."""
+
+Resend = Literal["never", "unavailable", "always"]
+"""When :meth:`Client.call` sends a request again (see there)."""
+
+
+def _again(resend: Resend, response: httpx.Response) -> bool:
+    """Is ``response`` one to send the request again after?"""
+    if resend == "never":
+        return False
+    status = response.status_code
+    if status == 503 and "retry-after" in response.headers:
+        return True
+    return resend == "always" and status in (502, 504)
+
 
 STREAM_SILENCE_S = 60.0
 """How long an event stream may stay silent before it counts as dropped: a
@@ -135,18 +149,26 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+    def call(
+        self, method: str, path: str, *, resend: Resend | None = None, **kwargs: Any
+    ) -> Any:
         """One request; the JSON answer, or ClientError.
 
-        A read (``GET``) answered 503 with ``Retry-After`` (the daemon is
-        starting, resuming its journal's runs, or draining for a restart) is
-        sent again, waiting as :attr:`backoff` says. A write is not: a
+        ``resend`` says when the request is sent again, waiting as
+        :attr:`backoff` says: ``"unavailable"`` (a read's default) on a 503
+        with ``Retry-After`` (the daemon is starting, resuming its journal's
+        runs, or draining for a restart); ``"always"`` (a submission with an
+        idempotency key) also when the connection fails or no answer comes,
+        and on a proxy's 502 or 504; ``"never"`` (a write's default): a
         submission refused because the journal failed may have been
         journaled all the same (its 503 names the run to look up).
         """
         import httpx
 
+        if resend is None:
+            resend = "unavailable" if method == "GET" else "never"
         waits = self.backoff.delays()
+        failure: ClientError | None
         while True:
             try:
                 response = self._http.request(method, path, **kwargs)
@@ -156,22 +178,22 @@ class Client:
                 ) from None
             except httpx.ReadTimeout:
                 # Reached, and busy or frozen: not "cannot reach".
-                raise ClientError(
+                failure = ClientError(
                     f"{self.url} took the request but did not answer "
                     f"in {self._timeout_s:g} s"
-                ) from None
+                )
             except httpx.HTTPError as exc:
-                raise ClientError(
-                    f"cannot reach {self.url}: {self._scrub(exc)}"
-                ) from None
-            if (
-                method != "GET"
-                or response.status_code != 503
-                or "retry-after" not in response.headers
-            ):
-                break
+                failure = ClientError(f"cannot reach {self.url}: {self._scrub(exc)}")
+            else:
+                if not _again(resend, response):
+                    break
+                failure = None
+            if resend != "always" and failure is not None:
+                raise failure
             delay = next(waits, None)
             if delay is None:
+                if failure is not None:
+                    raise failure
                 break  # its 503, saying why
             self.backoff.sleep(delay)
         self._checked(response)

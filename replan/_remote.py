@@ -9,6 +9,7 @@ import contextlib
 import json
 import math
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -113,7 +114,10 @@ def _submit(client: Client, args: argparse.Namespace) -> int:
         spec["pattern"] = args.pattern
     if "goal" not in spec:
         raise RemoteError("give a SPEC file or --goal", 2)
-    accepted = client.call("POST", "/v1/runs", json=spec)
+    # Sent again through a lost connection, a restart or a drain: the key
+    # makes it the same run, never a second one.
+    key = {"Idempotency-Key": uuid.uuid4().hex}
+    accepted = client.call("POST", "/v1/runs", json=spec, headers=key, resend="always")
     print(terminal_text(accepted["run_id"]))
     if args.watch:
         return _follow(client, accepted["run_id"])
@@ -229,14 +233,18 @@ def _answer(client: Client, args: argparse.Namespace) -> int:
     body = {"decision": args.command, "by": args.by, "note": args.note}
     gate_id = args.gate_id
     try:
-        answer = client.call("POST", f"/v1/gates/{segment(gate_id)}", json=body)
+        answer = client.call(
+            "POST", f"/v1/gates/{segment(gate_id)}", json=body, resend="unavailable"
+        )
     except ClientError as exc:
         if exc.status != 404:
             raise
         full_id = _find_gate(client, gate_id)
         if full_id is None:
             raise
-        answer = client.call("POST", f"/v1/gates/{segment(full_id)}", json=body)
+        answer = client.call(
+            "POST", f"/v1/gates/{segment(full_id)}", json=body, resend="unavailable"
+        )
     said = f"gate {answer['gate_id']}: {answer['decision']} (run {answer['run_id']})"
     # 202: sent on to the daemon that drives the run (it says where).
     print(terminal_text(answer.get("detail") or said))
@@ -260,7 +268,11 @@ def _find_gate(client: Client, short_id: str) -> str | None:
 
 
 def _cancel(client: Client, args: argparse.Namespace) -> int:
-    ended = client.call("POST", f"/v1/runs/{segment(args.run_id)}/cancel")
+    # The same answer or cancel sent again waits for the first: safe to send
+    # again while the daemon starts (its 503 has Retry-After then).
+    ended = client.call(
+        "POST", f"/v1/runs/{segment(args.run_id)}/cancel", resend="unavailable"
+    )
     said = f"run {ended['run_id']}: {ended['status']}"
     print(terminal_text(ended.get("detail") or said))
     return 0

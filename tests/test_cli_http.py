@@ -21,6 +21,8 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, answer: tuple[int, str, bytes]) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.answer = answer
+        self.first: list[tuple[int, str, bytes]] = []
+        """Answers given, one each, before ``answer``."""
         self.seen: list[dict[str, str]] = []
 
     @property
@@ -33,10 +35,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self) -> None:
         self.server.seen.append({"path": self.path, **self.headers})
-        status, kind, body = self.server.answer
+        first = self.server.first
+        status, kind, body = first.pop(0) if first else self.server.answer
         self.send_response(status)
         if status in (301, 307):
             self.send_header("Location", "/elsewhere")
+        if status == 503:
+            self.send_header("Retry-After", "5")
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -105,6 +110,88 @@ def test_a_refused_connection_is_retried_with_backoff() -> None:
         list(client.events("r1"))
 
     assert waited == [0.5, 1, 2, 4, 8, 10, 10, 10, 10, 4.5]
+
+
+_STARTING = (
+    503,
+    "application/json",
+    b'{"detail": "not serving yet: the daemon is starting", "field": null}',
+)
+
+
+def test_a_submission_is_sent_again_under_one_key_until_it_is_accepted(
+    serve: list[_Server], capsys: pytest.CaptureFixture[str]
+) -> None:
+    accepted = b'{"run_id": "r1", "url": "/v1/runs/r1", "status": "running"}'
+    server = _start(serve, 202, "application/json", accepted)
+    server.first += [_STARTING, (502, "text/html", b"<html></html>"), _STARTING]
+    waited: list[float] = []
+    backoff = Backoff(first_s=0.5, max_s=10, total_s=60, sleep=waited.append)
+
+    with Client(server.url, "t" * 20, backoff=backoff) as client:
+        assert client.call(
+            "POST",
+            "/v1/runs",
+            json={"goal": "g"},
+            headers={"Idempotency-Key": "k"},
+            resend="always",
+        ) == {"run_id": "r1", "url": "/v1/runs/r1", "status": "running"}
+
+    assert waited == [0.5, 1, 2]
+    assert [seen["Idempotency-Key"] for seen in server.seen] == ["k"] * 4
+
+
+def test_submit_sends_one_key_of_its_own_through_a_daemon_that_starts(
+    serve: list[_Server],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    accepted = b'{"run_id": "r1", "url": "/v1/runs/r1", "status": "running"}'
+    server = _start(serve, 202, "application/json", accepted)
+    server.first += [_STARTING, _STARTING]
+    monkeypatch.setattr("replan._client.DEFAULT_BACKOFF", Backoff(sleep=lambda _: None))
+
+    assert main(["submit", "--goal", "g", "--url", server.url]) == 0
+    assert main(["submit", "--goal", "g", "--url", server.url]) == 0
+
+    assert capsys.readouterr().out == "r1\nr1\n"
+    keys = [seen["Idempotency-Key"] for seen in server.seen]
+    assert len(keys) == 4
+    assert keys[0] != keys[3]  # a new key for each new run
+    assert keys[:3] == [keys[0]] * 3
+
+
+@pytest.mark.parametrize(
+    ("argv", "answer"),
+    [
+        (["cancel", "r1"], b'{"run_id": "r1", "status": "cancelled"}'),
+        (
+            ["approve", "r1-g1"],
+            b'{"gate_id": "r1-g1", "run_id": "r1", "decision": "approve"}',
+        ),
+    ],
+    ids=["cancel", "approve"],
+)
+def test_an_answer_or_cancel_waits_through_a_daemon_that_starts_and_no_more(
+    argv: list[str],
+    answer: bytes,
+    serve: list[_Server],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = _start(serve, 200, "application/json", answer)
+    server.first += [_STARTING, _STARTING]
+    monkeypatch.setattr("replan._client.DEFAULT_BACKOFF", Backoff(sleep=lambda _: None))
+    monkeypatch.setenv("REPLAN_API_TOKEN", "a-token-of-sixteen-chars")
+
+    assert main([*argv, "--url", server.url]) == 0
+    assert len(server.seen) == 3
+    # A connection that fails is not sent again: the answer may have been
+    # taken, and the second would be told the gate is resolved.
+    server.first += [(502, "text/html", b"<html></html>")]
+    assert main([*argv, "--url", server.url]) == 1
+    assert len(server.seen) == 4
+    assert "HTTP 502" in capsys.readouterr().err
 
 
 def test_a_daemon_that_takes_the_request_and_never_answers_is_named_so() -> None:

@@ -284,6 +284,37 @@ def test_watch_follows_a_run_across_a_daemon_restart(
     assert lines.count(lines[0]) == 1  # nothing is printed twice on reconnecting
 
 
+def test_submit_waits_for_a_daemon_that_restarts_and_starts_one_run(
+    remote: DaemonProcess,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(
+        _client, "DEFAULT_BACKOFF", Backoff(first_s=0.05, max_s=0.5, total_s=60)
+    )
+    remote.kill()
+    codes: list[int] = []
+    submit = threading.Thread(
+        target=lambda: codes.append(main(["submit", "--goal", GOAL, "--watch"]))
+    )
+    submit.start()
+    try:
+        time.sleep(0.5)  # refused meanwhile, and sent again
+        remote.start()
+        with remote.client() as client:
+            (gate,) = wait_for(lambda: client.get("/v1/gates").json()["gates"])
+            answer = {"decision": "approve", "by": "gina"}
+            client.post(f"/v1/gates/{gate['gate_id']}", json=answer).raise_for_status()
+            submit.join(60)
+            runs = client.get("/v1/runs").json()["runs"]
+    finally:
+        remote.close()
+        submit.join(60)
+    captured = capsys.readouterr()
+    assert codes == [0], captured.err
+    assert [r["run_id"] for r in runs] == [captured.out.splitlines()[0]]
+
+
 def test_sigterm_ends_watch_with_one_line_and_exit_143(
     remote: DaemonProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
