@@ -208,16 +208,12 @@ def _follow(client: Client, run_id: str) -> int:
 def _gates(client: Client, args: argparse.Namespace) -> int:
     """The gates waiting for a person, oldest first, as ``show`` names them:
     the full id ``approve`` and ``reject`` take, and what each asks."""
-    params = {"run_id": args.run_id} if args.run_id else {}
-    listed = client.call("GET", "/v1/gates", params=params)
-    elsewhere: dict[str, str] = listed.get("elsewhere") or {}
     lines: list[str] = []
-    for gate in listed["gates"]:
+    for gate, holder in _open_gates(client, args.run_id):
         request = GateRequest.model_validate(gate)
         if lines:
             lines.append("")
         lines += _render.gate_lines(request, "", full_id=True)
-        holder = elsewhere.get(request.gate_id)
         if holder is not None:
             lines.append(
                 f"    its run is driven by daemon {holder}; any daemon takes the answer"
@@ -227,6 +223,30 @@ def _gates(client: Client, args: argparse.Namespace) -> int:
     if not lines:
         print("no gates waiting", file=sys.stderr)
     return 0
+
+
+def _open_gates(
+    client: Client, run_id: str | None = None
+) -> Iterator[tuple[Any, str | None]]:
+    """Every gate waiting for a person (of one run, if ``run_id`` is
+    given), over as many pages as it takes, oldest first, each with the
+    daemon that drives its run if another daemon does."""
+    seen: set[str] = set()
+    offset: int | None = 0
+    while offset is not None:
+        params: dict[str, Any] = {"limit": PAGE, "offset": offset}
+        if run_id:
+            params["run_id"] = run_id
+        page = client.call("GET", "/v1/gates", params=params)
+        elsewhere: dict[str, str] = page.get("elsewhere") or {}
+        for gate in page["gates"]:
+            # A gate answered meanwhile moves the later ones a place up: one
+            # already listed may come again.
+            if gate["gate_id"] not in seen:
+                seen.add(gate["gate_id"])
+                yield gate, elsewhere.get(gate["gate_id"])
+        # A daemon that does not page its gates gives them all at once.
+        offset = page.get("next_offset")
 
 
 def _answer(client: Client, args: argparse.Namespace) -> int:
@@ -254,9 +274,10 @@ def _answer(client: Client, args: argparse.Namespace) -> int:
 def _find_gate(client: Client, short_id: str) -> str | None:
     """The full id of the one waiting gate named ``short_id`` within its run
     (``g1`` for ``RUN_ID-g1``), or None if no gate waits under that name."""
-    gates = client.call("GET", "/v1/gates")["gates"]
     matches = sorted(
-        g["gate_id"] for g in gates if g["gate_id"].endswith(f"-{short_id}")
+        g["gate_id"]
+        for g, _ in _open_gates(client)
+        if g["gate_id"].endswith(f"-{short_id}")
     )
     if len(matches) > 1:
         raise ClientError(

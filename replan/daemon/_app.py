@@ -390,15 +390,26 @@ def _v1(daemon: Daemon) -> APIRouter:
     @router.get("/gates", response_model=GateList)
     async def gates(
         run_id: Annotated[str | None, Query(max_length=200)] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+        offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
     ) -> GateList:
-        """Gates waiting for a person, oldest first.
+        """Gates waiting for a person, oldest first, in pages as runs are.
 
         On a shared PostgreSQL journal, every open gate of the journal;
         ``elsewhere`` names the daemon that drives the run of each one open
-        in another daemon, where it is answered.
+        in another daemon (of those on the page).
         """
-        gates, elsewhere = await daemon.open_gates(run_id)
-        return GateList(gates=gates, elsewhere=elsewhere)
+        found, elsewhere = await daemon.open_gates(run_id)
+        page = found[offset : offset + limit]
+        return GateList(
+            gates=page,
+            elsewhere={
+                g.gate_id: elsewhere[g.gate_id] for g in page if g.gate_id in elsewhere
+            },
+            limit=limit,
+            offset=offset,
+            next_offset=offset + limit if len(found) > offset + limit else None,
+        )
 
     @router.post(
         "/gates/{gate_id}",

@@ -66,13 +66,17 @@ class VersionList(_Body):
 
 
 class GateList(_Body):
-    """The gates waiting for a person, oldest first."""
+    """One page of the gates waiting for a person, oldest first."""
 
     gates: list[GateRequest]
     elsewhere: dict[str, str] = Field(default_factory=dict)
     """Gate id -> the daemon (``host:pid``) that drives the gate's run, for
-    the gates open in another daemon on a shared PostgreSQL journal: answer
-    those there."""
+    the gates of this page open in another daemon on a shared PostgreSQL
+    journal (any daemon takes the answer)."""
+    limit: int
+    offset: int
+    next_offset: int | None = None
+    """Where the next page starts; None on the last page."""
 
 
 class GateAnswered(_Body):

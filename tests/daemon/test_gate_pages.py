@@ -1,0 +1,94 @@
+"""``GET /v1/gates`` in pages, as ``GET /v1/runs`` is, and ``replan gates``
+over every page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from in_process import serving
+
+from replan import _remote
+from replan._demo import GOAL, demo_model
+from replan.daemon import DaemonSettings, Token
+from replan.daemon._service import Daemon
+
+TOKEN = "gate-pages-test-token"
+
+
+async def test_open_gates_are_listed_oldest_first_in_pages(tmp_path: Path) -> None:
+    daemon = Daemon(
+        settings=DaemonSettings(data_dir=tmp_path),
+        token=Token(TOKEN),
+        model=demo_model(),
+    )
+    async with serving(daemon) as client:
+        for _ in range(5):
+            response = await client.post("/v1/runs", json={"goal": GOAL})
+            assert response.status_code == 202
+        with anyio.fail_after(10):
+            while True:
+                if len(daemon.supervisor.gates.pending()) == 5:
+                    break
+                await anyio.sleep(0.01)
+        whole = (await client.get("/v1/gates", params={"limit": 1000})).json()
+        pages = [
+            (await client.get("/v1/gates", params={"limit": 2, "offset": o})).json()
+            for o in (0, 2, 4)
+        ]
+        default = (await client.get("/v1/gates")).json()
+        too_many = await client.get("/v1/gates", params={"limit": 1001})
+        for run in (await client.get("/v1/runs")).json()["runs"]:
+            await client.post(f"/v1/runs/{run['run_id']}/cancel")
+
+    ids = [g["gate_id"] for g in whole["gates"]]
+    assert len(ids) == 5
+    assert [g["gate_id"] for page in pages for g in page["gates"]] == ids
+    assert [page["next_offset"] for page in pages] == [2, 4, None]
+    assert (default["limit"], default["offset"], default["next_offset"]) == (
+        50,
+        0,
+        None,
+    )
+    assert too_many.status_code == 422
+    assert too_many.json()["field"] == "limit"
+
+
+class _GatePages:
+    """A daemon with these open gates, 2 to a page whatever the limit."""
+
+    def __init__(self, gate_ids: list[str], paged: bool = True) -> None:
+        self.gate_ids = gate_ids
+        self.paged = paged
+        self.asked: list[dict[str, Any]] = []
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        assert (method, path) == ("GET", "/v1/gates")
+        params = kwargs.get("params", {})
+        self.asked.append(params)
+        if not self.paged:  # a daemon from before pages
+            return {"gates": [{"gate_id": g} for g in self.gate_ids]}
+        offset = params["offset"]
+        more = offset + 2 < len(self.gate_ids)
+        return {
+            "gates": [{"gate_id": g} for g in self.gate_ids[offset : offset + 2]],
+            "elsewhere": {"r3-g1": "host:7"},
+            "next_offset": offset + 2 if more else None,
+        }
+
+
+@pytest.mark.parametrize("paged", [True, False])
+def test_every_page_of_gates_is_read(paged: bool) -> None:
+    daemon = _GatePages(["r1-g1", "r2-g1", "r3-g1", "r4-g2", "r5-g1"], paged)
+
+    listed = list(_remote._open_gates(daemon, "r"))  # type: ignore[arg-type]
+
+    assert [g["gate_id"] for g, _ in listed] == daemon.gate_ids
+    assert len(daemon.asked) == (3 if paged else 1)
+    assert {p["run_id"] for p in daemon.asked} == {"r"}
+    if paged:
+        assert [holder for _, holder in listed] == [None, None, "host:7", None, None]
+    # approve g2 finds the one gate named so on the last page.
+    assert _remote._find_gate(daemon, "g2") == "r4-g2"  # type: ignore[arg-type]
