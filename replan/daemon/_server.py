@@ -34,6 +34,7 @@ from anyio.abc import TaskStatus
 
 from ..store import DriverLease
 from ..telemetry import setup_if_asked
+from ._accept import AcceptPausingLoop
 from ._app import QUERY_PARAMETERS, create_app
 from ._files import AcceptErrors, raise_open_files_limit
 from ._limits import KnownQuery, KnownQueryInAccessLog
@@ -312,7 +313,14 @@ def _listen_and_serve(settings: DaemonSettings, daemon: Daemon) -> None:
         server = uvicorn_server(daemon)
         tune_gc()
         # uvicorn runs on asyncio only.
-        anyio.run(run_server, daemon, server, sockets, backend="asyncio")
+        anyio.run(
+            run_server,
+            daemon,
+            server,
+            sockets,
+            backend="asyncio",
+            backend_options={"loop_factory": AcceptPausingLoop},
+        )
     finally:
         for sock in sockets:
             sock.close()
