@@ -24,6 +24,7 @@ from .._errors import (
     ConfigurationError,
     GateAlreadyResolved,
     GateError,
+    JournalConflict,
     JournalCorrupt,
     JournalUnavailable,
     ReplanError,
@@ -35,6 +36,7 @@ from .._errors import (
 from .._version import __version__
 from ..messages import GateResolution, Limits, RunSpec, RunStatus
 from ..store import RunLeases
+from ..supervisor import RunState
 from ..supervisor._forwarding import gate_of
 from ..supervisor._gates import already_resolved
 from ..supervisor._state import RUN_ENDED_NOTE
@@ -209,20 +211,16 @@ def _v1(daemon: Daemon) -> APIRouter:
             raise ApiError(400, problem, "idempotency-key")
         run_id = run_id_of(key)
         async with keyed.holding(run_id):
-            try:
-                state = await daemon.run_state(run_id)
-            except UnknownRunError:
-                return await _start_run(spec, run_id)
-            except ReplanError:
-                raise  # not serving yet (503), a damaged journal (409)
-            except Exception as exc:
-                logger.warning("cannot look up run %s: %s", run_id, exc)
-                raise ApiError(
-                    503,
-                    f"cannot look up run {run_id}, which {HEADER} names: the "
-                    "journal cannot be read; send the request again",
-                    headers=_RETRY,
-                ) from None
+            state = await _keyed_run(run_id)
+            if state is None:
+                try:
+                    return await _start_run(spec, run_id)
+                except JournalConflict:
+                    # Another daemon on the shared journal journaled the
+                    # same key's run first, after the look above.
+                    state = await _keyed_run(run_id)
+                    if state is None:
+                        raise
         differ = differences(state.spec, spec)
         if differ:
             raise ApiError(
@@ -232,6 +230,24 @@ def _v1(daemon: Daemon) -> APIRouter:
                 "idempotency-key",
             )
         return _accepted(run_id, state.status, 200)
+
+    async def _keyed_run(run_id: str) -> RunState | None:
+        """The state of the run an idempotency key names, if it exists."""
+        try:
+            state: RunState = await daemon.run_state(run_id)
+        except UnknownRunError:
+            return None
+        except ReplanError:
+            raise  # not serving yet (503), a damaged journal (409)
+        except Exception as exc:
+            logger.warning("cannot look up run %s: %s", run_id, exc)
+            raise ApiError(
+                503,
+                f"cannot look up run {run_id}, which {HEADER} names: the "
+                "journal cannot be read; send the request again",
+                headers=_RETRY,
+            ) from None
+        return state
 
     async def _start_run(spec: RunSpec, run_id: str | None = None) -> JSONResponse:
         try:

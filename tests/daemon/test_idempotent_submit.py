@@ -3,6 +3,7 @@ also when the two arrive at once or a restart comes between them."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
@@ -10,9 +11,16 @@ import pytest
 from daemon_process import DaemonProcess
 from in_process import serving
 
+from replan import RunSpec
 from replan._demo import GOAL, demo_model
+from replan._errors import UnknownRunError
 from replan.daemon import DaemonSettings, Token
+from replan.daemon._idempotency import run_id_of
 from replan.daemon._service import Daemon
+from replan.messages import RunSubmitted
+from replan.store import SQLiteStore
+from replan.supervisor import RunState, apply
+from replan.supervisor._run import summary_of
 
 TOKEN = "idempotency-test-token"
 NO_GATE = {"gate_on": []}
@@ -170,3 +178,30 @@ def test_a_key_sent_again_after_a_restart_gets_the_run_it_started(
     assert again.json()["run_id"] == first.json()["run_id"]
     assert other.status_code == 422
     assert [r["run_id"] for r in runs] == [first.json()["run_id"]]
+
+
+async def test_a_keyed_run_another_daemon_journals_first_is_the_one_answered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two daemons on one shared journal take the same key at once: both
+    # find no run, and the journal refuses the second one's first write.
+    daemon = _daemon(tmp_path)
+    run_id = run_id_of("k4")
+    async with serving(daemon) as client:
+        async with SQLiteStore(tmp_path / "journal.db") as other:
+            event = RunSubmitted(
+                seq=1, at=datetime.now(UTC), run_id=run_id, spec=RunSpec(goal=GOAL)
+            )
+            await other.append(run_id, [event], summary_of(apply(None, event)))
+        looked = daemon.run_state
+
+        async def not_yet(wanted: str) -> RunState:
+            monkeypatch.setattr(daemon, "run_state", looked)
+            raise UnknownRunError(wanted)
+
+        monkeypatch.setattr(daemon, "run_state", not_yet)
+        answer = await client.post(
+            "/v1/runs", json={"goal": GOAL}, headers={"Idempotency-Key": "k4"}
+        )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["run_id"] == run_id
