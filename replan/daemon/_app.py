@@ -106,6 +106,10 @@ STARTING = (
     "the daemon is starting (it resumes the journal's unfinished runs): "
     "try again in a few seconds"
 )
+DRAINING = (
+    "the daemon is shutting down (it drains its runs for a restart): try "
+    "again once it has restarted"
+)
 _RETRY = {"Retry-After": "5"}
 
 
@@ -675,9 +679,14 @@ def _handle_errors(app: FastAPI, daemon: Daemon) -> None:
     async def unavailable(request: Request, exc: SupervisorError) -> JSONResponse:
         if _starting(daemon):
             response = _problem(503, f"not serving yet: {STARTING}")
-            response.headers.update(_RETRY)
-            return response
-        return _problem(503, f"not serving: {exc}")
+        elif daemon.draining:
+            # Refused before it changed anything: worth sending again once
+            # the daemon has restarted, as a submission is.
+            response = _problem(503, f"not serving: {DRAINING}")
+        else:
+            return _problem(503, f"not serving: {exc}")
+        response.headers.update(_RETRY)
+        return response
 
     @app.exception_handler(Exception)
     async def crashed(request: Request, exc: Exception) -> JSONResponse:

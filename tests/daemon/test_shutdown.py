@@ -96,6 +96,9 @@ async def test_the_drain_answers_503_to_new_runs_while_work_in_flight_finishes(
             # The drain waits for the held execution: the server still answers.
             refused = await client.post("/v1/runs", json=body)
             ready = await client.get("/readyz")
+            gates = await client.get("/v1/gates")
+            answer = {"decision": "approve", "by": "ann"}
+            answered = await client.post(f"/v1/gates/{run_id}-g1", json=answer)
             async with httpx.AsyncClient(base_url=url, headers=headers) as fresh:
                 still_read = await fresh.get(f"/v1/runs/{run_id}")
             held.release.set()
@@ -110,6 +113,14 @@ async def test_the_drain_answers_503_to_new_runs_while_work_in_flight_finishes(
     )
     assert refused.headers["Retry-After"] == "5"
     assert ready.status_code == 503
+    # Worth another try once the daemon has restarted, as a submission is.
+    for later in (gates, answered):
+        assert later.status_code == 503, later.text
+        assert later.json()["detail"] == (
+            "not serving: the daemon is shutting down (it drains its runs for "
+            "a restart): try again once it has restarted"
+        )
+        assert later.headers["Retry-After"] == "5"
     assert still_read.status_code == 200
     assert still_read.json()["status"] == "running"
     kinds = journal_kinds(settings.journal_path, run_id)
