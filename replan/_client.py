@@ -157,7 +157,8 @@ class Client:
         ``resend`` says when the request is sent again, waiting as
         :attr:`backoff` says: ``"unavailable"`` (a read's default) on a 503
         with ``Retry-After`` (the daemon is starting, resuming its journal's
-        runs, or draining for a restart); ``"always"`` (a submission with an
+        runs, or draining for a restart), and then while the connection is
+        refused (the restart); ``"always"`` (a submission with an
         idempotency key) also when the connection fails or no answer comes,
         and on a proxy's 502 or 504; ``"never"`` (a write's default): a
         submission refused because the journal failed may have been
@@ -169,6 +170,9 @@ class Client:
             resend = "unavailable" if method == "GET" else "never"
         waits = self.backoff.delays()
         failure: ClientError | None
+        # Once a 503 with Retry-After came, a refused connection is the
+        # daemon restarting: nothing was sent, so waiting for it is safe.
+        restarting = False
         while True:
             try:
                 response = self._http.request(method, path, **kwargs)
@@ -182,18 +186,28 @@ class Client:
                     f"{self.url} took the request but did not answer "
                     f"in {self._timeout_s:g} s"
                 )
+                unsent = False
             except httpx.HTTPError as exc:
                 failure = ClientError(f"cannot reach {self.url}: {self._scrub(exc)}")
+                unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
             else:
                 if not _again(resend, response):
                     break
-                failure = None
-            if resend != "always" and failure is not None:
+                failure, restarting = None, True
+            if failure is not None and not (
+                resend == "always"
+                or (resend == "unavailable" and restarting and unsent)
+            ):
                 raise failure
             delay = next(waits, None)
             if delay is None:
                 if failure is not None:
-                    raise failure
+                    raise ClientError(
+                        f"{failure} (gave up after {self.backoff.total_s:g} s "
+                        "of retries)",
+                        failure.status,
+                        failure.code,
+                    )
                 break  # its 503, saying why
             self.backoff.sleep(delay)
         self._checked(response)

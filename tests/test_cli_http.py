@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
 import pytest
 
 from replan._client import Backoff, Client, ClientError
@@ -463,3 +464,72 @@ def test_json_in_a_shape_no_daemon_gives_is_one_line(
         "replan: error: the server's answer is not one a replan daemon gives ("
     )
     assert err.count("\n") == 1
+
+
+def _scripted(answers: list[Exception | int], seen: list[str]) -> httpx.MockTransport:
+    """A transport answering each request with the next of ``answers``: an
+    exception to raise, or a status (503 with Retry-After, or 200)."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.method)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        headers = {"Retry-After": "5"} if answer == 503 else {}
+        body = {"detail": "not serving: the daemon is shutting down", "field": None}
+        return httpx.Response(
+            answer, json=body if answer == 503 else {}, headers=headers
+        )
+
+    return httpx.MockTransport(handle)
+
+
+def _client_over(transport: httpx.MockTransport, waited: list[float]) -> Client:
+    client = Client(
+        "http://replan", "t" * 20, backoff=Backoff(total_s=60, sleep=waited.append)
+    )
+    client._http = httpx.Client(base_url="http://replan", transport=transport)
+    return client
+
+
+def test_a_read_told_the_daemon_restarts_waits_while_its_port_is_closed() -> None:
+    refused = httpx.ConnectError("[Errno 111] Connection refused")
+    seen: list[str] = []
+    waited: list[float] = []
+    with _client_over(_scripted([503, refused, refused, 200], seen), waited) as c:
+        assert c.call("GET", "/v1/gates") == {}
+    assert waited == [0.5, 1, 2]
+    # Not told so, a refused connection is the answer (a wrong --url).
+    with (
+        _client_over(_scripted([refused], seen), waited) as c,
+        pytest.raises(ClientError, match=r"^cannot reach http://replan: "),
+    ):
+        c.call("GET", "/v1/gates")
+
+
+def test_an_answer_that_may_have_been_taken_is_not_sent_again() -> None:
+    lost = httpx.ReadTimeout("timed out")
+    seen: list[str] = []
+    waited: list[float] = []
+    with (
+        _client_over(_scripted([503, lost], seen), waited) as c,
+        pytest.raises(ClientError, match="took the request but did not answer"),
+    ):
+        c.call("POST", "/v1/gates/r1-g1", json={}, resend="unavailable")
+    assert seen == ["POST", "POST"]
+
+
+def test_a_submission_that_never_gets_through_says_it_was_retried() -> None:
+    refused = httpx.ConnectError("[Errno 111] Connection refused")
+    seen: list[str] = []
+    waited: list[float] = []
+    with (
+        _client_over(_scripted([refused] * 20, seen), waited) as c,
+        pytest.raises(ClientError) as failure,
+    ):
+        c.call("POST", "/v1/runs", json={}, resend="always")
+    assert str(failure.value) == (
+        "cannot reach http://replan: [Errno 111] Connection refused "
+        "(gave up after 60 s of retries)"
+    )
+    assert sum(waited) == 60
