@@ -70,6 +70,12 @@ def add_commands(commands: Any) -> None:
     submit.add_argument("--goal", help="the goal (a minimal spec)")
     submit.add_argument("--pattern", choices=["contract", "discovery", "hybrid"])
     submit.add_argument("--watch", action="store_true", help="follow its events")
+    submit.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="the submission's Idempotency-Key (default: a new one): the same "
+        "key submitted again gets the run it started, never a second run",
+    )
     add_url(submit)
 
     watch = commands.add_parser(
@@ -116,12 +122,24 @@ def _submit(client: Client, args: argparse.Namespace) -> int:
         raise RemoteError("give a SPEC file or --goal", 2)
     # Sent again through a lost connection, a restart or a drain: the key
     # makes it the same run, never a second one.
-    key = {"Idempotency-Key": uuid.uuid4().hex}
+    key = {"Idempotency-Key": _key(args.idempotency_key)}
     accepted = client.call("POST", "/v1/runs", json=spec, headers=key, resend="always")
     print(terminal_text(accepted["run_id"]))
     if args.watch:
         return _follow(client, accepted["run_id"])
     return 0
+
+
+def _key(given: str | None) -> str:
+    """The submission's idempotency key: ``given``, or a new one."""
+    if given is None:
+        return uuid.uuid4().hex
+    key = given.strip()
+    if not (1 <= len(key) <= 255 and key.isascii() and key.isprintable()):
+        raise RemoteError(
+            "--idempotency-key: 1 to 255 printable ASCII characters expected", 2
+        )
+    return key
 
 
 def _read_spec(name: str) -> dict[str, Any]:

@@ -533,3 +533,23 @@ def test_a_submission_that_never_gets_through_says_it_was_retried() -> None:
         "(gave up after 60 s of retries)"
     )
     assert sum(waited) == 60
+
+
+def test_submit_sends_the_key_it_is_given_and_refuses_one_no_header_can_be(
+    serve: list[_Server],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    accepted = b'{"run_id": "r1", "url": "/v1/runs/r1", "status": "running"}'
+    server = _start(serve, 200, "application/json", accepted)
+    monkeypatch.setenv("REPLAN_API_TOKEN", "a-token-of-sixteen-chars")
+    argv = ["submit", "--goal", "g", "--url", server.url, "--idempotency-key"]
+
+    assert main([*argv, " nightly-2026-11-27 "]) == 0
+    assert main([*argv, "caf\u00e9"]) == 2
+
+    assert [seen["Idempotency-Key"] for seen in server.seen] == ["nightly-2026-11-27"]
+    assert capsys.readouterr().err == (
+        "replan: error: --idempotency-key: 1 to 255 printable ASCII characters "
+        "expected\n"
+    )
