@@ -205,3 +205,30 @@ async def test_a_keyed_run_another_daemon_journals_first_is_the_one_answered(
         )
     assert answer.status_code == 200, answer.text
     assert answer.json()["run_id"] == run_id
+
+
+@pytest.mark.parametrize(("retention", "again"), [("compact", 200), ("delete", 202)])
+async def test_a_key_is_remembered_as_long_as_retention_keeps_its_run(
+    tmp_path: Path, retention: str, again: int
+) -> None:
+    daemon = _daemon(
+        tmp_path,
+        retention=retention,
+        retention_age_s=0,
+        retention_interval_s=0.1,
+    )
+    spec = {"goal": GOAL, "gate_policy": NO_GATE}
+    key = {"Idempotency-Key": "k5"}
+    async with serving(daemon) as client:
+        first = await client.post("/v1/runs", json=spec, headers=key)
+        run_id = first.json()["run_id"]
+        with anyio.fail_after(20):
+            while True:
+                counters = daemon.counters
+                if counters.compacted + counters.deleted:
+                    break
+                await anyio.sleep(0.05)
+        second = await client.post("/v1/runs", json=spec, headers=key)
+    assert first.status_code == 202
+    assert second.status_code == again, second.text
+    assert second.json()["run_id"] == run_id
