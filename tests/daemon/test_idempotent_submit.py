@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 from daemon_process import DaemonProcess
 from in_process import serving
@@ -232,3 +233,29 @@ async def test_a_key_is_remembered_as_long_as_retention_keeps_its_run(
     assert first.status_code == 202
     assert second.status_code == again, second.text
     assert second.json()["run_id"] == run_id
+
+
+async def test_daemons_on_one_postgresql_journal_start_one_run_per_key(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    def daemon(name: str) -> Daemon:
+        return _daemon(tmp_path / name, journal_dsn=postgres_dsn)
+
+    first, second = daemon("a"), daemon("b")
+    answers: list[tuple[int, str]] = []
+    async with serving(first) as one, serving(second) as two:
+
+        async def submit(client: httpx.AsyncClient) -> None:
+            response = await client.post(
+                "/v1/runs", json={"goal": GOAL}, headers={"Idempotency-Key": "k6"}
+            )
+            answers.append((response.status_code, response.json()["run_id"]))
+
+        async with anyio.create_task_group() as tg:
+            for client in (one, two, one, two):
+                tg.start_soon(submit, client)
+        runs = (await one.get("/v1/runs")).json()["runs"]
+        await one.post(f"/v1/runs/{runs[0]['run_id']}/cancel")
+    assert sorted(code for code, _ in answers) == [200, 200, 200, 202], answers
+    assert {run_id for _, run_id in answers} == {run_id_of("k6")}
+    assert len(runs) == 1
