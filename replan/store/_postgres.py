@@ -59,6 +59,8 @@ _FINAL = [str(s) for s in RunStatus if s.final]
 _UNFINISHED = [str(s) for s in RunStatus if not s.final]
 LEASE_S_RANGE = (1.0, 3600.0)
 """The shortest and longest ``lease_s`` a store takes."""
+RECONNECT_S_MAX = 3600.0
+"""The longest ``reconnect_s`` a store takes."""
 _MAX_NAME = 63
 """The longest identifier PostgreSQL keeps whole, in bytes."""
 
@@ -101,6 +103,13 @@ class PostgresStore:
             last renewal (1 to 3600 s; the supervisor renews every third of
             it): how soon another supervisor takes over the runs of one
             whose process died.
+        reconnect_s: how long a call waits for a server it cannot reach,
+            or that dropped its connection (a restart, a failover, a
+            proxy's idle timeout), trying again after 0.1 s, then twice as
+            long each time up to 2 s, before it fails with psycopg's
+            ``OperationalError`` (0 to 3600 s; 0 fails at once). A run
+            whose append waits so pauses, and goes on once the server is
+            back; ``outage`` says what is wrong meanwhile.
 
     Raises:
         ConfigurationError: (field ``dsn``) the string is not a connection
@@ -111,7 +120,8 @@ class PostgresStore:
             the schema holds another application's tables or a newer
             replan's journal; (``pool_size``) not a whole number, 1 or more;
             (``connect_timeout_s``) not positive and finite; (``lease_s``)
-            not a number of seconds from 1 to 3600.
+            not a number of seconds from 1 to 3600; (``reconnect_s``) not
+            a number of seconds from 0 to 3600.
     """
 
     def __init__(
@@ -122,6 +132,7 @@ class PostgresStore:
         pool_size: int = 4,
         connect_timeout_s: float = 10.0,
         lease_s: float = 30.0,
+        reconnect_s: float = 30.0,
     ) -> None:
         self._pool: Pool | None = None
         if not schema or len(schema.encode()) > _MAX_NAME or "\x00" in schema:
@@ -156,6 +167,16 @@ class PostgresStore:
                 "lease_s",
                 f"expected a number of seconds from {low:g} to {high:g}, "
                 f"got {lease_s!r}",
+            )
+        if (
+            isinstance(reconnect_s, bool)
+            or not isinstance(reconnect_s, int | float)
+            or not 0 <= reconnect_s <= RECONNECT_S_MAX
+        ):
+            raise ConfigurationError(
+                "reconnect_s",
+                f"expected a number of seconds from 0 to {RECONNECT_S_MAX:g}, "
+                f"got {reconnect_s!r}",
             )
         self._lease_s = float(lease_s)
         self._lease_for = timedelta(seconds=lease_s)
@@ -199,7 +220,12 @@ class PostgresStore:
             raise
         # Plain functions, not bound methods: the store is in no reference
         # cycle, and an unclosed one is finalized (and warned of) at once.
-        self._pool = Pool(functools.partial(connect, self._conninfo), pool_size)
+        self._pool = Pool(
+            functools.partial(connect, self._conninfo),
+            pool_size,
+            journal=self.journal,
+            reconnect_s=reconnect_s,
+        )
         self._pool.give(first)
 
     def __repr__(self) -> str:
@@ -223,6 +249,13 @@ class PostgresStore:
                 f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self
             )
             pool.close()
+
+    @property
+    def outage(self) -> str | None:
+        """Where the journal is and why its server cannot be reached, from
+        the first call that could not reach it until one does again; None
+        while it works."""
+        return None if self._pool is None else self._pool.outage
 
     def _connections(self) -> Pool:
         if self._pool is None or self._pool.closed:
@@ -267,8 +300,11 @@ class PostgresStore:
             "lease": self._lease_for,
         }
         queries = self._queries
+        tries = 0
 
         def write(conn: _Conn) -> None:
+            nonlocal tries
+            tries += 1
             with conn.transaction():
                 if not events:
                     conn.execute(
@@ -285,6 +321,10 @@ class PostgresStore:
                 if conn.execute(queries.advance, moved).rowcount == 0 and (
                     first != 1 or conn.execute(queries.new_run, moved).rowcount == 0
                 ):
+                    if tries > 1 and _written(conn, queries, run_id, rows):
+                        # Committed as the connection dropped: tried again
+                        # (see Pool.run), it finds its own events.
+                        return
                     row = conn.execute(queries.head, (run_id,)).fetchone()
                     head, holds, holder = (0, None, None) if row is None else row
                     if owner is not None and holds != owner.id:
@@ -676,6 +716,16 @@ class PostgresStore:
         self, run_id: str, what: str, exc: Exception, *, seq: int | None = None
     ) -> JournalCorrupt:
         return corrupt(self.journal, run_id, what, exc, seq=seq)
+
+
+def _written(
+    conn: _Conn, queries: Queries, run_id: str, rows: Sequence[tuple[object, ...]]
+) -> bool:
+    """Whether the journal holds exactly these rows (an append's, committed
+    before its connection dropped)."""
+    first, last = rows[0][1], rows[-1][1]
+    found = conn.execute(queries.read_range, (run_id, first, last)).fetchall()
+    return [tuple(r) for r in found] == [(row[1], row[3]) for row in rows]
 
 
 def _lease_lost(run_id: str, holder: str | None) -> LeaseLost:

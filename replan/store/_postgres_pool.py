@@ -8,8 +8,10 @@ at a time (``anyio.to_thread.run_sync``), which works the same on both.
 
 from __future__ import annotations
 
+import logging
 import select
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -22,6 +24,25 @@ from psycopg import pq
 _T = TypeVar("_T")
 
 Connect = Callable[[], "psycopg.Connection[Any]"]
+
+logger = logging.getLogger("replan.store")
+
+FIRST_DELAY_S = 0.1
+"""The wait before a call tries an unreachable server again..."""
+LONGEST_DELAY_S = 2.0
+"""...doubled after each try, up to this."""
+
+
+class _Unreachable(Exception):
+    """The server could not be reached, or dropped the connection under a
+    call (a restart, a failover, an administrator ending the session)."""
+
+    def __init__(self, error: psycopg.Error, *, tried: bool = True) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.tried = tried
+        """False for a call that did not try, waiting for the pool's next
+        try (see :meth:`Pool.run`)."""
 
 
 class Pool:
@@ -36,9 +57,20 @@ class Pool:
     closed instead of given back.
     """
 
-    def __init__(self, connect: Connect, size: int) -> None:
+    def __init__(
+        self, connect: Connect, size: int, *, journal: str = "", reconnect_s: float = 0
+    ) -> None:
         self._connect = connect
         self._size = size
+        self._journal = journal
+        self._reconnect_s = reconnect_s
+        self.outage: str | None = None
+        """What went wrong, while the server cannot be reached (from the
+        first call that could not reach it to the next that did)."""
+        self._error: psycopg.Error | None = None
+        self._delay = FIRST_DELAY_S
+        self._retry_at = 0.0
+        """No call tries an unreachable server before this (monotonic)."""
         self._idle: list[psycopg.Connection[Any]] = []
         self._lock = threading.Lock()
         # One per event loop: a store may outlive the loop it was first used
@@ -54,8 +86,19 @@ class Pool:
     async def run(self, work: Callable[[psycopg.Connection[Any]], _T]) -> _T:
         """``work(connection)`` in a worker thread; its result or error.
 
+        A server that cannot be reached, or that drops the connection under
+        the work (a restart, a failover), is tried again, ``work`` on a new
+        connection, after 0.1 s, then twice as long each time up to 2 s,
+        for up to ``reconnect_s`` in all: ``work`` must be safe to do again
+        after a connection lost at any point of it (the store's are: each
+        is one transaction, an upsert, or checks what it finds). The first
+        such failure of a streak is logged as a warning, and so is the
+        first call that reaches the server again.
+
         Raises:
             anyio.ClosedResourceError: the pool is closed.
+            psycopg.OperationalError: the server could not be reached for
+                ``reconnect_s``.
         """
         if self.closed:
             raise anyio.ClosedResourceError
@@ -63,12 +106,62 @@ class Pool:
         if limiter is None:
             limiter = anyio.CapacityLimiter(self._size)
             self._limiters.set(limiter)
-        return await anyio.to_thread.run_sync(self._work, work, limiter=limiter)
+        give_up_at: float | None = None
+        while True:
+            try:
+                result = await anyio.to_thread.run_sync(
+                    self._work, work, limiter=limiter
+                )
+            except _Unreachable as lost:
+                now = time.monotonic()
+                if give_up_at is None:
+                    give_up_at = now + self._reconnect_s
+                if lost.tried:
+                    self._unreachable(lost.error, now)
+                if now >= give_up_at or self.closed:
+                    raise lost.error from None
+                wait = self._retry_at - now if self._retry_at > now else FIRST_DELAY_S
+                await anyio.sleep(min(wait, give_up_at - now))
+                continue
+            if self.outage is not None:
+                self.outage = None
+                self._delay, self._retry_at = FIRST_DELAY_S, 0.0
+                logger.warning("the journal at %s is reachable again", self._journal)
+            return result
+
+    def _unreachable(self, error: psycopg.Error, now: float) -> None:
+        """A call could not reach the server: the calls of every caller try
+        again no sooner than the delay, which doubles each time, so a crowd
+        of waiting calls tries a few times per delay, not once each."""
+        if self.outage is None:
+            logger.warning(
+                "the journal at %s cannot be reached; its calls are tried "
+                "again for up to %gs each: %s",
+                self._journal,
+                self._reconnect_s,
+                " ".join(str(error).split()),
+            )
+        self.outage = f"{self._journal}: {' '.join(str(error).split())}"
+        self._error = error
+        self._retry_at = max(self._retry_at, now + self._delay)
+        self._delay = min(2 * self._delay, LONGEST_DELAY_S)
 
     def _work(self, work: Callable[[psycopg.Connection[Any]], _T]) -> _T:
-        conn = self._take()
+        error = self._error
+        if self.outage is not None and error and time.monotonic() < self._retry_at:
+            raise _Unreachable(error, tried=False)
+        try:
+            conn = self._take()
+        except psycopg.OperationalError as exc:
+            raise _Unreachable(exc) from exc
         try:
             return work(conn)
+        except psycopg.OperationalError as exc:
+            # Not a lock wait that timed out, nor a query the server
+            # refused: the session itself is gone.
+            if conn.broken:
+                raise _Unreachable(exc) from exc
+            raise
         finally:
             self._put(conn)
 

@@ -291,6 +291,8 @@ class Queries:
     """Rewrite a run's summary (or write its row), its head unchanged."""
     insert_event: sql.Composed
     read: sql.Composed
+    read_range: sql.Composed
+    """The seq and payload of a run's events from one seq to another."""
     get_run: sql.Composed
     list_runs: sql.Composed
     list_runs_with: sql.Composed
@@ -436,6 +438,10 @@ class Queries:
             read=q(
                 "SELECT seq, payload FROM {events} WHERE run_id = %s AND seq > %s "
                 "ORDER BY seq"
+            ),
+            read_range=q(
+                "SELECT seq, payload FROM {events} WHERE run_id = %s "
+                "AND seq BETWEEN %s AND %s ORDER BY seq"
             ),
             get_run=q(f"{select} WHERE r.run_id = %s"),
             list_runs=q(f"{select} {order}"),
