@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import time
 import warnings
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -548,7 +549,28 @@ class PostgresStore:
         """How long a run stays leased after its last renewal, in seconds."""
         return self._lease_s
 
+    def _recovering(self) -> bool:
+        """Whether this store reached its server again less than a lease
+        ago, after it could not: the leases that expired meanwhile are
+        likely those of live supervisors that could not renew them either,
+        and are left for them to renew until a lease has passed."""
+        pool = self._pool
+        if pool is None:
+            return False
+        back = pool.reachable_again_at
+        return pool.outage is not None or (
+            back is not None and time.monotonic() - back < self._lease_s
+        )
+
     async def claim_run(self, run_id: str, owner: RunOwner) -> RunLease | None:
+        """Take the run's lease (see :class:`~replan.store.RunLeases`).
+
+        For a lease after this store reached its server again, following an
+        outage, a lease another owner let expire meanwhile still holds: the
+        server, or the way to it, was down for everyone, and its owner is
+        likely alive and about to renew it. A run whose owner died is taken
+        over once that lease has passed.
+        """
         queries = self._queries
         params = {
             "run_id": run_id,
@@ -559,6 +581,8 @@ class PostgresStore:
         }
 
         def claim(conn: _Conn) -> RunLease | None:
+            # Judged as the call reaches the server (it may have waited).
+            params["recovering"] = self._recovering()
             # Taken, or held by another: asked again should the other let
             # go of it between the two statements.
             for _ in range(3):
@@ -604,14 +628,18 @@ class PostgresStore:
     async def claimable_runs(self, owner: RunOwner) -> list[str]:
         query = self._queries.claimable
         params = {"owner": owner.id, "unfinished": _UNFINISHED}
-        rows = await self._connections().run(
-            lambda conn: conn.execute(query, params).fetchall()
-        )
+
+        def claimable(conn: _Conn) -> list[Any]:
+            # Judged as the call reaches the server (it may have waited).
+            recovering = self._recovering()
+            return conn.execute(query, {**params, "recovering": recovering}).fetchall()
+
+        rows = await self._connections().run(claimable)
         return [run_id for (run_id,) in rows]
 
     async def run_lease(self, run_id: str) -> RunLease | None:
         query = self._queries.lease_of
-        params = {"run_id": run_id, "unfinished": _UNFINISHED}
+        params = {"run_id": run_id, "unfinished": _UNFINISHED, "recovering": False}
         row = await self._connections().run(
             lambda conn: conn.execute(query, params).fetchone()
         )

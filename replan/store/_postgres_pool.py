@@ -67,6 +67,9 @@ class Pool:
         self.outage: str | None = None
         """What went wrong, while the server cannot be reached (from the
         first call that could not reach it to the next that did)."""
+        self.reachable_again_at: float | None = None
+        """When (``time.monotonic()``) a call last reached the server after
+        an outage."""
         self._error: psycopg.Error | None = None
         self._delay = FIRST_DELAY_S
         self._retry_at = 0.0
@@ -125,6 +128,7 @@ class Pool:
                 continue
             if self.outage is not None:
                 self.outage = None
+                self.reachable_again_at = time.monotonic()
                 self._delay, self._retry_at = FIRST_DELAY_S, 0.0
                 logger.warning("the journal at %s is reachable again", self._journal)
             return result

@@ -17,7 +17,7 @@ from postgres_server import PostgresServer
 from write_samples import started, summary
 
 from replan import ConfigurationError
-from replan.store import PostgresStore
+from replan.store import PostgresStore, RunOwner
 from replan.store import _postgres_pool as pool_module
 
 
@@ -153,3 +153,44 @@ def test_reconnect_s_out_of_range_is_a_configuration_error(
     with pytest.raises(ConfigurationError) as caught:
         PostgresStore(postgres_dsn, reconnect_s=reconnect_s)  # type: ignore[arg-type]
     assert caught.value.field == "reconnect_s"
+
+
+A = RunOwner(id="owner-a", holder="host-a:1")
+B = RunOwner(id="owner-b", holder="host-b:2")
+
+
+async def test_leases_that_expired_while_the_server_was_down_are_left_to_their_owners(
+    own_server: PostgresServer,
+) -> None:
+    # The server is down longer than a lease: every supervisor's leases
+    # expire, none could renew. Once it is back, the one whose scan comes
+    # first does not take the others' runs: they renew them; a run whose
+    # owner died meanwhile is taken over a lease later.
+    dsn = own_server.dsn(own_server.new_database())
+    async with (
+        PostgresStore(dsn, lease_s=1) as store_a,
+        PostgresStore(dsn, lease_s=1) as store_b,
+    ):
+        await store_a.append("run-1", [started(1)], summary(1), owner=A)
+        postgres.halt(own_server)
+        back = _later(2.5, lambda: postgres.start_again(own_server))
+        try:
+            with anyio.fail_after(20):
+                # Both look for runs to take up while it is down.
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(store_a.claimable_runs, A)
+                    assert await store_b.claimable_runs(B) == []
+        finally:
+            back.join()
+        assert await store_b.claimable_runs(B) == []
+        lease = await store_b.claim_run("run-1", B)
+        assert lease is not None
+        assert lease.holder == "host-a:1"
+        assert await store_a.renew_leases(A, ["run-1"]) == {"run-1"}
+        await store_a.append("run-1", [started(2)], summary(2), owner=A)
+        # A dies now: B takes the run over once its lease has passed.
+        await anyio.sleep(1.2)
+        assert await store_b.claimable_runs(B) == ["run-1"]
+        lease = await store_b.claim_run("run-1", B)
+        assert lease is not None
+        assert lease.owner == B.id
