@@ -350,7 +350,7 @@ class PostgresStore:
     async def read(self, run_id: str, after: int = 0) -> list[Event]:
         query = self._queries.read
         rows = await self._connections().run(
-            lambda conn: conn.execute(query, (run_id, after)).fetchall()
+            lambda conn: conn.execute(query, (run_id, after)).fetchall(), read=True
         )
         events: list[Event] = []
         for seq, payload in rows:
@@ -363,7 +363,7 @@ class PostgresStore:
     async def get_run(self, run_id: str) -> RunSummary | None:
         query = self._queries.get_run
         row = await self._connections().run(
-            lambda conn: conn.execute(query, (run_id,)).fetchone()
+            lambda conn: conn.execute(query, (run_id,)).fetchone(), read=True
         )
         return None if row is None else self._summary(row)
 
@@ -382,7 +382,7 @@ class PostgresStore:
             query = self._queries.list_runs_with
             params = ([str(s) for s in statuses], limit, offset)
         rows = await self._connections().run(
-            lambda conn: conn.execute(query, params).fetchall()
+            lambda conn: conn.execute(query, params).fetchall(), read=True
         )
         return [self._summary(row) for row in rows]
 
@@ -486,7 +486,7 @@ class PostgresStore:
             JournalCorrupt: a payload is not a valid ``model``.
         """
         rows = await self._connections().run(
-            lambda conn: conn.execute(query, (run_id, *more)).fetchall()
+            lambda conn: conn.execute(query, (run_id, *more)).fetchall(), read=True
         )
         try:
             return [model.model_validate_json(payload) for (payload,) in rows]

@@ -79,15 +79,23 @@ class Pool:
         # One per event loop: a store may outlive the loop it was first used
         # in (one anyio.run after another, a fixture shared by tests), and
         # an anyio primitive is bound to one loop of one backend.
-        self._limiters: RunVar[anyio.CapacityLimiter] = RunVar("replan-pg-pool")
+        self._limiters: RunVar[tuple[anyio.CapacityLimiter, anyio.CapacityLimiter]]
+        self._limiters = RunVar("replan-pg-pool")
         self.closed = False
 
     def give(self, conn: psycopg.Connection[Any]) -> None:
         """Add an open connection (the one the store was set up with)."""
         self._put(conn)
 
-    async def run(self, work: Callable[[psycopg.Connection[Any]], _T]) -> _T:
+    async def run(
+        self, work: Callable[[psycopg.Connection[Any]], _T], *, read: bool = False
+    ) -> _T:
         """``work(connection)`` in a worker thread; its result or error.
+
+        Reads (``read``) take at most ``size - 1`` of the threads at once
+        (the one, with a pool of one), so that however many read (a
+        daemon's event streams following runs in the journal), a write (an
+        append, a lease's renewal) waits for no more than one of them.
 
         A server that cannot be reached, or that drops the connection under
         the work (a restart, a failover), is tried again, ``work`` on a new
@@ -105,16 +113,26 @@ class Pool:
         """
         if self.closed:
             raise anyio.ClosedResourceError
-        limiter = self._limiters.get(None)
-        if limiter is None:
-            limiter = anyio.CapacityLimiter(self._size)
-            self._limiters.set(limiter)
+        limiters = self._limiters.get(None)
+        if limiters is None:
+            limiters = (
+                anyio.CapacityLimiter(self._size),
+                anyio.CapacityLimiter(max(1, self._size - 1)),
+            )
+            self._limiters.set(limiters)
+        limiter, readers = limiters
         give_up_at: float | None = None
         while True:
             try:
-                result = await anyio.to_thread.run_sync(
-                    self._work, work, limiter=limiter
-                )
+                if read:
+                    async with readers:
+                        result = await anyio.to_thread.run_sync(
+                            self._work, work, limiter=limiter
+                        )
+                else:
+                    result = await anyio.to_thread.run_sync(
+                        self._work, work, limiter=limiter
+                    )
             except _Unreachable as lost:
                 now = time.monotonic()
                 if give_up_at is None:
