@@ -690,7 +690,7 @@ class PostgresStore:
     async def get_request(self, request_id: int) -> RunRequest | None:
         query = self._queries.get_request
         row = await self._connections().run(
-            lambda conn: conn.execute(query, (request_id,)).fetchone()
+            lambda conn: conn.execute(query, (request_id,)).fetchone(), read=True
         )
         return None if row is None else self._request(row)
 
