@@ -71,6 +71,7 @@ class Pool:
         """When (``time.monotonic()``) a call last reached the server after
         an outage."""
         self._error: psycopg.Error | None = None
+        self._outage_since: float | None = None
         self._delay = FIRST_DELAY_S
         self._retry_at = 0.0
         """No call tries an unreachable server before this (monotonic)."""
@@ -100,7 +101,9 @@ class Pool:
         A server that cannot be reached, or that drops the connection under
         the work (a restart, a failover), is tried again, ``work`` on a new
         connection, after 0.1 s, then twice as long each time up to 2 s,
-        for up to ``reconnect_s`` in all: ``work`` must be safe to do again
+        until the server has been out of reach for ``reconnect_s`` (from
+        the first call that could not reach it; a call made later than that
+        tries once, when a try is due, and fails): ``work`` must be safe to do again
         after a connection lost at any point of it (the store's are: each
         is one transaction, an upsert, or checks what it finds). The first
         such failure of a streak is logged as a warning, and so is the
@@ -121,7 +124,6 @@ class Pool:
             )
             self._limiters.set(limiters)
         limiter, readers = limiters
-        give_up_at: float | None = None
         while True:
             try:
                 if read:
@@ -135,10 +137,14 @@ class Pool:
                     )
             except _Unreachable as lost:
                 now = time.monotonic()
-                if give_up_at is None:
-                    give_up_at = now + self._reconnect_s
                 if lost.tried:
                     self._unreachable(lost.error, now)
+                # The outage's, not the call's: once the server has been
+                # out of reach for reconnect_s, calls fail at once (after a
+                # try, when one is due), and a supervisor stopping meanwhile
+                # does not wait again for each of its last writes.
+                since = now if self._outage_since is None else self._outage_since
+                give_up_at = since + self._reconnect_s
                 if now >= give_up_at or self.closed:
                     raise lost.error from None
                 wait = self._retry_at - now if self._retry_at > now else FIRST_DELAY_S
@@ -146,6 +152,7 @@ class Pool:
                 continue
             if self.outage is not None:
                 self.outage = None
+                self._outage_since = None
                 self.reachable_again_at = time.monotonic()
                 self._delay, self._retry_at = FIRST_DELAY_S, 0.0
                 logger.warning("the journal at %s is reachable again", self._journal)
@@ -157,12 +164,14 @@ class Pool:
         of waiting calls tries a few times per delay, not once each."""
         if self.outage is None:
             logger.warning(
-                "the journal at %s cannot be reached; its calls are tried "
-                "again for up to %gs each: %s",
+                "the journal at %s cannot be reached; calls wait for it for "
+                "up to %gs, then fail: %s",
                 self._journal,
                 self._reconnect_s,
                 " ".join(str(error).split()),
             )
+        if self._outage_since is None:
+            self._outage_since = now
         self.outage = f"{self._journal}: {' '.join(str(error).split())}"
         self._error = error
         self._retry_at = max(self._retry_at, now + self._delay)

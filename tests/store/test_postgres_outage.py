@@ -140,6 +140,12 @@ async def test_a_server_down_longer_than_reconnect_s_fails_the_call_without_spin
             assert 3 <= len(tries) <= 6, len(tries)
             assert store.outage is not None
             assert "server" in store.outage or "socket" in store.outage
+            # Past the outage's reconnect_s, calls fail at once (a
+            # supervisor stopping does not wait again for each write).
+            started_at = time.monotonic()
+            with pytest.raises(psycopg.OperationalError):
+                await store.append("run-1", [started(1)], summary(1))
+            assert time.monotonic() - started_at < 1
         finally:
             postgres.start_again(own_server)
         assert await store.read("run-1") == []
