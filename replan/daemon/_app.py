@@ -159,11 +159,20 @@ def create_app(daemon: Daemon, *, start: bool = True) -> FastAPI:
 
     @app.get("/readyz", tags=["operations"], responses={503: {"model": Problem}})
     async def readyz() -> dict[str, str]:
-        """The daemon accepts runs (not starting, not draining)."""
+        """The daemon accepts runs (not starting, not draining, its journal
+        reached)."""
         if _starting(daemon):
             raise ApiError(503, f"not ready: {STARTING}", headers=_RETRY)
         if not daemon.ready:
             raise ApiError(503, "not ready: the daemon is shutting down")
+        outage = daemon.journal_outage
+        if outage is not None:
+            raise ApiError(
+                503,
+                f"not ready: the journal cannot be reached (its runs wait for "
+                f"it): {outage}",
+                headers=_RETRY,
+            )
         return {"status": "ready"}
 
     # HEAD too, as `curl -I` and some load balancers' checks ask (the server

@@ -125,6 +125,13 @@ class Daemon:
     def ready(self) -> bool:
         return self._supervisor is not None and not self._draining
 
+    @property
+    def journal_outage(self) -> str | None:
+        """Why the journal's server cannot be reached (a PostgreSQL restart,
+        say), while the store's calls wait for it; None while it works."""
+        outage = getattr(self._store, "outage", None)
+        return outage if isinstance(outage, str) else None
+
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         """Open the journal, resume unfinished runs, serve (applying retention

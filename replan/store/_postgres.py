@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import time
 import warnings
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -59,6 +60,8 @@ _FINAL = [str(s) for s in RunStatus if s.final]
 _UNFINISHED = [str(s) for s in RunStatus if not s.final]
 LEASE_S_RANGE = (1.0, 3600.0)
 """The shortest and longest ``lease_s`` a store takes."""
+RECONNECT_S_MAX = 3600.0
+"""The longest ``reconnect_s`` a store takes."""
 _MAX_NAME = 63
 """The longest identifier PostgreSQL keeps whole, in bytes."""
 
@@ -101,6 +104,13 @@ class PostgresStore:
             last renewal (1 to 3600 s; the supervisor renews every third of
             it): how soon another supervisor takes over the runs of one
             whose process died.
+        reconnect_s: how long a call waits for a server it cannot reach,
+            or that dropped its connection (a restart, a failover, a
+            proxy's idle timeout), trying again after 0.1 s, then twice as
+            long each time up to 2 s, before it fails with psycopg's
+            ``OperationalError`` (0 to 3600 s; 0 fails at once). A run
+            whose append waits so pauses, and goes on once the server is
+            back; ``outage`` says what is wrong meanwhile.
 
     Raises:
         ConfigurationError: (field ``dsn``) the string is not a connection
@@ -111,7 +121,8 @@ class PostgresStore:
             the schema holds another application's tables or a newer
             replan's journal; (``pool_size``) not a whole number, 1 or more;
             (``connect_timeout_s``) not positive and finite; (``lease_s``)
-            not a number of seconds from 1 to 3600.
+            not a number of seconds from 1 to 3600; (``reconnect_s``) not
+            a number of seconds from 0 to 3600.
     """
 
     def __init__(
@@ -122,6 +133,7 @@ class PostgresStore:
         pool_size: int = 4,
         connect_timeout_s: float = 10.0,
         lease_s: float = 30.0,
+        reconnect_s: float = 30.0,
     ) -> None:
         self._pool: Pool | None = None
         if not schema or len(schema.encode()) > _MAX_NAME or "\x00" in schema:
@@ -156,6 +168,16 @@ class PostgresStore:
                 "lease_s",
                 f"expected a number of seconds from {low:g} to {high:g}, "
                 f"got {lease_s!r}",
+            )
+        if (
+            isinstance(reconnect_s, bool)
+            or not isinstance(reconnect_s, int | float)
+            or not 0 <= reconnect_s <= RECONNECT_S_MAX
+        ):
+            raise ConfigurationError(
+                "reconnect_s",
+                f"expected a number of seconds from 0 to {RECONNECT_S_MAX:g}, "
+                f"got {reconnect_s!r}",
             )
         self._lease_s = float(lease_s)
         self._lease_for = timedelta(seconds=lease_s)
@@ -199,7 +221,12 @@ class PostgresStore:
             raise
         # Plain functions, not bound methods: the store is in no reference
         # cycle, and an unclosed one is finalized (and warned of) at once.
-        self._pool = Pool(functools.partial(connect, self._conninfo), pool_size)
+        self._pool = Pool(
+            functools.partial(connect, self._conninfo),
+            pool_size,
+            journal=self.journal,
+            reconnect_s=reconnect_s,
+        )
         self._pool.give(first)
 
     def __repr__(self) -> str:
@@ -223,6 +250,13 @@ class PostgresStore:
                 f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self
             )
             pool.close()
+
+    @property
+    def outage(self) -> str | None:
+        """Where the journal is and why its server cannot be reached, from
+        the first call that could not reach it until one does again; None
+        while it works."""
+        return None if self._pool is None else self._pool.outage
 
     def _connections(self) -> Pool:
         if self._pool is None or self._pool.closed:
@@ -267,8 +301,11 @@ class PostgresStore:
             "lease": self._lease_for,
         }
         queries = self._queries
+        tries = 0
 
         def write(conn: _Conn) -> None:
+            nonlocal tries
+            tries += 1
             with conn.transaction():
                 if not events:
                     conn.execute(
@@ -285,6 +322,10 @@ class PostgresStore:
                 if conn.execute(queries.advance, moved).rowcount == 0 and (
                     first != 1 or conn.execute(queries.new_run, moved).rowcount == 0
                 ):
+                    if tries > 1 and _written(conn, queries, run_id, rows):
+                        # Committed as the connection dropped: tried again
+                        # (see Pool.run), it finds its own events.
+                        return
                     row = conn.execute(queries.head, (run_id,)).fetchone()
                     head, holds, holder = (0, None, None) if row is None else row
                     if owner is not None and holds != owner.id:
@@ -309,7 +350,7 @@ class PostgresStore:
     async def read(self, run_id: str, after: int = 0) -> list[Event]:
         query = self._queries.read
         rows = await self._connections().run(
-            lambda conn: conn.execute(query, (run_id, after)).fetchall()
+            lambda conn: conn.execute(query, (run_id, after)).fetchall(), read=True
         )
         events: list[Event] = []
         for seq, payload in rows:
@@ -322,7 +363,7 @@ class PostgresStore:
     async def get_run(self, run_id: str) -> RunSummary | None:
         query = self._queries.get_run
         row = await self._connections().run(
-            lambda conn: conn.execute(query, (run_id,)).fetchone()
+            lambda conn: conn.execute(query, (run_id,)).fetchone(), read=True
         )
         return None if row is None else self._summary(row)
 
@@ -341,7 +382,7 @@ class PostgresStore:
             query = self._queries.list_runs_with
             params = ([str(s) for s in statuses], limit, offset)
         rows = await self._connections().run(
-            lambda conn: conn.execute(query, params).fetchall()
+            lambda conn: conn.execute(query, params).fetchall(), read=True
         )
         return [self._summary(row) for row in rows]
 
@@ -445,7 +486,7 @@ class PostgresStore:
             JournalCorrupt: a payload is not a valid ``model``.
         """
         rows = await self._connections().run(
-            lambda conn: conn.execute(query, (run_id, *more)).fetchall()
+            lambda conn: conn.execute(query, (run_id, *more)).fetchall(), read=True
         )
         try:
             return [model.model_validate_json(payload) for (payload,) in rows]
@@ -508,7 +549,28 @@ class PostgresStore:
         """How long a run stays leased after its last renewal, in seconds."""
         return self._lease_s
 
+    def _recovering(self) -> bool:
+        """Whether this store reached its server again less than a lease
+        ago, after it could not: the leases that expired meanwhile are
+        likely those of live supervisors that could not renew them either,
+        and are left for them to renew until a lease has passed."""
+        pool = self._pool
+        if pool is None:
+            return False
+        back = pool.reachable_again_at
+        return pool.outage is not None or (
+            back is not None and time.monotonic() - back < self._lease_s
+        )
+
     async def claim_run(self, run_id: str, owner: RunOwner) -> RunLease | None:
+        """Take the run's lease (see :class:`~replan.store.RunLeases`).
+
+        For a lease after this store reached its server again, following an
+        outage, a lease another owner let expire meanwhile still holds: the
+        server, or the way to it, was down for everyone, and its owner is
+        likely alive and about to renew it. A run whose owner died is taken
+        over once that lease has passed.
+        """
         queries = self._queries
         params = {
             "run_id": run_id,
@@ -519,6 +581,8 @@ class PostgresStore:
         }
 
         def claim(conn: _Conn) -> RunLease | None:
+            # Judged as the call reaches the server (it may have waited).
+            params["recovering"] = self._recovering()
             # Taken, or held by another: asked again should the other let
             # go of it between the two statements.
             for _ in range(3):
@@ -564,14 +628,18 @@ class PostgresStore:
     async def claimable_runs(self, owner: RunOwner) -> list[str]:
         query = self._queries.claimable
         params = {"owner": owner.id, "unfinished": _UNFINISHED}
-        rows = await self._connections().run(
-            lambda conn: conn.execute(query, params).fetchall()
-        )
+
+        def claimable(conn: _Conn) -> list[Any]:
+            # Judged as the call reaches the server (it may have waited).
+            recovering = self._recovering()
+            return conn.execute(query, {**params, "recovering": recovering}).fetchall()
+
+        rows = await self._connections().run(claimable)
         return [run_id for (run_id,) in rows]
 
     async def run_lease(self, run_id: str) -> RunLease | None:
         query = self._queries.lease_of
-        params = {"run_id": run_id, "unfinished": _UNFINISHED}
+        params = {"run_id": run_id, "unfinished": _UNFINISHED, "recovering": False}
         row = await self._connections().run(
             lambda conn: conn.execute(query, params).fetchone()
         )
@@ -622,7 +690,7 @@ class PostgresStore:
     async def get_request(self, request_id: int) -> RunRequest | None:
         query = self._queries.get_request
         row = await self._connections().run(
-            lambda conn: conn.execute(query, (request_id,)).fetchone()
+            lambda conn: conn.execute(query, (request_id,)).fetchone(), read=True
         )
         return None if row is None else self._request(row)
 
@@ -676,6 +744,16 @@ class PostgresStore:
         self, run_id: str, what: str, exc: Exception, *, seq: int | None = None
     ) -> JournalCorrupt:
         return corrupt(self.journal, run_id, what, exc, seq=seq)
+
+
+def _written(
+    conn: _Conn, queries: Queries, run_id: str, rows: Sequence[tuple[object, ...]]
+) -> bool:
+    """Whether the journal holds exactly these rows (an append's, committed
+    before its connection dropped)."""
+    first, last = rows[0][1], rows[-1][1]
+    found = conn.execute(queries.read_range, (run_id, first, last)).fetchall()
+    return [tuple(r) for r in found] == [(row[1], row[3]) for row in rows]
 
 
 def _lease_lost(run_id: str, holder: str | None) -> LeaseLost:

@@ -8,8 +8,10 @@ at a time (``anyio.to_thread.run_sync``), which works the same on both.
 
 from __future__ import annotations
 
+import logging
 import select
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -22,6 +24,25 @@ from psycopg import pq
 _T = TypeVar("_T")
 
 Connect = Callable[[], "psycopg.Connection[Any]"]
+
+logger = logging.getLogger("replan.store")
+
+FIRST_DELAY_S = 0.1
+"""The wait before a call tries an unreachable server again..."""
+LONGEST_DELAY_S = 2.0
+"""...doubled after each try, up to this."""
+
+
+class _Unreachable(Exception):
+    """The server could not be reached, or dropped the connection under a
+    call (a restart, a failover, an administrator ending the session)."""
+
+    def __init__(self, error: psycopg.Error, *, tried: bool = True) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.tried = tried
+        """False for a call that did not try, waiting for the pool's next
+        try (see :meth:`Pool.run`)."""
 
 
 class Pool:
@@ -36,39 +57,142 @@ class Pool:
     closed instead of given back.
     """
 
-    def __init__(self, connect: Connect, size: int) -> None:
+    def __init__(
+        self, connect: Connect, size: int, *, journal: str = "", reconnect_s: float = 0
+    ) -> None:
         self._connect = connect
         self._size = size
+        self._journal = journal
+        self._reconnect_s = reconnect_s
+        self.outage: str | None = None
+        """What went wrong, while the server cannot be reached (from the
+        first call that could not reach it to the next that did)."""
+        self.reachable_again_at: float | None = None
+        """When (``time.monotonic()``) a call last reached the server after
+        an outage."""
+        self._error: psycopg.Error | None = None
+        self._outage_since: float | None = None
+        self._delay = FIRST_DELAY_S
+        self._retry_at = 0.0
+        """No call tries an unreachable server before this (monotonic)."""
         self._idle: list[psycopg.Connection[Any]] = []
         self._lock = threading.Lock()
         # One per event loop: a store may outlive the loop it was first used
         # in (one anyio.run after another, a fixture shared by tests), and
         # an anyio primitive is bound to one loop of one backend.
-        self._limiters: RunVar[anyio.CapacityLimiter] = RunVar("replan-pg-pool")
+        self._limiters: RunVar[tuple[anyio.CapacityLimiter, anyio.CapacityLimiter]]
+        self._limiters = RunVar("replan-pg-pool")
         self.closed = False
 
     def give(self, conn: psycopg.Connection[Any]) -> None:
         """Add an open connection (the one the store was set up with)."""
         self._put(conn)
 
-    async def run(self, work: Callable[[psycopg.Connection[Any]], _T]) -> _T:
+    async def run(
+        self, work: Callable[[psycopg.Connection[Any]], _T], *, read: bool = False
+    ) -> _T:
         """``work(connection)`` in a worker thread; its result or error.
+
+        Reads (``read``) take at most ``size - 1`` of the threads at once
+        (the one, with a pool of one), so that however many read (a
+        daemon's event streams following runs in the journal), a write (an
+        append, a lease's renewal) waits for no more than one of them.
+
+        A server that cannot be reached, or that drops the connection under
+        the work (a restart, a failover), is tried again, ``work`` on a new
+        connection, after 0.1 s, then twice as long each time up to 2 s,
+        until the server has been out of reach for ``reconnect_s`` (from
+        the first call that could not reach it; a call made later than that
+        tries once, when a try is due, and fails): ``work`` must be safe to do again
+        after a connection lost at any point of it (the store's are: each
+        is one transaction, an upsert, or checks what it finds). The first
+        such failure of a streak is logged as a warning, and so is the
+        first call that reaches the server again.
 
         Raises:
             anyio.ClosedResourceError: the pool is closed.
+            psycopg.OperationalError: the server could not be reached for
+                ``reconnect_s``.
         """
         if self.closed:
             raise anyio.ClosedResourceError
-        limiter = self._limiters.get(None)
-        if limiter is None:
-            limiter = anyio.CapacityLimiter(self._size)
-            self._limiters.set(limiter)
-        return await anyio.to_thread.run_sync(self._work, work, limiter=limiter)
+        limiters = self._limiters.get(None)
+        if limiters is None:
+            limiters = (
+                anyio.CapacityLimiter(self._size),
+                anyio.CapacityLimiter(max(1, self._size - 1)),
+            )
+            self._limiters.set(limiters)
+        limiter, readers = limiters
+        while True:
+            try:
+                if read:
+                    async with readers:
+                        result = await anyio.to_thread.run_sync(
+                            self._work, work, limiter=limiter
+                        )
+                else:
+                    result = await anyio.to_thread.run_sync(
+                        self._work, work, limiter=limiter
+                    )
+            except _Unreachable as lost:
+                now = time.monotonic()
+                if lost.tried:
+                    self._unreachable(lost.error, now)
+                # The outage's, not the call's: once the server has been
+                # out of reach for reconnect_s, calls fail at once (after a
+                # try, when one is due), and a supervisor stopping meanwhile
+                # does not wait again for each of its last writes.
+                since = now if self._outage_since is None else self._outage_since
+                give_up_at = since + self._reconnect_s
+                if now >= give_up_at or self.closed:
+                    raise lost.error from None
+                wait = self._retry_at - now if self._retry_at > now else FIRST_DELAY_S
+                await anyio.sleep(min(wait, give_up_at - now))
+                continue
+            if self.outage is not None:
+                self.outage = None
+                self._outage_since = None
+                self.reachable_again_at = time.monotonic()
+                self._delay, self._retry_at = FIRST_DELAY_S, 0.0
+                logger.warning("the journal at %s is reachable again", self._journal)
+            return result
+
+    def _unreachable(self, error: psycopg.Error, now: float) -> None:
+        """A call could not reach the server: the calls of every caller try
+        again no sooner than the delay, which doubles each time, so a crowd
+        of waiting calls tries a few times per delay, not once each."""
+        if self.outage is None:
+            logger.warning(
+                "the journal at %s cannot be reached; calls wait for it for "
+                "up to %gs, then fail: %s",
+                self._journal,
+                self._reconnect_s,
+                " ".join(str(error).split()),
+            )
+        if self._outage_since is None:
+            self._outage_since = now
+        self.outage = f"{self._journal}: {' '.join(str(error).split())}"
+        self._error = error
+        self._retry_at = max(self._retry_at, now + self._delay)
+        self._delay = min(2 * self._delay, LONGEST_DELAY_S)
 
     def _work(self, work: Callable[[psycopg.Connection[Any]], _T]) -> _T:
-        conn = self._take()
+        error = self._error
+        if self.outage is not None and error and time.monotonic() < self._retry_at:
+            raise _Unreachable(error, tried=False)
+        try:
+            conn = self._take()
+        except psycopg.OperationalError as exc:
+            raise _Unreachable(exc) from exc
         try:
             return work(conn)
+        except psycopg.OperationalError as exc:
+            # Not a lock wait that timed out, nor a query the server
+            # refused: the session itself is gone.
+            if conn.broken:
+                raise _Unreachable(exc) from exc
+            raise
         finally:
             self._put(conn)
 

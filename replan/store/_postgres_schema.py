@@ -279,7 +279,8 @@ class Queries:
     head: sql.Composed
     """The run's head, and whose lease it is (if it still holds)."""
     claim: sql.Composed
-    """Lease an unfinished run to ``owner``, unless another one holds it."""
+    """Lease an unfinished run to ``owner``, unless another one holds it
+    (or held it, while ``recovering``: see ``PostgresStore.claim_run``)."""
     lease_of: sql.Composed
     """The run's lease while it holds, and whether the run is unfinished."""
     unfinished: sql.Composed
@@ -291,6 +292,8 @@ class Queries:
     """Rewrite a run's summary (or write its row), its head unchanged."""
     insert_event: sql.Composed
     read: sql.Composed
+    read_range: sql.Composed
+    """The seq and payload of a run's events from one seq to another."""
     get_run: sql.Composed
     list_runs: sql.Composed
     list_runs_with: sql.Composed
@@ -396,14 +399,15 @@ class Queries:
                 "UPDATE {runs} SET owner = %(owner)s, holder = %(holder)s, "
                 "lease_expires = now() + %(lease)s "
                 "WHERE run_id = %(run_id)s AND status = ANY(%(unfinished)s::text[]) "
-                "AND (owner IS NULL OR owner = %(owner)s OR lease_expires < now()) "
+                "AND (owner IS NULL OR owner = %(owner)s "
+                "OR (lease_expires < now() AND NOT %(recovering)s)) "
                 "RETURNING owner, holder, lease_expires"
             ),
             lease_of=q(
                 "SELECT owner, holder, lease_expires, "
                 "status = ANY(%(unfinished)s::text[]) FROM {runs} "
                 "WHERE run_id = %(run_id)s AND owner IS NOT NULL "
-                "AND lease_expires >= now()"
+                "AND (lease_expires >= now() OR %(recovering)s)"
             ),
             unfinished=q(
                 "SELECT 1 FROM {runs} WHERE run_id = %(run_id)s "
@@ -412,7 +416,8 @@ class Queries:
             claimable=q(
                 "SELECT run_id FROM {runs} "
                 "WHERE status = ANY(%(unfinished)s::text[]) "
-                "AND (owner IS NULL OR owner = %(owner)s OR lease_expires < now()) "
+                "AND (owner IS NULL OR owner = %(owner)s "
+                "OR (lease_expires < now() AND NOT %(recovering)s)) "
                 "ORDER BY created_at DESC, run_id DESC"
             ),
             renew=q(
@@ -436,6 +441,10 @@ class Queries:
             read=q(
                 "SELECT seq, payload FROM {events} WHERE run_id = %s AND seq > %s "
                 "ORDER BY seq"
+            ),
+            read_range=q(
+                "SELECT seq, payload FROM {events} WHERE run_id = %s "
+                "AND seq BETWEEN %s AND %s ORDER BY seq"
             ),
             get_run=q(f"{select} WHERE r.run_id = %s"),
             list_runs=q(f"{select} {order}"),

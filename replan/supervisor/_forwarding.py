@@ -295,6 +295,27 @@ class Forwarding:
         }
         return answers, any(r.gate_id is None for r in waiting)
 
+    async def withdrawal(
+        self, run_id: str, gate_id: str, withdrawal: GateResolution
+    ) -> GateResolution:
+        """The answer that stands for a tool call's gate of a run this
+        supervisor is taking over: ``withdrawal``, kept in the journal's
+        requests as the gate's one answer before it is journaled, or the
+        answer a sender kept there first.
+
+        One transaction with the senders' (a gate keeps one answer there),
+        so an answer sent after the waiting ones were read and before the
+        gate is withdrawn is not lost to the withdrawal: it stands; one
+        sent after this call is told the gate is resolved (the request
+        kept here is settled at the next look for requests).
+        """
+        request, added = await self._requests.add_request(
+            run_id, self._owner.holder, gate_id=gate_id, resolution=withdrawal
+        )
+        if added or request.resolution is None:
+            return withdrawal
+        return request.resolution
+
     async def take(self) -> None:
         """Apply the requests for the runs this supervisor drives (and settle
         those of runs that ended), every :data:`REQUEST_POLL_S`, until

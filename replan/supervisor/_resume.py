@@ -23,7 +23,7 @@ the journaled steps' outcomes and waits again at a review gate left open.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -52,6 +52,10 @@ if TYPE_CHECKING:
     from ._run import RunDriver
 
 
+Withdrawal = Callable[[str, str, GateResolution], Awaitable[GateResolution]]
+"""``(run_id, gate_id, withdrawal)``: the answer that stands for the gate."""
+
+
 @dataclass(frozen=True, slots=True)
 class Recovery:
     """What a resumed run needs to pick up where its journal left off."""
@@ -63,6 +67,10 @@ class Recovery:
     answers: Mapping[str, GateResolution] = field(default_factory=dict)
     """Answers sent from elsewhere to the run's open tool call gates, by
     gate id, that wait for the run's driver (see ``_forwarding``)."""
+    withdrawal: Withdrawal | None = None
+    """Keeps a withdrawal as a tool call gate's one answer among those
+    sent from elsewhere, or gives the one sent first (see
+    ``Forwarding.withdrawal``); None where no answers are sent on."""
 
     def list_gates(self, run: RunDriver) -> None:
         """List the run's open gates again, before the run is driven on, so a
@@ -85,7 +93,7 @@ class Recovery:
             run.gates.open(request, check)
 
     async def __call__(self, run: RunDriver, tg: TaskGroup) -> None:
-        await _withdraw_tool_gates(run, self.answers)
+        await _withdraw_tool_gates(run, self.answers, self.withdrawal)
         await _recover_attempts(run, tg, self.effects)
         _reopen_approvals(run, tg)
         flow = interrupted_review(self.events, run)
@@ -125,35 +133,37 @@ async def _recover_attempts(
 
 
 async def _withdraw_tool_gates(
-    run: RunDriver, answers: Mapping[str, GateResolution]
+    run: RunDriver,
+    answers: Mapping[str, GateResolution],
+    withdrawal: Withdrawal | None,
 ) -> None:
     """Close the gates of tool calls whose attempts the stop cut short.
 
     No attempt waits for their answers any more; one that runs again asks
     again, at a gate of its own. A person's answer sent to such a gate from
-    elsewhere before the run was taken over (``answers``) is journaled
-    instead: it stands, as one journaled before the stop does, and the
-    attempt run again takes it for the same call instead of asking again.
+    elsewhere before the withdrawal (``answers``, or one ``withdrawal``
+    finds sent since they were read) is journaled instead: it stands, as
+    one journaled before the stop does, and the attempt run again takes it
+    for the same call instead of asking again.
     """
     for gate in run.state.open_gates:
         if gate.request.tool_call is None:
             continue
+        withdrawn = GateResolution(
+            decision="reject",
+            by="supervisor",
+            note="the attempt that asked was interrupted; "
+            "an attempt that runs again asks again",
+        )
         answer = answers.get(gate.request.gate_id)
+        if answer is None and withdrawal is not None:
+            answer = await withdrawal(run.state.run_id, gate.request.gate_id, withdrawn)
         if answer is not None:
             try:
                 approval_check(answer)
             except ValueError:
                 answer = None  # refused, as its driver would: withdrawn
-        await run.resolve_gate(
-            gate.request,
-            answer
-            or GateResolution(
-                decision="reject",
-                by="supervisor",
-                note="the attempt that asked was interrupted; "
-                "an attempt that runs again asks again",
-            ),
-        )
+        await run.resolve_gate(gate.request, answer or withdrawn)
 
 
 def _reopen_approvals(run: RunDriver, tg: TaskGroup) -> None:

@@ -900,7 +900,12 @@ class Supervisor:
                 answers, cancelled = await forwarding.waiting_for(run_id)
             self._records[run_id] = record
             driver = self._driver(record, roles)
-            recovery = Recovery(events, effects, answers)
+            recovery = Recovery(
+                events,
+                effects,
+                answers,
+                None if forwarding is None else forwarding.withdrawal,
+            )
             recovery.list_gates(driver)
             driver.recovery = recovery
             # A cancel sent while nobody drove the run: it ends before any of

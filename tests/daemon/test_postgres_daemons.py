@@ -75,11 +75,13 @@ class Follower:
 
 
 @contextmanager
-def daemons(tmp_path: Path, dsn: str, *names: str) -> Iterator[list[DaemonProcess]]:
+def daemons(
+    tmp_path: Path, dsn: str, *names: str, lease_s: float = 2
+) -> Iterator[list[DaemonProcess]]:
     started: list[DaemonProcess] = []
     try:
         for name in names:
-            env = _env(tmp_path, dsn)
+            env = _env(tmp_path, dsn) | {"REPLAN_JOURNAL_LEASE_S": f"{lease_s:g}"}
             started.append(DaemonProcess(tmp_path / name, *COUNTING, env=env).start())
         yield started
     finally:
@@ -275,7 +277,13 @@ def test_an_answer_and_a_cancel_at_a_daemon_that_does_not_drive_the_run_apply_on
 def test_a_pending_answer_of_a_driver_killed_is_applied_by_the_daemon_taking_over(
     tmp_path: Path, postgres_dsn: str
 ) -> None:
-    with daemons(tmp_path, postgres_dsn, "first", "second") as (first, second):
+    # A lease that outlasts the answer's wait (FORWARD_WAIT_S): the stopped
+    # daemon still holds the run when the answer returns.
+    lease_s = 6
+    with daemons(tmp_path, postgres_dsn, "first", "second", lease_s=lease_s) as (
+        first,
+        second,
+    ):
         run_id, gate = _gated_run(first)
         # Stopped (as good as dead) with its lease still held: the answer
         # waits for it, then for the daemon that takes the run over.

@@ -512,6 +512,32 @@ async def test_calls_use_at_most_pool_size_connections(postgres_dsn: str) -> Non
     assert count == [(0,)]
 
 
+async def test_an_append_waits_for_no_crowd_of_readers(postgres_dsn: str) -> None:
+    # Event streams following runs in the journal read and read again:
+    # they take at most all but one of the connections, so a run's append
+    # waits for one read at most, not for every read queued before it.
+    async with PostgresStore(postgres_dsn, pool_size=2) as store:
+        slow_reads = []
+        original = store.read
+
+        async def slow_read(run_id: str, after: int = 0) -> list[Any]:
+            await store._connections().run(
+                lambda conn: conn.execute("SELECT pg_sleep(0.3)"), read=True
+            )
+            slow_reads.append(run_id)
+            return await original(run_id, after)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for _ in range(10):
+                    tg.start_soon(slow_read, "run-1")
+                await anyio.sleep(0.1)
+                await store.append("run-1", [started(1)], summary(1))
+                appended_after = len(slow_reads)
+        assert appended_after <= 2, appended_after
+        assert len(slow_reads) == 10
+
+
 async def test_connections_the_server_ended_are_replaced_without_a_failed_call(
     postgres_dsn: str,
 ) -> None:

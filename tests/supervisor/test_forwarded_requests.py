@@ -36,6 +36,7 @@ from replan.messages import (
 )
 from replan.store import PostgresStore, RequestOutcome
 from replan.supervisor import Forwarded, RunHandle, fold_journal
+from replan.supervisor._forwarding import Forwarding
 from replan.supervisor._state import snapshot
 
 SEND = [TaskDraft(key="s1", description="send it", requires_approval=True)]
@@ -381,6 +382,57 @@ async def test_an_answer_to_a_tool_calls_gate_of_a_dead_driver_stands_at_the_tak
                 taken = await b.resume(handle.run_id)
                 result = await taken.result()
                 assert b.gates.pending() == []
+                events = await store_b.read(handle.run_id)
+                await _settled_applied(postgres_dsn)
+    assert result.status is RunStatus.COMPLETED
+    assert sent == [f"{handle.run_id}:t1:s1c0"]
+    assert sum(isinstance(e, GateOpened) for e in events) == 1
+    assert [(r.decision, r.by) for r in _resolved(events)] == [("approve", "ana")]
+
+
+async def test_an_answer_sent_as_the_run_is_taken_over_is_not_lost_to_the_withdrawal(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The answer reaches the journal's requests after the supervisor taking
+    # the run over read them, before it withdrew the tool call's gate: it
+    # stands, and nobody is asked again.
+    sent: list[str] = []
+
+    @tool(side_effect=True)
+    def send_email(to: str, idempotency_key: str) -> str:
+        """Email someone."""
+        sent.append(idempotency_key)
+        return "sent"
+
+    waiting_for = Forwarding.waiting_for
+    answer = GateResolution(decision="approve", by="ana")
+
+    with anyio.fail_after(30):
+        async with PostgresStore(postgres_dsn) as store_a:
+            model = scripted(execute=emails_first)
+            async with Supervisor(model, store_a, tools=[send_email]) as a:
+                handle = await a.submit(spec([TaskDraft(key="s1", description="x")]))
+                gate_id = await _at_gate(handle)
+
+            async def answered_meanwhile(
+                self: Forwarding, run_id: str
+            ) -> tuple[dict[str, GateResolution], bool]:
+                read = await waiting_for(self, run_id)
+                # What a sender does once its checks passed (the run is
+                # this supervisor's now, so they do).
+                await store_a.add_request(
+                    run_id, "host:2", gate_id=gate_id, resolution=answer
+                )
+                return read
+
+            monkeypatch.setattr(Forwarding, "waiting_for", answered_meanwhile)
+            async with (
+                PostgresStore(postgres_dsn) as store_b,
+                Supervisor(model, store_b, tools=[send_email]) as b,
+            ):
+                taken = await b.resume(handle.run_id)
+                with anyio.fail_after(10):
+                    result = await taken.result()
                 events = await store_b.read(handle.run_id)
                 await _settled_applied(postgres_dsn)
     assert result.status is RunStatus.COMPLETED
