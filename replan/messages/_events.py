@@ -59,6 +59,9 @@ class TaskFinished(_Event):
     """The attempt's model tokens (role ``executor``, purpose ``execute``),
     counted in the run's usage as a ``usage_recorded`` would be: one event
     per attempt instead of two."""
+    retry_at: datetime | None = None
+    """A transient failure's retry starts no sooner (``Limits.retry_backoff_s``,
+    or the wait the failure asked for): a resumed run waits until then too."""
 
 
 class TaskInterrupted(_Event):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext, suppress
@@ -69,6 +70,7 @@ from ..messages import (
 )
 from ..messages._base import built
 from ..messages._events import built_event
+from ..messages._spec import MAX_RETRY_BACKOFF_S
 from ..store import EffectLedger, EffectRecord, RunSummary, Store
 from ..telemetry import RunTrace, Telemetry, actor_span_suspended
 from ._budget import REQUEST_KEY, RunMeter
@@ -153,6 +155,8 @@ class _Done:
     anything else, or puts it in the ledger first (see ``_secure``)."""
     timed_out: bool = False
     """The attempt passed ``task_timeout_s`` and was cut short."""
+    retry_after: float | None = None
+    """A transient failure's wait the server asked for (``Retry-After``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,9 +340,14 @@ def failure_events(
     return events
 
 
-def finish_events(item: _Done) -> list[tuple[type[Event], dict[str, Any]]]:
-    """What journals one finished attempt: its ``task_finished`` and usage."""
+def finish_events(
+    item: _Done, retry_at: datetime | None = None
+) -> list[tuple[type[Event], dict[str, Any]]]:
+    """What journals one finished attempt: its ``task_finished`` and usage;
+    ``retry_at``: when a transient failure's retry may start."""
     fields: dict[str, Any] = {"task_id": item.task_id, "outcome": item.outcome}
+    if retry_at is not None:
+        fields["retry_at"] = retry_at
     usage = execution_usage(item.calls)
     if usage is not None:
         fields["usage"] = usage
@@ -398,6 +407,12 @@ def execution_usage(calls: Sequence[ModelCall]) -> TokenUsage | None:
             return None
         usage = call.usage if usage is None else usage + call.usage
     return usage
+
+
+def _asked_wait(failures: Sequence[ModelFailure]) -> float | None:
+    """The longest wait transient ``failures`` asked for (``Retry-After``)."""
+    waits = [f.retry_after_s for f in failures if f.retry_after_s is not None]
+    return max(waits) if waits else None
 
 
 def usage_events(
@@ -490,6 +505,9 @@ class RunDriver:
         next append journals them (a drain lets the run get there)."""
         self._ready = ReadyWalk()
         """The run's ready tasks, walked from past the tasks that ended."""
+        self._retry_wake: float | None = None
+        """When (``anyio.current_time()``) the first ready task that waits
+        for its retry time may start, as the last dispatch found it."""
 
     @property
     def state(self) -> RunState:
@@ -692,8 +710,15 @@ class RunDriver:
         timeout = self.limits.call_timeout_s
         timed_out = 0
         key = ""
+        wait: float | None = None
         for attempt in range(1, attempts + 1):
             await self._hold_if_draining()
+            if wait:
+                # The server asked to wait (Retry-After): asked sooner, it
+                # would refuse again, or the model would not even send.
+                await anyio.sleep(wait)
+                await self._hold_if_draining()
+                wait = None
             self.check_budget()
             budget = self.limits.token_budget
             if budget is not None and hasattr(request, "token_allowance"):
@@ -739,6 +764,7 @@ class RunDriver:
                     self.stage(*failure_events(failure, with_usage=True))
                     if failure.fatal or not failure.transient:
                         raise failure_ending(failure) from None
+                    wait = failure.retry_after_s
                 timed_out += isinstance(exc, ActorTimeout)
                 if attempt == attempts:
                     raise RoleFailed(
@@ -1121,7 +1147,11 @@ class RunDriver:
             # After the dispatch, which journals what is staged: a ``complete``
             # verdict staged by a review has superseded its tasks only then.
             self._withdraw_stale_approvals()
-            if self._in_flight == 0 and not self._awaiting_approval:
+            if (
+                self._in_flight == 0
+                and not self._awaiting_approval
+                and self._retry_wake is None
+            ):
                 state = self.state
                 if phase_done(state):
                     if state.window and not state.completing:
@@ -1145,7 +1175,13 @@ class RunDriver:
                 # Attempts waiting at a tool call's gate with no timeout move
                 # only when a person answers.
                 moving = self._in_flight - len(self._tool_gates)
-                if moving or self.limits.gate_timeout_s is not None:
+                if self._retry_wake is not None:
+                    # A retry waits for its time: the reports that come
+                    # meanwhile are taken as usual.
+                    items = []
+                    with anyio.move_on_after(self._retry_wake - anyio.current_time()):
+                        items = await self._inbox.take()
+                elif moving or self.limits.gate_timeout_s is not None:
                     items = await self._inbox.take()
                 else:
                     # Only people can move the run on now (approvals, tool
@@ -1224,7 +1260,8 @@ class RunDriver:
             self._unjournaled.append(item)
         if item.timed_out:
             self._withdraw_tool_gates_of(item.task_id)
-        staged = self.stage(*finish_events(item))
+        retry_at = None if item.outcome.success else self._retry_at(item)
+        staged = self.stage(*finish_events(item, retry_at))
         finished = staged.tasks[item.task_id].status is not TaskStatus.PENDING
         if finished and milestone_due(staged, item.task_id):
             # Imported here, not per report: an import statement costs
@@ -1235,6 +1272,34 @@ class RunDriver:
             await self._secure(later)
             await review(self)
 
+    def _retry_at(self, item: _Done) -> datetime | None:
+        """When the retry of a transiently failed attempt may start: after
+        the wait its failure asked for, else after the run's backoff (which
+        doubles with each attempt, with equal jitter); None: at once, or no
+        retry is left."""
+        outcome = item.outcome
+        if not outcome.transient or item.attempt >= self.limits.max_task_attempts:
+            return None
+        wait = item.retry_after
+        if wait is None:
+            first = self.limits.retry_backoff_s
+            ceiling = min(MAX_RETRY_BACKOFF_S, first * 2 ** max(0, item.attempt - 1))
+            wait = ceiling / 2 + random.uniform(0, ceiling / 2)
+        if wait <= 0:
+            return None
+        return datetime.now(UTC) + timedelta(seconds=wait)
+
+    def _not_yet(self, retry_at: datetime) -> bool:
+        """Whether a retry due at ``retry_at`` must wait still; the first
+        such wait ends at ``_retry_wake``."""
+        left = (retry_at - datetime.now(UTC)).total_seconds()
+        if left <= 0:
+            return False
+        wake = anyio.current_time() + left
+        if self._retry_wake is None or wake < self._retry_wake:
+            self._retry_wake = wake
+        return True
+
     async def _dispatch(self, tg: TaskGroup) -> None:
         """Start ready tasks up to ``max_concurrency``; gate side effects first.
 
@@ -1242,6 +1307,7 @@ class RunDriver:
         While draining nothing starts: the run waits for what is in flight,
         then holds until the supervisor stops.
         """
+        self._retry_wake = None
         if self._draining:
             await self.record_events()
             if self._in_flight == 0:
@@ -1252,6 +1318,7 @@ class RunDriver:
         budget = self.limits.max_task_executions - state.task_executions
         to_start: list[Task] = []
         gated: set[str | None] | None = None  # looked up for side effects only
+        retry_at = state.retry_at
         for task in self._ready(state):
             if task.requires_approval and not task.approved:
                 if gated is None:
@@ -1261,6 +1328,8 @@ class RunDriver:
                 continue
             if len(to_start) >= min(room, budget):
                 break
+            if retry_at and task.id in retry_at and self._not_yet(retry_at[task.id]):
+                continue
             to_start.append(task)
         if not to_start:
             await self.record_events()
@@ -1493,6 +1562,7 @@ class RunDriver:
     def _report(self, task: Task, slot: ReplySlot[Any]) -> _Report:
         calls: list[ModelCall] = []
         failures: Sequence[ModelFailure] = ()
+        retry_after: float | None = None
         try:
             reply = slot.result()
             if not isinstance(reply, ExecuteReply):
@@ -1504,10 +1574,14 @@ class RunDriver:
                     )
                 )
             outcome, calls, failures = reply.outcome, reply.calls, reply.failures
+            if failures and outcome.transient:
+                retry_after = _asked_wait(failures)
         except ActorCrashed as exc:
             failure = exc.failure.model_failure
-            if failure is not None and failure.fatal:
-                return _Fatal(failure)
+            if failure is not None:
+                if failure.fatal:
+                    return _Fatal(failure)
+                retry_after = _asked_wait([failure])
             # A crash may be the worker's, not the task's: retry on a fresh one.
             outcome = TaskOutcome(
                 success=False, transient=True, reason=f"{EXECUTOR_CRASHED}{exc}"
@@ -1537,7 +1611,13 @@ class RunDriver:
         finally:
             self.meter.take_attempt(task.id, task.attempts)  # none left behind
         report = _Done(
-            task.id, outcome, calls, failures, task.attempts, self.effects is not None
+            task.id,
+            outcome,
+            calls,
+            failures,
+            task.attempts,
+            self.effects is not None,
+            retry_after=retry_after,
         )
         tg = self._tg
         if report.unsecured and not self._collecting and tg is not None:

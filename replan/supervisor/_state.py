@@ -83,6 +83,9 @@ class RunState(Frozen):
     nothing new starts, then the run synthesizes."""
     task_executions: int = 0
     """Task attempts started."""
+    retry_at: Mapping[str, datetime] = Field(default_factory=dict)
+    """Tasks pending a retry that may not start before a time (a transient
+    failure's backoff, or the wait it asked for), by id."""
     window: Sequence[str] = Field(default_factory=list)
     """Ids of tasks finished (completed or failed) since the last review."""
     completion_order: Sequence[str] = Field(default_factory=list)
@@ -341,16 +344,27 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
 def _started(state: RunState, event: TaskStarted) -> dict[str, object]:
     task = _task(state, event.task_id)
     started = task.evolve(status=TaskStatus.IN_PROGRESS, attempts=event.attempt)
-    return {
+    changes: dict[str, object] = {
         "tasks": with_task(state.tasks, started),
         "task_executions": state.task_executions + 1,
     }
+    if state.retry_at and event.task_id in state.retry_at:
+        changes["retry_at"] = _without(state.retry_at, event.task_id)
+    return changes
+
+
+def _without(times: Mapping[str, datetime], task_id: str) -> dict[str, datetime]:
+    return {k: v for k, v in times.items() if k != task_id}
 
 
 def _finished(state: RunState, event: TaskFinished) -> dict[str, object]:
     changes = _finish(state, event.task_id, event.outcome)
     if event.usage is not None:
         changes["usage"] = state.usage.add("executor", event.usage)
+    if event.retry_at is not None:
+        tasks: Mapping[str, Task] = changes["tasks"]  # type: ignore[assignment]
+        if tasks[event.task_id].status is TaskStatus.PENDING:  # to be retried
+            changes["retry_at"] = {**state.retry_at, event.task_id: event.retry_at}
     return changes
 
 
