@@ -20,6 +20,7 @@ from functools import partial
 from typing import Any, Literal, TypeVar
 
 import anyio
+from anyio import CancelScope
 from anyio.abc import TaskGroup
 from anyio.lowlevel import checkpoint_if_cancelled
 from pydantic_core import PydanticSerializationError
@@ -505,6 +506,9 @@ class RunDriver:
         next append journals them (a drain lets the run get there)."""
         self._ready = ReadyWalk()
         """The run's ready tasks, walked from past the tasks that ended."""
+        self._due: list[str] = []
+        """Tasks whose finish reached a milestone while the run waited at a
+        gate: reviewed once it is answered."""
         self._retry_wake: float | None = None
         """When (``anyio.current_time()``) the first ready task that waits
         for its retry time may start, as the last dispatch found it."""
@@ -878,7 +882,11 @@ class RunDriver:
         try:
             async with self.trace.waiting(request):
                 with parked:
-                    resolution = await self._ask_gate(request)
+                    resolution = await (
+                        self._ask_gate(request)
+                        if request.tool_call or self.state.spec.kind == "explore"
+                        else self._ask_gate_folding(request)
+                    )
             await self.resolve_gate(request, resolution)
         finally:
             self.gates.close(
@@ -891,6 +899,56 @@ class RunDriver:
             with self._parked_at_gate():
                 await anyio.sleep_forever()
         return resolution
+
+    async def _ask_gate_folding(self, request: GateRequest) -> GateResolution:
+        """Wait for the answer to a gate of the run's own (a replan's, a
+        validation gate), journaling meanwhile the attempts that finish.
+
+        Nothing starts while the run waits: the answer may change the plan.
+        What finishes is journaled and folded at once, so that the run's
+        state and events show it while a person takes their time; a
+        milestone it reaches is reviewed once the gate is answered. A
+        report that ends the run (a spent budget, a role that stopped) ends
+        it now, closing the gate.
+        """
+        resolution: GateResolution | None = None
+        errors: list[Exception] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._fold_reports, errors, tg.cancel_scope)
+            try:
+                resolution = await self._ask_gate(request)
+            except Exception as exc:
+                # Raised below, as it is: a task group would wrap it in an
+                # exception group that no caller of the driver looks into.
+                errors.append(exc)
+            finally:
+                tg.cancel_scope.cancel()
+        if errors:
+            raise errors[0]
+        assert resolution is not None
+        return resolution
+
+    async def _fold_reports(self, errors: list[Exception], scope: CancelScope) -> None:
+        """Journal the reports that come while the driver waits at a gate;
+        what ends the run (a report, a failing journal) ends the wait."""
+        try:
+            while True:
+                # The reports of the batch a review came from come first.
+                held = self._held
+                if held:
+                    items = held[:]
+                    held.clear()  # the driver's loop holds this same list
+                else:
+                    items = await self._inbox.take()
+                # Not cut short halfway by the answer: a staged event that
+                # misses the journal would leave the next append a seq ahead.
+                with anyio.CancelScope(shield=True):
+                    for item in items:
+                        await self._take(item, due=self._due)
+                    await self.record_events()
+        except Exception as exc:
+            errors.append(exc)
+            scope.cancel()
 
     async def _ask_gate(self, request: GateRequest) -> GateResolution:
         try:
@@ -1142,6 +1200,9 @@ class RunDriver:
         if not self.state.versions:
             await first_plan(self)
         while True:
+            if self._due and self._review_due():
+                await review(self)
+                continue
             self.trace.sync()
             await self._dispatch(tg)
             # After the dispatch, which journals what is staged: a ``complete``
@@ -1204,6 +1265,13 @@ class RunDriver:
                     await self._secure(items)
                 raise
 
+    def _review_due(self) -> bool:
+        """A milestone reached by tasks that finished while the run waited at
+        a gate, not reviewed since."""
+        due, self._due = self._due, []
+        state = self.state
+        return bool(state.window) and any(milestone_due(state, t) for t in due)
+
     async def _approvals_taken(self) -> None:
         """Wait (briefly: a busy gate pool does not hold up the run) until
         the gate actor has taken every approval request."""
@@ -1238,8 +1306,17 @@ class RunDriver:
                         "the result of task %s cannot be stored: %s", item.task_id, exc
                     )
 
-    async def _take(self, item: _Report, later: Sequence[_Report] = ()) -> None:
-        """Act on one report from a task or an approval."""
+    async def _take(
+        self,
+        item: _Report,
+        later: Sequence[_Report] = (),
+        due: list[str] | None = None,
+    ) -> None:
+        """Act on one report from a task or an approval.
+
+        ``due``: the driver waits at a gate; a milestone the report reaches
+        is put there, to be reviewed once the gate is answered.
+        """
         if isinstance(item, _RoleStopped):
             raise RunEnded(
                 RunStatus.FAILED,
@@ -1264,6 +1341,9 @@ class RunDriver:
         staged = self.stage(*finish_events(item, retry_at))
         finished = staged.tasks[item.task_id].status is not TaskStatus.PENDING
         if finished and milestone_due(staged, item.task_id):
+            if due is not None:
+                due.append(item.task_id)
+                return
             # Imported here, not per report: an import statement costs
             # more than the rest of a report's checks.
             from ._replanning import review
