@@ -283,7 +283,9 @@ class TransientModelError(ModelError):
     def failure(self) -> ModelFailure:
         failure = super().failure()
         wait = self.retry_after
-        if wait is None or not (wait > 0):  # None, 0, negative or NaN: no wait
+        if not isinstance(wait, int | float) or isinstance(wait, bool):
+            return failure  # none, or no number of seconds
+        if not wait > 0:  # 0, negative or NaN: no wait
             return failure
         return failure.model_copy(update={"retry_after_s": min(wait, MAX_WAIT_S)})
 

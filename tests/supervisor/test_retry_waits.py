@@ -249,3 +249,16 @@ async def test_a_run_resumed_after_a_crash_waits_until_the_journaled_time(
     # No sooner than the journaled time, and not a whole new wait after it.
     assert finish.retry_at <= retry.at < finish.retry_at + timedelta(seconds=1)
     assert retry.at < datetime.now(UTC)
+
+
+@pytest.mark.parametrize("given", [None, 0, -3, float("nan"), "5", True])
+def test_a_retry_after_that_is_no_wait_asks_for_none(given: Any) -> None:
+    # A task function's own error may carry anything: it asks for no wait
+    # rather than crash the report of its attempt.
+    failure = TransientModelError("429", retry_after=given).failure()
+    assert failure.retry_after_s is None
+
+
+def test_a_retry_after_longer_than_a_day_asks_for_a_day() -> None:
+    failure = TransientModelError("429", retry_after=10**9).failure()
+    assert failure.retry_after_s == 86_400
