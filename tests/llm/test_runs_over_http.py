@@ -188,6 +188,28 @@ async def test_a_429_asking_to_wait_past_max_backoff_s_retries_the_task_after_it
     assert replayed == result
 
 
+async def test_a_first_plan_a_429_put_off_is_asked_again_after_the_wait() -> None:
+    # Before, the planner's second attempt came at once, was not even sent
+    # (the hold), and the run ended failed without a plan.
+    sent: list[float] = []
+
+    def plan(logged: Logged) -> Reply:
+        sent.append(time.monotonic())
+        if len(sent) == 1:
+            return error(429, "rate limited", retry_after="1")
+        return completion(PlanProposal(tasks=drafts("p", 1), rationale="plan"))
+
+    with chat_server(answers(PlanProposal=plan)) as server:
+        model = model_for(server.base_url, max_backoff_s=0.2)
+        result, events, replayed = await run(model, RunSpec(goal=GOAL))
+    assert result.status is RunStatus.COMPLETED
+    assert len(sent) == 2
+    assert sent[1] - sent[0] >= 0.95
+    (failed,) = [e for e in events if isinstance(e, ModelCallFailed)]
+    assert failed.failure.retry_after_s == 1
+    assert replayed == result
+
+
 async def test_an_answer_invalid_after_the_reask_fails_the_task_keeping_its_text() -> (
     None
 ):
