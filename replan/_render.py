@@ -226,6 +226,9 @@ def event_lines(
                 return lines
             status = state.tasks[task_id].status
             then = "will retry" if status is TaskStatus.PENDING else status.value
+            if status is TaskStatus.PENDING and event.retry_at is not None:
+                wait = (event.retry_at - event.at).total_seconds()
+                then += f" in {wait:.3g}s" if wait < 100 else f" in {wait:.0f}s"
             return [f"task {task_id} failed ({then}): {outcome.reason or 'no reason'}"]
         case TaskInterrupted(task_id=task_id, reason=reason):
             return [f"task {task_id} interrupted: {reason}; it will run again"]

@@ -35,9 +35,10 @@ from replan import (
     TransientModelError,
     Verdict,
 )
+from replan._render import event_lines
 from replan.messages import MilestoneReviewed, TaskFinished, TaskStarted
 from replan.store import SQLiteStore
-from replan.supervisor import replay
+from replan.supervisor import apply, replay
 
 
 def rate_limited_once(key: str, wait_s: float) -> Any:
@@ -262,3 +263,23 @@ def test_a_retry_after_that_is_no_wait_asks_for_none(given: Any) -> None:
 def test_a_retry_after_longer_than_a_day_asks_for_a_day() -> None:
     failure = TransientModelError("429", retry_after=10**9).failure()
     assert failure.retry_after_s == 86_400
+
+
+async def test_the_progress_of_a_run_says_when_a_failed_task_will_retry() -> None:
+    execute = rate_limited_once("t0", 45)
+    drafts = [TaskDraft(key="t0", description="a rate-limited call")]
+    with anyio.fail_after(10):
+        async with Supervisor(scripted(execute=execute)) as sup:
+            handle = await sup.submit(spec(drafts))
+            async for event in handle.events():
+                if isinstance(event, TaskFinished):
+                    break
+            await handle.cancel()
+            events = await sup.store.read(handle.run_id)
+    state = None
+    lines = []
+    for event in events:
+        state = apply(state, event)
+        lines.extend(event_lines(event, state))
+    (failed,) = [line for line in lines if line.startswith("task t1 failed")]
+    assert failed.startswith("task t1 failed (will retry in 45s): HTTP 429")
