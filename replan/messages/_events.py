@@ -59,9 +59,19 @@ class TaskFinished(_Event):
     """The attempt's model tokens (role ``executor``, purpose ``execute``),
     counted in the run's usage as a ``usage_recorded`` would be: one event
     per attempt instead of two."""
-    retry_at: datetime | None = None
-    """A transient failure's retry starts no sooner (``Limits.retry_backoff_s``,
-    or the wait the failure asked for): a resumed run waits until then too."""
+
+
+class RetryScheduled(_Event):
+    """A task that failed transiently is retried no sooner than ``retry_at``.
+
+    Journaled with the failure's ``task_finished`` when the retry waits
+    (``Limits.retry_backoff_s``, or the wait the failure asked for, a
+    ``Retry-After``), so a resumed run waits until the same time too.
+    """
+
+    kind: Literal["retry_scheduled"] = "retry_scheduled"
+    task_id: str
+    retry_at: datetime
 
 
 class TaskInterrupted(_Event):
@@ -197,6 +207,7 @@ Event = Annotated[
     | TaskStarted
     | TaskFinished
     | TaskInterrupted
+    | RetryScheduled
     | MilestoneReviewed
     | ReplanRefused
     | ReplanApplied

@@ -54,6 +54,7 @@ from ..messages import (
     PlanReply,
     PlanRequest,
     PlanVersion,
+    RetryScheduled,
     RunFinished,
     RunStatus,
     Synthesis,
@@ -341,14 +342,9 @@ def failure_events(
     return events
 
 
-def finish_events(
-    item: _Done, retry_at: datetime | None = None
-) -> list[tuple[type[Event], dict[str, Any]]]:
-    """What journals one finished attempt: its ``task_finished`` and usage;
-    ``retry_at``: when a transient failure's retry may start."""
+def finish_events(item: _Done) -> list[tuple[type[Event], dict[str, Any]]]:
+    """What journals one finished attempt: its ``task_finished`` and usage."""
     fields: dict[str, Any] = {"task_id": item.task_id, "outcome": item.outcome}
-    if retry_at is not None:
-        fields["retry_at"] = retry_at
     usage = execution_usage(item.calls)
     if usage is not None:
         fields["usage"] = usage
@@ -1337,8 +1333,12 @@ class RunDriver:
             self._unjournaled.append(item)
         if item.timed_out:
             self._withdraw_tool_gates_of(item.task_id)
-        retry_at = None if item.outcome.success else self._retry_at(item)
-        staged = self.stage(*finish_events(item, retry_at))
+        staged = self.stage(*finish_events(item))
+        if not item.outcome.success:
+            retry_at = self._retry_at(item, staged)
+            if retry_at is not None:
+                fields = {"task_id": item.task_id, "retry_at": retry_at}
+                staged = self.stage((RetryScheduled, fields))
         finished = staged.tasks[item.task_id].status is not TaskStatus.PENDING
         if finished and milestone_due(staged, item.task_id):
             if due is not None:
@@ -1352,15 +1352,17 @@ class RunDriver:
             await self._secure(later)
             await review(self)
 
-    def _retry_at(self, item: _Done) -> datetime | None:
+    def _retry_at(self, item: _Done, state: RunState) -> datetime | None:
         """When the retry of a transiently failed attempt may start: after
         the wait its failure asked for, else after the run's backoff (which
         doubles with each attempt, with equal jitter); None: at once, or no
-        retry is left."""
-        outcome = item.outcome
-        if not outcome.transient or item.attempt >= self.limits.max_task_attempts:
-            return None
+        retry is coming (``state`` has the task's finish)."""
+        if state.tasks[item.task_id].status is not TaskStatus.PENDING:
+            return None  # failed for good, or superseded by a ``complete``
+        # A model's failures carry the wait asked for; a crash's is on the report.
         wait = item.retry_after
+        if wait is None and item.failures:
+            wait = _asked_wait(item.failures)
         if wait is None:
             first = self.limits.retry_backoff_s
             ceiling = min(MAX_RETRY_BACKOFF_S, first * 2 ** max(0, item.attempt - 1))
@@ -1654,8 +1656,6 @@ class RunDriver:
                     )
                 )
             outcome, calls, failures = reply.outcome, reply.calls, reply.failures
-            if failures and outcome.transient:
-                retry_after = _asked_wait(failures)
         except ActorCrashed as exc:
             failure = exc.failure.model_failure
             if failure is not None:
@@ -1697,7 +1697,8 @@ class RunDriver:
             failures,
             task.attempts,
             self.effects is not None,
-            retry_after=retry_after,
+            False,
+            retry_after,
         )
         tg = self._tg
         if report.unsecured and not self._collecting and tg is not None:

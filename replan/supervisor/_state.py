@@ -25,6 +25,7 @@ from ..messages import (
     ReplanOutcome,
     ReplanRecord,
     ReplanRefused,
+    RetryScheduled,
     RunCompacted,
     RunFinished,
     RunResult,
@@ -309,6 +310,10 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
                 "suspended_replan": event.replan_carrier,
                 "suspended_replan_usage": event.replan_usage,
             }
+        case RetryScheduled(task_id=task_id, retry_at=retry_at):
+            if _task(state, task_id).status is not TaskStatus.PENDING:
+                raise ValueError(f"task {task_id} has no retry to wait for")
+            return {"retry_at": {**state.retry_at, task_id: retry_at}}
         case ModelCallFailed(failure=failure):
             return {"model_failures": [*state.model_failures, failure]}
         case RunFinished(status=status, stop_reason=reason, synthesis=synthesis):
@@ -344,13 +349,16 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
 def _started(state: RunState, event: TaskStarted) -> dict[str, object]:
     task = _task(state, event.task_id)
     started = task.evolve(status=TaskStatus.IN_PROGRESS, attempts=event.attempt)
-    changes: dict[str, object] = {
+    if state.retry_at and event.task_id in state.retry_at:
+        return {
+            "tasks": with_task(state.tasks, started),
+            "task_executions": state.task_executions + 1,
+            "retry_at": _without(state.retry_at, event.task_id),
+        }
+    return {
         "tasks": with_task(state.tasks, started),
         "task_executions": state.task_executions + 1,
     }
-    if state.retry_at and event.task_id in state.retry_at:
-        changes["retry_at"] = _without(state.retry_at, event.task_id)
-    return changes
 
 
 def _without(times: Mapping[str, datetime], task_id: str) -> dict[str, datetime]:
@@ -361,10 +369,6 @@ def _finished(state: RunState, event: TaskFinished) -> dict[str, object]:
     changes = _finish(state, event.task_id, event.outcome)
     if event.usage is not None:
         changes["usage"] = state.usage.add("executor", event.usage)
-    if event.retry_at is not None:
-        tasks: Mapping[str, Task] = changes["tasks"]  # type: ignore[assignment]
-        if tasks[event.task_id].status is TaskStatus.PENDING:  # to be retried
-            changes["retry_at"] = {**state.retry_at, event.task_id: event.retry_at}
     return changes
 
 

@@ -36,7 +36,12 @@ from replan import (
     Verdict,
 )
 from replan._render import event_lines
-from replan.messages import MilestoneReviewed, TaskFinished, TaskStarted
+from replan.messages import (
+    MilestoneReviewed,
+    RetryScheduled,
+    TaskFinished,
+    TaskStarted,
+)
 from replan.store import SQLiteStore
 from replan.supervisor import apply, replay
 
@@ -79,14 +84,17 @@ async def test_a_retry_waits_for_the_time_a_rate_limit_asked_while_others_go_on(
     assert began["t0", 2] - began["t0", 1] >= 0.55
     # The independent task did not wait for the retry.
     assert began["other", 1] - began["t0", 1] < 0.3
-    first = next(e for e in done.events if isinstance(e, TaskFinished))
-    assert first.task_id == "t1"
-    assert first.retry_at is not None
-    assert first.retry_at - first.at >= timedelta(seconds=0.59)
+    failed = next(e for e in done.events if isinstance(e, TaskFinished))
+    assert failed.task_id == "t1"
+    # Journaled with the failure, in the same append.
+    (scheduled,) = [e for e in done.events if isinstance(e, RetryScheduled)]
+    assert scheduled.task_id == "t1"
+    assert scheduled.seq > failed.seq
+    assert scheduled.retry_at - failed.at >= timedelta(seconds=0.59)
     (failure,) = done.result.model_failures
     assert failure.retry_after_s == pytest.approx(0.6)
     retry = [e for e in done.events if isinstance(e, TaskStarted) and e.attempt == 2]
-    assert retry[0].at >= first.retry_at
+    assert retry[0].at >= scheduled.retry_at
     assert done.replayed == done.result
     assert replay(done.events).retry_at == {}
 
@@ -109,8 +117,10 @@ async def test_a_plain_transient_failure_backs_off_by_retry_backoff_s() -> None:
     # Equal jitter: between half and all of 0.4 s, then of 0.8 s.
     assert 0.19 <= began[1] - began[0] < 0.6
     assert 0.39 <= began[2] - began[1] < 1.0
-    finishes = [e for e in done.events if isinstance(e, TaskFinished)]
-    assert [e.retry_at is not None for e in finishes] == [True, True, False]
+    order = [
+        e.kind for e in done.events if isinstance(e, TaskFinished | RetryScheduled)
+    ]
+    assert order == ["task_finished", "retry_scheduled"] * 2 + ["task_finished"]
     assert done.replayed == done.result
 
 
@@ -125,7 +135,7 @@ async def test_no_backoff_retries_at_once_and_journals_no_time() -> None:
     )
 
     assert done.task("t1").attempts == 2
-    assert all(e.retry_at is None for e in done.events if isinstance(e, TaskFinished))
+    assert not [e for e in done.events if isinstance(e, RetryScheduled)]
 
 
 async def test_the_last_attempts_failure_journals_no_retry_time() -> None:
@@ -137,8 +147,7 @@ async def test_the_last_attempts_failure_journals_no_retry_time() -> None:
     )
 
     assert done.task("t1").status is TaskStatus.FAILED
-    (finish,) = [e for e in done.events if isinstance(e, TaskFinished)]
-    assert finish.retry_at is None
+    assert not [e for e in done.events if isinstance(e, RetryScheduled)]
     assert done.elapsed_s < 3
 
 
@@ -228,12 +237,11 @@ async def test_a_run_resumed_after_a_crash_waits_until_the_journaled_time(
             async with Supervisor(scripted(execute=first_execute), store) as sup:
                 handle = await sup.submit(spec(drafts))
                 async for event in handle.events():
-                    if isinstance(event, TaskFinished):
+                    if isinstance(event, RetryScheduled):
                         break
             run_id = handle.run_id
             events = await store.read(run_id)
-        (finish,) = [e for e in events if isinstance(e, TaskFinished)]
-        assert finish.retry_at is not None
+        (finish,) = [e for e in events if isinstance(e, RetryScheduled)]
         assert replay(events).retry_at == {"t1": finish.retry_at}
 
         second = scripted()
@@ -272,7 +280,7 @@ async def test_the_progress_of_a_run_says_when_a_failed_task_will_retry() -> Non
         async with Supervisor(scripted(execute=execute)) as sup:
             handle = await sup.submit(spec(drafts))
             async for event in handle.events():
-                if isinstance(event, TaskFinished):
+                if isinstance(event, RetryScheduled):
                     break
             await handle.cancel()
             events = await sup.store.read(handle.run_id)
@@ -282,4 +290,5 @@ async def test_the_progress_of_a_run_says_when_a_failed_task_will_retry() -> Non
         state = apply(state, event)
         lines.extend(event_lines(event, state))
     (failed,) = [line for line in lines if line.startswith("task t1 failed")]
-    assert failed.startswith("task t1 failed (will retry in 45s): HTTP 429")
+    assert failed.startswith("task t1 failed (will retry): HTTP 429")
+    assert "task t1 will retry in 45s" in lines
