@@ -258,9 +258,40 @@ class ModelError(ReplanError):
 
 
 class TransientModelError(ModelError):
-    """A model call failed in a way a retry may fix (rate limit, 5xx, timeout)."""
+    """A model call failed in a way a retry may fix (rate limit, 5xx, timeout).
+
+    Attributes:
+        retry_after: seconds the server asked to wait before the next call
+            (a ``Retry-After``), or None. A plan run's task, or a role's
+            request, is not tried again before they have passed. A task
+            function may raise one with it for a service of its own.
+    """
 
     transient = True
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        usage: TokenUsage | None = None,
+        raw_output: str | None = None,
+    ) -> None:
+        super().__init__(message, usage=usage, raw_output=raw_output)
+        self.retry_after = retry_after
+
+    def failure(self) -> ModelFailure:
+        failure = super().failure()
+        wait = self.retry_after
+        if not isinstance(wait, int | float) or isinstance(wait, bool):
+            return failure  # none, or no number of seconds
+        if not wait > 0:  # 0, negative or NaN: no wait
+            return failure
+        return failure.model_copy(update={"retry_after_s": min(wait, MAX_WAIT_S)})
+
+
+MAX_WAIT_S = 86_400.0
+"""The longest wait a ``retry_after`` holds a retry for: a day."""
 
 
 class BudgetExhausted(ModelError):

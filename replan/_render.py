@@ -24,6 +24,7 @@ from .messages import (
     ReplanApplied,
     ReplanRecord,
     ReplanRefused,
+    RetryScheduled,
     RunCompacted,
     RunFinished,
     RunSubmitted,
@@ -227,6 +228,10 @@ def event_lines(
             status = state.tasks[task_id].status
             then = "will retry" if status is TaskStatus.PENDING else status.value
             return [f"task {task_id} failed ({then}): {outcome.reason or 'no reason'}"]
+        case RetryScheduled(task_id=task_id, retry_at=retry_at):
+            wait = (retry_at - event.at).total_seconds()
+            shown = f"{wait:.3g}" if wait < 100 else f"{wait:.0f}"
+            return [f"task {task_id} will retry in {shown}s"]
         case TaskInterrupted(task_id=task_id, reason=reason):
             return [f"task {task_id} interrupted: {reason}; it will run again"]
         case MilestoneReviewed(index=index, verdict=verdict, by=by):

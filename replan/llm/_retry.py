@@ -3,7 +3,8 @@
 429, 5xx, 408/409, connection errors and timeouts are retried with
 exponential backoff and jitter, waiting what a ``Retry-After`` header asks
 for; past the retry count they surface as :class:`TransientModelError`, so the
-supervisor retries the task instead of replanning. 401/403 raise
+supervisor retries the task instead of replanning; its ``retry_after`` says
+how long the server asked to wait, and the task's retry waits that long. 401/403 raise
 :class:`ModelAuthenticationError` on the first answer.
 
 A connection error says which side of the connection failed: ``cannot
@@ -116,7 +117,8 @@ async def with_retries(
         if asked > policy.max_backoff_s:
             raise TransientModelError(
                 f"{where}: not sent: the server asked to wait {asked:.3g}s more "
-                f"(Retry-After), more than max_backoff_s={policy.max_backoff_s:g}"
+                f"(Retry-After), more than max_backoff_s={policy.max_backoff_s:g}",
+                retry_after=asked,
             )
         if asked:
             await anyio.sleep(asked)
@@ -143,12 +145,14 @@ async def with_retries(
             retry_after = None
         if retry >= policy.max_retries:
             raise TransientModelError(
-                f"{where}: {problem} (after {retry + 1} attempt(s))"
+                f"{where}: {problem} (after {retry + 1} attempt(s))",
+                retry_after=policy.wait_asked(where) or None,
             ) from None
         if retry_after is not None and retry_after > policy.max_backoff_s:
             raise TransientModelError(
                 f"{where}: {problem}; the server asks to wait {retry_after:g}s, "
-                f"more than max_backoff_s={policy.max_backoff_s:g}"
+                f"more than max_backoff_s={policy.max_backoff_s:g}",
+                retry_after=retry_after,
             ) from None
         if retry_after is None:
             await anyio.sleep(policy.delay(retry, retry_after))

@@ -37,6 +37,7 @@ from ._events import ModelCallFailed as ModelCallFailed
 from ._events import PlanCreated as PlanCreated
 from ._events import ReplanApplied as ReplanApplied
 from ._events import ReplanRefused as ReplanRefused
+from ._events import RetryScheduled as RetryScheduled
 from ._events import RunCompacted as RunCompacted
 from ._events import RunFinished as RunFinished
 from ._events import RunSubmitted as RunSubmitted
@@ -184,6 +185,7 @@ __all__ = (
     "ReplanRefused",
     "Reply",
     "Request",
+    "RetryScheduled",
     "ReviewReply",
     "ReviewRequest",
     "RunCompacted",

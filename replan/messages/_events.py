@@ -61,6 +61,19 @@ class TaskFinished(_Event):
     per attempt instead of two."""
 
 
+class RetryScheduled(_Event):
+    """A task that failed transiently is retried no sooner than ``retry_at``.
+
+    Journaled with the failure's ``task_finished`` when the retry waits
+    (``Limits.retry_backoff_s``, or the wait the failure asked for, a
+    ``Retry-After``), so a resumed run waits until the same time too.
+    """
+
+    kind: Literal["retry_scheduled"] = "retry_scheduled"
+    task_id: str
+    retry_at: datetime
+
+
 class TaskInterrupted(_Event):
     """A run resumed after a crash found this attempt unfinished and unrecorded.
 
@@ -194,6 +207,7 @@ Event = Annotated[
     | TaskStarted
     | TaskFinished
     | TaskInterrupted
+    | RetryScheduled
     | MilestoneReviewed
     | ReplanRefused
     | ReplanApplied

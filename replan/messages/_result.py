@@ -122,6 +122,9 @@ class ModelFailure(Frozen):
     """The model's text when it could not be used (an invalid answer)."""
     usage: TokenUsage = Field(default_factory=TokenUsage)
     """Tokens the failed call(s) used; the run's usage counts them too."""
+    retry_after_s: float | None = Field(default=None, ge=0)
+    """A transient failure's wait the server asked for (``Retry-After``):
+    the request is not tried again before it has passed."""
 
 
 REPLANNING_PURPOSES = frozenset(

@@ -13,6 +13,8 @@ from ._task import TaskDraft
 MAX_SECONDS = 366 * 86_400.0
 """The longest deadline or gate timeout: a year (longer ones would overflow
 a date, and a run that may wait longer than that should wait without one)."""
+MAX_RETRY_BACKOFF_S = 60.0
+"""The longest wait between a task's attempts that no failure asked for."""
 MAX_TOKEN_BUDGET = 10**15
 """The largest token budget: far beyond any run, and exact as a float."""
 
@@ -39,6 +41,11 @@ class Limits(Settings):
     """Task attempts started, retries included."""
     max_task_attempts: int = Field(default=2, ge=1, le=20)
     """Attempts per task when failures are transient."""
+    retry_backoff_s: float = Field(default=0.25, ge=0.0, le=MAX_RETRY_BACKOFF_S)
+    """The wait before a task's first retry after a transient failure that
+    asked for none; it doubles with each retry (at most a minute), with
+    jitter. A failure that says how long to wait (a ``Retry-After``) waits
+    that long instead. 0: retry at once."""
     max_concurrency: int = Field(default=4, ge=1, le=1_000)
     """Tasks of one run in flight at once."""
     milestone_every: int = Field(default=3, ge=1, le=10_000)

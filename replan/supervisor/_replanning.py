@@ -14,7 +14,7 @@ their planner's failure ends the run ``failed``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..messages import (
@@ -343,7 +343,9 @@ async def _after_proposal(
     # (the same one when no task changed: a task change makes a new dict).
     if built_on is None or run.state.tasks is not built_on:
         try:
-            version = _version(run, proposal, verdict)
+            # What the gate showed removed, at most: an attempt that failed
+            # meanwhile and waits for its retry is no task the change replaces.
+            version = _version(run, proposal, verdict, replace_only=version.removed)
         except ValueError as exc:
             reason = f"the plan no longer fits the run: {exc}"
             await _refuse(run, verdict, ReplanOutcome.REFUSED_INVALID, reason)
@@ -359,7 +361,12 @@ async def _after_proposal(
     await run.record_events((ReplanApplied, {"record": record, "version": version}))
 
 
-def _version(run: RunDriver, proposal: PlanProposal, verdict: Verdict) -> PlanVersion:
+def _version(
+    run: RunDriver,
+    proposal: PlanProposal,
+    verdict: Verdict,
+    replace_only: Collection[str] | None = None,
+) -> PlanVersion:
     return build_version(
         run.state,
         proposal.tasks,
@@ -367,6 +374,7 @@ def _version(run: RunDriver, proposal: PlanProposal, verdict: Verdict) -> PlanVe
         reason=proposal.rationale or verdict.rationale,
         phase=run.state.phase,
         replace_pending=True,
+        replace_only=replace_only,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext, suppress
@@ -19,6 +20,7 @@ from functools import partial
 from typing import Any, Literal, TypeVar
 
 import anyio
+from anyio import CancelScope
 from anyio.abc import TaskGroup
 from anyio.lowlevel import checkpoint_if_cancelled
 from pydantic_core import PydanticSerializationError
@@ -52,6 +54,7 @@ from ..messages import (
     PlanReply,
     PlanRequest,
     PlanVersion,
+    RetryScheduled,
     RunFinished,
     RunStatus,
     Synthesis,
@@ -69,6 +72,7 @@ from ..messages import (
 )
 from ..messages._base import built
 from ..messages._events import built_event
+from ..messages._spec import MAX_RETRY_BACKOFF_S
 from ..store import EffectLedger, EffectRecord, RunSummary, Store
 from ..telemetry import RunTrace, Telemetry, actor_span_suspended
 from ._budget import REQUEST_KEY, RunMeter
@@ -153,6 +157,8 @@ class _Done:
     anything else, or puts it in the ledger first (see ``_secure``)."""
     timed_out: bool = False
     """The attempt passed ``task_timeout_s`` and was cut short."""
+    retry_after: float | None = None
+    """A transient failure's wait the server asked for (``Retry-After``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,6 +406,12 @@ def execution_usage(calls: Sequence[ModelCall]) -> TokenUsage | None:
     return usage
 
 
+def _asked_wait(failures: Sequence[ModelFailure]) -> float | None:
+    """The longest wait transient ``failures`` asked for (``Retry-After``)."""
+    waits = [f.retry_after_s for f in failures if f.retry_after_s is not None]
+    return max(waits) if waits else None
+
+
 def usage_events(
     calls: Sequence[ModelCall],
 ) -> list[tuple[type[Event], dict[str, Any]]]:
@@ -490,6 +502,12 @@ class RunDriver:
         next append journals them (a drain lets the run get there)."""
         self._ready = ReadyWalk()
         """The run's ready tasks, walked from past the tasks that ended."""
+        self._due: list[str] = []
+        """Tasks whose finish reached a milestone while the run waited at a
+        gate: reviewed once it is answered."""
+        self._retry_wake: float | None = None
+        """When (``anyio.current_time()``) the first ready task that waits
+        for its retry time may start, as the last dispatch found it."""
 
     @property
     def state(self) -> RunState:
@@ -692,8 +710,15 @@ class RunDriver:
         timeout = self.limits.call_timeout_s
         timed_out = 0
         key = ""
+        wait: float | None = None
         for attempt in range(1, attempts + 1):
             await self._hold_if_draining()
+            if wait:
+                # The server asked to wait (Retry-After): asked sooner, it
+                # would refuse again, or the model would not even send.
+                await anyio.sleep(wait)
+                await self._hold_if_draining()
+                wait = None
             self.check_budget()
             budget = self.limits.token_budget
             if budget is not None and hasattr(request, "token_allowance"):
@@ -739,6 +764,7 @@ class RunDriver:
                     self.stage(*failure_events(failure, with_usage=True))
                     if failure.fatal or not failure.transient:
                         raise failure_ending(failure) from None
+                    wait = failure.retry_after_s
                 timed_out += isinstance(exc, ActorTimeout)
                 if attempt == attempts:
                     raise RoleFailed(
@@ -852,7 +878,11 @@ class RunDriver:
         try:
             async with self.trace.waiting(request):
                 with parked:
-                    resolution = await self._ask_gate(request)
+                    resolution = await (
+                        self._ask_gate(request)
+                        if request.tool_call or self.state.spec.kind == "explore"
+                        else self._ask_gate_folding(request)
+                    )
             await self.resolve_gate(request, resolution)
         finally:
             self.gates.close(
@@ -865,6 +895,56 @@ class RunDriver:
             with self._parked_at_gate():
                 await anyio.sleep_forever()
         return resolution
+
+    async def _ask_gate_folding(self, request: GateRequest) -> GateResolution:
+        """Wait for the answer to a gate of the run's own (a replan's, a
+        validation gate), journaling meanwhile the attempts that finish.
+
+        Nothing starts while the run waits: the answer may change the plan.
+        What finishes is journaled and folded at once, so that the run's
+        state and events show it while a person takes their time; a
+        milestone it reaches is reviewed once the gate is answered. A
+        report that ends the run (a spent budget, a role that stopped) ends
+        it now, closing the gate.
+        """
+        resolution: GateResolution | None = None
+        errors: list[Exception] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._fold_reports, errors, tg.cancel_scope)
+            try:
+                resolution = await self._ask_gate(request)
+            except Exception as exc:
+                # Raised below, as it is: a task group would wrap it in an
+                # exception group that no caller of the driver looks into.
+                errors.append(exc)
+            finally:
+                tg.cancel_scope.cancel()
+        if errors:
+            raise errors[0]
+        assert resolution is not None
+        return resolution
+
+    async def _fold_reports(self, errors: list[Exception], scope: CancelScope) -> None:
+        """Journal the reports that come while the driver waits at a gate;
+        what ends the run (a report, a failing journal) ends the wait."""
+        try:
+            while True:
+                # The reports of the batch a review came from come first.
+                held = self._held
+                if held:
+                    items = held[:]
+                    held.clear()  # the driver's loop holds this same list
+                else:
+                    items = await self._inbox.take()
+                # Not cut short halfway by the answer: a staged event that
+                # misses the journal would leave the next append a seq ahead.
+                with anyio.CancelScope(shield=True):
+                    for item in items:
+                        await self._take(item, due=self._due)
+                    await self.record_events()
+        except Exception as exc:
+            errors.append(exc)
+            scope.cancel()
 
     async def _ask_gate(self, request: GateRequest) -> GateResolution:
         try:
@@ -1116,12 +1196,19 @@ class RunDriver:
         if not self.state.versions:
             await first_plan(self)
         while True:
+            if self._due and self._review_due():
+                await review(self)
+                continue
             self.trace.sync()
             await self._dispatch(tg)
             # After the dispatch, which journals what is staged: a ``complete``
             # verdict staged by a review has superseded its tasks only then.
             self._withdraw_stale_approvals()
-            if self._in_flight == 0 and not self._awaiting_approval:
+            if (
+                self._in_flight == 0
+                and not self._awaiting_approval
+                and self._retry_wake is None
+            ):
                 state = self.state
                 if phase_done(state):
                     if state.window and not state.completing:
@@ -1145,7 +1232,13 @@ class RunDriver:
                 # Attempts waiting at a tool call's gate with no timeout move
                 # only when a person answers.
                 moving = self._in_flight - len(self._tool_gates)
-                if moving or self.limits.gate_timeout_s is not None:
+                if self._retry_wake is not None:
+                    # A retry waits for its time: the reports that come
+                    # meanwhile are taken as usual.
+                    items = []
+                    with anyio.move_on_after(self._retry_wake - anyio.current_time()):
+                        items = await self._inbox.take()
+                elif moving or self.limits.gate_timeout_s is not None:
                     items = await self._inbox.take()
                 else:
                     # Only people can move the run on now (approvals, tool
@@ -1167,6 +1260,13 @@ class RunDriver:
                 with anyio.CancelScope(shield=True):
                     await self._secure(items)
                 raise
+
+    def _review_due(self) -> bool:
+        """A milestone reached by tasks that finished while the run waited at
+        a gate, not reviewed since."""
+        due, self._due = self._due, []
+        state = self.state
+        return bool(state.window) and any(milestone_due(state, t) for t in due)
 
     async def _approvals_taken(self) -> None:
         """Wait (briefly: a busy gate pool does not hold up the run) until
@@ -1202,8 +1302,17 @@ class RunDriver:
                         "the result of task %s cannot be stored: %s", item.task_id, exc
                     )
 
-    async def _take(self, item: _Report, later: Sequence[_Report] = ()) -> None:
-        """Act on one report from a task or an approval."""
+    async def _take(
+        self,
+        item: _Report,
+        later: Sequence[_Report] = (),
+        due: list[str] | None = None,
+    ) -> None:
+        """Act on one report from a task or an approval.
+
+        ``due``: the driver waits at a gate; a milestone the report reaches
+        is put there, to be reviewed once the gate is answered.
+        """
         if isinstance(item, _RoleStopped):
             raise RunEnded(
                 RunStatus.FAILED,
@@ -1225,8 +1334,16 @@ class RunDriver:
         if item.timed_out:
             self._withdraw_tool_gates_of(item.task_id)
         staged = self.stage(*finish_events(item))
+        if not item.outcome.success:
+            retry_at = self._retry_at(item, staged)
+            if retry_at is not None:
+                fields = {"task_id": item.task_id, "retry_at": retry_at}
+                staged = self.stage((RetryScheduled, fields))
         finished = staged.tasks[item.task_id].status is not TaskStatus.PENDING
         if finished and milestone_due(staged, item.task_id):
+            if due is not None:
+                due.append(item.task_id)
+                return
             # Imported here, not per report: an import statement costs
             # more than the rest of a report's checks.
             from ._replanning import review
@@ -1235,6 +1352,36 @@ class RunDriver:
             await self._secure(later)
             await review(self)
 
+    def _retry_at(self, item: _Done, state: RunState) -> datetime | None:
+        """When the retry of a transiently failed attempt may start: after
+        the wait its failure asked for, else after the run's backoff (which
+        doubles with each attempt, with equal jitter); None: at once, or no
+        retry is coming (``state`` has the task's finish)."""
+        if state.tasks[item.task_id].status is not TaskStatus.PENDING:
+            return None  # failed for good, or superseded by a ``complete``
+        # A model's failures carry the wait asked for; a crash's is on the report.
+        wait = item.retry_after
+        if wait is None and item.failures:
+            wait = _asked_wait(item.failures)
+        if wait is None:
+            first = self.limits.retry_backoff_s
+            ceiling = min(MAX_RETRY_BACKOFF_S, first * 2 ** max(0, item.attempt - 1))
+            wait = ceiling / 2 + random.uniform(0, ceiling / 2)
+        if wait <= 0:
+            return None
+        return datetime.now(UTC) + timedelta(seconds=wait)
+
+    def _not_yet(self, retry_at: datetime) -> bool:
+        """Whether a retry due at ``retry_at`` must wait still; the first
+        such wait ends at ``_retry_wake``."""
+        left = (retry_at - datetime.now(UTC)).total_seconds()
+        if left <= 0:
+            return False
+        wake = anyio.current_time() + left
+        if self._retry_wake is None or wake < self._retry_wake:
+            self._retry_wake = wake
+        return True
+
     async def _dispatch(self, tg: TaskGroup) -> None:
         """Start ready tasks up to ``max_concurrency``; gate side effects first.
 
@@ -1242,6 +1389,7 @@ class RunDriver:
         While draining nothing starts: the run waits for what is in flight,
         then holds until the supervisor stops.
         """
+        self._retry_wake = None
         if self._draining:
             await self.record_events()
             if self._in_flight == 0:
@@ -1252,6 +1400,7 @@ class RunDriver:
         budget = self.limits.max_task_executions - state.task_executions
         to_start: list[Task] = []
         gated: set[str | None] | None = None  # looked up for side effects only
+        retry_at = state.retry_at
         for task in self._ready(state):
             if task.requires_approval and not task.approved:
                 if gated is None:
@@ -1261,6 +1410,8 @@ class RunDriver:
                 continue
             if len(to_start) >= min(room, budget):
                 break
+            if retry_at and task.id in retry_at and self._not_yet(retry_at[task.id]):
+                continue
             to_start.append(task)
         if not to_start:
             await self.record_events()
@@ -1493,6 +1644,7 @@ class RunDriver:
     def _report(self, task: Task, slot: ReplySlot[Any]) -> _Report:
         calls: list[ModelCall] = []
         failures: Sequence[ModelFailure] = ()
+        retry_after: float | None = None
         try:
             reply = slot.result()
             if not isinstance(reply, ExecuteReply):
@@ -1506,8 +1658,10 @@ class RunDriver:
             outcome, calls, failures = reply.outcome, reply.calls, reply.failures
         except ActorCrashed as exc:
             failure = exc.failure.model_failure
-            if failure is not None and failure.fatal:
-                return _Fatal(failure)
+            if failure is not None:
+                if failure.fatal:
+                    return _Fatal(failure)
+                retry_after = _asked_wait([failure])
             # A crash may be the worker's, not the task's: retry on a fresh one.
             outcome = TaskOutcome(
                 success=False, transient=True, reason=f"{EXECUTOR_CRASHED}{exc}"
@@ -1537,7 +1691,14 @@ class RunDriver:
         finally:
             self.meter.take_attempt(task.id, task.attempts)  # none left behind
         report = _Done(
-            task.id, outcome, calls, failures, task.attempts, self.effects is not None
+            task.id,
+            outcome,
+            calls,
+            failures,
+            task.attempts,
+            self.effects is not None,
+            False,
+            retry_after,
         )
         tg = self._tg
         if report.unsecured and not self._collecting and tg is not None:

@@ -25,6 +25,7 @@ from ..messages import (
     ReplanOutcome,
     ReplanRecord,
     ReplanRefused,
+    RetryScheduled,
     RunCompacted,
     RunFinished,
     RunResult,
@@ -83,6 +84,9 @@ class RunState(Frozen):
     nothing new starts, then the run synthesizes."""
     task_executions: int = 0
     """Task attempts started."""
+    retry_at: Mapping[str, datetime] = Field(default_factory=dict)
+    """Tasks pending a retry that may not start before a time (a transient
+    failure's backoff, or the wait it asked for), by id."""
     window: Sequence[str] = Field(default_factory=list)
     """Ids of tasks finished (completed or failed) since the last review."""
     completion_order: Sequence[str] = Field(default_factory=list)
@@ -306,6 +310,10 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
                 "suspended_replan": event.replan_carrier,
                 "suspended_replan_usage": event.replan_usage,
             }
+        case RetryScheduled(task_id=task_id, retry_at=retry_at):
+            if _task(state, task_id).status is not TaskStatus.PENDING:
+                raise ValueError(f"task {task_id} has no retry to wait for")
+            return {"retry_at": {**state.retry_at, task_id: retry_at}}
         case ModelCallFailed(failure=failure):
             return {"model_failures": [*state.model_failures, failure]}
         case RunFinished(status=status, stop_reason=reason, synthesis=synthesis):
@@ -341,10 +349,20 @@ def _changes(state: RunState, event: Event) -> dict[str, object]:
 def _started(state: RunState, event: TaskStarted) -> dict[str, object]:
     task = _task(state, event.task_id)
     started = task.evolve(status=TaskStatus.IN_PROGRESS, attempts=event.attempt)
+    if state.retry_at and event.task_id in state.retry_at:
+        return {
+            "tasks": with_task(state.tasks, started),
+            "task_executions": state.task_executions + 1,
+            "retry_at": _without(state.retry_at, event.task_id),
+        }
     return {
         "tasks": with_task(state.tasks, started),
         "task_executions": state.task_executions + 1,
     }
+
+
+def _without(times: Mapping[str, datetime], task_id: str) -> dict[str, datetime]:
+    return {k: v for k, v in times.items() if k != task_id}
 
 
 def _finished(state: RunState, event: TaskFinished) -> dict[str, object]:

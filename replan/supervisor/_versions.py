@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from ..messages import (
     PlanVersion,
     Task,
@@ -39,6 +41,7 @@ def build_version(
     reason: str,
     phase: Phase,
     replace_pending: bool,
+    replace_only: Collection[str] | None = None,
 ) -> PlanVersion:
     """The next plan version: ``drafts`` become tasks with fresh ids.
 
@@ -50,21 +53,31 @@ def build_version(
         reason: the rationale to keep with the version.
         phase: the phase the new tasks belong to.
         replace_pending: supersede every pending task (a replan).
+        replace_only: with ``replace_pending``, supersede only those of
+            these that are still pending: the tasks a person saw the change
+            remove at its gate (a task whose attempt failed meanwhile and
+            waits for its retry is pending now, and stays).
 
     Raises:
         ValueError: the drafts are not a valid plan.
     """
     live = [t for t in state.tasks.values() if t.status is not TaskStatus.SUPERSEDED]
     removed = (
-        [t.id for t in live if t.status is TaskStatus.PENDING]
+        [
+            t.id
+            for t in live
+            if t.status is TaskStatus.PENDING
+            and (replace_only is None or t.id in replace_only)
+        ]
         if replace_pending
         else []
     )
+    gone = set(removed)
     usable = {
         t.id
         for t in live
         if t.status in (TaskStatus.COMPLETED, TaskStatus.IN_PROGRESS)
-        or (t.status is TaskStatus.PENDING and not replace_pending)
+        or (t.status is TaskStatus.PENDING and t.id not in gone)
     }
     check_drafts(drafts, known=frozenset(usable))
     version_no = len(state.versions) + 1
@@ -82,7 +95,6 @@ def build_version(
         )
         for d in drafts
     ]
-    gone = set(removed)
     return PlanVersion(
         version=version_no,
         trigger=trigger,

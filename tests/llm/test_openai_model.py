@@ -905,12 +905,33 @@ async def test_calls_made_while_the_server_asked_to_wait_are_not_sent() -> None:
     with chat_server() as server:
         server.reply(error(429, "come back in two minutes", retry_after="120"))
         async with fast(server.base_url) as model:
-            with pytest.raises(TransientModelError, match="120s"):
+            with pytest.raises(TransientModelError, match="120s") as caught:
                 await model.generate(plan_request())
+            # The wait rides on the error, for the run to retry after it.
+            assert caught.value.retry_after == 120
+            assert caught.value.failure().retry_after_s == 120
             for _ in range(5):
-                with pytest.raises(TransientModelError, match="not sent"):
+                with pytest.raises(TransientModelError, match="not sent") as caught:
                     await model.generate(plan_request())
+                assert 100 < (caught.value.retry_after or 0) <= 120
         assert len(server.chat_requests()) == 1
+
+
+async def test_a_429_whose_retries_run_out_says_how_long_the_server_asked_to_wait() -> (
+    None
+):
+    with chat_server(lambda _: error(429, "slow down", retry_after="0.2")) as server:
+        async with fast(server.base_url, max_retries=1) as model:
+            with pytest.raises(TransientModelError, match="HTTP 429") as caught:
+                await model.generate(plan_request())
+        assert len(server.chat_requests()) == 2
+    assert 0 < (caught.value.retry_after or 0) <= 0.2
+    with chat_server(lambda _: error(500, "overloaded")) as server:
+        async with fast(server.base_url, max_retries=1) as model:
+            with pytest.raises(TransientModelError, match="HTTP 500") as caught:
+                await model.generate(plan_request())
+    assert caught.value.retry_after is None
+    assert caught.value.failure().retry_after_s is None
 
 
 async def test_a_retry_after_that_is_no_finite_wait_is_taken_for_none() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from typing import Any
 
 import anyio
@@ -29,7 +30,7 @@ from replan import (
     Verdict,
 )
 from replan.llm import OpenAIModel, tool
-from replan.messages import GateOpened, ModelCallFailed, TaskFinished
+from replan.messages import GateOpened, ModelCallFailed, RetryScheduled, TaskFinished
 
 GOAL = "Find which solid-state battery makers ship cells at scale in 2025"
 
@@ -140,6 +141,72 @@ async def test_a_task_whose_model_keeps_failing_with_500_is_retried_not_replanne
     assert result.tasks[0].attempts == 2
     assert result.replans == []
     assert [f.error_type for f in result.model_failures] == ["TransientModelError"]
+    assert replayed == result
+
+
+async def test_a_429_asking_to_wait_past_max_backoff_s_retries_the_task_after_it() -> (
+    None
+):
+    # The server asks for more than the model waits within a call: the call
+    # fails transient at once, and the task's retry waits what was asked
+    # while the task that does not depend on it goes on.
+    sent: list[tuple[str, float]] = []
+    lock = threading.Lock()
+
+    def outcome(logged: Logged) -> Reply:
+        with lock:
+            first = not any(key == "t1" for key, _ in sent)
+            sent.append((task_id_of(logged), time.monotonic()))
+        if task_id_of(logged) == "t1" and first:
+            return error(429, "rate limited", retry_after="1")
+        return completion(TaskOutcome(success=True, summary="found four makers"))
+
+    spec = RunSpec(
+        goal=GOAL,
+        tasks=[
+            TaskDraft(key="search", description="search"),
+            TaskDraft(key="read", description="read", depends_on=["search"]),
+            TaskDraft(key="other", description="an independent survey"),
+        ],
+    )
+    with chat_server(answers(TaskOutcome=outcome)) as server:
+        model = model_for(server.base_url, max_backoff_s=0.2, max_retries=3)
+        result, events, replayed = await run(model, spec)
+    assert result.status is RunStatus.COMPLETED
+    assert [t.status for t in result.tasks] == [TaskStatus.COMPLETED] * 3
+    assert result.tasks[0].attempts == 2
+    times = {key: [t for k, t in sent if k == key] for key in ("t1", "t2", "t3")}
+    assert len(times["t1"]) == 2  # one 429, then the retry: nothing in between
+    assert times["t1"][1] - times["t1"][0] >= 0.95
+    assert times["t3"][0] - times["t1"][0] < 0.5
+    failed = next(
+        e for e in events if isinstance(e, TaskFinished) and e.task_id == "t1"
+    )
+    assert failed.outcome.transient
+    assert "HTTP 429" in (failed.outcome.reason or "")
+    assert [e.task_id for e in events if isinstance(e, RetryScheduled)] == ["t1"]
+    assert replayed == result
+
+
+async def test_a_first_plan_a_429_put_off_is_asked_again_after_the_wait() -> None:
+    # Before, the planner's second attempt came at once, was not even sent
+    # (the hold), and the run ended failed without a plan.
+    sent: list[float] = []
+
+    def plan(logged: Logged) -> Reply:
+        sent.append(time.monotonic())
+        if len(sent) == 1:
+            return error(429, "rate limited", retry_after="1")
+        return completion(PlanProposal(tasks=drafts("p", 1), rationale="plan"))
+
+    with chat_server(answers(PlanProposal=plan)) as server:
+        model = model_for(server.base_url, max_backoff_s=0.2)
+        result, events, replayed = await run(model, RunSpec(goal=GOAL))
+    assert result.status is RunStatus.COMPLETED
+    assert len(sent) == 2
+    assert sent[1] - sent[0] >= 0.95
+    (failed,) = [e for e in events if isinstance(e, ModelCallFailed)]
+    assert failed.failure.retry_after_s == 1
     assert replayed == result
 
 

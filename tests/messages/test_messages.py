@@ -88,6 +88,7 @@ def test_limits_and_the_gate_policy_default_to_the_documented_values() -> None:
         "max_iterations": 20,
         "max_task_executions": 200,
         "max_task_attempts": 2,
+        "retry_backoff_s": 0.25,
         "max_concurrency": 4,
         "milestone_every": 3,
         "token_budget": None,

@@ -34,6 +34,7 @@ from replan.messages import (
     ReplanOutcome,
     ReplanRecord,
     ReplanRefused,
+    RetryScheduled,
     RunCompacted,
     RunFinished,
     RunResult,
@@ -281,7 +282,8 @@ def sample_events(run_id: str = "run-1") -> list[Event]:
 
 def detached_samples() -> list[Event]:
     """The event types that do not fit in ``sample_events``' one journal: an
-    interrupted attempt (a resume after a crash) and a compacted run."""
+    interrupted attempt (a resume after a crash), a retry that waits (for a
+    failure) and a compacted run."""
     submitted, created = sample_events()[:2]
     assert isinstance(submitted, RunSubmitted)
     assert isinstance(created, PlanCreated)
@@ -298,6 +300,7 @@ def detached_samples() -> list[Event]:
     )
     return [
         TaskInterrupted(seq=4, at=at(3), task_id="t1"),
+        RetryScheduled(seq=5, at=at(3), task_id="t1", retry_at=at(9)),
         RunCompacted(
             seq=3,
             at=at(2),

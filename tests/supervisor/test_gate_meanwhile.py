@@ -1,0 +1,415 @@
+"""Attempts that finish while a run waits at a gate of its own are journaled.
+
+A replan's gate or a contract run's validation gate may wait for a person
+for hours: tasks already in flight finish meanwhile, and the run's state and
+events show them at once. Nothing new starts before the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import pytest
+from scripts import DelegatingStore, scripted, task_of
+
+from replan import (
+    GateAlreadyResolved,
+    GateResolution,
+    Limits,
+    MemoryStore,
+    ModelAuthenticationError,
+    ModelRequest,
+    PlanProposal,
+    ReplanOutcome,
+    RunHandle,
+    RunSpec,
+    RunStatus,
+    Supervisor,
+    SupervisorError,
+    TaskDraft,
+    TaskOutcome,
+    TaskStatus,
+    Trigger,
+    Verdict,
+)
+from replan.messages import (
+    Event,
+    GateOpened,
+    GateResolved,
+    MilestoneReviewed,
+    TaskFinished,
+    TaskStarted,
+)
+from replan.store import EffectRecord, RunSummary, SQLiteStore
+
+GOAL = "map the market for solid-state batteries"
+
+
+class Held:
+    """An executor answer that holds the tasks named in ``held`` until
+    released; ``outcomes`` may script a held task's answer per attempt."""
+
+    def __init__(
+        self, *held: str, outcomes: dict[str, list[TaskOutcome]] | None = None
+    ):
+        self.held = set(held)
+        self.release = anyio.Event()
+        self.outcomes = outcomes or {}
+        self.started: list[tuple[str, int]] = []
+
+    async def __call__(self, request: ModelRequest) -> TaskOutcome:
+        task = task_of(request)
+        attempt = request.context["attempt"]
+        self.started.append((task.key, attempt))
+        if task.key in self.held and attempt == 1:
+            await self.release.wait()
+        scripted_outcomes = self.outcomes.get(task.key)
+        if scripted_outcomes and attempt <= len(scripted_outcomes):
+            return scripted_outcomes[attempt - 1]
+        findings = ["the field moved"] if task.key == "a" else []
+        return TaskOutcome(success=True, summary=f"did {task.key}", findings=findings)
+
+
+def scope_shift_once(request: ModelRequest) -> Verdict:
+    if request.context["milestone_index"] == 1:
+        return Verdict(
+            decision="replan", trigger=Trigger.SCOPE_SHIFT, rationale="wider"
+        )
+    return Verdict(decision="continue", rationale="on track")
+
+
+def revised(request: ModelRequest) -> PlanProposal:
+    return PlanProposal(
+        tasks=[TaskDraft(key="x", description="survey the wider field")],
+        rationale="wider",
+    )
+
+
+def plan(*drafts: TaskDraft, pattern: str = "discovery", **limits: Any) -> RunSpec:
+    return RunSpec(
+        goal=GOAL,
+        pattern=pattern,  # type: ignore[arg-type]
+        tasks=list(drafts),
+        limits=Limits(milestone_every=100, **limits),
+    )
+
+
+async def gate_then_finish(handle: RunHandle, held: Held, task_id: str) -> Any:
+    """Wait for the gate, release the held tasks, and return the gate once
+    ``task_id``'s finish is in the events (while the gate is still open)."""
+    gate = None
+    async for event in handle.events():
+        if isinstance(event, GateOpened):
+            gate = event.request
+            held.release.set()
+        elif isinstance(event, TaskFinished) and event.task_id == task_id:
+            assert gate is not None, "the task finished before the gate opened"
+            return gate
+        elif isinstance(event, GateResolved):
+            raise AssertionError("the gate was answered first")
+    raise AssertionError("the run ended")
+
+
+def kinds(events: list[Event]) -> list[str]:
+    return [e.kind for e in events]
+
+
+async def test_a_task_finishing_while_a_replan_gate_waits_shows_completed_at_once() -> (
+    None
+):
+    held = Held("slow")
+    model = scripted(execute=held, milestone=scope_shift_once, replan=revised)
+    drafts = [
+        TaskDraft(key="a", description="survey", milestone=True),
+        TaskDraft(key="slow", description="an independent survey"),
+        TaskDraft(key="c", description="build on the survey", depends_on=["a"]),
+    ]
+    with anyio.fail_after(10):
+        async with Supervisor(model, MemoryStore()) as sup:
+            handle = await sup.submit(plan(*drafts))
+            gate = await gate_then_finish(handle, held, "t2")
+            # Before anyone answers: the state and the journal show it.
+            assert handle.state.tasks["t2"].status is TaskStatus.COMPLETED
+            assert handle.state.status is RunStatus.WAITING_FOR_HUMAN
+            assert [g.gate_id for g in sup.gates.pending()] == [gate.gate_id]
+            # Nothing new started while the gate waits.
+            assert held.started == [("a", 1), ("slow", 1)]
+            await sup.gates.resolve(
+                gate.gate_id, GateResolution(decision="approve", by="ana")
+            )
+            result = await handle.result()
+            events = await sup.store.read(handle.run_id)
+            assert await sup.replay(handle.run_id) == result
+    assert result.status is RunStatus.COMPLETED
+    statuses = {t.key: t.status for t in result.tasks}
+    assert statuses == {
+        "a": TaskStatus.COMPLETED,
+        "slow": TaskStatus.COMPLETED,
+        "c": TaskStatus.SUPERSEDED,
+        "x": TaskStatus.COMPLETED,
+    }
+    (record,) = result.replans
+    assert record.outcome is ReplanOutcome.APPLIED
+    assert result.versions[-1].removed == ["t3"]
+    order = kinds(events)
+    assert order.index("gate_opened") < order.index("gate_resolved")
+    finished_slow = next(
+        i
+        for i, e in enumerate(events)
+        if isinstance(e, TaskFinished) and e.task_id == "t2"
+    )
+    assert order.index("gate_opened") < finished_slow < order.index("gate_resolved")
+
+
+async def test_a_milestone_reached_during_a_gate_is_reviewed_once_it_is_answered() -> (
+    None
+):
+    held = Held("m")
+    model = scripted(execute=held, milestone=scope_shift_once, replan=revised)
+    drafts = [
+        TaskDraft(key="a", description="survey", milestone=True),
+        TaskDraft(key="m", description="a milestone of its own", milestone=True),
+        TaskDraft(key="c", description="build on the survey", depends_on=["a"]),
+    ]
+
+    with anyio.fail_after(10):
+        async with Supervisor(model, MemoryStore()) as sup:
+            handle = await sup.submit(plan(*drafts))
+            held.outcomes["m"] = [
+                TaskOutcome(success=True, summary="did m", findings=["news"])
+            ]
+            gate = await gate_then_finish(handle, held, "t2")
+            await sup.gates.resolve(
+                gate.gate_id, GateResolution(decision="reject", by="ana")
+            )
+            result = await handle.result()
+            events = await sup.store.read(handle.run_id)
+            assert await sup.replay(handle.run_id) == result
+    assert result.status is RunStatus.COMPLETED
+    reviews = [e for e in events if isinstance(e, MilestoneReviewed)]
+    # The first review's gate, then the milestone m reached meanwhile,
+    # before anything else starts.
+    assert [r.index for r in reviews][:2] == [1, 2]
+    assert reviews[1].by == "model"
+    second = events.index(reviews[1])
+    c_started = next(
+        i
+        for i, e in enumerate(events)
+        if isinstance(e, TaskStarted) and e.task_id == "t3"
+    )
+    assert second < c_started
+    milestones = [c.context["milestone_index"] for c in model.calls_for("reviewer")]
+    assert milestones[:2] == [1, 2]
+
+
+async def test_an_attempt_failing_transiently_during_a_gate_is_kept_and_retried() -> (
+    None
+):
+    # The person approved a diff that removes t3 only: the attempt of t2 that
+    # failed meanwhile waits for its retry, and the change does not take it.
+    held = Held(
+        "flaky",
+        outcomes={"flaky": [TaskOutcome(success=False, transient=True, reason="503")]},
+    )
+    model = scripted(execute=held, milestone=scope_shift_once, replan=revised)
+    drafts = [
+        TaskDraft(key="a", description="survey", milestone=True),
+        TaskDraft(key="flaky", description="a flaky call"),
+        TaskDraft(key="c", description="build on the survey", depends_on=["a"]),
+    ]
+    with anyio.fail_after(10):
+        async with Supervisor(model, MemoryStore()) as sup:
+            handle = await sup.submit(plan(*drafts, retry_backoff_s=0))
+            gate = await gate_then_finish(handle, held, "t2")
+            assert handle.state.tasks["t2"].status is TaskStatus.PENDING
+            assert gate.proposal is not None
+            assert gate.proposal.removed == ["t3"]
+            await sup.gates.resolve(
+                gate.gate_id, GateResolution(decision="approve", by="ana")
+            )
+            result = await handle.result()
+            assert await sup.replay(handle.run_id) == result
+    assert result.status is RunStatus.COMPLETED
+    assert result.versions[-1].removed == ["t3"]
+    flaky = result.tasks[1]
+    assert (flaky.status, flaky.attempts) == (TaskStatus.COMPLETED, 2)
+    assert ("flaky", 2) in held.started
+
+
+async def test_a_task_failing_during_a_gate_skips_its_dependents_at_once() -> None:
+    held = Held(
+        "fetch",
+        outcomes={"fetch": [TaskOutcome(success=False, reason="gone for good")]},
+    )
+    model = scripted(execute=held, milestone=scope_shift_once, replan=revised)
+    drafts = [
+        TaskDraft(key="a", description="survey", milestone=True),
+        TaskDraft(key="fetch", description="fetch a source"),
+        TaskDraft(key="parse", description="parse it", depends_on=["fetch"]),
+    ]
+    with anyio.fail_after(10):
+        async with Supervisor(model, MemoryStore()) as sup:
+            handle = await sup.submit(plan(*drafts))
+            gate = await gate_then_finish(handle, held, "t2")
+            assert handle.state.tasks["t2"].status is TaskStatus.FAILED
+            assert handle.state.tasks["t3"].status is TaskStatus.SKIPPED
+            await sup.gates.resolve(
+                gate.gate_id, GateResolution(decision="approve", by="ana")
+            )
+            result = await handle.result()
+            assert await sup.replay(handle.run_id) == result
+    assert result.status is RunStatus.COMPLETED
+    # The diff shown removed t3; it was skipped meanwhile, so nothing is.
+    assert result.versions[-1].removed == []
+    assert {t.key: t.status for t in result.tasks}["x"] is TaskStatus.COMPLETED
+
+
+async def test_a_task_finishing_at_a_contract_runs_validation_gate_is_journaled() -> (
+    None
+):
+    held = Held("slow")
+    model = scripted(execute=held, milestone=scope_shift_once)
+    drafts = [
+        TaskDraft(key="a", description="survey", milestone=True),
+        TaskDraft(key="slow", description="an independent survey"),
+    ]
+    with anyio.fail_after(10):
+        async with Supervisor(model, MemoryStore()) as sup:
+            handle = await sup.submit(plan(*drafts, pattern="contract"))
+            gate = await gate_then_finish(handle, held, "t2")
+            assert gate.proposal is None  # the validation gate
+            assert handle.state.tasks["t2"].status is TaskStatus.COMPLETED
+            await sup.gates.resolve(
+                gate.gate_id, GateResolution(decision="reject", by="ana")
+            )
+            result = await handle.result()
+            assert await sup.replay(handle.run_id) == result
+    assert result.status is RunStatus.ABORTED
+    assert [t.status for t in result.tasks] == [TaskStatus.COMPLETED] * 2
+
+
+async def test_a_task_journaled_during_a_gate_does_not_run_again_after_a_crash(
+    tmp_path: Any,
+) -> None:
+    held = Held("slow")
+    first = scripted(execute=held, milestone=scope_shift_once, replan=revised)
+    drafts = [
+        TaskDraft(key="a", description="survey", milestone=True),
+        TaskDraft(key="slow", description="an independent survey"),
+        TaskDraft(key="c", description="build on the survey", depends_on=["a"]),
+    ]
+    with anyio.fail_after(10):
+        async with SQLiteStore(tmp_path / "j.db") as store:
+            async with Supervisor(first, store) as sup:
+                handle = await sup.submit(plan(*drafts))
+                gate = await gate_then_finish(handle, held, "t2")
+            run_id = handle.run_id
+
+        second_held = Held()
+        second = scripted(execute=second_held, milestone=scope_shift_once)
+        async with (
+            SQLiteStore(tmp_path / "j.db") as store,
+            Supervisor(second, store, resume=True) as sup,
+        ):
+            await sup.gates.resolve(
+                gate.gate_id, GateResolution(decision="approve", by="ana")
+            )
+            result = await sup.get(run_id).result()
+            assert await sup.replay(run_id) == result
+    assert result.status is RunStatus.COMPLETED
+    assert [key for key, _ in second_held.started] == ["x"]
+    assert {t.key: t.status for t in result.tasks}["slow"] is TaskStatus.COMPLETED
+
+
+async def test_a_report_that_ends_the_run_ends_it_at_once_while_a_gate_waits() -> None:
+    # Rejected credentials in an attempt that was in flight: no one needs
+    # to answer the gate to learn that the run cannot go on.
+    held = Held("slow")
+
+    async def execute(request: ModelRequest) -> TaskOutcome:
+        if task_of(request).key == "slow":
+            await held(request)
+            raise ModelAuthenticationError("401: set OPENAI_API_KEY")
+        return await held(request)
+
+    model = scripted(execute=execute, milestone=scope_shift_once, replan=revised)
+    drafts = [
+        TaskDraft(key="a", description="survey", milestone=True),
+        TaskDraft(key="slow", description="an independent survey"),
+    ]
+    with anyio.fail_after(10):
+        async with Supervisor(model, MemoryStore()) as sup:
+            handle = await sup.submit(plan(*drafts))
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    gate = event.request
+                    held.release.set()
+                    break
+            result = await handle.result()
+            with pytest.raises(GateAlreadyResolved, match="the run ended"):
+                await sup.gates.resolve(
+                    gate.gate_id, GateResolution(decision="approve", by="ana")
+                )
+            assert await sup.replay(handle.run_id) == result
+    assert result.status is RunStatus.FAILED
+    assert "OPENAI_API_KEY" in (result.stop_reason or "")
+
+
+class FailsAtFinishOf(DelegatingStore):
+    """A journal (and effect ledger) whose disk fails once, when
+    ``task_id``'s end comes."""
+
+    def __init__(self, inner: MemoryStore, task_id: str) -> None:
+        super().__init__(inner)
+        self.ledger = inner
+        self.task_id = task_id
+        self.failed = False
+
+    async def record_effect(self, run_id: str, record: EffectRecord) -> None:
+        await self.ledger.record_effect(run_id, record)
+
+    async def read_effects(self, run_id: str) -> list[EffectRecord]:
+        return await self.ledger.read_effects(run_id)
+
+    async def append(
+        self, run_id: str, events: Sequence[Event], summary: RunSummary
+    ) -> None:
+        ends = [e for e in events if isinstance(e, TaskFinished)]
+        if not self.failed and any(e.task_id == self.task_id for e in ends):
+            self.failed = True
+            raise OSError(28, "No space left on device")
+        await self.inner.append(run_id, events, summary)
+
+
+async def test_a_journal_failing_during_a_gate_lets_go_of_the_run_for_a_resume() -> (
+    None
+):
+    held = Held("slow")
+    model = scripted(execute=held, milestone=scope_shift_once, replan=revised)
+    drafts = [
+        TaskDraft(key="a", description="survey", milestone=True),
+        TaskDraft(key="slow", description="an independent survey"),
+        TaskDraft(key="c", description="build on the survey", depends_on=["a"]),
+    ]
+    with anyio.fail_after(10):
+        async with Supervisor(model, FailsAtFinishOf(MemoryStore(), "t2")) as sup:
+            handle = await sup.submit(plan(*drafts))
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    gate = event.request
+                    held.release.set()
+                    break
+            with pytest.raises(SupervisorError, match="driver crashed"):
+                await handle.result()
+            resumed = await sup.resume(handle.run_id)
+            await sup.gates.resolve(
+                gate.gate_id, GateResolution(decision="approve", by="ana")
+            )
+            result = await resumed.result()
+            assert await sup.replay(handle.run_id) == result
+    assert result.status is RunStatus.COMPLETED
+    # The finished attempt was kept in the ledger: it did not run again.
+    assert held.started.count(("slow", 1)) == 1
+    assert {t.key: t.status for t in result.tasks}["slow"] is TaskStatus.COMPLETED
