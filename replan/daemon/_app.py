@@ -392,8 +392,18 @@ def _v1(daemon: Daemon) -> APIRouter:
             raise ApiError(409, f"run {run_id} already ended {state.status.value}")
         try:
             sup = daemon.supervisor
-        except SupervisorError as exc:  # shutting down
-            raise ApiError(503, f"not cancelling runs: {exc}") from None
+        except SupervisorError as exc:  # starting or shutting down
+            # Refused before anything changed: worth sending again once the
+            # daemon serves (Retry-After), as a gate's answer is.
+            if _starting(daemon):
+                detail, headers = STARTING, _RETRY
+            elif daemon.draining:
+                detail, headers = DRAINING, _RETRY
+            else:
+                detail, headers = str(exc), None
+            raise ApiError(
+                503, f"not cancelling runs: {detail}", headers=headers
+            ) from None
         try:
             sent = await sup.cancel(run_id)
         except (UnknownRunError, RunDrivenElsewhere):

@@ -99,6 +99,7 @@ async def test_the_drain_answers_503_to_new_runs_while_work_in_flight_finishes(
             gates = await client.get("/v1/gates")
             answer = {"decision": "approve", "by": "ann"}
             answered = await client.post(f"/v1/gates/{run_id}-g1", json=answer)
+            cancelled = await client.post(f"/v1/runs/{run_id}/cancel")
             async with httpx.AsyncClient(base_url=url, headers=headers) as fresh:
                 still_read = await fresh.get(f"/v1/runs/{run_id}")
             held.release.set()
@@ -121,6 +122,12 @@ async def test_the_drain_answers_503_to_new_runs_while_work_in_flight_finishes(
             "a restart): try again once it has restarted"
         )
         assert later.headers["Retry-After"] == "5"
+    assert cancelled.status_code == 503, cancelled.text
+    assert cancelled.json()["detail"] == (
+        "not cancelling runs: the daemon is shutting down (it drains its runs "
+        "for a restart): try again once it has restarted"
+    )
+    assert cancelled.headers["Retry-After"] == "5"
     assert still_read.status_code == 200
     assert still_read.json()["status"] == "running"
     kinds = journal_kinds(settings.journal_path, run_id)
