@@ -48,9 +48,9 @@ class Frozen(BaseModel):
         given = self.__pydantic_fields_set__
         # The changed fields are nearly always set already, once a model has
         # been evolved before: the copy shares the set object.
-        if not changes.keys() <= given:
-            given = _union(given, changes)
-        _set_fields_set(copy, given)
+        _set_fields_set(
+            copy, given if changes.keys() <= given else _interned(given.union(changes))
+        )
         _set_extra(copy, None)
         _set_private(copy, None)
         return copy
@@ -86,34 +86,11 @@ _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
 _set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
-_INTERNED: set[int] = set()
-"""The ids of the sets in :data:`_FIELDS_SETS` (kept for good: an id here
-is never another object's)."""
-_UNIONS: dict[tuple[object, ...], set[str]] = {}
-"""Interned fields set and the names an evolve set (their id and names, in
-the order given) -> the interned set of both: a task's first evolve (its
-start, its finish) adds to its fields set, once per task."""
-
-
 def _interned(names: set[str]) -> set[str]:
     key = frozenset(names)
     shared = _FIELDS_SETS.get(key)
     if shared is None:
         shared = _FIELDS_SETS[key] = names
-        _INTERNED.add(id(names))
-    return shared
-
-
-def _union(given: set[str], changes: dict[str, Any]) -> set[str]:
-    """The interned fields set of ``given`` and the names of ``changes``."""
-    key = (id(given), *changes)
-    shared = _UNIONS.get(key)
-    if shared is None:
-        shared = _interned(given.union(changes))
-        if id(given) in _INTERNED:
-            # Only interned sets are keys: their ids are never reused, and
-            # they are as few as the combinations of fields set.
-            _UNIONS[key] = shared
     return shared
 
 
