@@ -238,10 +238,14 @@ class SQLiteStore:
         self._previous: str | None = None
         """The run of the last append."""
         self._batch: _Batch | None = None
+        self._inserts: sqlite3.Cursor | None = None
+        """The cursor appends insert with: ``Connection.execute`` makes a
+        cursor per call, which costs as much as binding the rows."""
         if read_only:
             self._conn = _connect(self.path, synchronous, read_only=True)
             return
         self._conn = _connect(self.path, synchronous)
+        self._inserts = self._conn.cursor()
         self._conn.execute("PRAGMA wal_autocheckpoint = 0")
         # A burst may still grow the WAL; once rewound, it shrinks back.
         self._conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
@@ -326,8 +330,9 @@ class SQLiteStore:
             # its row is current. One multi-row INSERT is its own transaction
             # (atomic, committed when it returns): no BEGIN and COMMIT.
             _check_follows(run_id, events, last)
+            cursor = self._inserts
             try:
-                _insert(conn, item)
+                _insert(conn if cursor is None else cursor, item)
             except BaseException:
                 self._last_seq.pop(run_id, None)
                 raise
@@ -481,6 +486,7 @@ class SQLiteStore:
         self._holders.clear()
         self._lease.release()
         conn, self._conn = self._conn, None
+        self._inserts = None
         if conn is not None:
             self._checkpointer.stop()
             # The last connection to close checkpoints the rest of the WAL.
@@ -1000,7 +1006,7 @@ class _Append:
     committed: bool = False
 
 
-def _insert(conn: sqlite3.Connection, item: _Append) -> None:
+def _insert(conn: sqlite3.Connection | sqlite3.Cursor, item: _Append) -> None:
     """Insert an append's rows: one multi-row INSERT when they are few.
 
     Raises:
