@@ -409,7 +409,8 @@ class SQLiteStore:
         elif last is None:
             (last,) = conn.execute(_LAST_SEQ, (run_id,)).fetchone()
         _check_follows(run_id, events, last)
-        _insert(conn, item)
+        cursor = self._inserts
+        _insert(conn if cursor is None else cursor, item)
         known = self._row.get(run_id)
         if known != (summary.status, summary.stop_reason):
             # A new run has no row yet, and a changed status has none the
