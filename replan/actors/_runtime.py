@@ -703,6 +703,7 @@ class ActorPool(Generic[ReqT, RepT]):
         """Serve inside ``scope`` until it is cancelled (None), or as _serve."""
         receive = self._receive
         role = self.role
+        ctx: ActorContext | None = None
         while not scope.cancel_called:
             if self._live - self._aside > self._workers:
                 # A handler came back from waiting for a person while
@@ -739,7 +740,15 @@ class ActorPool(Generic[ReqT, RepT]):
                 # Timed from now: the wait in the mailbox is not the handling's.
                 envelope.deadline = anyio.current_time() + envelope.timeout
                 self._deadlines.add(envelope.deadline, slot, waited=False)
-            ctx = ActorContext(role, envelope.run_id, envelope.deadline)
+            if (
+                ctx is None
+                or ctx.run_id != envelope.run_id
+                or ctx.deadline != envelope.deadline
+            ):
+                # Frozen: the worker's requests of one run (with no
+                # deadline) share one, where building it costs more than
+                # the check.
+                ctx = ActorContext(role, envelope.run_id, envelope.deadline)
             carrier = envelope.carrier
             self._busy += 1
             # No deadline here: the pool's timer (or the caller, when it is

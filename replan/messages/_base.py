@@ -49,7 +49,7 @@ class Frozen(BaseModel):
         # The changed fields are nearly always set already, once a model has
         # been evolved before: the copy shares the set object.
         _set_fields_set(
-            copy, given if changes.keys() <= given else _interned(given.union(changes))
+            copy, given if changes.keys() <= given else _union(given, changes)
         )
         _set_extra(copy, None)
         _set_private(copy, None)
@@ -91,6 +91,27 @@ def _interned(names: set[str]) -> set[str]:
     shared = _FIELDS_SETS.get(key)
     if shared is None:
         shared = _FIELDS_SETS[key] = names
+    return shared
+
+
+_UNIONS: dict[tuple[object, ...], tuple[set[str], set[str]]] = {}
+"""(id of a fields set, names an evolve sets) -> (that set, the interned
+union of both). The tasks of a plan version share their template's set,
+and each one's start and finish evolve it with fields it lacks."""
+_UNIONS_KEPT = 512
+
+
+def _union(given: set[str], changes: dict[str, Any]) -> set[str]:
+    """The interned fields set of ``given`` and the names of ``changes``."""
+    key = (id(given), *changes)
+    known = _UNIONS.get(key)
+    if known is not None and known[0] is given:
+        return known[1]
+    shared = _interned(given.union(changes))
+    if len(_UNIONS) >= _UNIONS_KEPT:
+        _UNIONS.clear()  # sets of models that came and went: start again
+    # ``given`` is kept with its union: its id is nobody else's meanwhile.
+    _UNIONS[key] = (given, shared)
     return shared
 
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import anyio
 from anyio import CancelScope
@@ -426,6 +426,18 @@ def usage_events(
     ]
 
 
+def _effect_ledger(store: Store) -> EffectLedger | None:
+    """``store`` if it keeps finished attempts apart from the journal.
+
+    Asked once per run: ``issubclass`` on the store's class first, which
+    ``ABCMeta`` caches, where ``isinstance`` against a runtime protocol
+    walks the protocol's members on every call (~10 us).
+    """
+    if issubclass(type(store), EffectLedger):
+        return cast(EffectLedger, store)
+    return store if isinstance(store, EffectLedger) else None
+
+
 class RunDriver:
     """Runs one plan run to its end under the supervisor's task group."""
 
@@ -480,7 +492,7 @@ class RunDriver:
             (RunEnded,),
             stage=self.stage,
         )
-        self.effects = store if isinstance(store, EffectLedger) else None
+        self.effects = _effect_ledger(store)
         """Where finished attempts are kept until journaled (see ``_resume``)."""
         self.recovery: Callable[[RunDriver, TaskGroup], Awaitable[None]] | None = None
         """Set on a resumed run: picks up what the journal left unfinished."""
