@@ -13,6 +13,7 @@ from ..messages import (
     Event,
     GateResolution,
     ModelCall,
+    ModelFailure,
     RunCompacted,
     RunStatus,
     TaskOutcome,
@@ -316,6 +317,13 @@ class EffectRecord(BaseModel):
     attempt: int
     outcome: TaskOutcome
     calls: list[ModelCall] = Field(default_factory=list)
+    failures: list[ModelFailure] = Field(default_factory=list)
+    """The attempt's failed model calls, journaled with its outcome."""
+    retry_at: datetime | None = None
+    """When a retry may start, as the attempt's transient failure asked (a
+    server's ``Retry-After``, counted from the failure): a resumed run waits
+    until then, as the run would have. None: no wait was asked (a retry
+    backs off as usual). A record written before it was kept has none."""
 
 
 @runtime_checkable

@@ -157,8 +157,10 @@ class _Done:
     anything else, or puts it in the ledger first (see ``_secure``)."""
     timed_out: bool = False
     """The attempt passed ``task_timeout_s`` and was cut short."""
-    retry_after: float | None = None
-    """A transient failure's wait the server asked for (``Retry-After``)."""
+    retry_at: datetime | None = None
+    """When a retry may start, as a transient failure asked (a server's
+    ``Retry-After``, counted from the failure; kept in the effect ledger
+    too); None: no wait was asked."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1305,6 +1307,8 @@ class RunDriver:
                     attempt=item.attempt,
                     outcome=item.outcome,
                     calls=item.calls,
+                    failures=list(item.failures),
+                    retry_at=item.retry_at,
                 )
                 try:
                     await self.effects.record_effect(self.state.run_id, record)
@@ -1371,17 +1375,17 @@ class RunDriver:
         retry is coming (``state`` has the task's finish)."""
         if state.tasks[item.task_id].status is not TaskStatus.PENDING:
             return None  # failed for good, or superseded by a ``complete``
-        # A model's failures carry the wait asked for; a crash's is on the report.
-        wait = item.retry_after
-        if wait is None and item.failures:
-            wait = _asked_wait(item.failures)
-        if wait is None:
-            first = self.limits.retry_backoff_s
-            ceiling = min(MAX_RETRY_BACKOFF_S, first * 2 ** max(0, item.attempt - 1))
-            wait = ceiling / 2 + random.uniform(0, ceiling / 2)
+        now = datetime.now(UTC)
+        if item.retry_at is not None:
+            # The time the failure asked for (also after a crash, from the
+            # ledger): the wait counts from the failure, not from now.
+            return item.retry_at if item.retry_at > now else None
+        first = self.limits.retry_backoff_s
+        ceiling = min(MAX_RETRY_BACKOFF_S, first * 2 ** max(0, item.attempt - 1))
+        wait = ceiling / 2 + random.uniform(0, ceiling / 2)
         if wait <= 0:
             return None
-        return datetime.now(UTC) + timedelta(seconds=wait)
+        return now + timedelta(seconds=wait)
 
     def _not_yet(self, retry_at: datetime) -> bool:
         """Whether a retry due at ``retry_at`` must wait still; the first
@@ -1668,6 +1672,8 @@ class RunDriver:
                     )
                 )
             outcome, calls, failures = reply.outcome, reply.calls, reply.failures
+            if failures and not outcome.success:
+                retry_after = _asked_wait(failures)
         except ActorCrashed as exc:
             failure = exc.failure.model_failure
             if failure is not None:
@@ -1710,7 +1716,11 @@ class RunDriver:
             task.attempts,
             self.effects is not None,
             False,
-            retry_after,
+            # Counted from the failure, as the server meant it, and kept so
+            # (in the ledger too): the driver may journal it later.
+            None
+            if retry_after is None
+            else datetime.now(UTC) + timedelta(seconds=retry_after),
         )
         tg = self._tg
         if report.unsecured and not self._collecting and tg is not None:
@@ -1732,7 +1742,14 @@ class RunDriver:
         """An attempt that finished before a crash: handle it as if just done."""
         self._in_flight += 1
         self._inbox.put(
-            _Done(record.task_id, record.outcome, record.calls, (), record.attempt)
+            _Done(
+                record.task_id,
+                record.outcome,
+                record.calls,
+                record.failures,
+                record.attempt,
+                retry_at=record.retry_at,
+            )
         )
 
     async def _synthesize(self) -> Synthesis:

@@ -15,7 +15,7 @@ from stores import STORE_KINDS, open_store
 from replan import GateResolution, RunSpec, RunStatus, Supervisor
 from replan._demo import demo_model, demo_spec
 from replan._demo_explore import explore_demo_spec
-from replan.messages import GateOpened, TaskOutcome
+from replan.messages import GateOpened, ModelFailure, TaskOutcome
 from replan.store import (
     EffectLedger,
     EffectRecord,
@@ -125,6 +125,49 @@ async def test_the_ledger_keeps_one_record_per_attempt(store: Store) -> None:
         again,
         other,
     ]
+
+
+async def test_the_ledger_keeps_an_attempts_failures_and_the_time_its_retry_waits_for(
+    store: Store,
+) -> None:
+    assert isinstance(store, EffectLedger)
+    failure = ModelFailure(
+        role="executor",
+        purpose="execute",
+        task_id="t1",
+        error_type="TransientModelError",
+        message="HTTP 429",
+        transient=True,
+        retry_after_s=30,
+    )
+    record = EffectRecord(
+        task_id="t1",
+        attempt=1,
+        outcome=TaskOutcome(success=False, transient=True, reason="HTTP 429"),
+        failures=[failure],
+        retry_at=datetime(2030, 1, 2, 3, 4, 5, 678000, tzinfo=UTC),
+    )
+    await store.record_effect("run-1", record)
+    assert await store.read_effects("run-1") == [record]
+
+
+async def test_a_ledger_record_kept_before_its_failures_were_still_loads(
+    tmp_path: Path,
+) -> None:
+    async with SQLiteStore(tmp_path / "j.db") as store:
+        pass
+    old = '{"task_id": "t1", "attempt": 1, "outcome": {"success": false}}'
+    with closing(sqlite3.connect(tmp_path / "j.db")) as conn:
+        conn.execute(
+            "INSERT INTO effects (run_id, task_id, attempt, payload) "
+            "VALUES ('run-1', 't1', 1, ?)",
+            (old,),
+        )
+        conn.commit()
+    async with SQLiteStore(tmp_path / "j.db") as store:
+        (record,) = await store.read_effects("run-1")
+    assert record.failures == []
+    assert record.retry_at is None
 
 
 @pytest.mark.parametrize("kind", ["plan", "explore"])

@@ -42,7 +42,7 @@ from replan.messages import (
     TaskFinished,
     TaskStarted,
 )
-from replan.store import SQLiteStore
+from replan.store import EffectRecord, SQLiteStore
 from replan.supervisor import apply, replay
 
 
@@ -292,3 +292,75 @@ async def test_the_progress_of_a_run_says_when_a_failed_task_will_retry() -> Non
     (failed,) = [line for line in lines if line.startswith("task t1 failed")]
     assert failed.startswith("task t1 failed (will retry): HTTP 429")
     assert "task t1 will retry in 45s" in lines
+
+
+class LedgerSignal(SQLiteStore):
+    """A SQLite journal that signals the first effect it records."""
+
+    def __init__(self, path: Any) -> None:
+        super().__init__(path)
+        self.recorded = anyio.Event()
+
+    async def record_effect(self, run_id: str, record: EffectRecord) -> None:
+        await super().record_effect(run_id, record)
+        self.recorded.set()
+
+
+async def test_a_retry_kept_in_the_ledger_waits_after_a_crash_as_the_failure_asked(
+    tmp_path: Any,
+) -> None:
+    # t2's 429 returns while the driver waits for a review that never ends:
+    # only the effect ledger has it when the process stops. The resumed run
+    # retries at the time the server asked for, not after a plain backoff,
+    # and not after a whole new wait either.
+    reviewing = anyio.Event()
+    asked_at: list[datetime] = []
+
+    async def slow_review(request: ModelRequest) -> Verdict:
+        asked_at.append(datetime.now(UTC))
+        reviewing.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def execute(request: ModelRequest) -> TaskOutcome:
+        if task_of(request).key == "s2":
+            await reviewing.wait()
+            raise TransientModelError("HTTP 429: slow down", retry_after=1.5)
+        return with_finding(request)
+
+    plan = [
+        TaskDraft(key="s1", description="step 1", milestone=True),
+        TaskDraft(key="s2", description="step 2"),
+        TaskDraft(key="s3", description="step 3", depends_on=["s1", "s2"]),
+    ]
+    first = scripted(execute=execute, milestone=slow_review)
+    with anyio.fail_after(20):
+        async with LedgerSignal(tmp_path / "j.db") as store:
+            async with Supervisor(first, store) as sup:
+                handle = await sup.submit(spec(plan, milestone_every=100))
+                run_id = handle.run_id
+                await store.recorded.wait()
+                recorded_at = datetime.now(UTC)
+                await anyio.sleep(1)
+            events = await store.read(run_id)
+        finished = [e.task_id for e in events if isinstance(e, TaskFinished)]
+        assert finished == ["t1"]
+
+        second = scripted()
+        async with (
+            SQLiteStore(tmp_path / "j.db") as store,
+            Supervisor(second, store, resume=True) as sup,
+        ):
+            result = await sup.get(run_id).result()
+            events = await store.read(run_id)
+            assert await sup.replay(run_id) == result
+    assert result.status is RunStatus.COMPLETED
+    assert executed_ids(second) == ["t2", "t3"]
+    (scheduled,) = [e for e in events if isinstance(e, RetryScheduled)]
+    retry = next(e for e in events if isinstance(e, TaskStarted) and e.attempt == 2)
+    assert retry.at >= scheduled.retry_at >= asked_at[0] + timedelta(seconds=1.5)
+    assert retry.at < recorded_at + timedelta(seconds=2.3)
+    # The failure itself is journaled too, as it would have been at once.
+    (failure,) = result.model_failures
+    assert failure.task_id == "t2"
+    assert failure.retry_after_s == pytest.approx(1.5)
