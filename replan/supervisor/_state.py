@@ -518,14 +518,44 @@ def _install(state: RunState, version: PlanVersion) -> dict[str, object]:
         if _task(state, task_id).status is not TaskStatus.PENDING:
             raise ValueError(f"only pending tasks can be replaced, not {task_id}")
     after = {t.id: t for t in version.tasks_after}
-    tasks = _supersede(
-        state.tasks, version.removed, [after[task_id] for task_id in version.added]
-    )
+    added = _skip_fallen(state, [after[task_id] for task_id in version.added])
+    tasks = _supersede(state.tasks, version.removed, added)
     return {
         "tasks": tasks,
         "versions": [*state.versions, version],
         "task_count": state.task_count + len(version.added),
     }
+
+
+_FALLEN = (TaskStatus.FAILED, TaskStatus.SKIPPED)
+
+
+def _skip_fallen(state: RunState, added: list[Task]) -> list[Task]:
+    """``added`` with those that depend, transitively, on a failed or
+    skipped task skipped, as a failure skips the tasks pending on it.
+
+    A change a person approves at its gate may build on a task that was
+    running as the change was shown and failed before the answer: it is
+    applied, and only its tasks that can no longer run are skipped.
+    """
+    doomed = {
+        dep
+        for task in added
+        for dep in task.depends_on
+        if dep in state.tasks and state.tasks[dep].status in _FALLEN
+    }
+    if not doomed:
+        return added
+    skipped: dict[str, Task] = {}
+    grew = True
+    while grew:
+        grew = False
+        for task in added:
+            if task.id not in skipped and doomed.intersection(task.depends_on):
+                skipped[task.id] = task.evolve(status=TaskStatus.SKIPPED)
+                doomed.add(task.id)
+                grew = True
+    return [skipped.get(task.id, task) for task in added]
 
 
 def _finish(state: RunState, task_id: str, outcome: TaskOutcome) -> dict[str, object]:

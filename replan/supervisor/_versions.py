@@ -29,6 +29,9 @@ validated ``Task(...)`` with them would have, and their values come from
 drafts that were validated already. Evolving skips validating them again,
 and every new task shares this one's fields-set object (they live as long
 as the run, in every version)."""
+_SETTLED_SINCE = (TaskStatus.FAILED, TaskStatus.SKIPPED)
+"""What a task a change built on may have become by the time a person
+approves it at its gate."""
 FINDINGS_AT_REPLAN = 3
 """How many of the latest findings a version keeps (``findings_at_replan``)."""
 
@@ -56,7 +59,10 @@ def build_version(
         replace_only: with ``replace_pending``, supersede only those of
             these that are still pending: the tasks a person saw the change
             remove at its gate (a task whose attempt failed meanwhile and
-            waits for its retry is pending now, and stays).
+            waits for its retry is pending now, and stays). The drafts, as
+            the gate showed them, may then depend on tasks that failed or
+            were skipped meanwhile: their tasks are skipped as the version
+            is applied (see ``apply``).
 
     Raises:
         ValueError: the drafts are not a valid plan.
@@ -78,6 +84,7 @@ def build_version(
         for t in live
         if t.status in (TaskStatus.COMPLETED, TaskStatus.IN_PROGRESS)
         or (t.status is TaskStatus.PENDING and t.id not in gone)
+        or (replace_only is not None and t.status in _SETTLED_SINCE)
     }
     check_drafts(drafts, known=frozenset(usable))
     version_no = len(state.versions) + 1

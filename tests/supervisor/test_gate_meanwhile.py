@@ -266,6 +266,69 @@ async def test_a_task_failing_during_a_gate_skips_its_dependents_at_once() -> No
     assert {t.key: t.status for t in result.tasks}["x"] is TaskStatus.COMPLETED
 
 
+@pytest.mark.parametrize("answer", ["approve", "edit"])
+async def test_a_change_building_on_a_task_that_fails_during_its_gate_is_applied(
+    answer: str,
+) -> None:
+    # The change shown at the gate builds on t2, then running: t2 fails for
+    # good before the person approves. The approved change is applied, and
+    # only its tasks that depend on t2 are skipped, as the rules skip any
+    # task depending on a failed one; the rest of it runs.
+    held = Held(
+        "fetch",
+        outcomes={"fetch": [TaskOutcome(success=False, reason="gone for good")]},
+    )
+
+    def builds_on_fetch(request: ModelRequest) -> PlanProposal:
+        return PlanProposal(
+            tasks=[
+                TaskDraft(key="x", description="parse the source", depends_on=["t2"]),
+                TaskDraft(key="y", description="sum it up", depends_on=["x"]),
+                TaskDraft(key="z", description="survey the wider field"),
+            ],
+            rationale="wider",
+        )
+
+    model = scripted(execute=held, milestone=scope_shift_once, replan=builds_on_fetch)
+    drafts = [
+        TaskDraft(key="a", description="survey", milestone=True),
+        TaskDraft(key="fetch", description="fetch a source"),
+        TaskDraft(key="c", description="build on the survey", depends_on=["a"]),
+    ]
+    resolution = GateResolution(decision="approve", by="ana")
+    if answer == "edit":
+        resolution = GateResolution(
+            decision="edit",
+            by="ana",
+            tasks=[
+                TaskDraft(key="x", description="parse it", depends_on=["t2"]),
+                TaskDraft(key="z", description="survey the field"),
+            ],
+        )
+    with anyio.fail_after(10):
+        async with Supervisor(model, MemoryStore()) as sup:
+            handle = await sup.submit(plan(*drafts))
+            gate = await gate_then_finish(handle, held, "t2")
+            assert handle.state.tasks["t2"].status is TaskStatus.FAILED
+            await sup.gates.resolve(gate.gate_id, resolution)
+            result = await handle.result()
+            assert await sup.replay(handle.run_id) == result
+    assert result.status is RunStatus.COMPLETED
+    (record,) = result.replans
+    assert record.outcome is ReplanOutcome.APPLIED
+    version = result.versions[-1]
+    assert version.approved_by == "ana"
+    assert version.removed == ["t3"]
+    statuses = {t.key: t.status for t in result.tasks}
+    assert statuses["fetch"] is TaskStatus.FAILED
+    assert statuses["c"] is TaskStatus.SUPERSEDED
+    assert statuses["x"] is TaskStatus.SKIPPED
+    assert statuses["z"] is TaskStatus.COMPLETED
+    if answer == "approve":
+        assert statuses["y"] is TaskStatus.SKIPPED  # through x
+    assert ("x", 1) not in held.started
+
+
 async def test_a_task_finishing_at_a_contract_runs_validation_gate_is_journaled() -> (
     None
 ):
