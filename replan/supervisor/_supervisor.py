@@ -836,7 +836,17 @@ class Supervisor:
         """
         return await self._resume(run_id, hold_lease=True, quiet=False)
 
-    async def _resume(self, run_id: str, *, hold_lease: bool, quiet: bool) -> RunHandle:
+    async def _resume(
+        self,
+        run_id: str,
+        *,
+        hold_lease: bool,
+        quiet: bool,
+        listed_unfinished: bool = False,
+    ) -> RunHandle:
+        """See :meth:`resume`. ``listed_unfinished``: the run was listed as
+        one to take up; one that another supervisor drove to its end since
+        raises :class:`_EndedElsewhere` instead of getting a handle here."""
         tg, roles = self._serving()
         while (taken := self._taking_up.get(run_id)) is not None:
             # Being submitted or resumed: its driver, if it gets one, is the
@@ -848,7 +858,9 @@ class Supervisor:
         # Otherwise unknown here, or let go of unfinished (its driver
         # crashed, its journal failed): driven on from the journal.
         with self._taking_up_run(run_id):
-            return await self._take_up(run_id, tg, roles, hold_lease, quiet)
+            return await self._take_up(
+                run_id, tg, roles, hold_lease, quiet, listed_unfinished
+            )
 
     async def _take_up(
         self,
@@ -857,6 +869,7 @@ class Supervisor:
         roles: Roles,
         hold_lease: bool,
         quiet: bool,
+        listed_unfinished: bool = False,
     ) -> RunHandle:
         leases = self._leases
         # Claimed before the journal is read: its previous owner, should it
@@ -869,6 +882,11 @@ class Supervisor:
             state = fold_journal(run_id, events)
             record = RunRecord(state)
             if state.status.final:
+                if listed_unfinished and leases is not None and not claimed:
+                    # Another supervisor took it up and drove it to its end
+                    # since the listing: not resumed here, nor a run of this
+                    # supervisor's (its handles, a daemon's count of them).
+                    raise _EndedElsewhere(run_id)
                 self._records[run_id] = record
                 record.install(state, events)
                 # Counted with the runs that finished here: a supervisor that
@@ -935,7 +953,8 @@ class Supervisor:
         are returned), so it may be called at any time, periodically too.
         On a store that leases runs one by one (``PostgresStore``), only
         the runs this supervisor can claim are resumed: those another live
-        supervisor holds are left to it.
+        supervisor holds are left to it, and one it drove to its end
+        before this one could claim it is left out (no handle here).
 
         Raises:
             ConfigurationError: another supervisor serves on the same journal
@@ -953,9 +972,11 @@ class Supervisor:
             await anyio.lowlevel.checkpoint()
             try:
                 handles.append(
-                    await self._resume(run_id, hold_lease=False, quiet=False)
+                    await self._resume(
+                        run_id, hold_lease=False, quiet=False, listed_unfinished=True
+                    )
                 )
-            except RunDrivenElsewhere:
+            except (RunDrivenElsewhere, _EndedElsewhere):
                 continue  # another live supervisor's
             except SupervisorError:
                 raise
@@ -997,8 +1018,10 @@ class Supervisor:
             if run_id in unreadable or self.drives(run_id):
                 continue
             try:
-                handle = await self._resume(run_id, hold_lease=False, quiet=True)
-            except RunDrivenElsewhere:
+                handle = await self._resume(
+                    run_id, hold_lease=False, quiet=True, listed_unfinished=True
+                )
+            except (RunDrivenElsewhere, _EndedElsewhere):
                 continue  # another live supervisor's
             except SupervisorError:
                 raise
@@ -1179,6 +1202,11 @@ class SupervisorTotals:
     decision had none."""
     tokens: dict[tuple[str, str], int]
     """Model tokens, by (role, ``input`` or ``output``)."""
+
+
+class _EndedElsewhere(Exception):
+    """A run listed as unfinished that another supervisor drove to its end
+    before this one could claim it."""
 
 
 def _log_unreadable(run_id: str, exc: Exception) -> None:

@@ -21,6 +21,7 @@ from replan import (
     ModelRequest,
     ModelResponse,
     RunDrivenElsewhere,
+    RunHandle,
     RunStatus,
     Supervisor,
     SupervisorError,
@@ -29,7 +30,7 @@ from replan import (
     tool,
 )
 from replan.messages import GateOpened, TaskFinished, TaskInterrupted, ToolCall
-from replan.store import PostgresStore
+from replan.store import PostgresStore, RunLease, RunOwner
 
 DRIVER = Path(__file__).with_name("postgres_driver.py")
 
@@ -253,7 +254,12 @@ async def test_supervisors_resuming_at_once_share_the_unfinished_runs_each_once(
         async with anyio.create_task_group() as tg:
             tg.start_soon(resume, 0)
             tg.start_soon(resume, 1)
-    assert resumed[0].isdisjoint(resumed[1])
+    # Each run was driven on by one supervisor, the one that holds its
+    # handle (a run the other finished first is not among its handles),
+    # and no task ran twice.
+    driven = [{c.run_id for c in m.calls_for("executor", "execute")} for m in models]
+    assert driven[0].isdisjoint(driven[1])
+    assert driven == resumed
     assert resumed[0] | resumed[1] == run_ids
     assert {r.status for r in results.values()} == {RunStatus.COMPLETED}
     executions = [
@@ -262,6 +268,52 @@ async def test_supervisors_resuming_at_once_share_the_unfinished_runs_each_once(
         for c in model.calls_for("executor", "execute")
     ]
     assert len(executions) == len(set(executions))  # none twice
+
+
+class HeldClaims(PostgresStore):
+    """A journal whose claims wait until ``go`` (a supervisor that lists
+    the runs to take up, then stalls before it claims them)."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(dsn)
+        self.claiming = anyio.Event()
+        self.go = anyio.Event()
+
+    async def claim_run(self, run_id: str, owner: RunOwner) -> RunLease | None:
+        self.claiming.set()
+        await self.go.wait()
+        return await super().claim_run(run_id, owner)
+
+
+async def test_a_run_another_supervisor_ends_while_this_one_resumes_is_not_its_own(
+    postgres_dsn: str,
+) -> None:
+    reached = anyio.Event()
+    with anyio.fail_after(30):
+        async with PostgresStore(postgres_dsn) as store:
+            async with Supervisor(
+                scripted(execute=blocking_at("s2", reached)), store
+            ) as sup:
+                handle = await sup.submit(spec(chain(3), milestone_every=100))
+                await reached.wait()
+            async with (
+                HeldClaims(postgres_dsn) as held,
+                Supervisor(scripted(), held) as late,
+                anyio.create_task_group() as tg,
+            ):
+                found: list[RunHandle] = []
+
+                async def resume_all() -> None:
+                    found.extend(await late.resume_all())
+
+                tg.start_soon(resume_all)
+                await held.claiming.wait()  # listed, not yet claimed
+                async with Supervisor(scripted(), store, resume=True) as first:
+                    result = await first.get(handle.run_id).result()
+                held.go.set()
+            assert result.status is RunStatus.COMPLETED
+            assert found == []
+            assert late.handles() == []
 
 
 async def test_a_supervisor_keeps_the_leases_of_its_runs_past_their_duration(
