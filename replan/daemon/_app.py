@@ -69,7 +69,7 @@ from ._schemas import (
     VersionList,
 )
 from ._service import Daemon
-from ._sse import event_source
+from ._sse import EventStream
 from ._tracing import ServerSpans, without_framework_spans
 
 logger = logging.getLogger("replan.daemon")
@@ -367,11 +367,7 @@ def _v1(daemon: Daemon) -> APIRouter:
         if last_event_id is not None:
             after = _last_event_id(last_event_id)
         await _state(daemon, run_id)  # 404 before the stream starts
-        return StreamingResponse(
-            event_source(daemon, run_id, after),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return EventStream(daemon, run_id, after)
 
     @router.post(
         "/runs/{run_id}/cancel",
