@@ -58,6 +58,7 @@ from ._idempotency import (
 from ._json import StrictJsonRoute
 from ._limits import BodyLimit
 from ._metrics import CONTENT_TYPE, render_metrics
+from ._outage import handle_journal_outages
 from ._schemas import (
     Accepted,
     Cancelled,
@@ -150,6 +151,7 @@ def create_app(daemon: Daemon, *, start: bool = True) -> FastAPI:
     # Outermost: 401, 403 and 413 answers get their SERVER span too.
     app.add_middleware(ServerSpans, tracer_provider=daemon.tracer_provider)
     _handle_errors(app, daemon)
+    handle_journal_outages(app, daemon)
     app.include_router(_v1(daemon))
 
     @app.get("/healthz", tags=["operations"])
