@@ -626,7 +626,57 @@ def _add_serve(commands: Any) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Run the daemon until SIGTERM or SIGINT; 0 after a clean drain."""
+    """Run the daemon until SIGTERM or SIGINT; 0 after a clean drain.
+
+    The daemon listens for the signals itself once it serves. Before that
+    (the imports and the journal check take a few seconds) and after (as
+    it sends its last spans), either one stops the command at once, as a
+    second signal does, with nothing started or all of it journaled: exit
+    0, not a death by the signal.
+    """
+    try:
+        with _stopped_by_signals():
+            return _serve(args)
+    except BaseException as exc:
+        stopped = [e for e in _leaves(exc) if isinstance(e, StoppedBySignal)]
+        if not stopped:
+            raise
+        print(f"replan: stopped by {stopped[0].signal_name}", file=sys.stderr)
+        return 0
+
+
+class StoppedBySignal(BaseException):
+    """SIGTERM or SIGINT reached ``replan serve`` while its daemon did not
+    listen for them itself. A BaseException, so that nothing on the way out
+    takes it for a failure of the command."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signal_name = signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGINT raise :class:`StoppedBySignal` until the daemon
+    installs its own handlers (which put these back as they close)."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise StoppedBySignal(signum)
+
+    signals = (signal.SIGTERM, signal.SIGINT)
+    try:
+        previous = {s: signal.signal(s, stop) for s in signals}
+    except ValueError:  # not the main thread: the caller's signals stay its own
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+
+
+def _serve(args: argparse.Namespace) -> int:
     # The web framework reads OTEL_PROPAGATORS as it is imported (and fails
     # on a propagator that is not installed): checked first, for one line.
     try:

@@ -58,6 +58,7 @@ from ._idempotency import (
 from ._json import StrictJsonRoute
 from ._limits import BodyLimit
 from ._metrics import CONTENT_TYPE, render_metrics
+from ._outage import handle_journal_outages
 from ._schemas import (
     Accepted,
     Cancelled,
@@ -69,7 +70,7 @@ from ._schemas import (
     VersionList,
 )
 from ._service import Daemon
-from ._sse import event_source
+from ._sse import EventStream
 from ._tracing import ServerSpans, without_framework_spans
 
 logger = logging.getLogger("replan.daemon")
@@ -150,6 +151,7 @@ def create_app(daemon: Daemon, *, start: bool = True) -> FastAPI:
     # Outermost: 401, 403 and 413 answers get their SERVER span too.
     app.add_middleware(ServerSpans, tracer_provider=daemon.tracer_provider)
     _handle_errors(app, daemon)
+    handle_journal_outages(app, daemon)
     app.include_router(_v1(daemon))
 
     @app.get("/healthz", tags=["operations"])
@@ -367,11 +369,7 @@ def _v1(daemon: Daemon) -> APIRouter:
         if last_event_id is not None:
             after = _last_event_id(last_event_id)
         await _state(daemon, run_id)  # 404 before the stream starts
-        return StreamingResponse(
-            event_source(daemon, run_id, after),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return EventStream(daemon, run_id, after)
 
     @router.post(
         "/runs/{run_id}/cancel",

@@ -9,6 +9,8 @@ the process would end by SIGTERM, not exit 0), stops listening at once and
 knows nothing of the supervisor; here the daemon handles SIGTERM and SIGINT
 itself (see :class:`Shutdown`): it drains the runs while uvicorn still
 answers, then lets uvicorn finish the requests in flight and return.
+Before it serves and after, ``replan serve``'s own handlers stop it at
+once (exit 0); the event loop's receiver puts them back as it closes.
 
 The daemon (its journal, and the runs it resumes from it) starts beside
 uvicorn, not in the app's lifespan, which uvicorn finishes before it
@@ -176,7 +178,9 @@ async def run_server(
     running = _Running(daemon, server)
     failed = False
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_on_signals, shutdown)
+        # Before the server and the daemon start: from here on a signal
+        # drains them.
+        await tg.start(_on_signals, shutdown)
         tg.start_soon(shutdown.run)
         tg.start_soon(running.run)
         task_status.started(shutdown)
@@ -233,10 +237,27 @@ class _Running:
         await self._done.wait()
 
 
-async def _on_signals(shutdown: Shutdown) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for _ in signals:
-            shutdown.request()
+async def _on_signals(
+    shutdown: Shutdown, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """Request the shutdown on SIGTERM and SIGINT.
+
+    The handlers installed before (``replan serve`` stops at once on a
+    signal before the daemon serves, and after) are put back as this ends:
+    the event loop would leave the default ones, and a signal as the
+    daemon sends its last spans would kill it.
+    """
+    handled = (signal.SIGTERM, signal.SIGINT)
+    previous = {s: signal.getsignal(s) for s in handled}
+    try:
+        with anyio.open_signal_receiver(*handled) as signals:
+            task_status.started()
+            async for _ in signals:
+                shutdown.request()
+    finally:
+        for s, handler in previous.items():
+            if handler is not None:
+                signal.signal(s, handler)
 
 
 def check_journal(settings: DaemonSettings) -> None:

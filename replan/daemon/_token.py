@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import os
 import secrets
 import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,7 +81,7 @@ def resolve_token(settings: DaemonSettings) -> Token:
 
 def _read_or_create(path: Path) -> Token:
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        return _create(path)
     except FileExistsError:
         problem: str | None
         try:
@@ -94,9 +96,37 @@ def _read_or_create(path: Path) -> Token:
             ) from None
         _warn_if_shared(path)
         return Token(value)
+
+
+def _create(path: Path) -> Token:
+    """A new token in a new file at ``path``, which appears whole or not at
+    all: a start cut short as it wrote (a signal, ``kill -9``, a full disk)
+    must not leave an empty file that refuses every later start.
+
+    Raises:
+        FileExistsError: ``path`` exists already.
+    """
+    if path.exists():
+        raise FileExistsError(path)
     value = secrets.token_urlsafe(32)
-    with os.fdopen(fd, "w") as file:
-        file.write(value + "\n")
+    fd, draft = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(value + "\n")
+            file.flush()
+            os.fsync(file.fileno())
+        try:
+            os.link(draft, path)  # unlike a rename, never replaces a file
+        except FileExistsError:
+            raise
+        except OSError:
+            # A file system without hard links: the data directory's lock
+            # keeps any other daemon from making the file meanwhile.
+            os.replace(draft, path)
+            return Token(value, generated_into=path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(draft)
     return Token(value, generated_into=path)
 
 

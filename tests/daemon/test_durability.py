@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import pytest
@@ -346,6 +348,27 @@ def test_a_token_file_others_may_read_is_warned_of(
         ]
     else:
         assert messages == []
+
+
+@pytest.mark.parametrize("cut", ["token_urlsafe", "fsync"])
+def test_a_start_cut_short_as_it_writes_the_token_leaves_no_empty_token_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cut: str
+) -> None:
+    # A signal or kill -9 between making the file and writing it left an
+    # empty token file, and every later start was refused ("it is empty").
+    def stopped(*args: object) -> NoReturn:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(secrets if cut == "token_urlsafe" else os, cut, stopped)
+        with pytest.raises(KeyboardInterrupt):
+            resolve_token(DaemonSettings(data_dir=tmp_path))
+    assert list(tmp_path.iterdir()) == []
+    token = resolve_token(DaemonSettings(data_dir=tmp_path))
+    assert token.generated_into == tmp_path / "api-token"
+    assert (tmp_path / "api-token").read_text() == token.value + "\n"
+    assert (tmp_path / "api-token").stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["api-token"]
 
 
 def test_a_generated_token_is_kept_private_and_printed_once(tmp_path: Path) -> None:

@@ -4,18 +4,23 @@ does not drive it, and across a takeover."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import postgres_server as postgres
 import psycopg
+import pytest
 from daemon_process import TOKEN, DaemonProcess, wait_for
+from postgres_server import PostgresServer
 from test_durability import sse_frames
 
 from replan._demo import GOAL
@@ -434,3 +439,60 @@ def test_a_cancel_applied_by_a_daemon_that_cannot_be_named_says_so() -> None:
         "run r1: the cancel was applied by the daemon that took run r1 over"
     )
     assert "None" not in body.detail
+
+
+@pytest.fixture
+def own_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the test's own, to restart."""
+    server = postgres.start()
+    try:
+        yield server
+    finally:
+        postgres.stop(server)
+
+
+def test_a_stream_followed_in_the_journal_keeps_beating_while_the_server_restarts(
+    tmp_path: Path, own_server: PostgresServer
+) -> None:
+    # The stream's read waited for the server (up to reconnect_s, 30 s)
+    # and sent nothing meanwhile: a proxy with an idle timeout cut it.
+    dsn = own_server.dsn(own_server.new_database())
+    with daemons(tmp_path, dsn, "first", "second", lease_s=60) as (first, second):
+        run_id, gate = _gated_run(first)
+        arrived: list[tuple[float, Any]] = []
+
+        def follow() -> None:
+            with (
+                second.client() as two,
+                two.stream("GET", f"/v1/runs/{run_id}/events", timeout=60) as response,
+            ):
+                for f in sse_frames(response):
+                    arrived.append((time.monotonic(), f))
+                    if f[0] == "event" and f[2] == "run_finished":
+                        return
+
+        follower = threading.Thread(target=follow, daemon=True)
+        follower.start()
+        wait_for(lambda: any(f[0] == "comment" for _, f in arrived))
+        halted = time.monotonic()
+        postgres.halt(own_server)
+        try:
+            time.sleep(6)
+        finally:
+            postgres.start_again(own_server)
+        back = time.monotonic()
+        with first.client() as one:
+            answered = one.post(
+                f"/v1/gates/{gate['gate_id']}",
+                json={"decision": "approve", "by": "alice"},
+            )
+            assert answered.status_code == 200, answered.text
+        follower.join(60)
+        assert not follower.is_alive(), "the stream did not end"
+    during = [at for at, _ in arrived if halted <= at <= back]
+    beats = [halted, *during, back]
+    assert max(b - a for a, b in itertools.pairwise(beats)) < 3, beats
+    kinds = [f[2] for _, f in arrived if f[0] == "event"]
+    assert kinds[-1] == "run_finished"
+    seqs = [f[1] for _, f in arrived if f[0] == "event"]
+    assert seqs == list(range(1, len(seqs) + 1))
