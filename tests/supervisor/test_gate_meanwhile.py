@@ -24,6 +24,7 @@ from replan import (
     PlanProposal,
     ReplanOutcome,
     RunHandle,
+    RunResult,
     RunSpec,
     RunStatus,
     Supervisor,
@@ -45,6 +46,30 @@ from replan.messages import (
 from replan.store import EffectRecord, RunSummary, SQLiteStore
 
 GOAL = "map the market for solid-state batteries"
+
+
+SURVEY = TaskDraft(key="a", description="survey", milestone=True)
+"""The first milestone: its review asks for the replan and opens the gate."""
+INDEPENDENT = TaskDraft(key="slow", description="an independent survey")
+BUILD_ON_SURVEY = TaskDraft(
+    key="c", description="build on the survey", depends_on=["a"]
+)
+
+
+async def answer(
+    sup: Supervisor,
+    handle: RunHandle,
+    gate: Any,
+    decision: str | GateResolution = "approve",
+) -> RunResult:
+    """Answer ``gate``, wait for the run's end, and check that its journal
+    replays to the same result."""
+    if isinstance(decision, str):
+        decision = GateResolution(decision=decision, by="ana")  # type: ignore[arg-type]
+    await sup.gates.resolve(gate.gate_id, decision)
+    result = await handle.result()
+    assert await sup.replay(handle.run_id) == result
+    return result
 
 
 class Held:
@@ -122,9 +147,9 @@ async def test_a_task_finishing_while_a_replan_gate_waits_shows_completed_at_onc
     held = Held("slow")
     model = scripted(execute=held, milestone=scope_shift_once, replan=revised)
     drafts = [
-        TaskDraft(key="a", description="survey", milestone=True),
-        TaskDraft(key="slow", description="an independent survey"),
-        TaskDraft(key="c", description="build on the survey", depends_on=["a"]),
+        SURVEY,
+        INDEPENDENT,
+        BUILD_ON_SURVEY,
     ]
     with anyio.fail_after(10):
         async with Supervisor(model, MemoryStore()) as sup:
@@ -136,12 +161,8 @@ async def test_a_task_finishing_while_a_replan_gate_waits_shows_completed_at_onc
             assert [g.gate_id for g in sup.gates.pending()] == [gate.gate_id]
             # Nothing new started while the gate waits.
             assert held.started == [("a", 1), ("slow", 1)]
-            await sup.gates.resolve(
-                gate.gate_id, GateResolution(decision="approve", by="ana")
-            )
-            result = await handle.result()
+            result = await answer(sup, handle, gate, "approve")
             events = await sup.store.read(handle.run_id)
-            assert await sup.replay(handle.run_id) == result
     assert result.status is RunStatus.COMPLETED
     statuses = {t.key: t.status for t in result.tasks}
     assert statuses == {
@@ -169,9 +190,9 @@ async def test_a_milestone_reached_during_a_gate_is_reviewed_once_it_is_answered
     held = Held("m")
     model = scripted(execute=held, milestone=scope_shift_once, replan=revised)
     drafts = [
-        TaskDraft(key="a", description="survey", milestone=True),
+        SURVEY,
         TaskDraft(key="m", description="a milestone of its own", milestone=True),
-        TaskDraft(key="c", description="build on the survey", depends_on=["a"]),
+        BUILD_ON_SURVEY,
     ]
 
     with anyio.fail_after(10):
@@ -181,12 +202,8 @@ async def test_a_milestone_reached_during_a_gate_is_reviewed_once_it_is_answered
                 TaskOutcome(success=True, summary="did m", findings=["news"])
             ]
             gate = await gate_then_finish(handle, held, "t2")
-            await sup.gates.resolve(
-                gate.gate_id, GateResolution(decision="reject", by="ana")
-            )
-            result = await handle.result()
+            result = await answer(sup, handle, gate, "reject")
             events = await sup.store.read(handle.run_id)
-            assert await sup.replay(handle.run_id) == result
     assert result.status is RunStatus.COMPLETED
     reviews = [e for e in events if isinstance(e, MilestoneReviewed)]
     # The first review's gate, then the milestone m reached meanwhile,
@@ -215,9 +232,9 @@ async def test_an_attempt_failing_transiently_during_a_gate_is_kept_and_retried(
     )
     model = scripted(execute=held, milestone=scope_shift_once, replan=revised)
     drafts = [
-        TaskDraft(key="a", description="survey", milestone=True),
+        SURVEY,
         TaskDraft(key="flaky", description="a flaky call"),
-        TaskDraft(key="c", description="build on the survey", depends_on=["a"]),
+        BUILD_ON_SURVEY,
     ]
     with anyio.fail_after(10):
         async with Supervisor(model, MemoryStore()) as sup:
@@ -226,11 +243,7 @@ async def test_an_attempt_failing_transiently_during_a_gate_is_kept_and_retried(
             assert handle.state.tasks["t2"].status is TaskStatus.PENDING
             assert gate.proposal is not None
             assert gate.proposal.removed == ["t3"]
-            await sup.gates.resolve(
-                gate.gate_id, GateResolution(decision="approve", by="ana")
-            )
-            result = await handle.result()
-            assert await sup.replay(handle.run_id) == result
+            result = await answer(sup, handle, gate, "approve")
     assert result.status is RunStatus.COMPLETED
     assert result.versions[-1].removed == ["t3"]
     flaky = result.tasks[1]
@@ -245,7 +258,7 @@ async def test_a_task_failing_during_a_gate_skips_its_dependents_at_once() -> No
     )
     model = scripted(execute=held, milestone=scope_shift_once, replan=revised)
     drafts = [
-        TaskDraft(key="a", description="survey", milestone=True),
+        SURVEY,
         TaskDraft(key="fetch", description="fetch a source"),
         TaskDraft(key="parse", description="parse it", depends_on=["fetch"]),
     ]
@@ -255,20 +268,16 @@ async def test_a_task_failing_during_a_gate_skips_its_dependents_at_once() -> No
             gate = await gate_then_finish(handle, held, "t2")
             assert handle.state.tasks["t2"].status is TaskStatus.FAILED
             assert handle.state.tasks["t3"].status is TaskStatus.SKIPPED
-            await sup.gates.resolve(
-                gate.gate_id, GateResolution(decision="approve", by="ana")
-            )
-            result = await handle.result()
-            assert await sup.replay(handle.run_id) == result
+            result = await answer(sup, handle, gate, "approve")
     assert result.status is RunStatus.COMPLETED
     # The diff shown removed t3; it was skipped meanwhile, so nothing is.
     assert result.versions[-1].removed == []
     assert {t.key: t.status for t in result.tasks}["x"] is TaskStatus.COMPLETED
 
 
-@pytest.mark.parametrize("answer", ["approve", "edit"])
+@pytest.mark.parametrize("how", ["approve", "edit"])
 async def test_a_change_building_on_a_task_that_fails_during_its_gate_is_applied(
-    answer: str,
+    how: str,
 ) -> None:
     # The change shown at the gate builds on t2, then running: t2 fails for
     # good before the person approves. The approved change is applied, and
@@ -291,12 +300,12 @@ async def test_a_change_building_on_a_task_that_fails_during_its_gate_is_applied
 
     model = scripted(execute=held, milestone=scope_shift_once, replan=builds_on_fetch)
     drafts = [
-        TaskDraft(key="a", description="survey", milestone=True),
+        SURVEY,
         TaskDraft(key="fetch", description="fetch a source"),
-        TaskDraft(key="c", description="build on the survey", depends_on=["a"]),
+        BUILD_ON_SURVEY,
     ]
     resolution = GateResolution(decision="approve", by="ana")
-    if answer == "edit":
+    if how == "edit":
         resolution = GateResolution(
             decision="edit",
             by="ana",
@@ -310,9 +319,7 @@ async def test_a_change_building_on_a_task_that_fails_during_its_gate_is_applied
             handle = await sup.submit(plan(*drafts))
             gate = await gate_then_finish(handle, held, "t2")
             assert handle.state.tasks["t2"].status is TaskStatus.FAILED
-            await sup.gates.resolve(gate.gate_id, resolution)
-            result = await handle.result()
-            assert await sup.replay(handle.run_id) == result
+            result = await answer(sup, handle, gate, resolution)
     assert result.status is RunStatus.COMPLETED
     (record,) = result.replans
     assert record.outcome is ReplanOutcome.APPLIED
@@ -324,7 +331,7 @@ async def test_a_change_building_on_a_task_that_fails_during_its_gate_is_applied
     assert statuses["c"] is TaskStatus.SUPERSEDED
     assert statuses["x"] is TaskStatus.SKIPPED
     assert statuses["z"] is TaskStatus.COMPLETED
-    if answer == "approve":
+    if how == "approve":
         assert statuses["y"] is TaskStatus.SKIPPED  # through x
     assert ("x", 1) not in held.started
 
@@ -335,8 +342,8 @@ async def test_a_task_finishing_at_a_contract_runs_validation_gate_is_journaled(
     held = Held("slow")
     model = scripted(execute=held, milestone=scope_shift_once)
     drafts = [
-        TaskDraft(key="a", description="survey", milestone=True),
-        TaskDraft(key="slow", description="an independent survey"),
+        SURVEY,
+        INDEPENDENT,
     ]
     with anyio.fail_after(10):
         async with Supervisor(model, MemoryStore()) as sup:
@@ -344,11 +351,7 @@ async def test_a_task_finishing_at_a_contract_runs_validation_gate_is_journaled(
             gate = await gate_then_finish(handle, held, "t2")
             assert gate.proposal is None  # the validation gate
             assert handle.state.tasks["t2"].status is TaskStatus.COMPLETED
-            await sup.gates.resolve(
-                gate.gate_id, GateResolution(decision="reject", by="ana")
-            )
-            result = await handle.result()
-            assert await sup.replay(handle.run_id) == result
+            result = await answer(sup, handle, gate, "reject")
     assert result.status is RunStatus.ABORTED
     assert [t.status for t in result.tasks] == [TaskStatus.COMPLETED] * 2
 
@@ -359,9 +362,9 @@ async def test_a_task_journaled_during_a_gate_does_not_run_again_after_a_crash(
     held = Held("slow")
     first = scripted(execute=held, milestone=scope_shift_once, replan=revised)
     drafts = [
-        TaskDraft(key="a", description="survey", milestone=True),
-        TaskDraft(key="slow", description="an independent survey"),
-        TaskDraft(key="c", description="build on the survey", depends_on=["a"]),
+        SURVEY,
+        INDEPENDENT,
+        BUILD_ON_SURVEY,
     ]
     with anyio.fail_after(10):
         async with SQLiteStore(tmp_path / "j.db") as store:
@@ -399,8 +402,8 @@ async def test_a_report_that_ends_the_run_ends_it_at_once_while_a_gate_waits() -
 
     model = scripted(execute=execute, milestone=scope_shift_once, replan=revised)
     drafts = [
-        TaskDraft(key="a", description="survey", milestone=True),
-        TaskDraft(key="slow", description="an independent survey"),
+        SURVEY,
+        INDEPENDENT,
     ]
     with anyio.fail_after(10):
         async with Supervisor(model, MemoryStore()) as sup:
@@ -452,9 +455,9 @@ async def test_a_journal_failing_during_a_gate_lets_go_of_the_run_for_a_resume()
     held = Held("slow")
     model = scripted(execute=held, milestone=scope_shift_once, replan=revised)
     drafts = [
-        TaskDraft(key="a", description="survey", milestone=True),
-        TaskDraft(key="slow", description="an independent survey"),
-        TaskDraft(key="c", description="build on the survey", depends_on=["a"]),
+        SURVEY,
+        INDEPENDENT,
+        BUILD_ON_SURVEY,
     ]
     with anyio.fail_after(10):
         async with Supervisor(model, FailsAtFinishOf(MemoryStore(), "t2")) as sup:
