@@ -180,7 +180,9 @@ class Pool:
     def _work(self, work: Callable[[psycopg.Connection[Any]], _T]) -> _T:
         error = self._error
         if self.outage is not None and error and time.monotonic() < self._retry_at:
-            raise _Unreachable(error, tried=False)
+            # A new error each time: one instance raised in many tasks
+            # would gather every one's traceback, and their frames.
+            raise _Unreachable(type(error)(*error.args), tried=False)
         try:
             conn = self._take()
         except psycopg.OperationalError as exc:

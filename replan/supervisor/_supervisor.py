@@ -759,11 +759,27 @@ class Supervisor:
                 driver.record.detach(f"another supervisor took the run over: {lost}")
                 self._forget_lost(driver.record)
                 return
+            outage = _journal_outage(self.store, exc)
             if self._leases is not None:
-                # Free for another supervisor (or this one's next look).
-                await release(self._leases, self._owner, [run_id])
+                # Free for another supervisor (or this one's next look); in
+                # an outage it expires instead, as the line below says.
+                await release(
+                    self._leases, self._owner, [run_id], quiet=outage is not None
+                )
             if quiet:
                 logger.debug("run %s crashed again", run_id, exc_info=True)
+            elif outage is not None:
+                # The journal's outage, not the run's bug: one line per run
+                # (an outage lets go of every run at once), the traceback
+                # for debugging only.
+                logger.warning(
+                    "run %s is let go of, unfinished: its journal cannot be "
+                    "reached (%s); it waits there to be taken up again once "
+                    "the journal is back",
+                    run_id,
+                    outage,
+                )
+                logger.debug("run %s: the journal's failure", run_id, exc_info=True)
             else:
                 logger.exception("run %s crashed", run_id)
             self._crashes[run_id] = exc
@@ -1207,6 +1223,18 @@ class SupervisorTotals:
 class _EndedElsewhere(Exception):
     """A run listed as unfinished that another supervisor drove to its end
     before this one could claim it."""
+
+
+def _journal_outage(store: object, exc: BaseException) -> str | None:
+    """What the store says is wrong, when a run's failure is its journal's
+    outage (a PostgreSQL server out of reach for longer than the store
+    waits for it: see ``PostgresStore.outage``); None otherwise."""
+    outage = getattr(store, "outage", None)
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if not isinstance(outage, str) or isinstance(exc, ReplanError):
+        return None
+    return outage
 
 
 def _log_unreadable(run_id: str, exc: Exception) -> None:

@@ -143,9 +143,14 @@ async def test_a_server_down_longer_than_reconnect_s_fails_the_call_without_spin
             # Past the outage's reconnect_s, calls fail at once (a
             # supervisor stopping does not wait again for each write).
             started_at = time.monotonic()
-            with pytest.raises(psycopg.OperationalError):
+            with pytest.raises(psycopg.OperationalError) as first:
+                await store.append("run-1", [started(1)], summary(1))
+            with pytest.raises(psycopg.OperationalError) as second:
                 await store.append("run-1", [started(1)], summary(1))
             assert time.monotonic() - started_at < 1
+            # Each call its own error: one instance raised in every waiting
+            # task would gather all their tracebacks (and frames).
+            assert second.value is not first.value
         finally:
             postgres.start_again(own_server)
         assert await store.read("run-1") == []
