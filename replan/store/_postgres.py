@@ -264,6 +264,15 @@ class PostgresStore:
         while it works."""
         return None if self._pool is None else self._pool.outage
 
+    def stop_waiting(self) -> None:
+        """Stop waiting for a server that cannot be reached: the calls that
+        wait for it fail (within 2 s, with psycopg's ``OperationalError``)
+        instead of waiting out ``reconnect_s``, and so do later ones, after
+        one try, until a call reaches the server again. For a process that
+        stops at once (a daemon's second signal) during an outage."""
+        if self._pool is not None:
+            self._pool.stop_waiting()
+
     def _connections(self) -> Pool:
         if self._pool is None or self._pool.closed:
             raise anyio.ClosedResourceError

@@ -281,3 +281,37 @@ async def test_a_lease_that_lapses_while_a_store_reaches_the_server_is_taken_at_
             lapsed_at = time.monotonic() + 1
         await claimable_soon(store_c, C)
         assert time.monotonic() - lapsed_at < 0.5
+
+
+async def test_calls_waiting_for_the_server_fail_soon_once_told_to_stop_waiting(
+    own_server: PostgresServer,
+) -> None:
+    dsn = own_server.dsn(own_server.new_database())
+    async with PostgresStore(dsn, reconnect_s=30) as store:
+        postgres.halt(own_server)
+        try:
+            failed_at = []
+
+            async def read() -> None:
+                with pytest.raises(psycopg.OperationalError):
+                    await store.read("run-1")
+                failed_at.append(time.monotonic())
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(read)
+                    await anyio.sleep(0.5)
+                    told = time.monotonic()
+                    store.stop_waiting()
+            assert failed_at[0] - told < 2.5
+            # Later calls fail after one try, until one reaches the server.
+            started_at = time.monotonic()
+            with pytest.raises(psycopg.OperationalError):
+                await store.read("run-1")
+            assert time.monotonic() - started_at < 2.5
+        finally:
+            postgres.start_again(own_server)
+        # The next try, when one is due, reaches it, and calls wait again.
+        await anyio.sleep(pool_module.LONGEST_DELAY_S)
+        assert await store.read("run-1") == []
+        assert store.outage is None
