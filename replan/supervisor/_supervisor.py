@@ -69,7 +69,7 @@ from ._leases import claim, keep_leases, lease_lost, new_owner, owned_journal, r
 from ._resume import Recovery
 from ._roles import DEFAULT_WORKERS, ROLES, Roles
 from ._run import RunDriver, summary_of
-from ._state import apply, fold_journal
+from ._state import RunState, apply, fold_journal
 
 logger = logging.getLogger("replan.supervisor")
 
@@ -903,6 +903,9 @@ class Supervisor:
                     # since the listing: not resumed here, nor a run of this
                     # supervisor's (its handles, a daemon's count of them).
                     raise _EndedElsewhere(run_id)
+                if claimed:
+                    assert leases is not None
+                    await self._settle_row(leases, run_id, state)
                 self._records[run_id] = record
                 record.install(state, events)
                 # Counted with the runs that finished here: a supervisor that
@@ -959,6 +962,22 @@ class Supervisor:
             state.seq,
         )
         return self._handle(record)
+
+    async def _settle_row(
+        self, leases: RunLeases, run_id: str, state: RunState
+    ) -> None:
+        """Set right a run's row that says it is unfinished while its journal
+        says it ended (a table restored apart from the others, an edit by
+        hand), and let go of its lease: otherwise every look for runs to
+        take up claims it again, and it is listed as running for good."""
+        logger.warning(
+            "run %s: the journal's runs table says it is unfinished, its "
+            "events that it ended (%s): its row is set right from its events",
+            run_id,
+            state.status,
+        )
+        await self.store.append(run_id, [], summary_of(state))
+        await release(leases, self._owner, [run_id])
 
     async def resume_all(self) -> list[RunHandle]:
         """Resume every run the store holds as running or waiting for a person.
