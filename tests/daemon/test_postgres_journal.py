@@ -5,11 +5,13 @@ drives on."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import postgres_server as postgres
 import pytest
 from counting_model import read_counts
@@ -17,9 +19,12 @@ from daemon_process import DaemonProcess, wait_for
 from postgres_server import PostgresServer
 
 from replan import ConfigurationError
-from replan._demo import GOAL
-from replan.daemon import DaemonSettings
+from replan._demo import GOAL, demo_model
+from replan.daemon import DaemonSettings, Token
+from replan.daemon import _service as service_module
 from replan.daemon._server import check_journal
+from replan.daemon._service import Daemon
+from replan.store import PostgresStore
 
 COUNTING = ("--model", "python:counting_model:model")
 
@@ -237,3 +242,42 @@ def test_a_second_signal_stops_a_daemon_at_once_while_the_server_is_down(
     finally:
         daemon.close()
         postgres.start_again(own_server)
+
+
+async def test_a_retention_pass_that_meets_an_outage_logs_one_line_without_traceback(
+    tmp_path: Path,
+    own_server: PostgresServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    dsn = own_server.dsn(own_server.new_database())
+    # The store waits 0.5 s for the server, not 30 s, before a call fails.
+    monkeypatch.setattr(
+        service_module,
+        "open_journal",
+        lambda settings: PostgresStore(dsn, reconnect_s=0.5),
+    )
+    settings = DaemonSettings(
+        data_dir=tmp_path,
+        journal_dsn=dsn,
+        retention_age_s=0,
+        retention_interval_s=0.2,
+        redrive_interval_s="off",
+    )
+    daemon = Daemon(settings=settings, token=Token("t" * 32), model=demo_model())
+    caplog.set_level(logging.INFO, "replan")
+    with anyio.fail_after(30):
+        async with daemon.running():
+            await anyio.to_thread.run_sync(postgres.halt, own_server)
+            try:
+                for _ in range(100):
+                    if any("retention pass" in r.getMessage() for r in caplog.records):
+                        break
+                    await anyio.sleep(0.1)
+                await anyio.sleep(0.5)
+            finally:
+                await anyio.to_thread.run_sync(postgres.start_again, own_server)
+    passes = [r for r in caplog.records if "retention pass" in r.getMessage()]
+    assert passes
+    assert all(r.levelno == logging.WARNING and not r.exc_info for r in passes)
+    assert "cannot be reached" in passes[0].getMessage()
