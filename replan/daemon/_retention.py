@@ -31,7 +31,17 @@ async def retention_loop(daemon: Daemon) -> None:
             await apply_retention(daemon)
         except Exception:
             # A bad pass must not stop the daemon; the next one tries again.
-            logger.exception("retention pass failed")
+            outage = daemon.journal_outage
+            if outage is None:
+                logger.exception("retention pass failed")
+            else:
+                # The journal's outage, not a bug: one line, as the
+                # store's and the runs' own outage lines.
+                logger.warning(
+                    "retention pass skipped: the journal cannot be reached "
+                    "(%s); the next pass tries again",
+                    outage,
+                )
         await anyio.sleep(settings.retention_interval_s)
 
 

@@ -213,6 +213,12 @@ class Daemon:
         self.begin_shutdown()
         for scope in list(self._drains):
             scope.cancel()
+        # What the stop journals, shielded (finished attempts kept in the
+        # effect ledger, leases let go of), waits for a PostgreSQL server
+        # out of reach for up to its reconnect_s: not after a second signal.
+        stop_waiting = getattr(self._store, "stop_waiting", None)
+        if stop_waiting is not None:
+            stop_waiting()
 
     def track_stream(self, scope: anyio.CancelScope) -> None:
         if self._draining:

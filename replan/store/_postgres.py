@@ -210,6 +210,12 @@ class PostgresStore:
         self.journal = f"{_where({**where, 'dbname': info.dbname})} (schema {schema})"
         try:
             set_up(first, schema, self.journal)
+            # From when, by the server's clock, this store could reach it:
+            # leases that lapsed before are left to their owners for a
+            # lease (see claim_run).
+            opened = first.execute("SELECT now()").fetchone()
+            assert opened is not None
+            self._since: datetime = opened[0]
         except psycopg.Error as exc:
             # A read-only server or database, a lost connection...
             first.close()
@@ -257,6 +263,15 @@ class PostgresStore:
         the first call that could not reach it until one does again; None
         while it works."""
         return None if self._pool is None else self._pool.outage
+
+    def stop_waiting(self) -> None:
+        """Stop waiting for a server that cannot be reached: the calls that
+        wait for it fail (within 2 s, with psycopg's ``OperationalError``)
+        instead of waiting out ``reconnect_s``, and so do later ones, after
+        one try, until a call reaches the server again. For a process that
+        stops at once (a daemon's second signal) during an outage."""
+        if self._pool is not None:
+            self._pool.stop_waiting()
 
     def _connections(self) -> Pool:
         if self._pool is None or self._pool.closed:
@@ -565,11 +580,16 @@ class PostgresStore:
     async def claim_run(self, run_id: str, owner: RunOwner) -> RunLease | None:
         """Take the run's lease (see :class:`~replan.store.RunLeases`).
 
-        For a lease after this store reached its server again, following an
-        outage, a lease another owner let expire meanwhile still holds: the
-        server, or the way to it, was down for everyone, and its owner is
-        likely alive and about to renew it. A run whose owner died is taken
-        over once that lease has passed.
+        A lease another owner let lapse before the server was reachable
+        for this store still holds for a lease after that: a lapse before
+        the server started (``pg_postmaster_start_time()``) or before this
+        store opened may be an outage's (the server, or the way to it, was
+        down for everyone), and its owner may live and renew it once it
+        reaches the server again. So does every lease another owner let
+        lapse, for a lease after this store reached its server again
+        following an outage it saw. A run whose owner died is taken over
+        once that lease has passed; one whose lease lapses later, while the
+        server is reachable, is taken over at its expiry.
         """
         queries = self._queries
         params = {
@@ -578,6 +598,7 @@ class PostgresStore:
             "holder": owner.holder,
             "lease": self._lease_for,
             "unfinished": _UNFINISHED,
+            "since": self._since,
         }
 
         def claim(conn: _Conn) -> RunLease | None:
@@ -627,7 +648,12 @@ class PostgresStore:
 
     async def claimable_runs(self, owner: RunOwner) -> list[str]:
         query = self._queries.claimable
-        params = {"owner": owner.id, "unfinished": _UNFINISHED}
+        params = {
+            "owner": owner.id,
+            "unfinished": _UNFINISHED,
+            "lease": self._lease_for,
+            "since": self._since,
+        }
 
         def claimable(conn: _Conn) -> list[Any]:
             # Judged as the call reaches the server (it may have waited).
@@ -639,7 +665,13 @@ class PostgresStore:
 
     async def run_lease(self, run_id: str) -> RunLease | None:
         query = self._queries.lease_of
-        params = {"run_id": run_id, "unfinished": _UNFINISHED, "recovering": False}
+        params = {
+            "run_id": run_id,
+            "unfinished": _UNFINISHED,
+            "recovering": False,
+            "lease": self._lease_for,
+            "since": None,
+        }
         row = await self._connections().run(
             lambda conn: conn.execute(query, params).fetchone()
         )

@@ -75,6 +75,8 @@ class Pool:
         self._delay = FIRST_DELAY_S
         self._retry_at = 0.0
         """No call tries an unreachable server before this (monotonic)."""
+        self._impatient = False
+        """Set by :meth:`stop_waiting`: calls wait no more for the server."""
         self._idle: list[psycopg.Connection[Any]] = []
         self._lock = threading.Lock()
         # One per event loop: a store may outlive the loop it was first used
@@ -145,11 +147,12 @@ class Pool:
                 # does not wait again for each of its last writes.
                 since = now if self._outage_since is None else self._outage_since
                 give_up_at = since + self._reconnect_s
-                if now >= give_up_at or self.closed:
+                if now >= give_up_at or self.closed or self._impatient:
                     raise lost.error from None
                 wait = self._retry_at - now if self._retry_at > now else FIRST_DELAY_S
                 await anyio.sleep(min(wait, give_up_at - now))
                 continue
+            self._impatient = False
             if self.outage is not None:
                 self.outage = None
                 self._outage_since = None
@@ -157,6 +160,12 @@ class Pool:
                 self._delay, self._retry_at = FIRST_DELAY_S, 0.0
                 logger.warning("the journal at %s is reachable again", self._journal)
             return result
+
+    def stop_waiting(self) -> None:
+        """Let the calls that wait for an unreachable server fail at their
+        next try (within :data:`LONGEST_DELAY_S`), and those made later
+        fail after one try, until a call reaches the server again."""
+        self._impatient = True
 
     def _unreachable(self, error: psycopg.Error, now: float) -> None:
         """A call could not reach the server: the calls of every caller try
@@ -180,7 +189,9 @@ class Pool:
     def _work(self, work: Callable[[psycopg.Connection[Any]], _T]) -> _T:
         error = self._error
         if self.outage is not None and error and time.monotonic() < self._retry_at:
-            raise _Unreachable(error, tried=False)
+            # A new error each time: one instance raised in many tasks
+            # would gather every one's traceback, and their frames.
+            raise _Unreachable(type(error)(*error.args), tried=False)
         try:
             conn = self._take()
         except psycopg.OperationalError as exc:

@@ -280,9 +280,11 @@ class Queries:
     """The run's head, and whose lease it is (if it still holds)."""
     claim: sql.Composed
     """Lease an unfinished run to ``owner``, unless another one holds it
-    (or held it, while ``recovering``: see ``PostgresStore.claim_run``)."""
+    (or let it lapse, while ``recovering`` or before ``since``: see
+    ``PostgresStore.claim_run``)."""
     lease_of: sql.Composed
-    """The run's lease while it holds, and whether the run is unfinished."""
+    """The run's lease while it holds (or, as ``claim`` judges it, is held
+    back for its owner), and whether the run is unfinished."""
     unfinished: sql.Composed
     claimable: sql.Composed
     """The unfinished runs ``owner`` may claim, newest first."""
@@ -361,6 +363,19 @@ class Queries:
             "AND (owner = %(owner)s OR (%(ended)s AND owner IS NULL "
             "AND NOT status = ANY(%(unfinished)s::text[]))) FOR SHARE)"
         )
+        # A lease another owner let lapse before the server was reachable
+        # for this store (before the server's start, or the store's
+        # opening: ``since``, by the server's clock) is taken over only a
+        # lease after that: its owner may live, cut off from the server as
+        # everyone was, and renews it once it reaches the server again (see
+        # ``PostgresStore.claim_run``). One that lapses later, while the
+        # server is reachable, is taken over at once.
+        watched = "greatest(pg_postmaster_start_time(), %(since)s::timestamptz)"
+        held_back = (
+            f"(%(since)s::timestamptz IS NOT NULL AND lease_expires < {watched} "
+            f"AND now() < {watched} + %(lease)s::interval)"
+        )
+        lapsed = f"(lease_expires < now() AND NOT %(recovering)s AND NOT {held_back})"
         upsert_effect = (
             "ON CONFLICT (run_id, task_id, attempt) "
             "DO UPDATE SET payload = EXCLUDED.payload, id = EXCLUDED.id"
@@ -399,15 +414,14 @@ class Queries:
                 "UPDATE {runs} SET owner = %(owner)s, holder = %(holder)s, "
                 "lease_expires = now() + %(lease)s "
                 "WHERE run_id = %(run_id)s AND status = ANY(%(unfinished)s::text[]) "
-                "AND (owner IS NULL OR owner = %(owner)s "
-                "OR (lease_expires < now() AND NOT %(recovering)s)) "
+                f"AND (owner IS NULL OR owner = %(owner)s OR {lapsed}) "
                 "RETURNING owner, holder, lease_expires"
             ),
             lease_of=q(
                 "SELECT owner, holder, lease_expires, "
                 "status = ANY(%(unfinished)s::text[]) FROM {runs} "
                 "WHERE run_id = %(run_id)s AND owner IS NOT NULL "
-                "AND (lease_expires >= now() OR %(recovering)s)"
+                f"AND (lease_expires >= now() OR %(recovering)s OR {held_back})"
             ),
             unfinished=q(
                 "SELECT 1 FROM {runs} WHERE run_id = %(run_id)s "
@@ -416,8 +430,7 @@ class Queries:
             claimable=q(
                 "SELECT run_id FROM {runs} "
                 "WHERE status = ANY(%(unfinished)s::text[]) "
-                "AND (owner IS NULL OR owner = %(owner)s "
-                "OR (lease_expires < now() AND NOT %(recovering)s)) "
+                f"AND (owner IS NULL OR owner = %(owner)s OR {lapsed}) "
                 "ORDER BY created_at DESC, run_id DESC"
             ),
             renew=q(

@@ -134,15 +134,21 @@ async def claim(leases: RunLeases, owner: RunOwner, run_id: str) -> bool:
 
 
 async def release(
-    leases: RunLeases, owner: RunOwner, run_ids: Sequence[str] | None
+    leases: RunLeases,
+    owner: RunOwner,
+    run_ids: Sequence[str] | None,
+    *,
+    quiet: bool = False,
 ) -> None:
     """Let go of the leases of ``run_ids`` (all of ``owner``'s if None),
     never failing nor cancelled: an unreachable journal lets them expire
-    instead."""
+    instead (logged unless ``quiet``: the caller says so)."""
     with anyio.CancelScope(shield=True):
         try:
             await leases.release_leases(owner, run_ids)
         except Exception as exc:
+            if quiet:
+                return
             logger.warning(
                 "could not let go of the leases of %s; they expire: %s: %s",
                 "every run" if run_ids is None else ", ".join(run_ids),
@@ -173,6 +179,10 @@ async def keep_leases(
     while True:
         await anyio.sleep(interval)
         runs = driven()
+        if not runs:
+            # Nothing to renew, nothing learned: a streak of failures is
+            # not said to end before a renewal reaches the journal.
+            continue
         try:
             held = await leases.renew_leases(owner, runs)
             lost = [r for r in runs if r not in held and still_driving(r)]

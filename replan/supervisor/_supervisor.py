@@ -69,7 +69,7 @@ from ._leases import claim, keep_leases, lease_lost, new_owner, owned_journal, r
 from ._resume import Recovery
 from ._roles import DEFAULT_WORKERS, ROLES, Roles
 from ._run import RunDriver, summary_of
-from ._state import apply, fold_journal
+from ._state import RunState, apply, fold_journal
 
 logger = logging.getLogger("replan.supervisor")
 
@@ -759,11 +759,27 @@ class Supervisor:
                 driver.record.detach(f"another supervisor took the run over: {lost}")
                 self._forget_lost(driver.record)
                 return
+            outage = _journal_outage(self.store, exc)
             if self._leases is not None:
-                # Free for another supervisor (or this one's next look).
-                await release(self._leases, self._owner, [run_id])
+                # Free for another supervisor (or this one's next look); in
+                # an outage it expires instead, as the line below says.
+                await release(
+                    self._leases, self._owner, [run_id], quiet=outage is not None
+                )
             if quiet:
                 logger.debug("run %s crashed again", run_id, exc_info=True)
+            elif outage is not None:
+                # The journal's outage, not the run's bug: one line per run
+                # (an outage lets go of every run at once), the traceback
+                # for debugging only.
+                logger.warning(
+                    "run %s is let go of, unfinished: its journal cannot be "
+                    "reached (%s); it waits there to be taken up again once "
+                    "the journal is back",
+                    run_id,
+                    outage,
+                )
+                logger.debug("run %s: the journal's failure", run_id, exc_info=True)
             else:
                 logger.exception("run %s crashed", run_id)
             self._crashes[run_id] = exc
@@ -887,6 +903,9 @@ class Supervisor:
                     # since the listing: not resumed here, nor a run of this
                     # supervisor's (its handles, a daemon's count of them).
                     raise _EndedElsewhere(run_id)
+                if claimed:
+                    assert leases is not None
+                    await self._settle_row(leases, run_id, state)
                 self._records[run_id] = record
                 record.install(state, events)
                 # Counted with the runs that finished here: a supervisor that
@@ -943,6 +962,22 @@ class Supervisor:
             state.seq,
         )
         return self._handle(record)
+
+    async def _settle_row(
+        self, leases: RunLeases, run_id: str, state: RunState
+    ) -> None:
+        """Set right a run's row that says it is unfinished while its journal
+        says it ended (a table restored apart from the others, an edit by
+        hand), and let go of its lease: otherwise every look for runs to
+        take up claims it again, and it is listed as running for good."""
+        logger.warning(
+            "run %s: the journal's runs table says it is unfinished, its "
+            "events that it ended (%s): its row is set right from its events",
+            run_id,
+            state.status,
+        )
+        await self.store.append(run_id, [], summary_of(state))
+        await release(leases, self._owner, [run_id])
 
     async def resume_all(self) -> list[RunHandle]:
         """Resume every run the store holds as running or waiting for a person.
@@ -1207,6 +1242,18 @@ class SupervisorTotals:
 class _EndedElsewhere(Exception):
     """A run listed as unfinished that another supervisor drove to its end
     before this one could claim it."""
+
+
+def _journal_outage(store: object, exc: BaseException) -> str | None:
+    """What the store says is wrong, when a run's failure is its journal's
+    outage (a PostgreSQL server out of reach for longer than the store
+    waits for it: see ``PostgresStore.outage``); None otherwise."""
+    outage = getattr(store, "outage", None)
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if not isinstance(outage, str) or isinstance(exc, ReplanError):
+        return None
+    return outage
 
 
 def _log_unreadable(run_id: str, exc: Exception) -> None:

@@ -5,9 +5,13 @@ drives on."""
 
 from __future__ import annotations
 
+import logging
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import postgres_server as postgres
 import pytest
 from counting_model import read_counts
@@ -15,9 +19,12 @@ from daemon_process import DaemonProcess, wait_for
 from postgres_server import PostgresServer
 
 from replan import ConfigurationError
-from replan._demo import GOAL
-from replan.daemon import DaemonSettings
+from replan._demo import GOAL, demo_model
+from replan.daemon import DaemonSettings, Token
+from replan.daemon import _service as service_module
 from replan.daemon._server import check_journal
+from replan.daemon._service import Daemon
+from replan.store import PostgresStore
 
 COUNTING = ("--model", "python:counting_model:model")
 
@@ -163,3 +170,114 @@ def test_a_run_whose_append_met_a_server_restart_waits_for_it_and_runs_each_task
     # ran twice, and no run was let go of.
     assert all(n == 1 for n in done.values()), done
     assert f"run {run_id} crashed" not in daemon.output()
+
+
+def _stopped_while_the_server_is_down(
+    tmp_path: Path, server: PostgresServer, counts: str
+) -> tuple[DaemonProcess, str]:
+    """A daemon whose run's first task ended while the server was down:
+    its end waits for the journal."""
+    env = {
+        "REPLAN_TEST_COUNT_FILE": counts,
+        "REPLAN_TEST_EXECUTE_S": "1.0",
+        "REPLAN_JOURNAL_DSN": server.dsn(server.new_database()),
+    }
+    daemon = DaemonProcess(tmp_path / "data", *COUNTING, env=env).start()
+    with daemon.client() as client:
+        response = client.post(
+            "/v1/runs", json={"goal": GOAL, "gate_policy": {"gate_on": []}}
+        )
+        assert response.status_code == 202, response.text
+    [(key, _)] = wait_for(lambda: list(read_counts(counts)[1].items()))
+    postgres.halt(server)
+    wait_for(lambda: key in read_counts(counts)[0])
+    return daemon, key
+
+
+def test_a_daemon_stopped_while_the_server_is_down_keeps_what_finished_if_it_returns(
+    tmp_path: Path, own_server: PostgresServer
+) -> None:
+    # The stop waits for the server (up to reconnect_s from the outage's
+    # start) to keep the attempt that finished meanwhile: back in time,
+    # the run goes on after the restart without running it again.
+    counts = str(tmp_path / "executions.txt")
+    daemon, key = _stopped_while_the_server_is_down(tmp_path, own_server, counts)
+    try:
+        assert daemon.proc is not None
+        daemon.proc.send_signal(signal.SIGTERM)
+        time.sleep(3)
+        assert daemon.proc.poll() is None, "the stop did not wait for the journal"
+        postgres.start_again(own_server)
+        assert daemon.proc.wait(30) == 0, daemon.output()
+        again = DaemonProcess(tmp_path / "data", *COUNTING, env=daemon.extra_env)
+        with again.start().client() as client:
+            run_id = key.split(":")[0]
+            wait_for(
+                lambda: (
+                    client.get(f"/v1/runs/{run_id}").json()["status"] == "completed"
+                ),
+                timeout_s=40,
+            )
+        assert again.terminate() == 0, again.output()
+    finally:
+        daemon.close()
+    done, _ = read_counts(counts)
+    assert all(n == 1 for n in done.values()), done
+
+
+def test_a_second_signal_stops_a_daemon_at_once_while_the_server_is_down(
+    tmp_path: Path, own_server: PostgresServer
+) -> None:
+    counts = str(tmp_path / "executions.txt")
+    daemon, _ = _stopped_while_the_server_is_down(tmp_path, own_server, counts)
+    try:
+        assert daemon.proc is not None
+        daemon.proc.send_signal(signal.SIGTERM)
+        time.sleep(1)
+        signalled = time.monotonic()
+        daemon.proc.send_signal(signal.SIGTERM)
+        # Not the rest of the store's 30 s reconnect_s.
+        assert daemon.proc.wait(30) == 0, daemon.output()
+        assert time.monotonic() - signalled < 6, daemon.output()
+    finally:
+        daemon.close()
+        postgres.start_again(own_server)
+
+
+async def test_a_retention_pass_that_meets_an_outage_logs_one_line_without_traceback(
+    tmp_path: Path,
+    own_server: PostgresServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    dsn = own_server.dsn(own_server.new_database())
+    # The store waits 0.5 s for the server, not 30 s, before a call fails.
+    monkeypatch.setattr(
+        service_module,
+        "open_journal",
+        lambda settings: PostgresStore(dsn, reconnect_s=0.5),
+    )
+    settings = DaemonSettings(
+        data_dir=tmp_path,
+        journal_dsn=dsn,
+        retention_age_s=0,
+        retention_interval_s=0.2,
+        redrive_interval_s="off",
+    )
+    daemon = Daemon(settings=settings, token=Token("t" * 32), model=demo_model())
+    caplog.set_level(logging.INFO, "replan")
+    with anyio.fail_after(30):
+        async with daemon.running():
+            await anyio.to_thread.run_sync(postgres.halt, own_server)
+            try:
+                for _ in range(100):
+                    if any("retention pass" in r.getMessage() for r in caplog.records):
+                        break
+                    await anyio.sleep(0.1)
+                await anyio.sleep(0.5)
+            finally:
+                await anyio.to_thread.run_sync(postgres.start_again, own_server)
+    passes = [r for r in caplog.records if "retention pass" in r.getMessage()]
+    assert passes
+    assert all(r.levelno == logging.WARNING and not r.exc_info for r in passes)
+    assert "cannot be reached" in passes[0].getMessage()

@@ -143,9 +143,14 @@ async def test_a_server_down_longer_than_reconnect_s_fails_the_call_without_spin
             # Past the outage's reconnect_s, calls fail at once (a
             # supervisor stopping does not wait again for each write).
             started_at = time.monotonic()
-            with pytest.raises(psycopg.OperationalError):
+            with pytest.raises(psycopg.OperationalError) as first:
+                await store.append("run-1", [started(1)], summary(1))
+            with pytest.raises(psycopg.OperationalError) as second:
                 await store.append("run-1", [started(1)], summary(1))
             assert time.monotonic() - started_at < 1
+            # Each call its own error: one instance raised in every waiting
+            # task would gather all their tracebacks (and frames).
+            assert second.value is not first.value
         finally:
             postgres.start_again(own_server)
         # Past reconnect_s a call tries only when a try is due (the delay
@@ -203,3 +208,113 @@ async def test_leases_that_expired_while_the_server_was_down_are_left_to_their_o
         lease = await store_b.claim_run("run-1", B)
         assert lease is not None
         assert lease.owner == B.id
+
+
+C = RunOwner(id="owner-c", holder="host-c:3")
+
+
+async def claimable_soon(store: PostgresStore, owner: RunOwner) -> None:
+    """Wait (up to 5 s) until ``owner`` may claim a run."""
+    for _ in range(100):
+        if await store.claimable_runs(owner):
+            return
+        await anyio.sleep(0.05)
+    pytest.fail("no run became claimable within 5 s")
+
+
+async def test_a_store_opened_just_after_an_outage_leaves_lapsed_leases_to_their_owners(
+    own_server: PostgresServer,
+) -> None:
+    # The server is down longer than a lease; a store opened just after it
+    # came back (a daemon started then) never saw the outage, yet the
+    # leases that lapsed meanwhile are its owners' to renew: it takes over
+    # none of them for a lease, then those whose owner died.
+    dsn = own_server.dsn(own_server.new_database())
+    async with PostgresStore(dsn, lease_s=1) as store_a:
+        await store_a.append("run-1", [started(1)], summary(1), owner=A)
+        postgres.halt(own_server)
+        await anyio.sleep(1.5)
+        postgres.start_again(own_server)
+        async with PostgresStore(dsn, lease_s=1) as store_c:
+            assert await store_c.claimable_runs(C) == []
+            lease = await store_c.claim_run("run-1", C)
+            assert lease is not None
+            assert lease.holder == "host-a:1"
+            with anyio.fail_after(10):
+                assert await store_a.renew_leases(A, ["run-1"]) == {"run-1"}
+            await store_a.append("run-1", [started(2)], summary(2), owner=A)
+            # A dies now: C takes the run over once its lease has passed.
+            await anyio.sleep(1.2)
+            assert await store_c.claimable_runs(C) == ["run-1"]
+            lease = await store_c.claim_run("run-1", C)
+            assert lease is not None
+            assert lease.owner == C.id
+
+
+async def test_a_store_opened_after_a_lease_lapsed_takes_it_over_a_lease_later(
+    postgres_dsn: str,
+) -> None:
+    # Whether the server or the way to it was down when the lease lapsed
+    # (a network cut leaves no trace on the server), a store that was not
+    # there cannot tell: it leaves the lease to its owner for a lease.
+    async with PostgresStore(postgres_dsn, lease_s=1) as store_a:
+        await store_a.append("run-1", [started(1)], summary(1), owner=A)
+    await anyio.sleep(1.2)
+    async with PostgresStore(postgres_dsn, lease_s=1) as store_c:
+        opened = time.monotonic()
+        assert await store_c.claimable_runs(C) == []
+        lease = await store_c.claim_run("run-1", C)
+        assert lease is not None
+        assert lease.holder == "host-a:1"
+        await claimable_soon(store_c, C)
+        assert 0.8 <= time.monotonic() - opened < 2
+        lease = await store_c.claim_run("run-1", C)
+        assert lease is not None
+        assert lease.owner == C.id
+
+
+async def test_a_lease_that_lapses_while_a_store_reaches_the_server_is_taken_at_once(
+    postgres_dsn: str,
+) -> None:
+    # The normal takeover of a dead supervisor's runs is not delayed: the
+    # store was there, and the server reachable, while the lease ran out.
+    async with PostgresStore(postgres_dsn, lease_s=1) as store_c:
+        async with PostgresStore(postgres_dsn, lease_s=1) as store_a:
+            await store_a.append("run-1", [started(1)], summary(1), owner=A)
+            lapsed_at = time.monotonic() + 1
+        await claimable_soon(store_c, C)
+        assert time.monotonic() - lapsed_at < 0.5
+
+
+async def test_calls_waiting_for_the_server_fail_soon_once_told_to_stop_waiting(
+    own_server: PostgresServer,
+) -> None:
+    dsn = own_server.dsn(own_server.new_database())
+    async with PostgresStore(dsn, reconnect_s=30) as store:
+        postgres.halt(own_server)
+        try:
+            failed_at = []
+
+            async def read() -> None:
+                with pytest.raises(psycopg.OperationalError):
+                    await store.read("run-1")
+                failed_at.append(time.monotonic())
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(read)
+                    await anyio.sleep(0.5)
+                    told = time.monotonic()
+                    store.stop_waiting()
+            assert failed_at[0] - told < 2.5
+            # Later calls fail after one try, until one reaches the server.
+            started_at = time.monotonic()
+            with pytest.raises(psycopg.OperationalError):
+                await store.read("run-1")
+            assert time.monotonic() - started_at < 2.5
+        finally:
+            postgres.start_again(own_server)
+        # The next try, when one is due, reaches it, and calls wait again.
+        await anyio.sleep(pool_module.LONGEST_DELAY_S)
+        assert await store.read("run-1") == []
+        assert store.outage is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import psycopg
 from test_postgres_leases import A, B, create_first_version, expire, sql
 from write_samples import started, summary
@@ -115,11 +116,16 @@ async def test_a_journal_of_the_second_version_is_migrated_keeping_runs_and_leas
     postgres_dsn: str,
 ) -> None:
     create_second_version(postgres_dsn)
-    async with PostgresStore(postgres_dsn) as store:
+    async with PostgresStore(postgres_dsn, lease_s=1) as store:
         assert sql(postgres_dsn, "SELECT version FROM replan.journal_schema") == [(3,)]
         assert [e.seq for e in await store.read("old")] == [1]
-        # The dead owner's lease expired: the run is claimed, and takes
-        # requests.
+        # The owner's lease lapsed before the store opened: left to it for
+        # a lease (it may live, cut off from the server)...
+        lease = await store.claim_run("old", A)
+        assert lease is not None
+        assert lease.holder == "old-host:9"
+        await anyio.sleep(1.1)
+        # ...then, its owner dead, the run is claimed, and takes requests.
         lease = await store.claim_run("old", A)
         assert lease is not None
         assert lease.owner == A.id

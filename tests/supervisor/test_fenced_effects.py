@@ -90,8 +90,9 @@ class StallingStore(PostgresStore):
 
 
 def expire_leases(dsn: str) -> None:
+    """Every lease expires now, as its owner's dying a lease ago would."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("UPDATE replan.runs SET lease_expires = now() - interval '1s'")
+        conn.execute("UPDATE replan.runs SET lease_expires = now()")
 
 
 async def approve_until_done(

@@ -294,8 +294,7 @@ async def test_an_answer_at_a_supervisor_whose_run_was_taken_over_goes_on_to_it(
             gate_id = await _at_gate(handle)
             _rows(
                 postgres_dsn,
-                "UPDATE replan.runs SET lease_expires = now() - interval '1 second' "
-                "RETURNING run_id",
+                "UPDATE replan.runs SET lease_expires = now() RETURNING run_id",
             )
             taken = await b.resume(handle.run_id)
             sent = await a.gates.resolve(gate_id, {"decision": "approve", "by": "ana"})
@@ -565,12 +564,9 @@ def _as_a_killed_process_leaves_it(dsn: str) -> None:
 
 
 def _lease_expired(dsn: str) -> None:
-    """Every run's lease expired a second ago."""
-    _rows(
-        dsn,
-        "UPDATE replan.runs SET lease_expires = now() - "
-        "interval '1 second' RETURNING run_id",
-    )
+    """Every run's lease expires now, as its owner's dying a lease ago
+    would."""
+    _rows(dsn, "UPDATE replan.runs SET lease_expires = now() RETURNING run_id")
 
 
 def _rows(dsn: str, statement: str) -> list[tuple[object, ...]]:

@@ -59,8 +59,9 @@ def start_driver(dsn: str, *, lease_s: float) -> subprocess.Popen[str]:
 
 
 def expire_leases(dsn: str) -> None:
+    """Every lease expires now, as its owner's dying a lease ago would."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("UPDATE replan.runs SET lease_expires = now() - interval '1s'")
+        conn.execute("UPDATE replan.runs SET lease_expires = now()")
 
 
 async def test_supervisors_sharing_a_journal_resume_only_the_runs_they_claim(
@@ -413,3 +414,31 @@ async def test_a_run_let_go_of_with_a_model_answer_in_flight_logs_no_error(
     assert result.status is RunStatus.COMPLETED
     assert "now; letting go of it" in caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_run_whose_row_says_unfinished_though_its_journal_ended_is_set_right(
+    postgres_dsn: str,
+) -> None:
+    # A runs table restored apart from the events, or edited by hand: the
+    # row says running, the events say completed. A resume takes the run
+    # up as the finished run it is, sets its row right and lets go of its
+    # lease, instead of claiming it again at every look.
+    with anyio.fail_after(30):
+        async with PostgresStore(postgres_dsn) as store:
+            async with Supervisor(scripted(), store) as sup:
+                handle = await sup.submit(spec(chain(2)))
+                assert (await handle.result()).status is RunStatus.COMPLETED
+            with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+                conn.execute(
+                    "UPDATE replan.runs SET status = 'running', owner = 'dead', "
+                    "holder = 'host:1', lease_expires = now()"
+                )
+            async with Supervisor(scripted(), store) as sup:
+                [taken] = await sup.resume_all()
+                assert taken.status is RunStatus.COMPLETED
+                assert await sup.resume_all() == []
+                summary = await store.get_run(handle.run_id)
+                assert summary is not None
+                assert summary.status is RunStatus.COMPLETED
+                assert await store.claimable_runs(sup.owner) == []
+                assert await store.run_lease(handle.run_id) is None

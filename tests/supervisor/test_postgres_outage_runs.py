@@ -1,0 +1,70 @@
+"""Runs on a PostgreSQL journal whose server stays out of reach for longer
+than the store waits for it: what the operator reads in the log."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import anyio
+import postgres_server as postgres
+import pytest
+from postgres_server import PostgresServer
+from scripts import chain, scripted, spec, with_finding
+
+from replan import ModelRequest, Supervisor
+from replan.store import PostgresStore
+
+
+@pytest.fixture
+def own_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the test's own, to stop and start again."""
+    server = postgres.start()
+    try:
+        yield server
+    finally:
+        postgres.stop(server)
+
+
+async def test_an_outage_longer_than_reconnect_s_logs_one_line_per_run_no_traceback(
+    own_server: PostgresServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "replan")
+
+    async def execute(request: ModelRequest) -> object:
+        await anyio.sleep(0.2)
+        return with_finding(request)
+
+    dsn = own_server.dsn(own_server.new_database())
+    runs = 3
+    with anyio.fail_after(30):
+        async with (
+            PostgresStore(dsn, reconnect_s=0.5, lease_s=3) as store,
+            Supervisor(scripted(execute=execute), store) as sup,
+        ):
+            ids = [
+                (await sup.submit(spec(chain(50), milestone_every=100))).run_id
+                for _ in range(runs)
+            ]
+            await anyio.to_thread.run_sync(postgres.halt, own_server)
+            try:
+                for _ in range(150):
+                    said = [r.getMessage() for r in caplog.records]
+                    if sum("is let go of" in m for m in said) >= runs:
+                        break
+                    await anyio.sleep(0.1)
+                # Renewals go on failing meanwhile (with nothing to renew).
+                await anyio.sleep(1.5)
+                down = list(caplog.records)
+            finally:
+                await anyio.to_thread.run_sync(postgres.start_again, own_server)
+
+    loud = [r for r in down if r.levelno >= logging.WARNING]
+    assert not [r for r in loud if r.exc_info], [r.getMessage() for r in loud]
+    assert not [r for r in loud if r.levelno >= logging.ERROR]
+    for run_id in ids:
+        said = [r.getMessage() for r in loud if run_id in r.getMessage()]
+        assert len(said) == 1, said
+        assert "cannot be reached" in said[0]
+        assert store.journal in said[0]
+    assert not [r for r in down if "renewed again" in r.getMessage()]
