@@ -400,6 +400,9 @@ class ActorPool(Generic[ReqT, RepT]):
         self._closing: anyio.Event | None = None
         """Set by :meth:`stop`: ends :meth:`run`'s wait."""
         self.stop_reason: str | None = None
+        self.failed = False
+        """The role stopped for its own failure (too many crashes, no actor
+        could start), not with the supervisor."""
 
     @property
     def stopped(self) -> bool:
@@ -656,6 +659,7 @@ class ActorPool(Generic[ReqT, RepT]):
                 # Contain it: a broken factory stops this role, not the
                 # supervisor's task group and every other role with it.
                 logger.exception("could not start a %s actor", self.role)
+                self.failed = True
                 self.stop(
                     f"{self.role} could not start an actor: {type(exc).__name__}: {exc}"
                 )
@@ -668,6 +672,7 @@ class ActorPool(Generic[ReqT, RepT]):
             while self._crashes and self._crashes[0] < now - self._restart_period_s:
                 self._crashes.popleft()
             if len(self._crashes) > self._max_restarts:
+                self.failed = True
                 self.stop(
                     f"{self.role} stopped after {len(self._crashes)} crashes "
                     f"within {self._restart_period_s:g}s"

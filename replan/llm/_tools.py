@@ -163,8 +163,11 @@ class Tool:
             # worker and the supervisor's exit for as long as it hangs, for
             # a result no one reads. A side effect's is waited for: it has
             # acted, and its result goes to the effect ledger.
-            result = await anyio.to_thread.run_sync(
-                lambda: self.fn(*args, **kwargs),
+            # Boxed: a function that returns a coroutine (an async
+            # __call__, an async function behind a plain decorator) has it
+            # awaited here; trio refuses a coroutine out of a thread.
+            (result,) = await anyio.to_thread.run_sync(
+                lambda: (self.fn(*args, **kwargs),),
                 abandon_on_cancel=not self.side_effect,
             )
             if inspect.isawaitable(result):

@@ -152,6 +152,13 @@ class MeteredModel:
                 if meter is not None:
                     meter.charge(exc.usage, request)
             raise
+        if not isinstance(response, ModelResponse):
+            # A model of the user's own handing back its answer itself: every
+            # call would fail alike, so it fails the call, not the role.
+            raise ModelError(
+                f"{request.role}/{request.purpose}: the model's generate() "
+                f"returned {type(response).__name__}, not a ModelResponse"
+            )
         usage = one_call_at_least(response.usage)
         if usage is not response.usage:
             response = response.model_copy(update={"usage": usage})

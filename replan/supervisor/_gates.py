@@ -80,6 +80,8 @@ class GateRegistry:
         self._answered: dict[str, GateResolution] = {}
         """Gates closed with their answer journaled, newest last (at most
         :data:`ANSWERED_KEPT`): a second answer to one is told so."""
+        self._stopped: str | None = None
+        """Why every gate was closed (the supervisor stopped), if it was."""
 
     def pending(self, run_id: str | None = None) -> list[GateRequest]:
         """The open gates, oldest first (of one run, if ``run_id`` is given)."""
@@ -160,7 +162,7 @@ class GateRegistry:
                     # the note says why no person's answer counts.
                     told = f"{told}: {answered.note}"
                 raise GateAlreadyResolved(told)
-            raise GateError(f"no open gate {gate_id!r}")
+            raise self.no_open_gate(gate_id)
         if pending.resolution is not None:
             # The first of two answers at once, not journaled yet: it stands.
             raise GateAlreadyResolved(already_resolved(gate_id, pending.resolution))
@@ -170,6 +172,16 @@ class GateRegistry:
         await pending.journaled.wait()
         if pending.error is not None:
             raise GateError(pending.error)
+
+    def no_open_gate(self, gate_id: str) -> GateError:
+        """The error for an answer to a gate not open here: after a stop,
+        it says why (the gate may well be open in the journal)."""
+        if self._stopped is None:
+            return GateError(f"no open gate {gate_id!r}")
+        return GateError(
+            f"no open gate {gate_id!r}: {self._stopped} (a gate of a run it "
+            "let go of unfinished is answered once a supervisor resumes the run)"
+        )
 
     # The run side ---------------------------------------------------------
 
@@ -272,6 +284,7 @@ class GateRegistry:
                 self._remember(gate_id, answer)
 
     def close_all(self, error: str) -> None:
+        self._stopped = error
         for gate_id in list(self._open):
             self.close(gate_id, error)
 

@@ -470,6 +470,9 @@ class RunDriver:
         gate id -> task id. Each change wakes the driver (``_ToolGate``)."""
         self._awaiting_approval: set[str] = set()
         self._cancel_requested = False
+        self._stopping_with_supervisor = False
+        """A role the run asked stopped with the supervisor, not for its own
+        failure: the run is let go of unfinished, as at any shutdown."""
         self.cancel_at_start = False
         """Cancelled before it is driven on (a cancel that waited for the run
         while nobody drove it): nothing of its work starts again."""
@@ -765,9 +768,7 @@ class RunDriver:
                     self.check_budget()
                 return reply
             except ActorStopped as exc:
-                raise RunEnded(
-                    RunStatus.FAILED, f"the {exc.role} role stopped: {exc}"
-                ) from None
+                raise self._role_stopped(exc) from None
             except (ActorCrashed, ActorTimeout) as exc:
                 failure = (
                     exc.failure.model_failure
@@ -1057,11 +1058,16 @@ class RunDriver:
             if (
                 ended is not None
                 and ended[0] is RunStatus.FAILED
-                and anyio.current_effective_deadline() == -math.inf
+                and (
+                    anyio.current_effective_deadline() == -math.inf
+                    or self._stopping_with_supervisor
+                )
             ):
-                # The supervisor is stopping (this task is cancelled): the
-                # roles stop with it, which fails no run. Cancelled at once,
-                # the run stays unfinished in the journal, for resume().
+                # The supervisor is stopping (this task is cancelled, or is
+                # about to be: an exception such as a KeyboardInterrupt went
+                # out of a handler, and its role stopped first): the roles
+                # stop with it, which fails no run. Cancelled, the run stays
+                # unfinished in the journal, for resume().
                 await anyio.sleep_forever()
             if ended is not None:
                 status, reason, synthesis = ended
@@ -1101,6 +1107,15 @@ class RunDriver:
                 if state.status.final
                 else None,
             )
+
+    def _role_stopped(self, error: ActorStopped) -> RunEnded:
+        """How a role's stop ends the run: ``failed`` when the role stopped
+        for its own failure (too many crashes); one that stops with the
+        supervisor lets go of the run instead (see :meth:`_run`)."""
+        pool = getattr(self.roles, error.role, None)
+        if pool is not None and not pool.failed:
+            self._stopping_with_supervisor = True
+        return RunEnded(RunStatus.FAILED, f"the {error.role} role stopped: {error}")
 
     def _stage_finished_meanwhile(self) -> None:
         """Attempts that finished while the run waited (at a gate, on a
@@ -1330,10 +1345,7 @@ class RunDriver:
         is put there, to be reviewed once the gate is answered.
         """
         if isinstance(item, _RoleStopped):
-            raise RunEnded(
-                RunStatus.FAILED,
-                f"the {item.error.role} role stopped: {item.error}",
-            )
+            raise self._role_stopped(item.error)
         if isinstance(item, _Answered):
             self._awaiting_approval.discard(item.request.gate_id)
             return

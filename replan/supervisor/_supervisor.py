@@ -23,7 +23,6 @@ from pydantic import Field
 
 from .._errors import (
     ConfigurationError,
-    GateError,
     JournalCorrupt,
     JournalUnavailable,
     ReplanError,
@@ -474,7 +473,7 @@ class Supervisor:
             if not isinstance(resolution, GateResolution):
                 resolution_from(gate_id, resolution)  # a bad one is named first
             await self._check_elsewhere(run_id)
-            raise GateError(f"no open gate {gate_id!r}")
+            raise self.gates.no_open_gate(gate_id)
         return await forwarding.answer(gate_id, resolution)
 
     async def _after_let_go(

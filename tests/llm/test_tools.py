@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from pydantic import BaseModel, Field
 
@@ -157,6 +158,40 @@ async def test_a_callable_object_is_a_tool_named_after_its_class() -> None:
     t = Tool(Lookup())
     assert (t.spec.name, t.spec.description) == ("Lookup", "Look a maker up.")
     assert t.spec.parameters["required"] == ["maker"]
+    assert await t.run(t.parse('{"maker": "qs"}'), idempotency_key="k") == "QS"
+
+
+def logged(fn: Any) -> Any:
+    """A decorator that knows nothing of async: it returns what ``fn`` does."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+class AsyncLookup:
+    """Look a maker up."""
+
+    async def __call__(self, maker: str) -> str:
+        await anyio.lowlevel.checkpoint()
+        return maker.upper()
+
+
+@logged
+async def decorated_lookup(maker: str) -> str:
+    """Look a maker up."""
+    await anyio.lowlevel.checkpoint()
+    return maker.upper()
+
+
+@pytest.mark.parametrize("fn", [AsyncLookup(), decorated_lookup])
+async def test_a_tool_whose_call_returns_a_coroutine_has_it_awaited(fn: Any) -> None:
+    # An async __call__, or an async function behind a plain decorator, looks
+    # like a plain function: on trio its coroutine, made in the worker
+    # thread, failed the call ("Trio expected a sync function").
+    t = Tool(fn)
     assert await t.run(t.parse('{"maker": "qs"}'), idempotency_key="k") == "QS"
 
 

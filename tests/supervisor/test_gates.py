@@ -684,6 +684,11 @@ async def test_a_gate_of_a_run_the_supervisor_let_go_of_is_not_told_resolved() -
     with pytest.raises(replan.GateError) as raised:
         await sup.gates.resolve(gate.gate_id, GateResolution(decision="approve"))
     assert not isinstance(raised.value, GateAlreadyResolved)
+    # Nor that there is no such gate, as if its id were mistyped.
+    assert str(raised.value) == (
+        f"no open gate {gate.gate_id!r}: the supervisor stopped (a gate of a run "
+        "it let go of unfinished is answered once a supervisor resumes the run)"
+    )
     assert not handle.status.final
 
 

@@ -33,6 +33,7 @@ from replan import (
     ModelRequest,
     ModelResponse,
     RunHandle,
+    RunSpec,
     RunStatus,
     ScriptedModel,
     Supervisor,
@@ -546,3 +547,49 @@ async def test_a_drain_whose_grace_ends_during_a_tool_journals_the_attempts_call
                 result = await (await sup.resume(handle.run_id)).result()
     assert result.status is RunStatus.COMPLETED
     assert result.usage.total.calls == len(first.calls) + len(second.calls)
+
+
+class Interrupted(BaseException):
+    """What Ctrl-C is on trio when it lands in running code (a
+    ``KeyboardInterrupt``): it goes on out of a task function, and of the
+    supervisor. (asyncio lets no KeyboardInterrupt through a task group: it
+    stops the event loop.)"""
+
+
+@pytest.mark.parametrize("role", ["executor", "planner"])
+async def test_an_interrupt_out_of_a_handler_leaves_the_run_to_resume(
+    role: str,
+) -> None:
+    # The interrupt stops the roles with the supervisor; the run heard of
+    # its role's stop before the supervisor's cancellation reached it, and
+    # was journaled `failed` ("the executor role stopped"), lost to resume.
+    def interrupt_once(request: ModelRequest) -> Any:
+        if not interrupted:
+            interrupted.append(request.purpose)
+            raise Interrupted
+        return fresh_tasks(2)
+
+    async def runner(task: Any, ctx: Any) -> TaskOutcome:
+        if not interrupted:
+            interrupted.append("execute")
+            raise Interrupted
+        return TaskOutcome(success=True, summary="done")
+
+    interrupted: list[str] = []
+    store = MemoryStore()
+    model = scripted(
+        plan=interrupt_once if role == "planner" else lambda r: fresh_tasks(2)
+    )
+    with pytest.RaisesGroup(Interrupted, flatten_subgroups=True, allow_unwrapped=True):
+        with anyio.fail_after(10):
+            async with Supervisor(model, store, task_runner=runner) as sup:
+                handle = await sup.submit(RunSpec(goal="g"))
+                await handle.result()
+    assert interrupted
+    (summary,) = await store.list_runs()
+    assert summary.status is RunStatus.RUNNING
+    with anyio.fail_after(10):
+        async with Supervisor(model, store, task_runner=runner, resume=True) as sup:
+            (handle,) = sup.handles()
+            result = await handle.result()
+    assert result.status is RunStatus.COMPLETED

@@ -5,9 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 from scripts import independent, run_to_end, scripted, spec, with_finding
 
-from replan import ModelRequest, ModelResponse, TaskOutcome, TokenUsage, Verdict
+from replan import (
+    MemoryStore,
+    ModelRequest,
+    ModelResponse,
+    Supervisor,
+    TaskOutcome,
+    TokenUsage,
+    Verdict,
+)
 
 USAGE = TokenUsage(input_tokens=7, output_tokens=3, calls=1)
 
@@ -64,3 +73,52 @@ async def test_an_executor_answering_the_wrong_type_records_where() -> None:
     executor_calls = len(model.calls_for("executor"))
     assert done.result.usage.by_role["executor"].total_tokens == 10 * executor_calls
     assert done.replayed == done.result
+
+
+class BareAnswers:
+    """A model of a user's own that hands back its answer itself, not in a
+    ``ModelResponse``: for the reviewer only, or for every role."""
+
+    def __init__(self, *, every_role: bool = False) -> None:
+        self.inner = scripted(execute=with_finding)
+        self.every_role = every_role
+
+    async def generate(self, request: ModelRequest) -> ModelResponse:
+        response = await self.inner.generate(request)
+        if self.every_role or request.role == "reviewer":
+            return response.output  # type: ignore[return-value]
+        return response
+
+
+async def test_a_model_returning_no_model_response_fails_the_run_naming_it() -> None:
+    async with Supervisor(BareAnswers(), MemoryStore(), max_restarts=0) as sup:
+        with anyio.fail_after(10):
+            handles = [await sup.submit(spec(independent(1))) for _ in range(2)]
+            results = [await handle.result() for handle in handles]
+
+    # Every call of such a model fails alike: the run ends, saying what the
+    # model did, rather than crash the role (here, stop it for every run).
+    for result in results:
+        assert result.status.value == "failed"
+        assert result.stop_reason == (
+            "the reviewer could not answer (ModelError): reviewer/milestone: "
+            "the model's generate() returned Verdict, not a ModelResponse"
+        )
+
+
+async def test_a_task_whose_model_returns_no_model_response_fails_naming_it() -> None:
+    async with Supervisor(
+        BareAnswers(every_role=True), MemoryStore(), max_restarts=0
+    ) as sup:
+        handle = await sup.submit(spec(independent(2), max_task_attempts=1))
+        with anyio.fail_after(10):
+            result = await handle.result()
+
+    assert result.status.value == "aborted"
+    for task in result.tasks:
+        assert task.status.value == "failed"
+        assert task.result is not None
+        assert task.result.reason is not None
+        assert "executor/execute: the model's generate() returned TaskOutcome" in (
+            task.result.reason
+        )
