@@ -64,40 +64,6 @@ that go out with its next append."""
 _W3C = TraceContextTextMapPropagator()
 """Journaled contexts are W3C whatever propagator the application set."""
 
-_OBSERVED = frozenset(
-    {ReplanRefused, ReplanApplied, MilestoneReviewed, GateResolved, RunFinished}
-)
-"""The event classes :meth:`RunTrace.on_events` does something with, besides
-the commonest three it takes first."""
-
-_Attributes = dict[str, AttributeValue]
-_TOKEN_ATTRIBUTES: dict[str, tuple[_Attributes, _Attributes]] = {}
-_OUTCOME_ATTRIBUTES: dict[str, _Attributes] = {}
-_ROLES_KEPT = 64
-
-
-def _token_attributes(role: str) -> tuple[_Attributes, _Attributes]:
-    """The token counter's attributes for ``role``'s input and output, made
-    once per role: an attempt's finish and every model call's usage add to
-    the counter, and neither the SDK nor the counter's totals change them."""
-    attrs = _TOKEN_ATTRIBUTES.get(role)
-    if attrs is None:
-        attrs = (
-            {n.GEN_AI_AGENT_NAME: role, n.GEN_AI_TOKEN_TYPE: n.TOKEN_INPUT},
-            {n.GEN_AI_AGENT_NAME: role, n.GEN_AI_TOKEN_TYPE: n.TOKEN_OUTPUT},
-        )
-        if len(_TOKEN_ATTRIBUTES) < _ROLES_KEPT:  # roles are a handful
-            _TOKEN_ATTRIBUTES[role] = attrs
-    return attrs
-
-
-def _outcome_attributes(outcome: str) -> _Attributes:
-    """The task duration's attributes for one of ``task_outcome``'s labels."""
-    attrs = _OUTCOME_ATTRIBUTES.get(outcome)
-    if attrs is None:
-        attrs = _OUTCOME_ATTRIBUTES[outcome] = {n.TASK_OUTCOME: outcome}
-    return attrs
-
 
 def journaled_context(carrier: dict[str, str] | None) -> SpanContext | None:
     """The span context a ``TraceSuspended`` event saved, if it is valid."""
@@ -602,11 +568,6 @@ class RunTrace:
             if type(event) is UsageRecorded:
                 self._tokens(event.role, event.usage)
                 continue
-            if type(event) not in _OBSERVED:
-                # Nothing here for it (a plan, a retry's wait, a trace
-                # mark): each case below would cost an isinstance() check
-                # through the models' metaclass to find that out.
-                continue
             match event:
                 case ReplanRefused(record=record):
                     self._decided_replan(record, None, state)
@@ -649,17 +610,20 @@ class RunTrace:
         if started is not None:
             self._t.task_duration.record(
                 (event.at - started).total_seconds(),
-                _outcome_attributes(task_outcome(event.outcome)),
+                {n.TASK_OUTCOME: task_outcome(event.outcome)},
             )
 
     def _tokens(self, role: str, usage: TokenUsage) -> None:
-        inputs, outputs = usage.input_tokens, usage.output_tokens
-        if inputs or outputs:
-            input_attrs, output_attrs = _token_attributes(role)
-            if inputs:
-                self._t.tokens.add(inputs, input_attrs)
-            if outputs:
-                self._t.tokens.add(outputs, output_attrs)
+        if usage.input_tokens:
+            self._t.tokens.add(
+                usage.input_tokens,
+                {n.GEN_AI_AGENT_NAME: role, n.GEN_AI_TOKEN_TYPE: n.TOKEN_INPUT},
+            )
+        if usage.output_tokens:
+            self._t.tokens.add(
+                usage.output_tokens,
+                {n.GEN_AI_AGENT_NAME: role, n.GEN_AI_TOKEN_TYPE: n.TOKEN_OUTPUT},
+            )
 
     def _reviewed(self, index: int, verdict: Verdict, by: str) -> None:
         # A model's verdict is an event on the reviewer's span already.
