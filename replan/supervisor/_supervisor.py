@@ -644,6 +644,12 @@ class Supervisor:
             JournalUnavailable: the journal refused the run's first write.
         """
         if not isinstance(spec, RunSpec):
+            if not isinstance(spec, Mapping):
+                raise ConfigurationError(
+                    "spec",
+                    "a RunSpec or a mapping of its fields expected, "
+                    f"not {type(spec).__name__}",
+                )
             spec = RunSpec.model_validate(spec)  # ConfigurationError if bad
         spec.check_storable()  # a lone surrogate in a string: ConfigurationError
         if run_id is not None and not _RUN_ID.fullmatch(run_id):

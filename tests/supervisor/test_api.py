@@ -775,6 +775,19 @@ async def test_a_spec_with_a_string_no_journal_can_store_is_refused_naming_the_f
     assert model.calls == []
 
 
+@pytest.mark.parametrize("spec", ["research SSMs", ["goal"], None])
+async def test_a_spec_that_is_not_a_mapping_is_refused_naming_it(spec: Any) -> None:
+    model = ScriptedModel(answers())
+    store = MemoryStore()
+    async with Supervisor(model, store) as sup:
+        with pytest.raises(ConfigurationError) as caught:
+            await sup.submit(spec)
+        assert await store.list_runs() == []
+    assert caught.value.field == "spec"
+    assert type(spec).__name__ in caught.value.problem
+    assert model.calls == []
+
+
 def nested(depth: int) -> dict[str, Any]:
     """Metadata whose objects and arrays nest ``depth`` levels deep."""
     value: Any = "leaf"
