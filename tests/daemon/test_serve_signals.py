@@ -1,5 +1,5 @@
-"""``replan serve`` under signals, in a real process: whenever SIGTERM or
-SIGINT comes, the daemon stops cleanly (exit 0), never dies by it."""
+"""``replan serve`` under signals, in a real process: whenever SIGTERM,
+SIGINT or SIGHUP comes, the daemon stops cleanly (exit 0), never dies by it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
+from counting_model import read_counts
 from daemon_process import DaemonProcess, free_port, wait_for
+from test_durability import COUNTING, submit
 
 from replan.daemon._server import TELEMETRY_FLUSH_S
 
@@ -75,3 +77,26 @@ def test_a_second_signal_while_the_last_spans_are_sent_stops_at_once(
     finally:
         daemon.close()
     assert daemon.output().splitlines()[-1] == "replan: stopped by SIGTERM"
+
+
+def test_sighup_drains_the_work_in_flight_as_sigterm_does(tmp_path: Path) -> None:
+    # A terminal that closes, or a service manager's reload, sends SIGHUP:
+    # it killed the daemon at once (exit 129), and the attempts in flight
+    # ran again after the restart.
+    counts = str(tmp_path / "executions.txt")
+    env = {"REPLAN_TEST_COUNT_FILE": counts, "REPLAN_TEST_EXECUTE_S": "0.5"}
+    daemon = DaemonProcess(tmp_path / "data", *COUNTING, env=env).start()
+    try:
+        with daemon.client() as client:
+            for _ in range(3):
+                submit(client, gate_policy={"gate_on": []})
+            wait_for(lambda: read_counts(counts)[1], every_s=0.01)
+        assert daemon.proc is not None
+        daemon.proc.send_signal(signal.SIGHUP)
+        assert daemon.proc.wait(30) == 0, daemon.output()
+    finally:
+        daemon.close()
+    done, cut_short = read_counts(counts)
+    assert cut_short == {}, "the drain lets attempts in flight finish"
+    assert done
+    assert "Traceback" not in daemon.output()
