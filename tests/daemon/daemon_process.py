@@ -32,8 +32,11 @@ class DaemonProcess:
         *args: str,
         env: dict[str, str] | None = None,
         token: str | None = TOKEN,
+        console_script: bool = False,
     ) -> None:
         self.data_dir = data_dir
+        # The installed ``replan`` command rather than ``python -m replan``.
+        self.console_script = console_script
         self.args = args
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -51,10 +54,13 @@ class DaemonProcess:
             env["REPLAN_API_TOKEN"] = self.token
         env.update(self.extra_env)
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        program = (
+            [str(Path(sys.executable).with_name("replan"))]
+            if self.console_script
+            else [sys.executable, "-m", "replan"]
+        )
         command = [
-            sys.executable,
-            "-m",
-            "replan",
+            *program,
             "serve",
             "--port",
             str(self.port),
