@@ -119,6 +119,17 @@ def _starting(daemon: Daemon) -> bool:
     return daemon._supervisor is None and not daemon.draining
 
 
+def _not_serving(daemon: Daemon, exc: SupervisorError) -> tuple[str, dict[str, str]]:
+    """Why the supervisor refused a request (``exc``), and the headers of
+    the 503: during a start or a drain the request was refused before it
+    changed anything, so it is worth sending again (``Retry-After``)."""
+    if _starting(daemon):
+        return STARTING, _RETRY
+    if daemon.draining:
+        return DRAINING, _RETRY
+    return str(exc), {}
+
+
 QUERY_PARAMETERS = frozenset({"status", "limit", "offset", "after", "run_id"})
 """Every query parameter an endpoint takes (see :class:`KnownQuery`)."""
 
@@ -391,16 +402,9 @@ def _v1(daemon: Daemon) -> APIRouter:
         try:
             sup = daemon.supervisor
         except SupervisorError as exc:  # starting or shutting down
-            # Refused before anything changed: worth sending again once the
-            # daemon serves (Retry-After), as a gate's answer is.
-            if _starting(daemon):
-                detail, headers = STARTING, _RETRY
-            elif daemon.draining:
-                detail, headers = DRAINING, _RETRY
-            else:
-                detail, headers = str(exc), None
+            detail, headers = _not_serving(daemon, exc)
             raise ApiError(
-                503, f"not cancelling runs: {detail}", headers=headers
+                503, f"not cancelling runs: {detail}", headers=headers or None
             ) from None
         try:
             sent = await sup.cancel(run_id)
@@ -694,15 +698,10 @@ def _handle_errors(app: FastAPI, daemon: Daemon) -> None:
 
     @app.exception_handler(SupervisorError)
     async def unavailable(request: Request, exc: SupervisorError) -> JSONResponse:
-        if _starting(daemon):
-            response = _problem(503, f"not serving yet: {STARTING}")
-        elif daemon.draining:
-            # Refused before it changed anything: worth sending again once
-            # the daemon has restarted, as a submission is.
-            response = _problem(503, f"not serving: {DRAINING}")
-        else:
-            return _problem(503, f"not serving: {exc}")
-        response.headers.update(_RETRY)
+        detail, headers = _not_serving(daemon, exc)
+        yet = " yet" if detail is STARTING else ""
+        response = _problem(503, f"not serving{yet}: {detail}")
+        response.headers.update(headers)
         return response
 
     @app.exception_handler(Exception)
