@@ -130,6 +130,25 @@ def _not_serving(daemon: Daemon, exc: SupervisorError) -> tuple[str, dict[str, s
     return str(exc), {}
 
 
+def _refuse_in_outage(daemon: Daemon, refusal: str) -> None:
+    """Answer 503 with ``Retry-After`` at once while the journal's server is
+    known to be out of reach (its calls wait for it up to ``reconnect_s``,
+    longer than many clients wait for an answer): the request has changed
+    nothing, and is worth sending again.
+
+    Raises:
+        ApiError: the journal cannot be reached.
+    """
+    outage = daemon.journal_outage
+    if outage is not None:
+        raise ApiError(
+            503,
+            f"{refusal}: the journal cannot be reached for now (nothing was "
+            f"written; send the request again): {outage}",
+            headers=_RETRY,
+        )
+
+
 QUERY_PARAMETERS = frozenset({"status", "limit", "offset", "after", "run_id"})
 """Every query parameter an endpoint takes (see :class:`KnownQuery`)."""
 
@@ -229,6 +248,7 @@ def _v1(daemon: Daemon) -> APIRouter:
         ] = None,
     ) -> JSONResponse:
         """Start a run; follow the returned ``url``."""
+        _refuse_in_outage(daemon, "not accepting runs")
         if idempotency_key is None:
             return await _start_run(spec)
         key = idempotency_key.strip()
@@ -396,6 +416,7 @@ def _v1(daemon: Daemon) -> APIRouter:
         none does at the moment) goes to it: 202, saying whether it was
         applied already.
         """
+        _refuse_in_outage(daemon, "not cancelling runs")
         state = await _state(daemon, run_id)
         if state.status.final:
             raise ApiError(409, f"run {run_id} already ended {state.status.value}")
@@ -468,6 +489,7 @@ def _v1(daemon: Daemon) -> APIRouter:
         the moment) is checked here, then goes to it: 202, saying whether
         it was applied already.
         """
+        _refuse_in_outage(daemon, "not answering gates")
         sup = daemon.supervisor
         request = sup.gates.get(gate_id)
         try:
