@@ -190,12 +190,34 @@ async def run_server(
         except SystemExit:
             # Raised inside this task group it would come out wrapped.
             failed = True
+        await _finish_lifespan(server)
         # Drains what is left (quick after the Shutdown's drain) and closes
         # the journal; a start still resuming runs is cut short.
         await running.stop()
         tg.cancel_scope.cancel()
     if failed or running.failed:
         raise SystemExit(3)
+
+
+LIFESPAN_SHUTDOWN_S = 1.0
+"""How long a forced stop waits for the app's lifespan to finish."""
+
+
+async def _finish_lifespan(server: uvicorn.Server) -> None:
+    """End the app's lifespan if uvicorn stopped without ending it.
+
+    A forced stop (a second signal) or a stop during uvicorn's start skips
+    the lifespan's shutdown: its task was left waiting for it, and the
+    event loop cancelled it as it closed, which uvicorn logged as an error
+    with a traceback. The app's lifespan does nothing here (the daemon
+    runs beside uvicorn), so its shutdown is quick.
+    """
+    lifespan = getattr(server, "lifespan", None)
+    done = getattr(lifespan, "shutdown_event", None)
+    if lifespan is None or done is None or done.is_set():
+        return
+    with anyio.move_on_after(LIFESPAN_SHUTDOWN_S):
+        await lifespan.shutdown()
 
 
 class _Running:

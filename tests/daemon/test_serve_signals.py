@@ -251,3 +251,22 @@ def test_sighup_drains_the_work_in_flight_as_sigterm_does(tmp_path: Path) -> Non
     assert cut_short == {}, "the drain lets attempts in flight finish"
     assert done
     assert "Traceback" not in daemon.output()
+
+
+def test_a_second_signal_while_serving_stops_at_once_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    # uvicorn skips the app's lifespan shutdown on a forced stop; the event
+    # loop cancelled the lifespan's task as it closed, and uvicorn logged
+    # that as an error with a traceback.
+    daemon = DaemonProcess(tmp_path / "data").start()
+    try:
+        assert daemon.proc is not None
+        daemon.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+        daemon.proc.send_signal(signal.SIGTERM)
+        assert daemon.proc.wait(20) == 0, daemon.output()
+    finally:
+        daemon.close()
+    assert "Traceback" not in daemon.output()
+    assert "ERROR" not in daemon.output()
