@@ -3,6 +3,7 @@ SIGINT or SIGHUP comes, the daemon stops cleanly (exit 0), never dies by it."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -270,3 +271,26 @@ def test_a_second_signal_while_serving_stops_at_once_without_a_traceback(
         daemon.close()
     assert "Traceback" not in daemon.output()
     assert "ERROR" not in daemon.output()
+
+
+@pytest.mark.parametrize("console_script", [True, False], ids=["replan", "python-m"])
+def test_signals_after_the_drain_never_kill_the_stopped_daemon(
+    tmp_path: Path, console_script: bool
+) -> None:
+    # The interpreter's exit puts the default handlers back before it tears
+    # the modules down: a SIGTERM then killed a daemon that had drained.
+    daemon = DaemonProcess(
+        tmp_path / "data", "--log-level", "info", console_script=console_script
+    ).start()
+    try:
+        assert daemon.proc is not None
+        daemon.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "drained;" in daemon.output(), every_s=0.005)
+        while daemon.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                daemon.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.005)
+        assert daemon.proc.wait() == 0, daemon.output()
+    finally:
+        daemon.close()
+    assert "Traceback" not in daemon.output()
