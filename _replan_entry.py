@@ -10,8 +10,9 @@ library's small modules, installs handlers first: until
 the command takes the signals over, one ends it at once, as the command
 ends on it, with nothing started yet.
 
-* ``replan serve``: SIGTERM, SIGINT or SIGHUP prints ``replan: stopped by
-  SIGTERM`` (or the one it was) and exits 0.
+* ``replan serve``: SIGTERM, SIGINT or SIGHUP (unless it is ignored, as
+  under ``nohup``) prints ``replan: stopped by SIGTERM`` (or the one it
+  was) and exits 0.
 * Any other command: SIGINT prints ``replan: interrupted`` (exit 130) and
   SIGTERM ``replan: terminated`` (exit 143); once the package is imported,
   the defaults are back for the command to handle as it always has.
@@ -64,8 +65,11 @@ def install(serve: bool) -> dict[int, Any]:
     previous: dict[int, Any] = {}
     for name in names:
         signum = getattr(signal, name, None)
-        if signum is not None:
-            previous[signum] = signal.signal(signum, handler)
+        if signum is None:
+            continue
+        if name == "SIGHUP" and signal.getsignal(signum) == signal.SIG_IGN:
+            continue  # nohup: the command is to outlive its terminal
+        previous[signum] = signal.signal(signum, handler)
     return previous
 
 

@@ -37,7 +37,7 @@ from ._cli_run import (
     without_credentials,
 )
 from ._cli_run import add_run_parser as _add_run_parser
-from ._cli_signals import STOP_SIGNALS
+from ._cli_signals import stop_signals
 from ._demo import MAX_LATENCY_S, demo_model, demo_spec
 from ._errors import ConfigurationError, JournalCorrupt
 from ._explore_cli import (
@@ -664,7 +664,7 @@ def _stopped_by_signals() -> Iterator[None]:
     def stop(signum: int, frame: object) -> None:
         raise StoppedBySignal(signum)
 
-    signals = STOP_SIGNALS
+    signals = stop_signals()
     try:
         previous = {s: signal.signal(s, stop) for s in signals}
     except ValueError:  # not the main thread: the caller's signals stay its own

@@ -34,7 +34,7 @@ import anyio
 import uvicorn
 from anyio.abc import TaskStatus
 
-from .._cli_signals import STOP_SIGNALS
+from .._cli_signals import stop_signals
 from ..store import DriverLease
 from ..telemetry import setup_if_asked
 from ._accept import AcceptPausingLoop
@@ -270,7 +270,7 @@ async def _on_signals(
     the event loop would leave the default ones, and a signal as the
     daemon sends its last spans would kill it.
     """
-    handled = STOP_SIGNALS
+    handled = stop_signals()
     previous = {s: signal.getsignal(s) for s in handled}
     try:
         with anyio.open_signal_receiver(*handled) as signals:

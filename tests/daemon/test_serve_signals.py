@@ -294,3 +294,19 @@ def test_signals_after_the_drain_never_kill_the_stopped_daemon(
     finally:
         daemon.close()
     assert "Traceback" not in daemon.output()
+
+
+def test_an_ignored_sighup_is_left_ignored(tmp_path: Path) -> None:
+    # `nohup replan serve &` asks the daemon to outlive its terminal.
+    daemon = DaemonProcess(
+        tmp_path / "data", console_script=True, ignore_sighup=True
+    ).start()
+    try:
+        assert daemon.proc is not None
+        daemon.proc.send_signal(signal.SIGHUP)
+        time.sleep(1)
+        with daemon.client() as client:
+            assert client.get("/readyz").status_code == 200
+        assert daemon.terminate() == 0
+    finally:
+        daemon.close()
