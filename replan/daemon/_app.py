@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, NoReturn
 
+import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -130,15 +131,28 @@ def _not_serving(daemon: Daemon, exc: SupervisorError) -> tuple[str, dict[str, s
     return str(exc), {}
 
 
-def _refuse_in_outage(daemon: Daemon, refusal: str) -> None:
-    """Answer 503 with ``Retry-After`` at once while the journal's server is
-    known to be out of reach (its calls wait for it up to ``reconnect_s``,
-    longer than many clients wait for an answer): the request has changed
-    nothing, and is worth sending again.
+OUTAGE_GRACE_S = 3.0
+"""How long a write waits for a journal known to be out of reach before
+its 503: longer than the store waits between two tries (2 s at most, and
+the daemon uses its journal every 0.5 s), so a server that is back again
+is seen; far shorter than the store's ``reconnect_s``."""
+_OUTAGE_LOOK_S = 0.1
+
+
+async def _refuse_in_outage(daemon: Daemon, refusal: str) -> None:
+    """Answer 503 with ``Retry-After`` within :data:`OUTAGE_GRACE_S` while
+    the journal's server is known to be out of reach: its calls would wait
+    for it up to ``reconnect_s`` (30 s), longer than many clients wait for
+    an answer. The request has changed nothing, and is worth sending again.
 
     Raises:
         ApiError: the journal cannot be reached.
     """
+    # The store says when it reaches the server again; nothing to wait on.
+    for _ in range(round(OUTAGE_GRACE_S / _OUTAGE_LOOK_S)):
+        if daemon.journal_outage is None:
+            return
+        await anyio.sleep(_OUTAGE_LOOK_S)
     outage = daemon.journal_outage
     if outage is not None:
         raise ApiError(
@@ -248,7 +262,7 @@ def _v1(daemon: Daemon) -> APIRouter:
         ] = None,
     ) -> JSONResponse:
         """Start a run; follow the returned ``url``."""
-        _refuse_in_outage(daemon, "not accepting runs")
+        await _refuse_in_outage(daemon, "not accepting runs")
         if idempotency_key is None:
             return await _start_run(spec)
         key = idempotency_key.strip()
@@ -416,7 +430,7 @@ def _v1(daemon: Daemon) -> APIRouter:
         none does at the moment) goes to it: 202, saying whether it was
         applied already.
         """
-        _refuse_in_outage(daemon, "not cancelling runs")
+        await _refuse_in_outage(daemon, "not cancelling runs")
         state = await _state(daemon, run_id)
         if state.status.final:
             raise ApiError(409, f"run {run_id} already ended {state.status.value}")
@@ -489,7 +503,7 @@ def _v1(daemon: Daemon) -> APIRouter:
         the moment) is checked here, then goes to it: 202, saying whether
         it was applied already.
         """
-        _refuse_in_outage(daemon, "not answering gates")
+        await _refuse_in_outage(daemon, "not answering gates")
         sup = daemon.supervisor
         request = sup.gates.get(gate_id)
         try:
