@@ -41,7 +41,8 @@ class ClientError(Exception):
 class Backoff:
     """How an event stream is resumed after the connection drops: waits
     from ``first_s`` doubling up to ``max_s``, ``total_s`` in all since the
-    last event before giving up."""
+    last event before giving up. A stream that the daemon served for
+    ``max_s`` or longer before it dropped starts the waits afresh."""
 
     first_s: float = 0.5
     max_s: float = 10.0
@@ -236,6 +237,10 @@ class Client:
         waits = self.backoff.delays()
         while True:
             headers = {"Last-Event-ID": str(last)}
+            # When the stream opened, and when it last sent a line (an
+            # event, a keep-alive).
+            opened: float | None = None
+            heard = [0.0]
             try:
                 with self._http.stream(
                     "GET",
@@ -247,7 +252,8 @@ class Client:
                     kind = response.headers.get("content-type", "")
                     if not kind.startswith("text/event-stream"):
                         raise self._not_replan(response)
-                    for event in _parse(response.iter_lines()):
+                    opened = heard[0] = time.monotonic()
+                    for event in _parse(_heard(response.iter_lines(), heard)):
                         last = event.seq
                         waits = self.backoff.delays()
                         yield event
@@ -267,6 +273,12 @@ class Client:
                 if exc.status not in _RETRIED:
                     raise
                 problem = f"lost the event stream: {exc}"
+            if opened is not None and heard[0] - opened >= self.backoff.max_s:
+                # The daemon served the stream a while (a run that waits
+                # for a person sends keep-alives only): this is a new drop
+                # (another restart), not the last one going on, so its
+                # waits start afresh.
+                waits = self.backoff.delays()
             delay = next(waits, None)
             if delay is None:
                 raise ClientError(
@@ -317,6 +329,13 @@ class Client:
         """``text`` without the token (an error may quote the request)."""
         found = str(text)
         return found.replace(self._token, "***") if self._token else found
+
+
+def _heard(lines: Iterator[str], heard: list[float]) -> Iterator[str]:
+    """``lines``, keeping in ``heard[0]`` when the last one came."""
+    for line in lines:
+        heard[0] = time.monotonic()
+        yield line
 
 
 def _parse(lines: Iterator[str]) -> Iterator[Event]:

@@ -37,6 +37,7 @@ from ._cli_run import (
     without_credentials,
 )
 from ._cli_run import add_run_parser as _add_run_parser
+from ._cli_signals import stop_signals
 from ._demo import MAX_LATENCY_S, demo_model, demo_spec
 from ._errors import ConfigurationError, JournalCorrupt
 from ._explore_cli import (
@@ -626,7 +627,7 @@ def _add_serve(commands: Any) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Run the daemon until SIGTERM or SIGINT; 0 after a clean drain.
+    """Run the daemon until SIGTERM, SIGINT or SIGHUP; 0 after a clean drain.
 
     The daemon listens for the signals itself once it serves. Before that
     (the imports and the journal check take a few seconds) and after (as
@@ -646,7 +647,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 class StoppedBySignal(BaseException):
-    """SIGTERM or SIGINT reached ``replan serve`` while its daemon did not
+    """SIGTERM, SIGINT or SIGHUP reached ``replan serve`` while its daemon did not
     listen for them itself. A BaseException, so that nothing on the way out
     takes it for a failure of the command."""
 
@@ -657,13 +658,13 @@ class StoppedBySignal(BaseException):
 
 @contextlib.contextmanager
 def _stopped_by_signals() -> Iterator[None]:
-    """SIGTERM and SIGINT raise :class:`StoppedBySignal` until the daemon
+    """SIGTERM, SIGINT and SIGHUP raise :class:`StoppedBySignal` until the daemon
     installs its own handlers (which put these back as they close)."""
 
     def stop(signum: int, frame: object) -> None:
         raise StoppedBySignal(signum)
 
-    signals = (signal.SIGTERM, signal.SIGINT)
+    signals = stop_signals()
     try:
         previous = {s: signal.signal(s, stop) for s in signals}
     except ValueError:  # not the main thread: the caller's signals stay its own

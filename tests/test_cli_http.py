@@ -25,6 +25,8 @@ class _Server(ThreadingHTTPServer):
         self.first: list[tuple[int, str, bytes]] = []
         """Answers given, one each, before ``answer``."""
         self.seen: list[dict[str, str]] = []
+        self.hold_s = 0.0
+        """How long an event stream stays open, with a keep-alive at its end."""
 
     @property
     def url(self) -> str:
@@ -44,9 +46,16 @@ class _Handler(BaseHTTPRequestHandler):
         if status == 503:
             self.send_header("Retry-After", "5")
         self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
+        stream = kind == "text/event-stream" and self.server.hold_s > 0
+        if not stream:
+            self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+        if stream:
+            self.wfile.flush()
+            time.sleep(self.server.hold_s)
+            self.wfile.write(b": keep-alive\n\n")
+            self.close_connection = True
 
     do_GET = do_POST = _answer
 
@@ -97,6 +106,31 @@ def test_a_stream_that_ends_before_the_run_is_resumed_until_the_client_gives_up(
     assert waited == [0.5, 1, 2, 2, 0.5]
     assert len(server.seen) == len(waited) + 1
     assert {seen["Last-Event-ID"] for seen in server.seen} == {"7"}
+
+
+def test_a_stream_served_a_while_before_it_ends_starts_its_waits_afresh(
+    serve: list[_Server],
+) -> None:
+    # A run waiting for a person sends keep-alives only: each restart of the
+    # daemon ended its stream, and the waits went on from the last
+    # restart's, so `replan watch` gave up after ten restarts however far
+    # apart they were, each one followed by a stream served for hours.
+    finished = (
+        b'id: 9\nevent: run_finished\ndata: {"kind": "run_finished", '
+        b'"seq": 9, "at": "2026-01-01T00:00:00Z", '
+        b'"status": "completed"}\n\n'
+    )
+    server = _start(serve, 200, "text/event-stream", finished)
+    server.hold_s = 0.15
+    server.first += [(200, "text/event-stream", b": keep-alive\n\n")] * 8
+    waited: list[float] = []
+    backoff = Backoff(first_s=0.01, max_s=0.1, total_s=0.1, sleep=waited.append)
+
+    with Client(server.url, "t" * 20, backoff=backoff) as client:
+        events = list(client.events("r1", after=7))
+
+    assert [event.kind for event in events] == ["run_finished"]
+    assert waited == [0.01] * 8
 
 
 def test_a_refused_connection_is_retried_with_backoff() -> None:

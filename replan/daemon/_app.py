@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, NoReturn
 
+import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -119,6 +120,49 @@ def _starting(daemon: Daemon) -> bool:
     return daemon._supervisor is None and not daemon.draining
 
 
+def _not_serving(daemon: Daemon, exc: SupervisorError) -> tuple[str, dict[str, str]]:
+    """Why the supervisor refused a request (``exc``), and the headers of
+    the 503: during a start or a drain the request was refused before it
+    changed anything, so it is worth sending again (``Retry-After``)."""
+    if _starting(daemon):
+        return STARTING, _RETRY
+    if daemon.draining:
+        return DRAINING, _RETRY
+    return str(exc), {}
+
+
+OUTAGE_GRACE_S = 3.0
+"""How long a write waits for a journal known to be out of reach before
+its 503: longer than the store waits between two tries (2 s at most, and
+the daemon uses its journal every 0.5 s), so a server that is back again
+is seen; far shorter than the store's ``reconnect_s``."""
+_OUTAGE_LOOK_S = 0.1
+
+
+async def _refuse_in_outage(daemon: Daemon, refusal: str) -> None:
+    """Answer 503 with ``Retry-After`` within :data:`OUTAGE_GRACE_S` while
+    the journal's server is known to be out of reach: its calls would wait
+    for it up to ``reconnect_s`` (30 s), longer than many clients wait for
+    an answer. The request has changed nothing, and is worth sending again.
+
+    Raises:
+        ApiError: the journal cannot be reached.
+    """
+    # The store says when it reaches the server again; nothing to wait on.
+    for _ in range(round(OUTAGE_GRACE_S / _OUTAGE_LOOK_S)):
+        if daemon.journal_outage is None:
+            return
+        await anyio.sleep(_OUTAGE_LOOK_S)
+    outage = daemon.journal_outage
+    if outage is not None:
+        raise ApiError(
+            503,
+            f"{refusal}: the journal cannot be reached for now (nothing was "
+            f"written; send the request again): {outage}",
+            headers=_RETRY,
+        )
+
+
 QUERY_PARAMETERS = frozenset({"status", "limit", "offset", "after", "run_id"})
 """Every query parameter an endpoint takes (see :class:`KnownQuery`)."""
 
@@ -218,6 +262,7 @@ def _v1(daemon: Daemon) -> APIRouter:
         ] = None,
     ) -> JSONResponse:
         """Start a run; follow the returned ``url``."""
+        await _refuse_in_outage(daemon, "not accepting runs")
         if idempotency_key is None:
             return await _start_run(spec)
         key = idempotency_key.strip()
@@ -385,22 +430,16 @@ def _v1(daemon: Daemon) -> APIRouter:
         none does at the moment) goes to it: 202, saying whether it was
         applied already.
         """
+        await _refuse_in_outage(daemon, "not cancelling runs")
         state = await _state(daemon, run_id)
         if state.status.final:
             raise ApiError(409, f"run {run_id} already ended {state.status.value}")
         try:
             sup = daemon.supervisor
         except SupervisorError as exc:  # starting or shutting down
-            # Refused before anything changed: worth sending again once the
-            # daemon serves (Retry-After), as a gate's answer is.
-            if _starting(daemon):
-                detail, headers = STARTING, _RETRY
-            elif daemon.draining:
-                detail, headers = DRAINING, _RETRY
-            else:
-                detail, headers = str(exc), None
+            detail, headers = _not_serving(daemon, exc)
             raise ApiError(
-                503, f"not cancelling runs: {detail}", headers=headers
+                503, f"not cancelling runs: {detail}", headers=headers or None
             ) from None
         try:
             sent = await sup.cancel(run_id)
@@ -464,6 +503,7 @@ def _v1(daemon: Daemon) -> APIRouter:
         the moment) is checked here, then goes to it: 202, saying whether
         it was applied already.
         """
+        await _refuse_in_outage(daemon, "not answering gates")
         sup = daemon.supervisor
         request = sup.gates.get(gate_id)
         try:
@@ -694,15 +734,10 @@ def _handle_errors(app: FastAPI, daemon: Daemon) -> None:
 
     @app.exception_handler(SupervisorError)
     async def unavailable(request: Request, exc: SupervisorError) -> JSONResponse:
-        if _starting(daemon):
-            response = _problem(503, f"not serving yet: {STARTING}")
-        elif daemon.draining:
-            # Refused before it changed anything: worth sending again once
-            # the daemon has restarted, as a submission is.
-            response = _problem(503, f"not serving: {DRAINING}")
-        else:
-            return _problem(503, f"not serving: {exc}")
-        response.headers.update(_RETRY)
+        detail, headers = _not_serving(daemon, exc)
+        yet = " yet" if detail is STARTING else ""
+        response = _problem(503, f"not serving{yet}: {detail}")
+        response.headers.update(headers)
         return response
 
     @app.exception_handler(Exception)

@@ -6,8 +6,8 @@ busy port is a one-line error while no run has been resumed.
 
 uvicorn's own signal handling re-raises the signal after shutting down (so
 the process would end by SIGTERM, not exit 0), stops listening at once and
-knows nothing of the supervisor; here the daemon handles SIGTERM and SIGINT
-itself (see :class:`Shutdown`): it drains the runs while uvicorn still
+knows nothing of the supervisor; here the daemon handles SIGTERM, SIGINT
+and SIGHUP itself (see :class:`Shutdown`): it drains the runs while uvicorn still
 answers, then lets uvicorn finish the requests in flight and return.
 Before it serves and after, ``replan serve``'s own handlers stop it at
 once (exit 0); the event loop's receiver puts them back as it closes.
@@ -34,6 +34,7 @@ import anyio
 import uvicorn
 from anyio.abc import TaskStatus
 
+from .._cli_signals import stop_signals
 from ..store import DriverLease
 from ..telemetry import setup_if_asked
 from ._accept import AcceptPausingLoop
@@ -107,7 +108,7 @@ def build_daemon(settings: DaemonSettings) -> Daemon:
 
 
 class Shutdown:
-    """The course of SIGTERM and SIGINT: drain while serving, then stop uvicorn.
+    """The course of SIGTERM, SIGINT and SIGHUP: drain while serving, then stop uvicorn.
 
     The first :meth:`request` refuses new runs (503) and ends the event
     streams at once; :meth:`run` then drains the supervisor while uvicorn
@@ -168,7 +169,7 @@ async def run_server(
     """Serve on ``sockets`` until a :class:`Shutdown` has run, and return.
 
     The daemon starts (resuming the journal's runs) while uvicorn already
-    answers. SIGTERM and SIGINT request the shutdown; so can whoever starts
+    answers. SIGTERM, SIGINT and SIGHUP request the shutdown; so can whoever starts
     this with ``tg.start``, which hands them the :class:`Shutdown`.
 
     Raises:
@@ -189,12 +190,34 @@ async def run_server(
         except SystemExit:
             # Raised inside this task group it would come out wrapped.
             failed = True
+        await _finish_lifespan(server)
         # Drains what is left (quick after the Shutdown's drain) and closes
         # the journal; a start still resuming runs is cut short.
         await running.stop()
         tg.cancel_scope.cancel()
     if failed or running.failed:
         raise SystemExit(3)
+
+
+LIFESPAN_SHUTDOWN_S = 1.0
+"""How long a forced stop waits for the app's lifespan to finish."""
+
+
+async def _finish_lifespan(server: uvicorn.Server) -> None:
+    """End the app's lifespan if uvicorn stopped without ending it.
+
+    A forced stop (a second signal) or a stop during uvicorn's start skips
+    the lifespan's shutdown: its task was left waiting for it, and the
+    event loop cancelled it as it closed, which uvicorn logged as an error
+    with a traceback. The app's lifespan does nothing here (the daemon
+    runs beside uvicorn), so its shutdown is quick.
+    """
+    lifespan = getattr(server, "lifespan", None)
+    done = getattr(lifespan, "shutdown_event", None)
+    if lifespan is None or done is None or done.is_set():
+        return
+    with anyio.move_on_after(LIFESPAN_SHUTDOWN_S):
+        await lifespan.shutdown()
 
 
 class _Running:
@@ -240,14 +263,14 @@ class _Running:
 async def _on_signals(
     shutdown: Shutdown, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
 ) -> None:
-    """Request the shutdown on SIGTERM and SIGINT.
+    """Request the shutdown on SIGTERM, SIGINT and SIGHUP.
 
     The handlers installed before (``replan serve`` stops at once on a
     signal before the daemon serves, and after) are put back as this ends:
     the event loop would leave the default ones, and a signal as the
     daemon sends its last spans would kill it.
     """
-    handled = (signal.SIGTERM, signal.SIGINT)
+    handled = stop_signals()
     previous = {s: signal.getsignal(s) for s in handled}
     try:
         with anyio.open_signal_receiver(*handled) as signals:
@@ -284,7 +307,7 @@ def check_journal(settings: DaemonSettings) -> None:
 
 
 def serve(settings: DaemonSettings) -> None:
-    """Serve until SIGTERM or SIGINT, then drain and return.
+    """Serve until SIGTERM, SIGINT or SIGHUP, then drain and return.
 
     Raises:
         ConfigurationError: a setting cannot be used (names the field),

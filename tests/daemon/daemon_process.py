@@ -23,6 +23,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _ignore_sighup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
 class DaemonProcess:
     """``replan serve`` as a child process; ``start()`` waits for /readyz."""
 
@@ -32,8 +36,14 @@ class DaemonProcess:
         *args: str,
         env: dict[str, str] | None = None,
         token: str | None = TOKEN,
+        console_script: bool = False,
+        ignore_sighup: bool = False,
     ) -> None:
         self.data_dir = data_dir
+        # The installed ``replan`` command rather than ``python -m replan``.
+        self.console_script = console_script
+        # As `nohup` starts it.
+        self.ignore_sighup = ignore_sighup
         self.args = args
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -51,10 +61,13 @@ class DaemonProcess:
             env["REPLAN_API_TOKEN"] = self.token
         env.update(self.extra_env)
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        program = (
+            [str(Path(sys.executable).with_name("replan"))]
+            if self.console_script
+            else [sys.executable, "-m", "replan"]
+        )
         command = [
-            sys.executable,
-            "-m",
-            "replan",
+            *program,
             "serve",
             "--port",
             str(self.port),
@@ -66,7 +79,12 @@ class DaemonProcess:
         ]
         with self.log.open("a") as log:
             self.proc = subprocess.Popen(
-                command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
+                command,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+                preexec_fn=_ignore_sighup if self.ignore_sighup else None,
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -281,3 +281,46 @@ async def test_a_retention_pass_that_meets_an_outage_logs_one_line_without_trace
     assert passes
     assert all(r.levelno == logging.WARNING and not r.exc_info for r in passes)
     assert "cannot be reached" in passes[0].getMessage()
+
+
+def test_a_write_while_the_server_is_out_of_reach_gets_503_at_once(
+    tmp_path: Path, own_server: PostgresServer
+) -> None:
+    # Its calls wait up to reconnect_s (30 s) for the server: a submission
+    # made during an outage the daemon already knew of waited as long for
+    # its 503, and a client that gave up first could not tell what happened.
+    env = {"REPLAN_JOURNAL_DSN": own_server.dsn(own_server.new_database())}
+    daemon = DaemonProcess(tmp_path / "data", env=env).start()
+    try:
+        with daemon.client() as client:
+            run_id = client.post("/v1/runs", json={"goal": GOAL}).json()["run_id"]
+            wait_for(lambda: client.get("/v1/gates").json()["gates"])
+            postgres.halt(own_server)
+            try:
+                wait_for(lambda: client.get("/readyz").status_code == 503)
+                writes = [
+                    ("/v1/runs", {"goal": GOAL}, "not accepting runs"),
+                    (
+                        f"/v1/gates/{run_id}-g1",
+                        {"decision": "approve", "by": "alice"},
+                        "not answering gates",
+                    ),
+                    (f"/v1/runs/{run_id}/cancel", None, "not cancelling runs"),
+                ]
+                for path, body, refusal in writes:
+                    started = time.monotonic()
+                    response = client.post(path, json=body)
+                    assert time.monotonic() - started < 5, path
+                    assert response.status_code == 503, response.text
+                    assert response.headers["retry-after"] == "5"
+                    detail = response.json()["detail"]
+                    assert detail.startswith(f"{refusal}: the journal cannot be")
+            finally:
+                postgres.start_again(own_server)
+            wait_for(lambda: client.get("/readyz").status_code == 200, timeout_s=30)
+            answer = {"decision": "approve", "by": "alice"}
+            response = client.post(f"/v1/gates/{run_id}-g1", json=answer)
+            assert response.status_code == 200, response.text
+            assert client.post("/v1/runs", json={"goal": GOAL}).status_code == 202
+    finally:
+        assert daemon.terminate() == 0, daemon.output()
