@@ -7,6 +7,7 @@ one of a closed set of outcomes; none does I/O, so each is tested exhaustively.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from heapq import heappop, heappush
 from itertools import islice
 from typing import Literal
 
@@ -19,6 +20,7 @@ from ..messages import (
     Verdict,
 )
 from ._state import RunState
+from ._tables import TaskTable
 
 
 def ready_tasks(state: RunState) -> list[Task]:
@@ -63,26 +65,45 @@ ENDED = frozenset(
 
 
 class ReadyWalk:
-    """:func:`iter_ready` for one run's driver, past the tasks that ended.
+    """:func:`iter_ready` for one run's driver, without walking the whole plan.
 
-    A run's tasks are only ever added, at the end of the table (``t1``,
-    ``t2``...), and a task that ended never changes again: the tasks before
-    the first one still pending or running can hold no ready task. The
-    driver walks for ready tasks after every report; this walk starts past
-    them, so that a plan of thousands does not cost a walk over every
-    finished task each time.
+    The driver walks for ready tasks after every report. A run's tasks are
+    only ever added, at the end of the table (``t1``, ``t2``...), and a
+    task that ended never changes again.
+
+    In a small table the walk starts past the tasks at its head that
+    ended: they can hold no ready task. A large table
+    (:class:`TaskTable`) tells which tasks changed since the last walk;
+    the walk keeps the ready tasks in a heap by their place in the plan,
+    and each pending task that waits for another under that one's id, so
+    that a chain of thousands does not cost a walk over every pending task
+    after each report. Either way a task is yielded only when it is
+    pending and its dependencies completed in the state given.
     """
 
-    __slots__ = ("_ids", "_start")
+    __slots__ = ("_heap", "_ids", "_offered", "_queued", "_start", "_table", "_waiting")
 
     def __init__(self) -> None:
         self._ids: list[str] = []
         """The table's task ids, in order, as far as seen."""
         self._start = 0
         """How many tasks at the head of the table have ended."""
+        self._table: TaskTable | None = None
+        """The large table of the last walk, None after a small one."""
+        self._heap: list[int] = []
+        """Positions of tasks found ready (some may have started since)."""
+        self._queued: set[int] = set()
+        """The positions in the heap."""
+        self._waiting: dict[str, list[int]] = {}
+        """Positions of pending tasks, by the id of a dependency they wait for."""
+        self._offered: list[int] = []
+        """Positions the last walk yielded: those not started go back."""
 
     def __call__(self, state: RunState) -> Iterator[Task]:
         tasks = state.tasks
+        if type(tasks) is TaskTable:
+            return self._walk_table(tasks)
+        self._table = None
         ids = self._ids
         if len(ids) != len(tasks):
             if len(ids) > len(tasks) or (ids and ids[-1] not in tasks):
@@ -96,6 +117,57 @@ class ReadyWalk:
             start += 1
         self._start = start
         return _ready_among(tasks, (tasks[ids[i]] for i in range(start, count)))
+
+    def _walk_table(self, tasks: TaskTable) -> Iterator[Task]:
+        changes = None if self._table is None else tasks.changes_since(self._table)
+        if changes is None:
+            # The first large table, or one with tasks added: index it all.
+            self._heap.clear()
+            self._queued.clear()
+            self._waiting.clear()
+            self._offered.clear()
+            changes = enumerate(tasks.values())
+        self._table = tasks
+        queued, heap = self._queued, self._heap
+        for position in self._offered:
+            if position not in queued:
+                queued.add(position)
+                heappush(heap, position)
+        self._offered.clear()
+        for position, task in changes:
+            self._place(tasks, position, task)
+        return self._ready(tasks)
+
+    def _place(self, tasks: TaskTable, position: int, task: Task) -> None:
+        """Index a task that changed (or one that waited for one that did)."""
+        status = task.status
+        if status is TaskStatus.PENDING:
+            for dep in task.depends_on:
+                if tasks[dep].status is not TaskStatus.COMPLETED:
+                    self._waiting.setdefault(dep, []).append(position)
+                    return
+            if position not in self._queued:
+                self._queued.add(position)
+                heappush(self._heap, position)
+        elif status is TaskStatus.COMPLETED:
+            for waiter in self._waiting.pop(task.id, ()):
+                self._place(tasks, waiter, tasks.at(waiter))
+
+    def _ready(self, tasks: TaskTable) -> Iterator[Task]:
+        heap, queued, offered = self._heap, self._queued, self._offered
+        while heap:
+            position = heappop(heap)
+            queued.discard(position)
+            task = tasks.at(position)
+            if task.status is not TaskStatus.PENDING:
+                continue  # started since, or superseded
+            for dep in task.depends_on:
+                if tasks[dep].status is not TaskStatus.COMPLETED:
+                    self._waiting.setdefault(dep, []).append(position)
+                    break
+            else:
+                offered.append(position)
+                yield task
 
 
 def contract_rules(state: RunState) -> bool:

@@ -90,6 +90,31 @@ class TaskTable(Mapping[str, Task]):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({dict(self.items())!r})"
 
+    def at(self, position: int) -> Task:
+        """The task at ``position`` in the plan's order (from 0)."""
+        return self._chunks[position >> _SHIFT][position & _MASK]
+
+    def changes_since(self, older: TaskTable) -> Iterator[tuple[int, Task]] | None:
+        """The positions and tasks of this table that are not ``older``'s.
+
+        Found by the chunks the two tables do not share, so a table made
+        from ``older`` by a few replacements is compared in a 64th of its
+        length. None when this table was not made from ``older`` by
+        replacing tasks alone (tasks added give the table new positions).
+        """
+        if self._positions is not older._positions:
+            return None
+        return self._changed(older._chunks)
+
+    def _changed(self, before: list[list[Task]]) -> Iterator[tuple[int, Task]]:
+        for c, chunk in enumerate(self._chunks):
+            old = before[c]
+            if chunk is not old:
+                base = c << _SHIFT
+                for j, task in enumerate(chunk):
+                    if task is not old[j]:
+                        yield base + j, task
+
     def replaced(self, changed: Mapping[str, Task]) -> TaskTable:
         """A copy with the tasks in ``changed`` in place of those with their
         ids (each already in the table)."""

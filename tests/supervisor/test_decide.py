@@ -43,6 +43,7 @@ from replan.supervisor import (
     milestone_due,
     ready_tasks,
 )
+from replan.supervisor import _tables as tables
 from replan.supervisor._decide import ReadyWalk
 
 NOW = datetime(2026, 11, 21, tzinfo=UTC)
@@ -134,14 +135,42 @@ def _replanned(state: RunState, count: int, on: list[str]) -> RunState:
 def test_the_drivers_walk_finds_the_ready_tasks_a_whole_walk_finds(
     size: int, chain: bool, steps: list[tuple[str, int]]
 ) -> None:
+    _walk_along(size, chain, steps)
+
+
+@given(
+    st.integers(1, 40),
+    st.booleans(),
+    st.lists(st.tuples(st.sampled_from("sfxtr"), st.integers(0, 30)), max_size=80),
+)
+def test_the_drivers_walk_of_a_large_table_finds_what_a_whole_walk_finds(
+    size: int, chain: bool, steps: list[tuple[str, int]]
+) -> None:
+    # Tables past 3 tasks become TaskTables of chunks of 4: the walk follows
+    # the tasks that changed, by the chunks, as it does past 256 tasks.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tables, "SMALL", 3)
+        patch.setattr(tables, "CHUNK", 4)
+        patch.setattr(tables, "_SHIFT", 2)
+        patch.setattr(tables, "_MASK", 3)
+        _walk_along(size, chain, steps)
+
+
+def _walk_along(size: int, chain: bool, steps: list[tuple[str, int]]) -> None:
     # One walk follows the run from state to state, as the driver's does:
     # starts, successes, failures (their dependents skipped), transient
     # failures (the task pending again) and replans (tasks superseded and
-    # added at the end of the table).
+    # added at the end of the table). Each state is walked twice, as the
+    # driver may when nothing it was offered started.
     walk = ReadyWalk()
     state = _state(size, chain=chain)
     for action, pick in steps:
         assert [t.id for t in walk(state)] == [t.id for t in ready_tasks(state)]
+        if pick % 4 == 0:
+            assert [t.id for t in walk(state)] == [t.id for t in ready_tasks(state)]
+        elif pick % 4 == 1:
+            # A walk the driver stops after the first task it takes.
+            next(iter(walk(state)), None)
         ready = ready_tasks(state)
         running = [
             t for t in state.tasks.values() if t.status is TaskStatus.IN_PROGRESS
