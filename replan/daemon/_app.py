@@ -484,6 +484,9 @@ def _v1(daemon: Daemon) -> APIRouter:
         """
         await _refuse_in_outage(daemon, "not listing gates", wrote=False)
         found, elsewhere = await daemon.open_gates(run_id)
+        if run_id is not None and not found and not await _exists(daemon, run_id):
+            # A mistyped id is not a run with nothing to answer.
+            raise ApiError(404, f"no run {run_id}", "run_id")
         page = found[offset : offset + limit]
         return GateList(
             gates=page,
@@ -555,6 +558,15 @@ async def _state(daemon: Daemon, run_id: str) -> Any:
         return await daemon.run_state(run_id)
     except UnknownRunError:
         raise ApiError(404, f"no run {run_id}", "run_id") from None
+
+
+async def _exists(daemon: Daemon, run_id: str) -> bool:
+    """Is there a run ``run_id``, live here or in the journal?"""
+    try:
+        daemon.supervisor.get(run_id)
+    except UnknownRunError:
+        return await daemon.store.get_run(run_id) is not None
+    return True
 
 
 async def _not_here(daemon: Daemon, run_id: str) -> str:
