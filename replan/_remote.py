@@ -226,8 +226,12 @@ def _follow(client: Client, run_id: str) -> int:
 def _gates(client: Client, args: argparse.Namespace) -> int:
     """The gates waiting for a person, oldest first, as ``show`` names them:
     the full id ``approve`` and ``reject`` take, and what each asks."""
+    run_id = args.run_id
+    if run_id:
+        # An unknown run is told as show tells it, a prefix taken as there.
+        run_id, _ = _find_run(client, run_id)
     lines: list[str] = []
-    for gate, holder in _open_gates(client, args.run_id):
+    for gate, holder in _open_gates(client, run_id):
         request = GateRequest.model_validate(gate)
         if lines:
             lines.append("")

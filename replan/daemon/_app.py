@@ -132,18 +132,21 @@ def _not_serving(daemon: Daemon, exc: SupervisorError) -> tuple[str, dict[str, s
 
 
 OUTAGE_GRACE_S = 3.0
-"""How long a write waits for a journal known to be out of reach before
-its 503: longer than the store waits between two tries (2 s at most, and
+"""How long a write or a read waits for a journal known to be out of
+reach before its 503: longer than the store waits between two tries (2 s at most, and
 the daemon uses its journal every 0.5 s), so a server that is back again
 is seen; far shorter than the store's ``reconnect_s``."""
 _OUTAGE_LOOK_S = 0.1
 
 
-async def _refuse_in_outage(daemon: Daemon, refusal: str) -> None:
+async def _refuse_in_outage(
+    daemon: Daemon, refusal: str, *, wrote: bool = True
+) -> None:
     """Answer 503 with ``Retry-After`` within :data:`OUTAGE_GRACE_S` while
     the journal's server is known to be out of reach: its calls would wait
     for it up to ``reconnect_s`` (30 s), longer than many clients wait for
     an answer. The request has changed nothing, and is worth sending again.
+    ``wrote`` is False for a read, whose detail then says no more than that.
 
     Raises:
         ApiError: the journal cannot be reached.
@@ -155,10 +158,11 @@ async def _refuse_in_outage(daemon: Daemon, refusal: str) -> None:
         await anyio.sleep(_OUTAGE_LOOK_S)
     outage = daemon.journal_outage
     if outage is not None:
+        again = "nothing was written; " if wrote else ""
         raise ApiError(
             503,
-            f"{refusal}: the journal cannot be reached for now (nothing was "
-            f"written; send the request again): {outage}",
+            f"{refusal}: the journal cannot be reached for now ({again}send "
+            f"the request again): {outage}",
             headers=_RETRY,
         )
 
@@ -364,6 +368,7 @@ def _v1(daemon: Daemon) -> APIRouter:
         offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
     ) -> RunPage:
         """Runs newest first, optionally only those with the given statuses."""
+        await _refuse_in_outage(daemon, "not reading runs", wrote=False)
         rows = await daemon.store.list_runs(
             statuses=status or None, limit=limit + 1, offset=offset
         )
@@ -378,6 +383,7 @@ def _v1(daemon: Daemon) -> APIRouter:
     @router.get("/runs/{run_id}", response_model=RunView)
     async def get_run(run_id: RunId) -> RunView:
         """A run's status, tasks, usage, stop reason and gates."""
+        await _refuse_in_outage(daemon, "not reading runs", wrote=False)
         state = await _state(daemon, run_id)
         return RunView(
             run_id=state.run_id,
@@ -394,6 +400,7 @@ def _v1(daemon: Daemon) -> APIRouter:
     @router.get("/runs/{run_id}/versions", response_model=VersionList)
     async def versions(run_id: RunId) -> VersionList:
         """Every applied plan version with its diff (removed, added, preserved)."""
+        await _refuse_in_outage(daemon, "not reading runs", wrote=False)
         state = await _state(daemon, run_id)
         return VersionList(run_id=run_id, versions=state.versions)
 
@@ -475,7 +482,11 @@ def _v1(daemon: Daemon) -> APIRouter:
         ``elsewhere`` names the daemon that drives the run of each one open
         in another daemon (of those on the page).
         """
+        await _refuse_in_outage(daemon, "not listing gates", wrote=False)
         found, elsewhere = await daemon.open_gates(run_id)
+        if run_id is not None and not found and not await _exists(daemon, run_id):
+            # A mistyped id is not a run with nothing to answer.
+            raise ApiError(404, f"no run {run_id}", "run_id")
         page = found[offset : offset + limit]
         return GateList(
             gates=page,
@@ -547,6 +558,15 @@ async def _state(daemon: Daemon, run_id: str) -> Any:
         return await daemon.run_state(run_id)
     except UnknownRunError:
         raise ApiError(404, f"no run {run_id}", "run_id") from None
+
+
+async def _exists(daemon: Daemon, run_id: str) -> bool:
+    """Is there a run ``run_id``, live here or in the journal?"""
+    try:
+        daemon.supervisor.get(run_id)
+    except UnknownRunError:
+        return await daemon.store.get_run(run_id) is not None
+    return True
 
 
 async def _not_here(daemon: Daemon, run_id: str) -> str:

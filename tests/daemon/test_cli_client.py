@@ -179,6 +179,12 @@ def test_gates_lists_the_gates_waiting_for_a_person_by_the_ids_approve_takes(
     only = capsys.readouterr().out
     assert only.startswith(f"gate {run_ids[1]}-g1 opened: waiting for a decision")
     assert run_ids[0] not in only
+    # A prefix names the run as for show; one that names no run says so.
+    assert main(["gates", "--run", run_ids[1][:12]]) == 0
+    assert capsys.readouterr().out == only
+    for unknown in ("NOSUCH", "0" * 40):
+        assert main(["gates", "--run", unknown]) == 1
+        assert capsys.readouterr().err == f"replan: error: 404: no run {unknown}\n"
 
     assert main(["approve", opened[0], "--by", "gina"]) == 0
     capsys.readouterr()

@@ -88,7 +88,10 @@ def test_a_scope_shift_gate_is_approved_over_http(daemon: DaemonProcess) -> None
         assert gate["trigger"] == "scope_shift"
         assert gate["proposal"]["removed"] == ["t2", "t3", "t4"]
         assert client.get(f"/v1/runs/{run_id}").json()["status"] == "waiting_for_human"
-        assert client.get("/v1/gates", params={"run_id": "other"}).json()["gates"] == []
+        # A mistyped run id is not a run with no gate waiting.
+        unknown = client.get("/v1/gates", params={"run_id": "other"})
+        assert unknown.status_code == 404, unknown.text
+        assert unknown.json()["detail"] == "no run other"
 
         answer = client.post(
             f"/v1/gates/{gate['gate_id']}", json={"decision": "approve", "by": "erin"}
@@ -100,10 +103,14 @@ def test_a_scope_shift_gate_is_approved_over_http(daemon: DaemonProcess) -> None
             "decision": "approve",
         }
         view = finished(client, run_id)
+        # A run with no gate waiting (any more) has an empty list.
+        none_left = client.get("/v1/gates", params={"run_id": run_id})
         again = client.post(f"/v1/gates/{gate['gate_id']}", json={"decision": "reject"})
         unknown = client.post(f"/v1/gates/{run_id}-g9", json={"decision": "reject"})
     assert view["status"] == "completed"
     assert view["result"]["versions"][1]["approved_by"] == "erin"
+    assert none_left.status_code == 200, none_left.text
+    assert none_left.json()["gates"] == []
     assert again.status_code == 409
     assert unknown.status_code == 404
 

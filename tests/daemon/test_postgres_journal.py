@@ -6,7 +6,10 @@ drives on."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -322,5 +325,61 @@ def test_a_write_while_the_server_is_out_of_reach_gets_503_at_once(
             response = client.post(f"/v1/gates/{run_id}-g1", json=answer)
             assert response.status_code == 200, response.text
             assert client.post("/v1/runs", json={"goal": GOAL}).status_code == 202
+    finally:
+        assert daemon.terminate() == 0, daemon.output()
+
+
+def test_a_read_while_the_server_is_out_of_reach_gets_503_at_once(
+    tmp_path: Path, own_server: PostgresServer
+) -> None:
+    # A read waited up to reconnect_s (30 s) for the server, as writes did,
+    # where the command line and proxies wait for less. The command line
+    # waits through the 503 and shows the answer once the server is back.
+    env = {"REPLAN_JOURNAL_DSN": own_server.dsn(own_server.new_database())}
+    daemon = DaemonProcess(tmp_path / "data", env=env).start()
+    try:
+        with daemon.client() as client:
+            run_id = client.post("/v1/runs", json={"goal": GOAL}).json()["run_id"]
+            wait_for(lambda: client.get("/v1/gates").json()["gates"])
+            postgres.halt(own_server)
+            try:
+                wait_for(lambda: client.get("/readyz").status_code == 503)
+                reads = [
+                    ("/v1/runs", "not reading runs"),
+                    (f"/v1/runs/{run_id}", "not reading runs"),
+                    (f"/v1/runs/{run_id}/versions", "not reading runs"),
+                    ("/v1/gates", "not listing gates"),
+                    (f"/v1/gates?run_id={run_id}", "not listing gates"),
+                ]
+                for path, refusal in reads:
+                    started = time.monotonic()
+                    response = client.get(path)
+                    assert time.monotonic() - started < 5, path
+                    assert response.status_code == 503, response.text
+                    assert response.headers["retry-after"] == "5"
+                    detail = response.json()["detail"]
+                    assert detail.startswith(
+                        f"{refusal}: the journal cannot be reached for now "
+                        "(send the request again): postgresql://"
+                    ), detail
+                cli_env = {
+                    k: v for k, v in os.environ.items() if not k.startswith("REPLAN_")
+                }
+                cli_env.update(REPLAN_URL=daemon.url, REPLAN_API_TOKEN=daemon.token)
+                listing = subprocess.Popen(
+                    [sys.executable, "-m", "replan", "runs"],
+                    env=cli_env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                time.sleep(1)
+                assert listing.poll() is None, listing.communicate()
+            finally:
+                postgres.start_again(own_server)
+            out, err = listing.communicate(timeout=60)
+            assert listing.returncode == 0, err
+            assert run_id in out
+            assert client.get(f"/v1/runs/{run_id}").status_code == 200
     finally:
         assert daemon.terminate() == 0, daemon.output()
