@@ -472,7 +472,7 @@ def _v1(daemon: Daemon) -> APIRouter:
 
     @router.get("/gates", response_model=GateList)
     async def gates(
-        run_id: Annotated[str | None, Query(max_length=200)] = None,
+        run_id: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
         offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
     ) -> GateList:

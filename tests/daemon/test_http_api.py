@@ -92,6 +92,9 @@ def test_a_scope_shift_gate_is_approved_over_http(daemon: DaemonProcess) -> None
         unknown = client.get("/v1/gates", params={"run_id": "other"})
         assert unknown.status_code == 404, unknown.text
         assert unknown.json()["detail"] == "no run other"
+        empty = client.get("/v1/gates", params={"run_id": ""})
+        assert empty.status_code == 422, empty.text
+        assert "run_id" in empty.text
 
         answer = client.post(
             f"/v1/gates/{gate['gate_id']}", json={"decision": "approve", "by": "erin"}
