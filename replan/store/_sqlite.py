@@ -173,12 +173,9 @@ class SQLiteStore:
     fsyncs) are the one slow part of SQLite's commit path: every
     :data:`CHECKPOINT_EVERY` appends a thread of the store's own does the
     copying, and the next append finishes the round with the few pages
-    written meanwhile (see ``_Checkpointer``). With ``synchronous="FULL"``,
-    while several runs are live and writing, an append waits one pass of the
-    event loop for the appends of other runs, and all of them share one
-    transaction and its fsync (group commit). With ``"NORMAL"`` a commit
-    costs tens of microseconds, less than that wait: every append commits
-    at once.
+    written meanwhile (see ``_Checkpointer``). While several runs are live
+    and writing, an append waits one pass of the event loop for the appends
+    of other runs, and all of them share one transaction (group commit).
 
     Durability: with ``synchronous="NORMAL"`` (the default) a commit is written
     to the WAL but not fsynced, so a crash of the application loses nothing,
@@ -238,11 +235,6 @@ class SQLiteStore:
         # Runs this store journals that have not ended: while more than one
         # is live, appends become ready together and share one commit.
         self._live: set[str] = set()
-        # Only where a commit is an fsync. Without one, gathering costs each
-        # append a pass of the event loop, and runs interleaved at every
-        # append evict each other's data from the CPU caches: 200 concurrent
-        # runs took ~9 % more CPU time with group commit than without.
-        self._group = synchronous == "FULL"
         self._previous: str | None = None
         """The run of the last append."""
         self._batch: _Batch | None = None
@@ -298,7 +290,7 @@ class SQLiteStore:
                 batch.done = anyio.Event()
             with anyio.CancelScope(shield=True):
                 await batch.done.wait()
-        elif self._group and len(self._live) > 1 and run_id != self._previous:
+        elif len(self._live) > 1 and run_id != self._previous:
             # Other runs are live and writing too: let every append that
             # becomes ready in this pass of the event loop join, then commit
             # them together. A run that writes alone while others wait (for

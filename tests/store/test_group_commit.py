@@ -1,6 +1,5 @@
-"""The SQLite journal's group commit: with ``synchronous="FULL"``, appends of
-several live runs that become ready together share one transaction (and its
-fsync), each still atomic on its own; with ``"NORMAL"`` each commits at once."""
+"""The SQLite journal's group commit: appends of several live runs that
+become ready together share one transaction, each still atomic on its own."""
 
 from __future__ import annotations
 
@@ -51,11 +50,6 @@ class Attempts:
         return getattr(self.conn, name)
 
 
-def grouping(db: Path) -> SQLiteStore:
-    """A store that groups commits: one whose commits are fsyncs."""
-    return SQLiteStore(db, synchronous="FULL")
-
-
 def commits(seen: list[str]) -> int:
     """Transactions committed: explicit COMMITs plus lone INSERTs outside one."""
     count, open_ = 0, False
@@ -97,7 +91,7 @@ async def test_appends_of_live_runs_that_are_ready_together_share_one_commit(
 ) -> None:
     db = tmp_path / "j.db"
     runs = [f"run-{i}" for i in range(5)]
-    async with grouping(db) as store:
+    async with SQLiteStore(db) as store:
         await start_runs_and_a_bystander(store, runs)
         with statements(store) as seen:
             async with anyio.create_task_group() as tg:
@@ -111,34 +105,8 @@ async def test_appends_of_live_runs_that_are_ready_together_share_one_commit(
             assert await store.read(run_id, after=1) == [started(2)]
 
 
-async def test_appends_of_live_runs_commit_at_once_without_fsyncs(
-    tmp_path: Path,
-) -> None:
-    db = tmp_path / "j.db"
-    runs = [f"run-{i}" for i in range(5)]
-    async with SQLiteStore(db) as store:  # synchronous="NORMAL"
-        await start_runs_and_a_bystander(store, runs)
-        others_ran = False
-
-        async def other() -> None:
-            nonlocal others_ran
-            others_ran = True
-
-        with statements(store) as seen:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(other)
-                for run_id in runs:
-                    await store.append(run_id, [started(2)], summary(2, run_id=run_id))
-                    # Committed before the append returned, with no wait for
-                    # others: no append passed through the event loop.
-                    assert journaled(db)[run_id] == [1, 2]
-                assert not others_ran
-        assert commits(seen) == len(runs)
-        assert journaled(db) == {**{key: [1, 2] for key in runs}, "bystander": [1]}
-
-
 async def test_a_lone_live_run_commits_each_append_at_once(tmp_path: Path) -> None:
-    async with grouping(tmp_path / "j.db") as store:
+    async with SQLiteStore(tmp_path / "j.db") as store:
         await start_runs(store, ["run-a"])
         with statements(store) as seen:
             for seq in range(2, 5):
@@ -157,7 +125,7 @@ async def test_an_append_that_conflicts_fails_alone_and_the_others_commit(
 ) -> None:
     db = tmp_path / "j.db"
     runs = ["run-a", "run-b", "run-c"]
-    async with grouping(db) as store:
+    async with SQLiteStore(db) as store:
         await start_runs_and_a_bystander(store, runs)
         # Another writer journals run-b's seq 2 behind this store's back.
         with closing(sqlite3.connect(db)) as other:
@@ -198,7 +166,7 @@ async def test_a_caller_cancelled_while_in_a_batch_finds_its_append_committed(
 ) -> None:
     db = tmp_path / "j.db"
     runs = ["run-a", "run-b"]
-    async with grouping(db) as store:
+    async with SQLiteStore(db) as store:
         await start_runs_and_a_bystander(store, runs)
         returned: list[str] = []
 
@@ -225,7 +193,7 @@ async def test_a_caller_cancelled_while_in_a_batch_finds_its_append_committed(
 async def test_a_run_that_ended_no_longer_makes_appends_wait_for_others(
     tmp_path: Path,
 ) -> None:
-    async with grouping(tmp_path / "j.db") as store:
+    async with SQLiteStore(tmp_path / "j.db") as store:
         await start_runs(store, ["run-a", "run-b"])
         await store.append(
             "run-b", [started(2)], summary(2, RunStatus.COMPLETED, run_id="run-b")
@@ -239,7 +207,7 @@ async def test_a_run_that_ended_no_longer_makes_appends_wait_for_others(
 async def test_a_batch_on_a_store_closed_meanwhile_fails_every_append(
     tmp_path: Path,
 ) -> None:
-    store = grouping(tmp_path / "j.db")
+    store = SQLiteStore(tmp_path / "j.db")
     await start_runs_and_a_bystander(store, ["run-a", "run-b"])
     failures: list[BaseException] = []
 
@@ -260,7 +228,7 @@ async def test_a_batch_on_a_store_closed_meanwhile_fails_every_append(
 async def test_a_run_writing_alone_while_another_waits_does_not_yield(
     tmp_path: Path,
 ) -> None:
-    async with grouping(tmp_path / "j.db") as store:
+    async with SQLiteStore(tmp_path / "j.db") as store:
         # Both live; run-b then waits (for a person, say) and writes nothing.
         await start_runs(store, ["run-a", "run-b"])
         await store.append("run-a", [started(2)], summary(2, run_id="run-a"))
@@ -287,7 +255,7 @@ async def test_a_batch_that_cannot_get_the_write_lock_fails_each_append_once(
 ) -> None:
     db = tmp_path / "j.db"
     runs = ["run-a", "run-b"]
-    async with grouping(db) as store:
+    async with SQLiteStore(db) as store:
         await start_runs_and_a_bystander(store, runs)
         store._connection().execute("PRAGMA busy_timeout = 50")
         failures: dict[str, BaseException] = {}
@@ -341,7 +309,7 @@ async def test_many_runs_cancelled_at_random_journal_exactly_the_appends_that_re
             if rnd.random() < 0.1:
                 await anyio.sleep(rnd.random() / 1000)
 
-    async with grouping(db) as store, anyio.create_task_group() as tg:
+    async with SQLiteStore(db) as store, anyio.create_task_group() as tg:
         scopes = [anyio.CancelScope() for _ in range(40)]
         for index, scope in enumerate(scopes):
 
