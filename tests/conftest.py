@@ -32,6 +32,16 @@ def postgres_server() -> Iterator[PostgresServer]:
 
 
 @pytest.fixture
+def own_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the test's own, to stop and start again."""
+    server = postgres.start()
+    try:
+        yield server
+    finally:
+        postgres.stop(server)
+
+
+@pytest.fixture
 def postgres_dsn(postgres_server: PostgresServer) -> Iterator[str]:
     """The connection string of a fresh, empty database, dropped afterwards."""
     name = postgres_server.new_database()

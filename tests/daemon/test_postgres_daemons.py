@@ -18,7 +18,6 @@ from typing import Any
 
 import postgres_server as postgres
 import psycopg
-import pytest
 from daemon_process import TOKEN, DaemonProcess, wait_for
 from postgres_server import PostgresServer
 from test_durability import sse_frames
@@ -439,16 +438,6 @@ def test_a_cancel_applied_by_a_daemon_that_cannot_be_named_says_so() -> None:
         "run r1: the cancel was applied by the daemon that took run r1 over"
     )
     assert "None" not in body.detail
-
-
-@pytest.fixture
-def own_server() -> Iterator[PostgresServer]:
-    """A PostgreSQL server of the test's own, to restart."""
-    server = postgres.start()
-    try:
-        yield server
-    finally:
-        postgres.stop(server)
 
 
 def test_a_stream_followed_in_the_journal_keeps_beating_while_the_server_restarts(

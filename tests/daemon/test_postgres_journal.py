@@ -11,10 +11,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import anyio
+import httpx
 import postgres_server as postgres
 import pytest
 from counting_model import read_counts
@@ -114,16 +117,6 @@ def test_a_journal_dsn_that_cannot_be_reached_is_refused_naming_the_setting(
     with pytest.raises(ConfigurationError) as caught:
         check_journal(settings)
     assert caught.value.field == "journal_dsn"
-
-
-@pytest.fixture
-def own_server() -> Iterator[PostgresServer]:
-    """A PostgreSQL server of the test's own, to restart."""
-    server = postgres.start()
-    try:
-        yield server
-    finally:
-        postgres.stop(server)
 
 
 def test_a_run_whose_append_met_a_server_restart_waits_for_it_and_runs_each_task_once(
@@ -286,47 +279,70 @@ async def test_a_retention_pass_that_meets_an_outage_logs_one_line_without_trace
     assert "cannot be reached" in passes[0].getMessage()
 
 
+@contextmanager
+def _daemon_with_a_gate(
+    tmp_path: Path, server: PostgresServer
+) -> Iterator[tuple[DaemonProcess, httpx.Client, str]]:
+    """A daemon on ``server`` whose one run waits at a gate."""
+    env = {"REPLAN_JOURNAL_DSN": server.dsn(server.new_database())}
+    daemon = DaemonProcess(tmp_path / "data", env=env).start()
+    try:
+        with daemon.client() as client:
+            run_id = client.post("/v1/runs", json={"goal": GOAL}).json()["run_id"]
+            wait_for(lambda: client.get("/v1/gates").json()["gates"])
+            yield daemon, client, run_id
+    finally:
+        assert daemon.terminate() == 0, daemon.output()
+
+
+@contextmanager
+def _server_down(server: PostgresServer, client: httpx.Client) -> Iterator[None]:
+    """``server`` halted, once the daemon's /readyz says so; started again
+    at the end."""
+    postgres.halt(server)
+    try:
+        wait_for(lambda: client.get("/readyz").status_code == 503)
+        yield
+    finally:
+        postgres.start_again(server)
+
+
+def _refused_at_once(send: Callable[[], httpx.Response], refusal: str) -> str:
+    """The detail of the 503 ``send`` gets within 5 s."""
+    started = time.monotonic()
+    response = send()
+    assert time.monotonic() - started < 5, response.request.url
+    assert response.status_code == 503, response.text
+    assert response.headers["retry-after"] == "5"
+    detail: str = response.json()["detail"]
+    assert detail.startswith(f"{refusal}: the journal cannot be"), detail
+    return detail
+
+
 def test_a_write_while_the_server_is_out_of_reach_gets_503_at_once(
     tmp_path: Path, own_server: PostgresServer
 ) -> None:
     # Its calls wait up to reconnect_s (30 s) for the server: a submission
     # made during an outage the daemon already knew of waited as long for
     # its 503, and a client that gave up first could not tell what happened.
-    env = {"REPLAN_JOURNAL_DSN": own_server.dsn(own_server.new_database())}
-    daemon = DaemonProcess(tmp_path / "data", env=env).start()
-    try:
-        with daemon.client() as client:
-            run_id = client.post("/v1/runs", json={"goal": GOAL}).json()["run_id"]
-            wait_for(lambda: client.get("/v1/gates").json()["gates"])
-            postgres.halt(own_server)
-            try:
-                wait_for(lambda: client.get("/readyz").status_code == 503)
-                writes = [
-                    ("/v1/runs", {"goal": GOAL}, "not accepting runs"),
-                    (
-                        f"/v1/gates/{run_id}-g1",
-                        {"decision": "approve", "by": "alice"},
-                        "not answering gates",
-                    ),
-                    (f"/v1/runs/{run_id}/cancel", None, "not cancelling runs"),
-                ]
-                for path, body, refusal in writes:
-                    started = time.monotonic()
-                    response = client.post(path, json=body)
-                    assert time.monotonic() - started < 5, path
-                    assert response.status_code == 503, response.text
-                    assert response.headers["retry-after"] == "5"
-                    detail = response.json()["detail"]
-                    assert detail.startswith(f"{refusal}: the journal cannot be")
-            finally:
-                postgres.start_again(own_server)
-            wait_for(lambda: client.get("/readyz").status_code == 200, timeout_s=30)
-            answer = {"decision": "approve", "by": "alice"}
-            response = client.post(f"/v1/gates/{run_id}-g1", json=answer)
-            assert response.status_code == 200, response.text
-            assert client.post("/v1/runs", json={"goal": GOAL}).status_code == 202
-    finally:
-        assert daemon.terminate() == 0, daemon.output()
+    with _daemon_with_a_gate(tmp_path, own_server) as (_, client, run_id):
+        with _server_down(own_server, client):
+            writes = [
+                ("/v1/runs", {"goal": GOAL}, "not accepting runs"),
+                (
+                    f"/v1/gates/{run_id}-g1",
+                    {"decision": "approve", "by": "alice"},
+                    "not answering gates",
+                ),
+                (f"/v1/runs/{run_id}/cancel", None, "not cancelling runs"),
+            ]
+            for path, body, refusal in writes:
+                _refused_at_once(partial(client.post, path, json=body), refusal)
+        wait_for(lambda: client.get("/readyz").status_code == 200, timeout_s=30)
+        answer = {"decision": "approve", "by": "alice"}
+        response = client.post(f"/v1/gates/{run_id}-g1", json=answer)
+        assert response.status_code == 200, response.text
+        assert client.post("/v1/runs", json={"goal": GOAL}).status_code == 202
 
 
 def test_a_read_while_the_server_is_out_of_reach_gets_503_at_once(
@@ -335,51 +351,35 @@ def test_a_read_while_the_server_is_out_of_reach_gets_503_at_once(
     # A read waited up to reconnect_s (30 s) for the server, as writes did,
     # where the command line and proxies wait for less. The command line
     # waits through the 503 and shows the answer once the server is back.
-    env = {"REPLAN_JOURNAL_DSN": own_server.dsn(own_server.new_database())}
-    daemon = DaemonProcess(tmp_path / "data", env=env).start()
-    try:
-        with daemon.client() as client:
-            run_id = client.post("/v1/runs", json={"goal": GOAL}).json()["run_id"]
-            wait_for(lambda: client.get("/v1/gates").json()["gates"])
-            postgres.halt(own_server)
-            try:
-                wait_for(lambda: client.get("/readyz").status_code == 503)
-                reads = [
-                    ("/v1/runs", "not reading runs"),
-                    (f"/v1/runs/{run_id}", "not reading runs"),
-                    (f"/v1/runs/{run_id}/versions", "not reading runs"),
-                    ("/v1/gates", "not listing gates"),
-                    (f"/v1/gates?run_id={run_id}", "not listing gates"),
-                ]
-                for path, refusal in reads:
-                    started = time.monotonic()
-                    response = client.get(path)
-                    assert time.monotonic() - started < 5, path
-                    assert response.status_code == 503, response.text
-                    assert response.headers["retry-after"] == "5"
-                    detail = response.json()["detail"]
-                    assert detail.startswith(
-                        f"{refusal}: the journal cannot be reached for now "
-                        "(send the request again): postgresql://"
-                    ), detail
-                cli_env = {
-                    k: v for k, v in os.environ.items() if not k.startswith("REPLAN_")
-                }
-                cli_env.update(REPLAN_URL=daemon.url, REPLAN_API_TOKEN=daemon.token)
-                listing = subprocess.Popen(
-                    [sys.executable, "-m", "replan", "runs"],
-                    env=cli_env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-                time.sleep(1)
-                assert listing.poll() is None, listing.communicate()
-            finally:
-                postgres.start_again(own_server)
-            out, err = listing.communicate(timeout=60)
-            assert listing.returncode == 0, err
-            assert run_id in out
-            assert client.get(f"/v1/runs/{run_id}").status_code == 200
-    finally:
-        assert daemon.terminate() == 0, daemon.output()
+    with _daemon_with_a_gate(tmp_path, own_server) as (daemon, client, run_id):
+        with _server_down(own_server, client):
+            reads = [
+                ("/v1/runs", "not reading runs"),
+                (f"/v1/runs/{run_id}", "not reading runs"),
+                (f"/v1/runs/{run_id}/versions", "not reading runs"),
+                ("/v1/gates", "not listing gates"),
+                (f"/v1/gates?run_id={run_id}", "not listing gates"),
+            ]
+            for path, refusal in reads:
+                detail = _refused_at_once(partial(client.get, path), refusal)
+                assert detail.startswith(
+                    f"{refusal}: the journal cannot be reached for now "
+                    "(send the request again): postgresql://"
+                ), detail
+            cli_env = {
+                k: v for k, v in os.environ.items() if not k.startswith("REPLAN_")
+            }
+            cli_env.update(REPLAN_URL=daemon.url, REPLAN_API_TOKEN=daemon.token)
+            listing = subprocess.Popen(
+                [sys.executable, "-m", "replan", "runs"],
+                env=cli_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            time.sleep(1)
+            assert listing.poll() is None, listing.communicate()
+        out, err = listing.communicate(timeout=60)
+        assert listing.returncode == 0, err
+        assert run_id in out
+        assert client.get(f"/v1/runs/{run_id}").status_code == 200

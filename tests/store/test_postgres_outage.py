@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 
 import anyio
 import postgres_server as postgres
@@ -19,16 +18,6 @@ from write_samples import started, summary
 from replan import ConfigurationError
 from replan.store import PostgresStore, RunOwner
 from replan.store import _postgres_pool as pool_module
-
-
-@pytest.fixture
-def own_server() -> Iterator[PostgresServer]:
-    """A PostgreSQL server of the test's own, to stop and start again."""
-    server = postgres.start()
-    try:
-        yield server
-    finally:
-        postgres.stop(server)
 
 
 def _later(seconds: float, action: object) -> threading.Thread:

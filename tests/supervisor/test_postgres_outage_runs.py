@@ -4,7 +4,6 @@ than the store waits for it: what the operator reads in the log."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import anyio
 import postgres_server as postgres
@@ -14,16 +13,6 @@ from scripts import chain, scripted, spec, with_finding
 
 from replan import ModelRequest, Supervisor
 from replan.store import PostgresStore
-
-
-@pytest.fixture
-def own_server() -> Iterator[PostgresServer]:
-    """A PostgreSQL server of the test's own, to stop and start again."""
-    server = postgres.start()
-    try:
-        yield server
-    finally:
-        postgres.stop(server)
 
 
 async def test_an_outage_longer_than_reconnect_s_logs_one_line_per_run_no_traceback(
