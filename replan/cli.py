@@ -18,7 +18,7 @@ import shlex
 import signal
 import sqlite3
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,15 +125,27 @@ def _terminated_by_sigterm() -> Iterator[None]:
     def terminate(signum: int, frame: object) -> None:
         raise Terminated
 
+    with _handling((signal.SIGTERM,), terminate):
+        yield
+
+
+@contextlib.contextmanager
+def _handling(
+    signals: Iterable[signal.Signals], handler: Callable[[int, object], None]
+) -> Iterator[None]:
+    """``handler`` takes ``signals`` for the block; the previous handlers
+    are put back after it. Outside the main thread nothing changes: the
+    caller's signals stay its own."""
     try:
-        previous = signal.signal(signal.SIGTERM, terminate)
-    except ValueError:  # not the main thread: the caller's signals stay its own
+        previous = {s: signal.signal(s, handler) for s in signals}
+    except ValueError:  # not the main thread
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        for s, before in previous.items():
+            signal.signal(s, signal.SIG_DFL if before is None else before)
 
 
 def _tolerant_output() -> None:
@@ -664,17 +676,8 @@ def _stopped_by_signals() -> Iterator[None]:
     def stop(signum: int, frame: object) -> None:
         raise StoppedBySignal(signum)
 
-    signals = stop_signals()
-    try:
-        previous = {s: signal.signal(s, stop) for s in signals}
-    except ValueError:  # not the main thread: the caller's signals stay its own
+    with _handling(stop_signals(), stop):
         yield
-        return
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, signal.SIG_DFL if handler is None else handler)
 
 
 def _serve(args: argparse.Namespace) -> int:
