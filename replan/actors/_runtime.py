@@ -109,7 +109,7 @@ class ReplySlot(Generic[RepT]):
         self._done = True
         if self._event is not None:
             self._event.set()
-        elif self._on_done is not None:
+        if self._on_done is not None:
             on_done, self._on_done = self._on_done, None
             on_done(self)
 
@@ -119,12 +119,22 @@ class ReplySlot(Generic[RepT]):
         if self.abandoned:
             scope.cancel()
 
-    def abandon(self) -> None:
-        """The caller stopped waiting: cancel the handling if it started."""
+    def abandon(self, on_settled: Callable[[], None] | None = None) -> bool:
+        """The caller stopped waiting: cancel the handling if it started.
+
+        Returns whether a handling was under way, that the cancellation
+        reaches at its next checkpoint only: if so, ``on_settled`` is called
+        once it has ended (what it did meanwhile, a model call answered, is
+        done by then). A request not taken yet is skipped when it is.
+        """
         self.abandoned = True
-        self._on_done = None
-        if self._scope is not None:
-            self._scope.cancel()
+        scope = self._scope
+        if scope is None or self._done:
+            self._on_done = None
+            return False
+        self._on_done = None if on_settled is None else _settled(on_settled)
+        scope.cancel()
+        return True
 
     def expire(self, error: ActorError) -> None:
         """The request's deadline passed: cancel the handling (or skip it, if
@@ -144,6 +154,15 @@ class ReplySlot(Generic[RepT]):
         assert self._event is not None, "a slot with on_done has no waiter"
         await self._event.wait()
         return self.result()
+
+
+def _settled(call: Callable[[], None]) -> Callable[[ReplySlot[Any]], None]:
+    """``call`` as a slot's ``on_done``."""
+
+    def on_done(slot: ReplySlot[Any]) -> None:
+        call()
+
+    return on_done
 
 
 @dataclass(slots=True)

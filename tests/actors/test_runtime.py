@@ -725,6 +725,36 @@ async def test_abandoning_an_answered_slot_does_not_cancel_the_worker() -> None:
     assert scope.cancel_called
 
 
+async def test_abandon_says_when_the_cancelled_handling_has_ended() -> None:
+    # The caller learns when the handling it cancelled is over (what it did
+    # until its next checkpoint is done by then), and that a request not
+    # taken yet, or answered, has nothing left to end.
+    script = Script()
+    pool = pool_of(script, workers=1)
+    replies: list[str] = []
+    settled: list[bool] = []
+    async with running(pool):
+        held = await pool.post("hold:a", lambda slot: replies.append("late"))
+        queued = await pool.post("echo:b", lambda slot: replies.append("b"))
+        await script.started_event("hold:a").wait()
+        assert not queued.abandon(lambda: settled.append(False))
+        cancelled = script.cancelled_event("hold:a")
+        ended = anyio.Event()
+
+        def on_settled() -> None:
+            settled.append(cancelled.is_set())
+            ended.set()
+
+        assert held.abandon(on_settled)
+        assert settled == []  # the handler has not seen its cancellation yet
+        await ended.wait()
+        assert await pool.ask("echo:c") == "c"
+    assert settled == [True]
+    assert replies == []  # neither on_done was called
+    assert script.handled == ["hold:a", "echo:c"]
+    assert not held.abandon(lambda: settled.append(False))
+
+
 # post(): a reply delivered by the worker, with no task waiting for it.
 
 
