@@ -61,6 +61,7 @@ from ..store import (
 )
 from ..telemetry import Telemetry
 from ._budget import MeteredModel, RunMeter
+from ._exits import lone_exit
 from ._forwarding import FORWARD_WAIT_S, Forwarded, Forwarding, gate_of
 from ._gates import GateRegistry, resolution_from
 from ._handle import RunHandle, RunRecord
@@ -316,17 +317,24 @@ class Supervisor:
     async def __aenter__(self) -> Self:
         self._check_can_serve()  # here, where the error is not in a group
         self._hold_lease(exclusive=self._resume_on_start)
-        async with AsyncExitStack() as stack:
-            tg = await stack.enter_async_context(anyio.create_task_group())
-            try:
-                await tg.start(self.serve)
-            except Exception as exc:
-                # serve() ended before it served (resuming runs failed):
-                # raised as it was, not wrapped by this group on its way out.
-                failure = exc
-            else:
-                self._exit_stack = stack.pop_all()
-                return self
+        try:
+            async with AsyncExitStack() as stack:
+                tg = await stack.enter_async_context(anyio.create_task_group())
+                try:
+                    await tg.start(self.serve)
+                except Exception as exc:
+                    # serve() ended before it served (resuming runs failed):
+                    # raised as it was, not wrapped by this group on its way
+                    # out.
+                    failure = exc
+                else:
+                    self._exit_stack = stack.pop_all()
+                    return self
+        except BaseExceptionGroup as group:
+            lone = lone_exit(group)
+            if lone is None:
+                raise
+            raise lone from None  # an interrupt while resuming runs
         raise failure
 
     async def __aexit__(
@@ -341,7 +349,13 @@ class Supervisor:
             # The body's exception is the caller's to catch as it is: handed
             # to the task group, it would come out wrapped in an
             # ExceptionGroup. The group only waits for serve() to end.
-            await stack.aclose()
+            try:
+                await stack.aclose()
+            except BaseExceptionGroup as group:
+                lone = lone_exit(group)
+                if lone is None:
+                    raise
+                raise lone from None  # an interrupt that stopped serve()
         return None
 
     def stop(self) -> None:
@@ -366,6 +380,20 @@ class Supervisor:
             self._release_lease()
             raise
         self._roles = roles
+        try:
+            failure = await self._serve(roles, task_status)
+        except BaseExceptionGroup as group:
+            lone = lone_exit(group)
+            if lone is None:
+                raise
+            raise lone from None  # an interrupt, as the caller catches it
+        if failure is not None:
+            raise failure
+
+    async def _serve(
+        self, roles: Roles, task_status: TaskStatus[None]
+    ) -> Exception | None:
+        """Serve until stopped; the failure of resuming the runs on start."""
         failure: Exception | None = None
         try:
             with anyio.CancelScope() as scope:
@@ -417,8 +445,7 @@ class Supervisor:
                 # Another supervisor takes the runs over at its next look,
                 # without waiting for the leases to expire.
                 await release(self._leases, self._owner, None)
-        if failure is not None:
-            raise failure
+        return failure
 
     def _serving(self) -> tuple[TaskGroup, Roles]:
         """The task group and pools to start a run with, while serving."""
