@@ -10,6 +10,7 @@ import anyio
 from .._errors import SupervisorError
 from ..messages import Event, RunResult, RunStatus
 from ..store import Store
+from ._arguments import a_seq
 from ._state import RunState
 
 if TYPE_CHECKING:
@@ -120,8 +121,12 @@ class RunHandle:
         """The run's journal events with ``seq > after``: past ones, then live.
 
         The iterator ends after the run's last event.
+
+        Raises:
+            ConfigurationError: ``after`` is no whole number from 0 (field
+                ``after``), before anything is read.
         """
-        return _EventStream(self._record, self._store, after)
+        return _EventStream(self._record, self._store, a_seq(after, "after"))
 
     def __repr__(self) -> str:
         return f"<RunHandle {self.run_id} {self.status.value}>"

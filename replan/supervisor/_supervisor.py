@@ -60,6 +60,7 @@ from ..store import (
     ToolEffectLedger,
 )
 from ..telemetry import Telemetry
+from ._arguments import an_id
 from ._budget import MeteredModel, RunMeter
 from ._exits import lone_exit
 from ._forwarding import FORWARD_WAIT_S, Forwarded, Forwarding, gate_of
@@ -679,7 +680,7 @@ class Supervisor:
                 )
             spec = RunSpec.model_validate(spec)  # ConfigurationError if bad
         spec.check_storable()  # a lone surrogate in a string: ConfigurationError
-        if run_id is not None and not _RUN_ID.fullmatch(run_id):
+        if run_id is not None and not _RUN_ID.fullmatch(an_id(run_id, "run_id")):
             raise ConfigurationError(
                 "run_id", "1 to 200 letters, digits, '-' or '_' expected"
             )
@@ -741,7 +742,12 @@ class Supervisor:
         return self._owner
 
     def drives(self, run_id: str) -> bool:
-        """Whether this supervisor drives the run now (or is starting to)."""
+        """Whether this supervisor drives the run now (or is starting to).
+
+        Raises:
+            ConfigurationError: ``run_id`` is no string (field ``run_id``).
+        """
+        run_id = an_id(run_id, "run_id")
         return run_id in self._drivers or run_id in self._taking_up
 
     def _driver(self, record: RunRecord, roles: Roles) -> RunDriver:
@@ -880,8 +886,9 @@ class Supervisor:
             RunDrivenElsewhere: another supervisor holds the run's lease
                 (names it).
             ConfigurationError: another supervisor serves on the same journal
-                (field ``store``).
+                (field ``store``), or ``run_id`` is no string.
         """
+        run_id = an_id(run_id, "run_id")
         return await self._resume(run_id, hold_lease=True, quiet=False)
 
     async def _resume(
@@ -1155,8 +1162,12 @@ class Supervisor:
         return run_ids
 
     def forget(self, run_id: str) -> None:
-        """Drop a finished run from memory (its journal stays in the store)."""
-        record = self._records.get(run_id)
+        """Drop a finished run from memory (its journal stays in the store).
+
+        Raises:
+            ConfigurationError: ``run_id`` is no string (field ``run_id``).
+        """
+        record = self._records.get(an_id(run_id, "run_id"))
         if record is not None and not self.drives(run_id):
             del self._records[run_id]
             self._crashes.pop(run_id, None)
@@ -1191,7 +1202,9 @@ class Supervisor:
                 store keeps no requests to send the cancel on with.
             SupervisorError: the run did not end here (see
                 :meth:`RunHandle.cancel`).
+            ConfigurationError: ``run_id`` is no string (field ``run_id``).
         """
+        run_id = an_id(run_id, "run_id")
         while (taken := self._taking_up.get(run_id)) is not None:
             await taken.wait()
         record = self._records.get(run_id)
@@ -1215,8 +1228,9 @@ class Supervisor:
             UnknownRunError: no such run in this supervisor, a finished
                 one it has forgotten (see ``keep_finished``), or one another
                 supervisor took over from it (a run lease it lost).
+            ConfigurationError: ``run_id`` is no string (field ``run_id``).
         """
-        record = self._records.get(run_id)
+        record = self._records.get(an_id(run_id, "run_id"))
         if record is None:
             raise UnknownRunError(run_id)
         return self._handle(record)
@@ -1251,8 +1265,9 @@ class Supervisor:
 
         Raises:
             UnknownRunError: the store has no events for the run.
+            ConfigurationError: ``run_id`` is no string (field ``run_id``).
         """
-        events = await self.store.read(run_id)
+        events = await self.store.read(an_id(run_id, "run_id"))
         if not events:
             raise UnknownRunError(run_id)
         return fold_journal(run_id, events).result()

@@ -1,0 +1,44 @@
+"""The arguments of the supervisor's, a handle's and the gates' methods,
+checked before anything is read or changed, so that a wrong one is told as
+a :class:`ConfigurationError` naming it rather than as whatever error it
+would cause deep inside (a ``TypeError`` comparing it, a driver's error
+binding it)."""
+
+from __future__ import annotations
+
+from .._errors import ConfigurationError
+
+
+def an_id(value: object, field: str) -> str:
+    """``value``, an id (of a run, of a gate): a string.
+
+    Raises:
+        ConfigurationError: it is no string (field ``field``).
+    """
+    if not isinstance(value, str):
+        raise ConfigurationError(field, f"a string expected, not {_kind(value)}")
+    return value
+
+
+def a_seq(value: object, field: str) -> int:
+    """``value``, a position in a run's journal: a whole number from 0.
+
+    Raises:
+        ConfigurationError: it is no whole number (``True``, ``1.5``,
+            ``"3"``), or it is below 0 (field ``field``).
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(
+            field, f"a whole number from 0 expected, not {_kind(value)}"
+        )
+    if value < 0:
+        raise ConfigurationError(field, f"a whole number from 0 expected, not {value}")
+    return value
+
+
+def _kind(value: object) -> str:
+    if value is None or isinstance(value, bool | int | float):
+        return repr(value)
+    if isinstance(value, str) and len(value) <= 40:
+        return repr(value)
+    return type(value).__name__
