@@ -821,7 +821,17 @@ class Supervisor:
             else:
                 logger.exception("run %s crashed", run_id)
             self._crashes[run_id] = exc
-            driver.record.detach("the run's driver crashed (see the log)")
+            driver.record.detach(
+                "the run's driver crashed (see the log)"
+                if outage is None
+                else f"its journal cannot be reached ({outage}): it waits there, "
+                "unfinished, to be taken up again once the journal is back"
+            )
+            if self._leases is not None:
+                # Not this supervisor's any more: its lease is let go of, or
+                # lapses, and whichever supervisor claims it next (this one
+                # too) drives it on, with a handle of its own.
+                self._forget_lost(driver.record)
         finally:
             run_id = driver.state.run_id
             self._drivers.pop(run_id, None)
@@ -832,10 +842,12 @@ class Supervisor:
                 self._forget_oldest_finished(run_id)
 
     def _forget_lost(self, record: RunRecord) -> None:
-        """Drop a run another supervisor took over: it is that one's now,
-        so this one neither lists it (``handles()``, ``get()``) nor counts
-        it with its own unfinished runs. Its journal tells how it goes on;
-        a handle on it already given out still says why it stopped here."""
+        """Drop a run another supervisor took over, or may take over (on a
+        store that leases runs, one this supervisor let go of unfinished):
+        it is not this one's, so this one neither lists it (``handles()``,
+        ``get()``) nor counts it with its own unfinished runs. Its journal
+        tells how it goes on; a handle on it already given out still says
+        why it stopped here."""
         run_id = record.state.run_id
         if self._records.get(run_id) is record:
             del self._records[run_id]
@@ -1227,7 +1239,9 @@ class Supervisor:
         Raises:
             UnknownRunError: no such run in this supervisor, a finished
                 one it has forgotten (see ``keep_finished``), or one another
-                supervisor took over from it (a run lease it lost).
+                supervisor took over from it (a run lease it lost), or, on
+                such a store, one it let go of unfinished (see
+                :meth:`handles`).
             ConfigurationError: ``run_id`` is no string (field ``run_id``).
         """
         record = self._records.get(an_id(run_id, "run_id"))
@@ -1257,7 +1271,13 @@ class Supervisor:
         )
 
     def handles(self) -> list[RunHandle]:
-        """Handles of every run started by this supervisor, oldest first."""
+        """Handles of every run started by this supervisor, oldest first.
+
+        On a store that leases runs one by one (``PostgresStore``), a run
+        it no longer drives is left out: one another supervisor took over,
+        and one it let go of unfinished (its journal out of reach for
+        longer than the store waits), which is whoever's claims it next.
+        """
         return [self._handle(r) for r in self._records.values()]
 
     async def replay(self, run_id: str) -> RunResult:
