@@ -67,7 +67,7 @@ class RunHandle:
         self,
         record: RunRecord,
         store: Store,
-        request_cancel: Callable[[], Awaitable[None]],
+        request_cancel: Callable[[], Awaitable[RunRecord | None]],
     ) -> None:
         self._record = record
         self._store = store
@@ -110,11 +110,13 @@ class RunHandle:
                 it first (it is stopping, or the run's driver crashed); the
                 journal keeps the run, unfinished, to be resumed from there.
         """
-        await self._request_cancel()
-        await self._record.done.wait()
-        if not self._record.state.status.final:
+        # The run may be driven on since with a record of its own (taken up
+        # again after its driver let go of it): its end is that one's.
+        record = await self._request_cancel() or self._record
+        await record.done.wait()
+        if not record.state.status.final:
             raise SupervisorError(
-                f"run {self.run_id} was not cancelled: {self._record.detached}"
+                f"run {self.run_id} was not cancelled: {record.detached}"
             )
 
     def events(self, after: int = 0) -> AsyncIterator[Event]:

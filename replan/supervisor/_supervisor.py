@@ -1188,12 +1188,14 @@ class Supervisor:
     def _handle(self, record: RunRecord) -> RunHandle:
         run_id = record.state.run_id
 
-        async def cancel() -> None:
+        async def cancel() -> RunRecord | None:
             driver = self._drivers.get(run_id)
             if driver is not None:
                 driver.request_cancel()
-            elif not record.state.status.final:
+                return driver.record
+            if not record.state.status.final:
                 await self._check_elsewhere(run_id)
+            return None
 
         return RunHandle(record, self.store, cancel)
 

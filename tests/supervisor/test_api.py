@@ -906,3 +906,37 @@ async def test_cancelling_a_run_whose_driver_crashed_says_it_was_not_cancelled()
             await handle.cancel()
         assert handle.status is RunStatus.RUNNING
     assert "was not cancelled" in str(caught.value)
+
+
+class FailingOnce(DelegatingStore):
+    """A journal that breaks at the first task's end, then works again."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        super().__init__(inner)
+        self.failed = False
+
+    async def append(
+        self, run_id: str, events: Sequence[replan.Event], summary: RunSummary
+    ) -> None:
+        if not self.failed and any(isinstance(e, TaskFinished) for e in events):
+            self.failed = True
+            raise RuntimeError("the disk is full")
+        await self.inner.append(run_id, events, summary)
+
+
+async def test_a_handle_from_before_a_resume_cancels_the_run_driven_on() -> None:
+    # The cancel reached the run's new driver, and the run ended cancelled;
+    # the old handle waited on its own record and said "was not cancelled".
+    blocker = Blocker()
+    blocker.release.set()
+    model = ScriptedModel(answers(blocker))
+    async with Supervisor(model, FailingOnce(MemoryStore())) as sup:
+        old = await sup.submit(RunSpec(goal="g"))
+        with anyio.fail_after(10), pytest.raises(SupervisorError):
+            await old.result()
+        blocker.forever = True  # the run driven on stays at its first task
+        new = await sup.resume(old.run_id)
+        with anyio.fail_after(10):
+            await old.cancel()
+            result = await new.result()
+    assert result.status is RunStatus.CANCELLED
