@@ -6,6 +6,8 @@ binding it)."""
 
 from __future__ import annotations
 
+import math
+
 from .._errors import ConfigurationError
 
 
@@ -34,6 +36,27 @@ def a_seq(value: object, field: str) -> int:
     if value < 0:
         raise ConfigurationError(field, f"a whole number from 0 expected, not {value}")
     return value
+
+
+def seconds(value: object, field: str) -> float:
+    """``value``, a number of seconds: an int or a float, not NaN (an
+    infinity waits for good, a negative number not at all).
+
+    Raises:
+        ConfigurationError: it is no number (``True``, ``"10"``), NaN, or
+            an int too large for a float (field ``field``).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(field, f"a number of seconds, not {_kind(value)}")
+    try:
+        found = float(value)
+    except OverflowError:
+        raise ConfigurationError(
+            field, "a number of seconds, not one too large for a float"
+        ) from None
+    if math.isnan(found):
+        raise ConfigurationError(field, "a number of seconds, not nan")
+    return found
 
 
 def _kind(value: object) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -60,7 +59,7 @@ from ..store import (
     ToolEffectLedger,
 )
 from ..telemetry import Telemetry
-from ._arguments import an_id
+from ._arguments import an_id, seconds
 from ._budget import MeteredModel, RunMeter
 from ._exits import lone_exit
 from ._forwarding import FORWARD_WAIT_S, Forwarded, Forwarding, gate_of
@@ -592,14 +591,10 @@ class Supervisor:
 
         Raises:
             ConfigurationError: ``grace_s`` is no number of seconds (NaN, a
-                string), before anything changes (field ``grace_s``).
+                string, an int too large for a float), before anything
+                changes (field ``grace_s``).
         """
-        if (
-            isinstance(grace_s, bool)
-            or not isinstance(grace_s, int | float)
-            or math.isnan(grace_s)
-        ):
-            raise ConfigurationError("grace_s", f"a number of seconds, not {grace_s!r}")
+        grace_s = seconds(grace_s, "grace_s")
         if self._task_group is None:
             return
         self._stopping = True
