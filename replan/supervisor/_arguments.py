@@ -7,6 +7,8 @@ binding it)."""
 from __future__ import annotations
 
 import math
+import operator
+from typing import SupportsIndex
 
 from .._errors import ConfigurationError
 
@@ -29,13 +31,14 @@ def a_seq(value: object, field: str) -> int:
         ConfigurationError: it is no whole number (``True``, ``1.5``,
             ``"3"``), or it is below 0 (field ``field``).
     """
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
         raise ConfigurationError(
             field, f"a whole number from 0 expected, not {_kind(value)}"
         )
-    if value < 0:
-        raise ConfigurationError(field, f"a whole number from 0 expected, not {value}")
-    return value
+    seq = operator.index(value)  # an int, or one as numpy has them
+    if seq < 0:
+        raise ConfigurationError(field, f"a whole number from 0 expected, not {seq}")
+    return seq
 
 
 def seconds(value: object, field: str) -> float:
