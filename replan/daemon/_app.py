@@ -416,10 +416,15 @@ def _v1(daemon: Daemon) -> APIRouter:
     ) -> StreamingResponse:
         """The run's events as Server-Sent Events: history, then live.
 
-        Resume with ``Last-Event-ID`` (or ``?after=SEQ``).
+        Resume with ``Last-Event-ID`` (or ``?after=SEQ``). A stream opened
+        while the journal is known to be out of reach gets the reads' 503;
+        one open already keeps its heartbeats while it waits for the journal.
         """
         if last_event_id is not None:
             after = _last_event_id(last_event_id)
+        # Before the run is looked up, which would wait for the journal up to
+        # its reconnect_s.
+        await _refuse_in_outage(daemon, "not streaming events", wrote=False)
         await _state(daemon, run_id)  # 404 before the stream starts
         return EventStream(daemon, run_id, after)
 

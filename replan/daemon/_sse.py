@@ -12,7 +12,9 @@ run changes hands (this daemon takes it over, or lets go of it). Comment
 lines keep idle connections alive through proxies, also while a read of
 the journal waits (a PostgreSQL server restarting, which the store waits
 for up to its ``reconnect_s``): the reads run in a task of the
-response's own, beside the heartbeats. The stream ends after the run's
+response's own, beside the heartbeats (a stream asked for while the
+journal is known to be out of reach is refused with a 503 instead, as
+the other reads are). The stream ends after the run's
 last event, once retention has deleted the run, when the daemon shuts
 down (a stream opened while it drains sends the history the journal
 holds, then ends), or with a last comment saying why when the journal

@@ -17,6 +17,7 @@ from .._errors import (
     ResolutionRefused,
 )
 from ..messages._gate import POLICY_TIMEOUT, GateRequest, GateResolution
+from ._arguments import an_id
 
 if TYPE_CHECKING:
     from ._forwarding import Forwarded
@@ -84,15 +85,25 @@ class GateRegistry:
         """Why every gate was closed (the supervisor stopped), if it was."""
 
     def pending(self, run_id: str | None = None) -> list[GateRequest]:
-        """The open gates, oldest first (of one run, if ``run_id`` is given)."""
+        """The open gates, oldest first (of one run, if ``run_id`` is given).
+
+        Raises:
+            ConfigurationError: ``run_id`` is no string (field ``run_id``).
+        """
         if run_id is None:
             found = list(self._open.values())
         else:
+            run_id = an_id(run_id, "run_id")
             found = [self._open[g] for g in self._by_run.get(run_id, ())]
         return [p.request for p in found if p.resolution is None]
 
     def get(self, gate_id: str) -> GateRequest | None:
-        pending = self._open.get(gate_id)
+        """The open gate ``gate_id``; None when no such gate is open.
+
+        Raises:
+            ConfigurationError: ``gate_id`` is no string (field ``gate_id``).
+        """
+        pending = self._open.get(an_id(gate_id, "gate_id"))
         return pending.request if pending else None
 
     async def resolve(
@@ -123,8 +134,10 @@ class GateRegistry:
             GateError: no open gate has this id, or the run ended before it
                 journaled the answer (or, sent on, the run's driver found
                 the gate closed).
+            ConfigurationError: ``gate_id`` is no string (field
+                ``gate_id``), before anything is sent or journaled.
         """
-        pending = self._open.get(gate_id)
+        pending = self._open.get(an_id(gate_id, "gate_id"))
         elsewhere = self._elsewhere
         if pending is None and gate_id not in self._answered and elsewhere:
             return await elsewhere(gate_id, resolution, False)

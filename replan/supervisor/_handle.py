@@ -10,6 +10,7 @@ import anyio
 from .._errors import SupervisorError
 from ..messages import Event, RunResult, RunStatus
 from ..store import Store
+from ._arguments import a_seq
 from ._state import RunState
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ class RunHandle:
         self,
         record: RunRecord,
         store: Store,
-        request_cancel: Callable[[], Awaitable[None]],
+        request_cancel: Callable[[], Awaitable[RunRecord | None]],
     ) -> None:
         self._record = record
         self._store = store
@@ -109,19 +110,25 @@ class RunHandle:
                 it first (it is stopping, or the run's driver crashed); the
                 journal keeps the run, unfinished, to be resumed from there.
         """
-        await self._request_cancel()
-        await self._record.done.wait()
-        if not self._record.state.status.final:
+        # The run may be driven on since with a record of its own (taken up
+        # again after its driver let go of it): its end is that one's.
+        record = await self._request_cancel() or self._record
+        await record.done.wait()
+        if not record.state.status.final:
             raise SupervisorError(
-                f"run {self.run_id} was not cancelled: {self._record.detached}"
+                f"run {self.run_id} was not cancelled: {record.detached}"
             )
 
     def events(self, after: int = 0) -> AsyncIterator[Event]:
         """The run's journal events with ``seq > after``: past ones, then live.
 
         The iterator ends after the run's last event.
+
+        Raises:
+            ConfigurationError: ``after`` is no whole number from 0 (field
+                ``after``), before anything is read.
         """
-        return _EventStream(self._record, self._store, after)
+        return _EventStream(self._record, self._store, a_seq(after, "after"))
 
     def __repr__(self) -> str:
         return f"<RunHandle {self.run_id} {self.status.value}>"

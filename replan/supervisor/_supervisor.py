@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -60,7 +59,9 @@ from ..store import (
     ToolEffectLedger,
 )
 from ..telemetry import Telemetry
+from ._arguments import an_id, seconds
 from ._budget import MeteredModel, RunMeter
+from ._exits import lone_exit
 from ._forwarding import FORWARD_WAIT_S, Forwarded, Forwarding, gate_of
 from ._gates import GateRegistry, resolution_from
 from ._handle import RunHandle, RunRecord
@@ -316,17 +317,24 @@ class Supervisor:
     async def __aenter__(self) -> Self:
         self._check_can_serve()  # here, where the error is not in a group
         self._hold_lease(exclusive=self._resume_on_start)
-        async with AsyncExitStack() as stack:
-            tg = await stack.enter_async_context(anyio.create_task_group())
-            try:
-                await tg.start(self.serve)
-            except Exception as exc:
-                # serve() ended before it served (resuming runs failed):
-                # raised as it was, not wrapped by this group on its way out.
-                failure = exc
-            else:
-                self._exit_stack = stack.pop_all()
-                return self
+        try:
+            async with AsyncExitStack() as stack:
+                tg = await stack.enter_async_context(anyio.create_task_group())
+                try:
+                    await tg.start(self.serve)
+                except Exception as exc:
+                    # serve() ended before it served (resuming runs failed):
+                    # raised as it was, not wrapped by this group on its way
+                    # out.
+                    failure = exc
+                else:
+                    self._exit_stack = stack.pop_all()
+                    return self
+        except BaseExceptionGroup as group:
+            lone = lone_exit(group)
+            if lone is None:
+                raise
+            raise lone from None  # an interrupt while resuming runs
         raise failure
 
     async def __aexit__(
@@ -341,7 +349,13 @@ class Supervisor:
             # The body's exception is the caller's to catch as it is: handed
             # to the task group, it would come out wrapped in an
             # ExceptionGroup. The group only waits for serve() to end.
-            await stack.aclose()
+            try:
+                await stack.aclose()
+            except BaseExceptionGroup as group:
+                lone = lone_exit(group)
+                if lone is None:
+                    raise
+                raise lone from None  # an interrupt that stopped serve()
         return None
 
     def stop(self) -> None:
@@ -366,6 +380,20 @@ class Supervisor:
             self._release_lease()
             raise
         self._roles = roles
+        try:
+            failure = await self._serve(roles, task_status)
+        except BaseExceptionGroup as group:
+            lone = lone_exit(group)
+            if lone is None:
+                raise
+            raise lone from None  # an interrupt, as the caller catches it
+        if failure is not None:
+            raise failure
+
+    async def _serve(
+        self, roles: Roles, task_status: TaskStatus[None]
+    ) -> Exception | None:
+        """Serve until stopped; the failure of resuming the runs on start."""
         failure: Exception | None = None
         try:
             with anyio.CancelScope() as scope:
@@ -417,8 +445,7 @@ class Supervisor:
                 # Another supervisor takes the runs over at its next look,
                 # without waiting for the leases to expire.
                 await release(self._leases, self._owner, None)
-        if failure is not None:
-            raise failure
+        return failure
 
     def _serving(self) -> tuple[TaskGroup, Roles]:
         """The task group and pools to start a run with, while serving."""
@@ -564,14 +591,10 @@ class Supervisor:
 
         Raises:
             ConfigurationError: ``grace_s`` is no number of seconds (NaN, a
-                string), before anything changes (field ``grace_s``).
+                string, an int too large for a float), before anything
+                changes (field ``grace_s``).
         """
-        if (
-            isinstance(grace_s, bool)
-            or not isinstance(grace_s, int | float)
-            or math.isnan(grace_s)
-        ):
-            raise ConfigurationError("grace_s", f"a number of seconds, not {grace_s!r}")
+        grace_s = seconds(grace_s, "grace_s")
         if self._task_group is None:
             return
         self._stopping = True
@@ -652,7 +675,7 @@ class Supervisor:
                 )
             spec = RunSpec.model_validate(spec)  # ConfigurationError if bad
         spec.check_storable()  # a lone surrogate in a string: ConfigurationError
-        if run_id is not None and not _RUN_ID.fullmatch(run_id):
+        if run_id is not None and not _RUN_ID.fullmatch(an_id(run_id, "run_id")):
             raise ConfigurationError(
                 "run_id", "1 to 200 letters, digits, '-' or '_' expected"
             )
@@ -714,7 +737,12 @@ class Supervisor:
         return self._owner
 
     def drives(self, run_id: str) -> bool:
-        """Whether this supervisor drives the run now (or is starting to)."""
+        """Whether this supervisor drives the run now (or is starting to).
+
+        Raises:
+            ConfigurationError: ``run_id`` is no string (field ``run_id``).
+        """
+        run_id = an_id(run_id, "run_id")
         return run_id in self._drivers or run_id in self._taking_up
 
     def _driver(self, record: RunRecord, roles: Roles) -> RunDriver:
@@ -788,7 +816,17 @@ class Supervisor:
             else:
                 logger.exception("run %s crashed", run_id)
             self._crashes[run_id] = exc
-            driver.record.detach("the run's driver crashed (see the log)")
+            driver.record.detach(
+                "the run's driver crashed (see the log)"
+                if outage is None
+                else f"its journal cannot be reached ({outage}): it waits there, "
+                "unfinished, to be taken up again once the journal is back"
+            )
+            if self._leases is not None:
+                # Not this supervisor's any more: its lease is let go of, or
+                # lapses, and whichever supervisor claims it next (this one
+                # too) drives it on, with a handle of its own.
+                self._forget_lost(driver.record)
         finally:
             run_id = driver.state.run_id
             self._drivers.pop(run_id, None)
@@ -799,10 +837,12 @@ class Supervisor:
                 self._forget_oldest_finished(run_id)
 
     def _forget_lost(self, record: RunRecord) -> None:
-        """Drop a run another supervisor took over: it is that one's now,
-        so this one neither lists it (``handles()``, ``get()``) nor counts
-        it with its own unfinished runs. Its journal tells how it goes on;
-        a handle on it already given out still says why it stopped here."""
+        """Drop a run another supervisor took over, or may take over (on a
+        store that leases runs, one this supervisor let go of unfinished):
+        it is not this one's, so this one neither lists it (``handles()``,
+        ``get()``) nor counts it with its own unfinished runs. Its journal
+        tells how it goes on; a handle on it already given out still says
+        why it stopped here."""
         run_id = record.state.run_id
         if self._records.get(run_id) is record:
             del self._records[run_id]
@@ -853,8 +893,9 @@ class Supervisor:
             RunDrivenElsewhere: another supervisor holds the run's lease
                 (names it).
             ConfigurationError: another supervisor serves on the same journal
-                (field ``store``).
+                (field ``store``), or ``run_id`` is no string.
         """
+        run_id = an_id(run_id, "run_id")
         return await self._resume(run_id, hold_lease=True, quiet=False)
 
     async def _resume(
@@ -1128,8 +1169,12 @@ class Supervisor:
         return run_ids
 
     def forget(self, run_id: str) -> None:
-        """Drop a finished run from memory (its journal stays in the store)."""
-        record = self._records.get(run_id)
+        """Drop a finished run from memory (its journal stays in the store).
+
+        Raises:
+            ConfigurationError: ``run_id`` is no string (field ``run_id``).
+        """
+        record = self._records.get(an_id(run_id, "run_id"))
         if record is not None and not self.drives(run_id):
             del self._records[run_id]
             self._crashes.pop(run_id, None)
@@ -1138,12 +1183,14 @@ class Supervisor:
     def _handle(self, record: RunRecord) -> RunHandle:
         run_id = record.state.run_id
 
-        async def cancel() -> None:
+        async def cancel() -> RunRecord | None:
             driver = self._drivers.get(run_id)
             if driver is not None:
                 driver.request_cancel()
-            elif not record.state.status.final:
+                return driver.record
+            if not record.state.status.final:
                 await self._check_elsewhere(run_id)
+            return None
 
         return RunHandle(record, self.store, cancel)
 
@@ -1164,7 +1211,9 @@ class Supervisor:
                 store keeps no requests to send the cancel on with.
             SupervisorError: the run did not end here (see
                 :meth:`RunHandle.cancel`).
+            ConfigurationError: ``run_id`` is no string (field ``run_id``).
         """
+        run_id = an_id(run_id, "run_id")
         while (taken := self._taking_up.get(run_id)) is not None:
             await taken.wait()
         record = self._records.get(run_id)
@@ -1187,9 +1236,12 @@ class Supervisor:
         Raises:
             UnknownRunError: no such run in this supervisor, a finished
                 one it has forgotten (see ``keep_finished``), or one another
-                supervisor took over from it (a run lease it lost).
+                supervisor took over from it (a run lease it lost), or, on
+                such a store, one it let go of unfinished (see
+                :meth:`handles`).
+            ConfigurationError: ``run_id`` is no string (field ``run_id``).
         """
-        record = self._records.get(run_id)
+        record = self._records.get(an_id(run_id, "run_id"))
         if record is None:
             raise UnknownRunError(run_id)
         return self._handle(record)
@@ -1216,7 +1268,13 @@ class Supervisor:
         )
 
     def handles(self) -> list[RunHandle]:
-        """Handles of every run started by this supervisor, oldest first."""
+        """Handles of every run started by this supervisor, oldest first.
+
+        On a store that leases runs one by one (``PostgresStore``), a run
+        it no longer drives is left out: one another supervisor took over,
+        and one it let go of unfinished (its journal out of reach for
+        longer than the store waits), which is whoever's claims it next.
+        """
         return [self._handle(r) for r in self._records.values()]
 
     async def replay(self, run_id: str) -> RunResult:
@@ -1224,8 +1282,9 @@ class Supervisor:
 
         Raises:
             UnknownRunError: the store has no events for the run.
+            ConfigurationError: ``run_id`` is no string (field ``run_id``).
         """
-        events = await self.store.read(run_id)
+        events = await self.store.read(an_id(run_id, "run_id"))
         if not events:
             raise UnknownRunError(run_id)
         return fold_journal(run_id, events).result()

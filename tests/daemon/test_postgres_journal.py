@@ -383,3 +383,54 @@ def test_a_read_while_the_server_is_out_of_reach_gets_503_at_once(
         assert listing.returncode == 0, err
         assert run_id in out
         assert client.get(f"/v1/runs/{run_id}").status_code == 200
+
+
+def _stream_opened(client: httpx.Client, path: str) -> httpx.Response:
+    """The answer to an event stream's request, which must be no stream."""
+    with client.stream("GET", path) as response:
+        assert response.status_code != 200, f"{path}: the stream opened"
+        response.read()
+        return response
+
+
+def test_an_event_stream_opened_while_the_server_is_out_of_reach_gets_503_at_once(
+    tmp_path: Path, own_server: PostgresServer
+) -> None:
+    # Its run was looked up first, which waited up to reconnect_s (30 s) for
+    # the server when this daemon did not hold the run (a stream of a run
+    # it drove got keep-alives only). The command line waits through the
+    # 503, as through the other reads', and follows the run once it is back.
+    with _daemon_with_a_gate(tmp_path, own_server) as (daemon, client, run_id):
+        with _server_down(own_server, client):
+            for path in [
+                "/v1/runs/not-in-memory/events",
+                f"/v1/runs/{run_id}/events",
+                f"/v1/runs/{run_id}/events?after=2",
+            ]:
+                detail = _refused_at_once(
+                    partial(_stream_opened, client, path), "not streaming events"
+                )
+                assert detail.startswith(
+                    "not streaming events: the journal cannot be reached for now "
+                    "(send the request again): postgresql://"
+                ), detail
+            cli_env = {
+                k: v for k, v in os.environ.items() if not k.startswith("REPLAN_")
+            }
+            cli_env.update(REPLAN_URL=daemon.url, REPLAN_API_TOKEN=daemon.token)
+            watching = subprocess.Popen(
+                [sys.executable, "-m", "replan", "watch", run_id],
+                env=cli_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            time.sleep(1)
+            assert watching.poll() is None, watching.communicate()
+        wait_for(lambda: client.get("/readyz").status_code == 200, timeout_s=30)
+        answer = {"decision": "approve", "by": "alice"}
+        response = client.post(f"/v1/gates/{run_id}-g1", json=answer)
+        assert response.status_code == 200, response.text
+        out, err = watching.communicate(timeout=60)
+        assert watching.returncode == 0, err
+        assert "completed" in out, out

@@ -177,6 +177,74 @@ async def test_events_after_a_seq_start_right_after_it() -> None:
     assert tail == everything[3:]
 
 
+class ReadCountingStore(DelegatingStore):
+    """Counts the reads of the journal."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryStore())
+        self.reads = 0
+
+    async def read(self, run_id: str, after: int = 0) -> list[Event]:
+        self.reads += 1
+        return await super().read(run_id, after)
+
+
+@pytest.mark.parametrize("after", ["3", None, 1.5, True, float("nan"), -1, [3]])
+async def test_events_after_a_wrong_seq_name_after_before_reading(after: Any) -> None:
+    # A bare TypeError from deep inside ('<' not supported between 'str'
+    # and 'int'), at the first read; 1.5 read from 1.5 on SQLite.
+    store = ReadCountingStore()
+    async with Supervisor(ScriptedModel(answers()), store) as sup:
+        handle = await sup.submit(RunSpec(goal="three steps"))
+        await finish(handle)
+        store.reads = 0
+        with pytest.raises(ConfigurationError) as caught:
+            handle.events(after=after)
+    assert caught.value.field == "after"
+    assert store.reads == 0
+
+
+async def refused_field(call: Callable[[], object]) -> str:
+    """The field the ConfigurationError of ``call()`` (awaited) names."""
+    try:
+        answer = call()
+        if isinstance(answer, Awaitable):
+            await answer
+    except ConfigurationError as exc:
+        return exc.field
+    raise AssertionError("not refused")
+
+
+@pytest.mark.parametrize("run_id", [None, 3, b"r", ["r"]])
+async def test_a_run_id_that_is_no_string_is_named_by_every_method(
+    run_id: Any,
+) -> None:
+    # A bare TypeError ('unhashable type: list'), an AttributeError from the
+    # gate id's parsing, a driver's error binding it, or for None and 3
+    # "unknown run", as if a run could have such an id.
+    store = ReadCountingStore()
+    async with Supervisor(ScriptedModel(answers()), store) as sup:
+        by_run: list[Callable[[], object]] = [
+            lambda: sup.resume(run_id),
+            lambda: sup.replay(run_id),
+            lambda: sup.cancel(run_id),
+            lambda: sup.get(run_id),
+            lambda: sup.forget(run_id),
+            lambda: sup.drives(run_id),
+        ]
+        if run_id is not None:  # None: a new id, every run's gates
+            by_run.append(lambda: sup.submit(RunSpec(goal="g"), run_id=run_id))
+            by_run.append(lambda: sup.gates.pending(run_id))
+        by_gate: list[Callable[[], object]] = [
+            lambda: sup.gates.get(run_id),
+            lambda: sup.gates.resolve(run_id, {"decision": "approve", "by": "a"}),
+        ]
+        fields = [await refused_field(call) for call in [*by_run, *by_gate]]
+        assert fields == ["run_id"] * len(by_run) + ["gate_id"] * len(by_gate)
+        assert store.reads == 0
+        assert await store.list_runs() == []
+
+
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
 async def test_events_of_a_run_deleted_meanwhile_end_instead_of_spinning(
     kind: str, tmp_path: Path
@@ -838,3 +906,37 @@ async def test_cancelling_a_run_whose_driver_crashed_says_it_was_not_cancelled()
             await handle.cancel()
         assert handle.status is RunStatus.RUNNING
     assert "was not cancelled" in str(caught.value)
+
+
+class FailingOnce(DelegatingStore):
+    """A journal that breaks at the first task's end, then works again."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        super().__init__(inner)
+        self.failed = False
+
+    async def append(
+        self, run_id: str, events: Sequence[replan.Event], summary: RunSummary
+    ) -> None:
+        if not self.failed and any(isinstance(e, TaskFinished) for e in events):
+            self.failed = True
+            raise RuntimeError("the disk is full")
+        await self.inner.append(run_id, events, summary)
+
+
+async def test_a_handle_from_before_a_resume_cancels_the_run_driven_on() -> None:
+    # The cancel reached the run's new driver, and the run ended cancelled;
+    # the old handle waited on its own record and said "was not cancelled".
+    blocker = Blocker()
+    blocker.release.set()
+    model = ScriptedModel(answers(blocker))
+    async with Supervisor(model, FailingOnce(MemoryStore())) as sup:
+        old = await sup.submit(RunSpec(goal="g"))
+        with anyio.fail_after(10), pytest.raises(SupervisorError):
+            await old.result()
+        blocker.forever = True  # the run driven on stays at its first task
+        new = await sup.resume(old.run_id)
+        with anyio.fail_after(10):
+            await old.cancel()
+            result = await new.result()
+    assert result.status is RunStatus.CANCELLED
