@@ -461,6 +461,8 @@ import sys, anyio, replan.cli
 
 async def dispatch(args):
     try:
+        # The command runs: its signal handlers are in place.
+        print("ready", file=sys.stderr, flush=True)
         await anyio.sleep_forever()
     finally:
         print("winding down", file=sys.stderr, flush=True)
@@ -468,7 +470,6 @@ async def dispatch(args):
             await anyio.sleep_forever()
 
 replan.cli._dispatch = dispatch
-print("ready", file=sys.stderr, flush=True)
 sys.exit(replan.cli.main(["runs", "--db", sys.argv[1]]))
 """
 
@@ -483,7 +484,6 @@ def test_a_second_ctrl_c_stops_a_command_whose_wind_down_hangs(tmp_path: Path) -
         )
         try:
             _wait_for_text(err, "ready")
-            time.sleep(0.2)  # into the event loop
             proc.send_signal(signal.SIGINT)
             _wait_for_text(err, "winding down")
             with pytest.raises(subprocess.TimeoutExpired):

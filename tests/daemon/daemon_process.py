@@ -27,6 +27,13 @@ def _ignore_sighup() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
+def _default_sighup() -> None:
+    # A test run started under nohup (or by a runner that ignores SIGHUP)
+    # hands the ignored signal down to every child, and the daemon rightly
+    # leaves an ignored SIGHUP ignored: start it as a terminal starts it.
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 class DaemonProcess:
     """``replan serve`` as a child process; ``start()`` waits for /readyz."""
 
@@ -84,7 +91,7 @@ class DaemonProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 text=True,
-                preexec_fn=_ignore_sighup if self.ignore_sighup else None,
+                preexec_fn=_ignore_sighup if self.ignore_sighup else _default_sighup,
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

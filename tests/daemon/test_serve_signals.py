@@ -161,13 +161,19 @@ def test_sigterm_at_any_moment_of_the_start_stops_cleanly_and_loses_no_run(
     counts = str(tmp_path / "executions.txt")
     env = {"REPLAN_TEST_COUNT_FILE": counts, "REPLAN_TEST_EXECUTE_S": "0.3"}
     data = tmp_path / "data"
-    first = DaemonProcess(data, *COUNTING, env=env).start()
+    # The crash comes while attempts are under way, never as one returns:
+    # an answer the kill took before it was journaled is asked for again,
+    # as it must be, and would count as a completed task run again. (The
+    # 20 submissions alone can outlast an attempt on a busy machine.)
+    crashing = {**env, "REPLAN_TEST_EXECUTE_S": "60"}
+    first = DaemonProcess(data, *COUNTING, env=crashing).start()
     try:
         with first.client() as client:
             run_ids = [submit(client, gate_policy={"gate_on": []}) for _ in range(20)]
             wait_for(lambda: read_counts(counts)[1], every_s=0.01)
     finally:
         first.kill()
+    assert read_counts(counts)[0] == {}, "no attempt returned before the crash"
     for moment_s in (0.0, 0.2, 0.5, 1.0, 1.5, 2.5):
         daemon = DaemonProcess(data, *COUNTING, env=env, console_script=True)
         with pytest.raises(RuntimeError, match="did not get ready"):

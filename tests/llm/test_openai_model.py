@@ -960,20 +960,40 @@ async def test_a_retry_after_date_years_ahead_holds_calls_for_a_day_at_most() ->
         assert len(server.chat_requests()) == 1
 
 
-async def test_a_call_made_during_a_short_retry_after_waits_before_sending() -> None:
+async def test_a_call_made_during_a_short_retry_after_waits_before_sending(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # One call got 429 with Retry-After: 1 and waits; another call made
     # meanwhile waits too, rather than asking the server at once.
-    with chat_server() as server:
-        server.reply(
+    replies = iter(
+        [
             error(429, "slow down", retry_after="1"),
             completion(Verdict(decision="continue")),
             completion(Verdict(decision="continue")),
-        )
+        ]
+    )
+    sent: list[float] = []
+
+    def answer(logged: Logged) -> Reply:
+        sent.append(time.monotonic())
+        return next(replies)
+
+    with chat_server(answer) as server:
         request = ModelRequest(
             role="reviewer", purpose="milestone", output_type=Verdict
         )
         answers: list[object] = []
         async with fast(server.base_url) as model:
+            held = anyio.Event()
+            held_at: list[float] = []
+            hold_off = model.retry.hold_off
+
+            def holding(where: str, seconds: float) -> None:
+                held_at.append(time.monotonic())
+                hold_off(where, seconds)
+                held.set()
+
+            monkeypatch.setattr(model.retry, "hold_off", holding)
 
             async def call() -> None:
                 answers.append((await model.generate(request)).output)
@@ -981,13 +1001,13 @@ async def test_a_call_made_during_a_short_retry_after_waits_before_sending() -> 
             with anyio.fail_after(10):
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(call)
-                    await anyio.sleep(0.3)  # the first call has its 429
-                    assert len(server.chat_requests()) == 1
+                    await held.wait()  # the first call has its 429
                     tg.start_soon(call)
-                    await anyio.sleep(0.4)
-                    assert len(server.chat_requests()) == 1
         assert len(server.chat_requests()) == 3
     assert answers == [Verdict(decision="continue")] * 2
+    # Neither the retry nor the call made meanwhile asked before the wait.
+    assert len(held_at) == 1
+    assert [s - held_at[0] >= 0.95 for s in sent[1:]] == [True, True]
 
 
 async def test_tool_calls_without_ids_or_with_object_arguments_are_read() -> None:
