@@ -746,10 +746,13 @@ class RunDriver:
             if budget is not None and hasattr(request, "token_allowance"):
                 left = budget - self.view.usage.total.total_tokens
                 request = request.model_copy(update={"token_allowance": left})  # type: ignore[attr-defined]
-            if timeout is not None:
-                request, key = self._timed(request)
+            # Every request is metered, not only a timed one: a request cut
+            # short before its reply (a stop, the run's end) still has its
+            # answered calls counted for the run.
+            request, key = self._timed(request)
             self._begin()
             answered = False
+            reported = False  # a reply or a failure says what its calls used
             try:
                 reply = expect(
                     # Timed from when a worker takes it: a request that waits
@@ -768,7 +771,7 @@ class RunDriver:
                 calls: list[ModelCall] | None = fields.get("calls")
                 if calls:
                     self.stage(*usage_events(calls))
-                answered = True
+                answered = reported = True
                 if fields.get("cut_short", False):
                     self.check_budget()
                 return reply
@@ -781,6 +784,7 @@ class RunDriver:
                     else self._cut_short(pool.role, request, key)
                 )
                 if failure is not None:
+                    reported = True
                     self.stage(*failure_events(failure, with_usage=True))
                     if failure.fatal or not failure.transient:
                         raise failure_ending(failure) from None
@@ -801,8 +805,12 @@ class RunDriver:
                         transient=failure is not None or isinstance(exc, ActorTimeout),
                     ) from None
             finally:
-                if timeout is not None:
-                    self.meter.take_request(key)  # none left behind
+                spent = self.meter.take_request(key)  # none left behind
+                if not reported and (spent.calls or spent.total_tokens):
+                    # Cut short before its reply (the supervisor stops, the
+                    # run ends, the role stopped or crashed): the answers it
+                    # had are the run's, journaled as it stops or ends.
+                    self.meter.hold(pool.role, purpose_of(request), spent)
                 if answered:
                     # Busy until journaled: a drain waits for the append.
                     self._unrecorded += 1

@@ -549,6 +549,49 @@ async def test_a_drain_whose_grace_ends_during_a_tool_journals_the_attempts_call
     assert result.usage.total.calls == len(first.calls) + len(second.calls)
 
 
+@pytest.mark.parametrize("purpose", ["milestone", "replan"])
+async def test_an_answer_that_comes_as_the_supervisor_stops_is_in_the_runs_usage(
+    purpose: str,
+) -> None:
+    # The stop cancelled the run as the reviewer's (or planner's) reply came:
+    # the reply was dropped with its calls, and the answer's tokens, which
+    # the model had handed out, were in no journal.
+    stopping: list[Supervisor] = []
+    answered = anyio.Event()
+
+    def stop_as_it_answers(answer: Any) -> Any:
+        def respond(request: ModelRequest) -> Any:
+            if not answered.is_set():
+                answered.set()
+                stopping[0].stop()
+            return answer
+
+        return respond
+
+    verdict = replan_verdict() if purpose == "replan" else Verdict(decision="continue")
+    first = scripted(
+        execute=with_finding,
+        milestone=stop_as_it_answers(verdict),
+        replan=stop_as_it_answers(fresh_tasks(1)),
+        usage=USAGE,
+    )
+    store = MemoryStore()
+    with anyio.fail_after(10):
+        async with Supervisor(first, store) as sup:
+            stopping.append(sup)
+            handle = await sup.submit(spec(chain(2), milestone_every=1))
+            await answered.wait()
+    journaled = replay(await store.read(handle.run_id))
+    assert journaled.status is RunStatus.RUNNING  # left to resume
+    assert journaled.usage.total.calls == len(first.calls)
+    second = scripted(execute=with_finding, milestone=lambda r: verdict, usage=USAGE)
+    with anyio.fail_after(10):
+        async with Supervisor(second, store) as sup:
+            result = await (await sup.resume(handle.run_id)).result()
+    assert result.status is RunStatus.COMPLETED
+    assert result.usage.total.calls == len(first.calls) + len(second.calls)
+
+
 class Interrupted(BaseException):
     """What Ctrl-C is on trio when it lands in running code (a
     ``KeyboardInterrupt``): it goes on out of a task function, and of the
