@@ -957,18 +957,19 @@ class RunDriver:
         what ends the run (a report, a failing journal) ends the wait."""
         try:
             while True:
-                # The reports of the batch a review came from come first.
+                # The reports of the batch a review came from come first
+                # (the driver's loop holds this same list).
                 held = self._held
-                if held:
-                    items = held[:]
-                    held.clear()  # the driver's loop holds this same list
-                else:
-                    items = await self._inbox.take()
+                if not held:
+                    held.extend(await self._inbox.take())
                 # Not cut short halfway by the answer: a staged event that
                 # misses the journal would leave the next append a seq ahead.
                 with anyio.CancelScope(shield=True):
-                    for item in items:
-                        await self._take(item, due=self._due)
+                    while held:
+                        # Taken one by one from the held list: those after
+                        # a report that ends the run stay there, and are
+                        # journaled with its end.
+                        await self._take(held.pop(0), due=self._due)
                     await self.record_events()
         except Exception as exc:
             errors.append(exc)
