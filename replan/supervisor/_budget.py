@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from itertools import count
 from typing import Any
 
+import anyio
+
 from .._errors import BudgetExhausted, ModelError
 from ..llm import Model, ModelRequest, ModelResponse
 from ..messages import TokenUsage
@@ -34,8 +36,12 @@ class RunMeter:
         its ``REQUEST_KEY``."""
         self._unreported: dict[int, tuple[str, str, TokenUsage]] = {}
         """Role, purpose and tokens of answers a role holds for a reply it
-        has not given yet (see :meth:`MeteredModel.unreported`)."""
+        has not given yet (see :meth:`MeteredModel.unreported`), and of
+        calls that answered after their request was cut short."""
         self._tickets = count()
+        self.calls = 0
+        """The run's model calls in flight."""
+        self._settled: anyio.Event | None = None
 
     def left(self) -> int | None:
         return None if self.budget is None else self.budget - self.used
@@ -48,11 +54,32 @@ class RunMeter:
             key = (request.task_id, request.context.get("attempt"))
             spent = self._attempts.get(key)
             self._attempts[key] = usage if spent is None else spent + usage
-        elif self._requests:
+        else:
             watched = request.context.get(REQUEST_KEY)
+            if watched is None:
+                return
             spent = self._requests.get(watched)
             if spent is not None:
                 self._requests[watched] = spent + usage
+            else:
+                # Its request was cut short before the call answered (a
+                # stop, the run's end, call_timeout_s): no reply will say it.
+                ticket = next(self._tickets)
+                self._unreported[ticket] = (request.role, request.purpose, usage)
+
+    def call_ended(self) -> None:
+        """One of the run's model calls (counted in :attr:`calls`) ended."""
+        self.calls -= 1
+        if not self.calls and self._settled is not None:
+            self._settled.set()
+            self._settled = None
+
+    async def settled(self) -> None:
+        """Return once none of the run's model calls is in flight."""
+        while self.calls:
+            if self._settled is None:
+                self._settled = anyio.Event()
+            await self._settled.wait()
 
     def watch(self, key: object) -> None:
         """Count the tokens of the calls made for the request ``key`` (its
@@ -144,6 +171,8 @@ class MeteredModel:
             left = meter.left()
         if left is not None:
             request = request.model_copy(update={"token_allowance": left})
+        if meter is not None:
+            meter.calls += 1
         try:
             response = await self.model.generate(request)
         except ModelError as exc:
@@ -152,6 +181,9 @@ class MeteredModel:
                 if meter is not None:
                     meter.charge(exc.usage, request)
             raise
+        finally:
+            if meter is not None:
+                meter.call_ended()
         if not isinstance(response, ModelResponse):
             # A model of the user's own handing back its answer itself: every
             # call would fail alike, so it fails the call, not the role.

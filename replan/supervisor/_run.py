@@ -108,9 +108,9 @@ APPROVAL_TAKEN_WAIT_S = 5.0
 before it suspends its trace."""
 
 SETTLE_S = 1.0
-"""How long a run's end waits for the executions it cancels to end (a tool
-in a thread may not notice): a model call one of them had answered by then
-is in the run's usage."""
+"""How long a run's end (or stop) waits for the executions and model calls
+it cancels to end (a tool in a thread may not notice): a model call one of
+them had answered by then is in the run's usage."""
 
 
 class RunEnded(Exception):
@@ -1085,6 +1085,7 @@ class RunDriver:
                 await anyio.sleep_forever()
             if ended is not None:
                 status, reason, synthesis = ended
+                await self._settle()
                 self._stage_finished_meanwhile()
                 with anyio.CancelScope(shield=True):
                     try:
@@ -1101,6 +1102,7 @@ class RunDriver:
                 # Not this supervisor's ledger once another drives the run.
                 with anyio.CancelScope(shield=True), suppress(LeaseLost):
                     await self._secure(held)
+            await self._settle()
             lost = [*self._attempts_spent(), *self._unreported()]
             if (
                 lost
@@ -1121,6 +1123,13 @@ class RunDriver:
                 if state.status.final
                 else None,
             )
+
+    async def _settle(self) -> None:
+        """Wait (briefly) until the run's model calls cut short have ended:
+        one that answered meanwhile is in the usage journaled next."""
+        if self.meter.calls:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(SETTLE_S):
+                await self.meter.settled()
 
     def _role_stopped(self, error: ActorStopped) -> RunEnded:
         """How a role's stop ends the run: ``failed`` when the role stopped

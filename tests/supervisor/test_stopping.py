@@ -456,6 +456,33 @@ async def test_a_run_cancelled_during_a_re_ask_keeps_the_first_answers_tokens() 
     assert result.usage.total.calls == len(model.calls) - 1
 
 
+async def test_a_review_answered_as_the_run_is_cancelled_is_in_its_usage() -> None:
+    # The cancel reached the run just before its reviewer's model call
+    # answered: the run journaled its end while the answer was on its way,
+    # and the answer's tokens were in no journal.
+    reviewing, answer = anyio.Event(), anyio.Event()
+
+    async def milestone(request: ModelRequest) -> Verdict:
+        reviewing.set()
+        await answer.wait()
+        return Verdict(decision="continue")
+
+    model = scripted(execute=with_finding, milestone=milestone, usage=USAGE)
+    with anyio.fail_after(10):
+        async with Supervisor(model, MemoryStore()) as sup:
+            handle = await sup.submit(spec(chain(2), milestone_every=1))
+            await reviewing.wait()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(handle.cancel)
+                await anyio.lowlevel.checkpoint()  # the cancel is under way
+                answer.set()  # and the answer comes
+            result = await handle.result()
+            assert await sup.replay(handle.run_id) == result
+    assert result.status is RunStatus.CANCELLED
+    assert result.usage.by_role["reviewer"] == USAGE
+    assert result.usage.total.calls == len(model.calls)
+
+
 async def test_a_re_ask_that_answers_counts_both_answers_once() -> None:
     reviewer = SlowReask()
     reviewer.release.set()
