@@ -31,6 +31,10 @@ class RunMeter:
         self.used = used
         self._attempts: dict[tuple[str, object], TokenUsage] = {}
         """Tokens of each task attempt in flight, by (task id, attempt)."""
+        self._cut: set[tuple[str, object]] = set()
+        """Attempts cut short (``task_timeout_s``), journaled with the tokens
+        of their calls until then: a call of theirs that answers later is
+        unreported."""
         self._requests: dict[object, TokenUsage] = {}
         """Tokens of each timed request in flight (see :meth:`watch`), by
         its ``REQUEST_KEY``."""
@@ -52,6 +56,10 @@ class RunMeter:
             return
         if request.task_id is not None:
             key = (request.task_id, request.context.get("attempt"))
+            if self._cut and key in self._cut:
+                ticket = next(self._tickets)
+                self._unreported[ticket] = (request.role, request.purpose, usage)
+                return
             spent = self._attempts.get(key)
             self._attempts[key] = usage if spent is None else spent + usage
         else:
@@ -92,9 +100,14 @@ class RunMeter:
         spent. A call answered later is not counted for it."""
         return self._requests.pop(key, None) or TokenUsage()
 
-    def take_attempt(self, task_id: str, attempt: int) -> TokenUsage | None:
+    def take_attempt(
+        self, task_id: str, attempt: int, *, cut: bool = False
+    ) -> TokenUsage | None:
         """The tokens an attempt's model calls used, forgetting them: what a
-        timed-out attempt, whose reply never came, spent."""
+        timed-out attempt, whose reply never came, spent. ``cut``: the
+        attempt was cut short, and a call of its may still answer."""
+        if cut:
+            self._cut.add((task_id, attempt))
         return self._attempts.pop((task_id, attempt), None)
 
     def hold(self, role: str, purpose: str, usage: TokenUsage) -> Callable[[], None]:

@@ -1750,7 +1750,7 @@ class RunDriver:
                 transient=True,
                 reason=f"task_timeout_s: the attempt took longer than {timeout:g}s",
             )
-            spent = self.meter.take_attempt(task.id, task.attempts)
+            spent = self.meter.take_attempt(task.id, task.attempts, cut=True)
             if spent is not None:
                 calls = [ModelCall(role="executor", purpose="execute", usage=spent)]
             return _Done(
