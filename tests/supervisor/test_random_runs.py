@@ -4,7 +4,8 @@ Each example draws a pattern, a plan, limits near their edges and a script of
 what the model answers (task outcomes, verdicts, proposals, alignment flags,
 gate answers), runs it through a ``Supervisor`` with a ``ScriptedModel``, and
 checks what must hold of every run, whatever happens in it (DESIGN §4): it
-ends with a final status, its journal replays to its result, finished tasks
+ends with a final status, its journal replays to its result (and its row, its
+live event stream and the gates listed agree with it), finished tasks
 never change, the replan ceiling holds, no more than ``max_concurrency``
 attempts run at once, contract runs keep their plan, a hybrid boundary fires
 once, the usage is what the model answered, every event round-trips through
@@ -45,6 +46,7 @@ from replan import (
     ModelRequest,
     ModelResponse,
     PlanProposal,
+    RunHandle,
     RunResult,
     RunSpec,
     ScriptedModel,
@@ -68,7 +70,7 @@ from replan.messages import (
     ReplanOutcome,
     ToolCall,
 )
-from replan.store import SQLiteStore, Store
+from replan.store import RunSummary, SQLiteStore, Store
 from replan.supervisor import RunState
 
 EVENT: TypeAdapter[Event] = TypeAdapter(Event)
@@ -120,6 +122,8 @@ class Review:
     affect: int = 2
     broken: bool = False
     """A malformed answer instead of the verdict."""
+    slow: int = 0
+    """Attempts of the review that take longer than ``call_timeout_s``."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,8 @@ reviews = st.one_of(
             Review("complete"),
             Review("abort"),
             Review("continue", broken=True),
+            Review("continue", slow=1),
+            Review("complete", slow=3),
         ]
     ),
 )
@@ -210,6 +216,7 @@ def limits(draw: st.DrawFn) -> Limits:
         replan_candidates=draw(st.integers(1, 3)),
         gate_timeout_s=0.01,
         task_timeout_s=0.05,
+        call_timeout_s=0.1,
         deadline_s=draw(st.sampled_from([None, None, None, 0.05, 0.2])),
     )
 
@@ -287,6 +294,9 @@ class World:
     most_running: Counter[str] = field(default_factory=Counter)
     replans_asked: Counter[str] = field(default_factory=Counter)
     alignments_asked: Counter[str] = field(default_factory=Counter)
+    reviews_asked: Counter[tuple[str, int]] = field(default_factory=Counter)
+    began: dict[tuple[str, str, int], float] = field(default_factory=dict)
+    """When each attempt's first model call began, by run, task and attempt."""
     succeeded: Counter[tuple[str, str]] = field(default_factory=Counter)
     """Successful answers handed out, by run and task id."""
 
@@ -314,7 +324,7 @@ class World:
             case "executor", "synthesize":
                 return Synthesis(output="the synthesis")
             case "reviewer", "milestone":
-                return self.milestone(request)
+                return await self.milestone(request)
             case "planner", "plan":
                 return self.first_plan(request)
             case "planner", "replan" | "boundary":
@@ -367,11 +377,22 @@ class World:
         raise AssertionError(kind)
 
     async def attempt(self, request: ModelRequest) -> Any:
-        """One attempt's answer, counted as running while it runs."""
+        """One attempt's answer, counted as running while it runs.
+
+        A step of an attempt that ``task_timeout_s`` is cutting short may
+        still start (its cancellation reaches it a moment later; in a
+        thread, not at all), when the run counts the attempt as running no
+        more: such steps are not counted.
+        """
         run, task = request.run_id or "", task_of(request)
-        self.running[run] += 1
-        self.most_running[run] = max(self.most_running[run], self.running[run])
-        counted = True
+        timeout = self.scenario.limits.task_timeout_s
+        assert timeout is not None
+        now = anyio.current_time()
+        began = self.began.setdefault((run, task.id, task.attempts), now)
+        counted = now - began < timeout / 2
+        if counted:
+            self.running[run] += 1
+            self.most_running[run] = max(self.most_running[run], self.running[run])
         try:
             # Tasks take different times: they finish out of order, while
             # the run reviews, replans or waits at a gate.
@@ -379,12 +400,11 @@ class World:
             outcomes = self.scenario.outcomes
             kind = outcomes[(int(task.id[1:]) * 3 + task.attempts) % len(outcomes)]
             if kind == "hang":
-                # Running until task_timeout_s cuts it short; the run counts
-                # it as running no more from then, though its cancellation
-                # reaches it a moment later (in a thread, not at all).
-                await anyio.sleep(self.scenario.limits.task_timeout_s / 2)  # type: ignore[operator]
-                self.running[run] -= 1
-                counted = False
+                # Running until task_timeout_s cuts it short.
+                await anyio.sleep(timeout / 2)
+                if counted:
+                    self.running[run] -= 1
+                    counted = False
                 await anyio.sleep(1)
                 return TaskOutcome(success=True, summary=f"{task.id} late")
             answer = self.execute(request)
@@ -395,10 +415,14 @@ class World:
             if counted:
                 self.running[run] -= 1
 
-    def milestone(self, request: ModelRequest) -> Any:
+    async def milestone(self, request: ModelRequest) -> Any:
         reviews = self.scenario.reviews
         index = request.context["milestone_index"] - 1
         review = reviews[index] if index < len(reviews) else Review("continue")
+        run = request.run_id or ""
+        self.reviews_asked[run, index] += 1
+        if self.reviews_asked[run, index] <= review.slow:
+            await anyio.sleep(1)  # past call_timeout_s
         if review.broken:
             return {"decision": "maybe"}
         if review.decision != "replan":
@@ -566,6 +590,17 @@ class Ran:
     events: list[Event]
     replayed: RunResult
     world: World
+    streamed: list[Event] | None
+    """The events ``handle.events()`` gave, live (None: the run was
+    resumed)."""
+    summary: RunSummary | None
+    open_gates: list[str]
+    """Gates of the run the supervisor still lists once it ended."""
+
+
+async def stream(handle: RunHandle, into: list[Event], ended: anyio.Event) -> None:
+    into.extend([event async for event in handle.events()])
+    ended.set()
 
 
 async def run_scenario(scenario: Scenario) -> list[Ran]:
@@ -587,6 +622,15 @@ async def run_scenario(scenario: Scenario) -> list[Ran]:
                         for _ in range(scenario.runs)
                     ]
                     run_ids = [h.run_id for h in handles]
+                    streamed: dict[str, list[Event]] = {}
+                    ended: list[anyio.Event] = []
+                    if scenario.interrupt in ("none", "cancel"):
+                        for handle in handles:
+                            streamed[handle.run_id] = []
+                            ended.append(anyio.Event())
+                            tg.start_soon(
+                                stream, handle, streamed[handle.run_id], ended[-1]
+                            )
                     if scenario.interrupt != "none":
                         async for event in handles[0].events():
                             if event.seq >= scenario.at:
@@ -598,6 +642,10 @@ async def run_scenario(scenario: Scenario) -> list[Ran]:
                     if scenario.interrupt in ("none", "cancel"):
                         for handle in handles:
                             results[handle.run_id] = await handle.result()
+                        with anyio.fail_after(5):  # the streams end too
+                            for stream_ended in ended:
+                                await stream_ended.wait()
+                    open_gates = [g.run_id for g in sup.gates.pending()]
                     tg.cancel_scope.cancel()
                 if not results:
                     async with (
@@ -608,6 +656,7 @@ async def run_scenario(scenario: Scenario) -> list[Ran]:
                         for run_id in run_ids:
                             handle = await sup.resume(run_id)
                             results[run_id] = await handle.result()
+                        open_gates = [g.run_id for g in sup.gates.pending()]
                         tg.cancel_scope.cancel()
                 return [
                     Ran(
@@ -615,6 +664,9 @@ async def run_scenario(scenario: Scenario) -> list[Ran]:
                         await store.read(run_id),
                         await sup.replay(run_id),
                         world,
+                        streamed.get(run_id),
+                        await store.get_run(run_id),
+                        [g for g in open_gates if g == run_id],
                     )
                     for run_id in run_ids
                 ]
@@ -629,6 +681,12 @@ def check(scenario: Scenario, ran: Ran) -> None:
     if result.status.value != "completed":
         assert result.stop_reason, result
     assert ran.replayed == result
+    # Its row and its stream say the same; nothing waits on it.
+    assert ran.summary is not None
+    assert (ran.summary.status, ran.summary.last_seq) == (result.status, len(events))
+    if ran.streamed is not None:
+        assert ran.streamed == events
+    assert not ran.open_gates, "a finished run lists open gates"
 
     # Every event round-trips through JSON.
     for event in events:
