@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from itertools import count
 from typing import Any
 
+import anyio
+
 from .._errors import BudgetExhausted, ModelError
 from ..llm import Model, ModelRequest, ModelResponse
 from ..messages import TokenUsage
@@ -29,13 +31,21 @@ class RunMeter:
         self.used = used
         self._attempts: dict[tuple[str, object], TokenUsage] = {}
         """Tokens of each task attempt in flight, by (task id, attempt)."""
+        self._cut: set[tuple[str, object]] = set()
+        """Attempts cut short (``task_timeout_s``), journaled with the tokens
+        of their calls until then: a call of theirs that answers later is
+        unreported."""
         self._requests: dict[object, TokenUsage] = {}
         """Tokens of each timed request in flight (see :meth:`watch`), by
         its ``REQUEST_KEY``."""
         self._unreported: dict[int, tuple[str, str, TokenUsage]] = {}
         """Role, purpose and tokens of answers a role holds for a reply it
-        has not given yet (see :meth:`MeteredModel.unreported`)."""
+        has not given yet (see :meth:`MeteredModel.unreported`), and of
+        calls that answered after their request was cut short."""
         self._tickets = count()
+        self.calls = 0
+        """The run's model calls in flight."""
+        self._settled: anyio.Event | None = None
 
     def left(self) -> int | None:
         return None if self.budget is None else self.budget - self.used
@@ -46,13 +56,38 @@ class RunMeter:
             return
         if request.task_id is not None:
             key = (request.task_id, request.context.get("attempt"))
+            if self._cut and key in self._cut:
+                ticket = next(self._tickets)
+                self._unreported[ticket] = (request.role, request.purpose, usage)
+                return
             spent = self._attempts.get(key)
             self._attempts[key] = usage if spent is None else spent + usage
-        elif self._requests:
+        else:
             watched = request.context.get(REQUEST_KEY)
+            if watched is None:
+                return
             spent = self._requests.get(watched)
             if spent is not None:
                 self._requests[watched] = spent + usage
+            else:
+                # Its request was cut short before the call answered (a
+                # stop, the run's end, call_timeout_s): no reply will say it.
+                ticket = next(self._tickets)
+                self._unreported[ticket] = (request.role, request.purpose, usage)
+
+    def call_ended(self) -> None:
+        """One of the run's model calls (counted in :attr:`calls`) ended."""
+        self.calls -= 1
+        if not self.calls and self._settled is not None:
+            self._settled.set()
+            self._settled = None
+
+    async def settled(self) -> None:
+        """Return once none of the run's model calls is in flight."""
+        while self.calls:
+            if self._settled is None:
+                self._settled = anyio.Event()
+            await self._settled.wait()
 
     def watch(self, key: object) -> None:
         """Count the tokens of the calls made for the request ``key`` (its
@@ -65,9 +100,14 @@ class RunMeter:
         spent. A call answered later is not counted for it."""
         return self._requests.pop(key, None) or TokenUsage()
 
-    def take_attempt(self, task_id: str, attempt: int) -> TokenUsage | None:
+    def take_attempt(
+        self, task_id: str, attempt: int, *, cut: bool = False
+    ) -> TokenUsage | None:
         """The tokens an attempt's model calls used, forgetting them: what a
-        timed-out attempt, whose reply never came, spent."""
+        timed-out attempt, whose reply never came, spent. ``cut``: the
+        attempt was cut short, and a call of its may still answer."""
+        if cut:
+            self._cut.add((task_id, attempt))
         return self._attempts.pop((task_id, attempt), None)
 
     def hold(self, role: str, purpose: str, usage: TokenUsage) -> Callable[[], None]:
@@ -144,6 +184,8 @@ class MeteredModel:
             left = meter.left()
         if left is not None:
             request = request.model_copy(update={"token_allowance": left})
+        if meter is not None:
+            meter.calls += 1
         try:
             response = await self.model.generate(request)
         except ModelError as exc:
@@ -152,6 +194,9 @@ class MeteredModel:
                 if meter is not None:
                     meter.charge(exc.usage, request)
             raise
+        finally:
+            if meter is not None:
+                meter.call_ended()
         if not isinstance(response, ModelResponse):
             # A model of the user's own handing back its answer itself: every
             # call would fail alike, so it fails the call, not the role.

@@ -108,9 +108,9 @@ APPROVAL_TAKEN_WAIT_S = 5.0
 before it suspends its trace."""
 
 SETTLE_S = 1.0
-"""How long a run's end waits for the executions it cancels to end (a tool
-in a thread may not notice): a model call one of them had answered by then
-is in the run's usage."""
+"""How long a run's end (or stop) waits for the executions and model calls
+it cancels to end (a tool in a thread may not notice): a model call one of
+them had answered by then is in the run's usage."""
 
 
 class RunEnded(Exception):
@@ -746,10 +746,13 @@ class RunDriver:
             if budget is not None and hasattr(request, "token_allowance"):
                 left = budget - self.view.usage.total.total_tokens
                 request = request.model_copy(update={"token_allowance": left})  # type: ignore[attr-defined]
-            if timeout is not None:
-                request, key = self._timed(request)
+            # Every request is metered, not only a timed one: a request cut
+            # short before its reply (a stop, the run's end) still has its
+            # answered calls counted for the run.
+            request, key = self._timed(request)
             self._begin()
             answered = False
+            reported = False  # a reply or a failure says what its calls used
             try:
                 reply = expect(
                     # Timed from when a worker takes it: a request that waits
@@ -768,7 +771,7 @@ class RunDriver:
                 calls: list[ModelCall] | None = fields.get("calls")
                 if calls:
                     self.stage(*usage_events(calls))
-                answered = True
+                answered = reported = True
                 if fields.get("cut_short", False):
                     self.check_budget()
                 return reply
@@ -781,6 +784,7 @@ class RunDriver:
                     else self._cut_short(pool.role, request, key)
                 )
                 if failure is not None:
+                    reported = True
                     self.stage(*failure_events(failure, with_usage=True))
                     if failure.fatal or not failure.transient:
                         raise failure_ending(failure) from None
@@ -801,8 +805,12 @@ class RunDriver:
                         transient=failure is not None or isinstance(exc, ActorTimeout),
                     ) from None
             finally:
-                if timeout is not None:
-                    self.meter.take_request(key)  # none left behind
+                spent = self.meter.take_request(key)  # none left behind
+                if not reported and (spent.calls or spent.total_tokens):
+                    # Cut short before its reply (the supervisor stops, the
+                    # run ends, the role stopped or crashed): the answers it
+                    # had are the run's, journaled as it stops or ends.
+                    self.meter.hold(pool.role, purpose_of(request), spent)
                 if answered:
                     # Busy until journaled: a drain waits for the append.
                     self._unrecorded += 1
@@ -949,18 +957,19 @@ class RunDriver:
         what ends the run (a report, a failing journal) ends the wait."""
         try:
             while True:
-                # The reports of the batch a review came from come first.
+                # The reports of the batch a review came from come first
+                # (the driver's loop holds this same list).
                 held = self._held
-                if held:
-                    items = held[:]
-                    held.clear()  # the driver's loop holds this same list
-                else:
-                    items = await self._inbox.take()
+                if not held:
+                    held.extend(await self._inbox.take())
                 # Not cut short halfway by the answer: a staged event that
                 # misses the journal would leave the next append a seq ahead.
                 with anyio.CancelScope(shield=True):
-                    for item in items:
-                        await self._take(item, due=self._due)
+                    while held:
+                        # Taken one by one from the held list: those after
+                        # a report that ends the run stay there, and are
+                        # journaled with its end.
+                        await self._take(held.pop(0), due=self._due)
                     await self.record_events()
         except Exception as exc:
             errors.append(exc)
@@ -1076,6 +1085,7 @@ class RunDriver:
                 await anyio.sleep_forever()
             if ended is not None:
                 status, reason, synthesis = ended
+                await self._settle()
                 self._stage_finished_meanwhile()
                 with anyio.CancelScope(shield=True):
                     try:
@@ -1092,6 +1102,7 @@ class RunDriver:
                 # Not this supervisor's ledger once another drives the run.
                 with anyio.CancelScope(shield=True), suppress(LeaseLost):
                     await self._secure(held)
+            await self._settle()
             lost = [*self._attempts_spent(), *self._unreported()]
             if (
                 lost
@@ -1112,6 +1123,13 @@ class RunDriver:
                 if state.status.final
                 else None,
             )
+
+    async def _settle(self) -> None:
+        """Wait (briefly) until the run's model calls cut short have ended:
+        one that answered meanwhile is in the usage journaled next."""
+        if self.meter.calls:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(SETTLE_S):
+                await self.meter.settled()
 
     def _role_stopped(self, error: ActorStopped) -> RunEnded:
         """How a role's stop ends the run: ``failed`` when the role stopped
@@ -1732,7 +1750,7 @@ class RunDriver:
                 transient=True,
                 reason=f"task_timeout_s: the attempt took longer than {timeout:g}s",
             )
-            spent = self.meter.take_attempt(task.id, task.attempts)
+            spent = self.meter.take_attempt(task.id, task.attempts, cut=True)
             if spent is not None:
                 calls = [ModelCall(role="executor", purpose="execute", usage=spent)]
             return _Done(

@@ -423,6 +423,53 @@ async def test_a_report_that_ends_the_run_ends_it_at_once_while_a_gate_waits() -
     assert "OPENAI_API_KEY" in (result.stop_reason or "")
 
 
+async def test_an_attempt_reported_with_one_that_ends_the_run_at_a_gate_is_kept() -> (
+    None
+):
+    # Two attempts in flight report together while the run waits at its
+    # gate, and the first ends the run (rejected credentials): the second's
+    # success went with the rest of the batch, its result and its tokens in
+    # no journal.
+    reviewing, failed, done = anyio.Event(), anyio.Event(), anyio.Event()
+
+    async def execute(request: ModelRequest) -> TaskOutcome:
+        key = task_of(request).key
+        if key == "slow":
+            await reviewing.wait()
+            failed.set()
+            raise ModelAuthenticationError("401: set OPENAI_API_KEY")
+        if key == "also":
+            await failed.wait()
+            await anyio.sleep(0.01)
+            done.set()
+        return await Held()(request)
+
+    def review(request: ModelRequest) -> Verdict:
+        reviewing.set()
+        return scope_shift_once(request)
+
+    async def revise(request: ModelRequest) -> PlanProposal:
+        # Both reports are in before the gate opens.
+        await done.wait()
+        await anyio.sleep(0.05)
+        return revised(request)
+
+    model = scripted(execute=execute, milestone=review, replan=revise)
+    also = TaskDraft(key="also", description="another independent survey")
+    with anyio.fail_after(10):
+        async with Supervisor(model, MemoryStore()) as sup:
+            handle = await sup.submit(plan(SURVEY, INDEPENDENT, also))
+            result = await handle.result()
+            assert await sup.replay(handle.run_id) == result
+    assert result.status is RunStatus.FAILED
+    assert "OPENAI_API_KEY" in (result.stop_reason or "")
+    statuses = {t.key: t.status for t in result.tasks}
+    assert statuses["also"] is TaskStatus.COMPLETED
+    # Every answer counts; the rejected call cost nothing.
+    answered = len(model.calls_for("executor", "execute")) - 1
+    assert result.usage.by_role["executor"].calls == answered
+
+
 class FailsAtFinishOf(DelegatingStore):
     """A journal (and effect ledger) whose disk fails once, when
     ``task_id``'s end comes."""

@@ -457,6 +457,33 @@ async def test_a_run_cancelled_during_a_re_ask_keeps_the_first_answers_tokens() 
     assert result.usage.total.calls == len(model.calls) - 1
 
 
+async def test_a_review_answered_as_the_run_is_cancelled_is_in_its_usage() -> None:
+    # The cancel reached the run just before its reviewer's model call
+    # answered: the run journaled its end while the answer was on its way,
+    # and the answer's tokens were in no journal.
+    reviewing, answer = anyio.Event(), anyio.Event()
+
+    async def milestone(request: ModelRequest) -> Verdict:
+        reviewing.set()
+        await answer.wait()
+        return Verdict(decision="continue")
+
+    model = scripted(execute=with_finding, milestone=milestone, usage=USAGE)
+    with anyio.fail_after(10):
+        async with Supervisor(model, MemoryStore()) as sup:
+            handle = await sup.submit(spec(chain(2), milestone_every=1))
+            await reviewing.wait()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(handle.cancel)
+                await anyio.lowlevel.checkpoint()  # the cancel is under way
+                answer.set()  # and the answer comes
+            result = await handle.result()
+            assert await sup.replay(handle.run_id) == result
+    assert result.status is RunStatus.CANCELLED
+    assert result.usage.by_role["reviewer"] == USAGE
+    assert result.usage.total.calls == len(model.calls)
+
+
 async def test_a_re_ask_that_answers_counts_both_answers_once() -> None:
     reviewer = SlowReask()
     reviewer.release.set()
@@ -546,6 +573,49 @@ async def test_a_drain_whose_grace_ends_during_a_tool_journals_the_attempts_call
         with anyio.fail_after(10):
             async with Supervisor(second, store, tools=[quick_search]) as sup:
                 result = await (await sup.resume(handle.run_id)).result()
+    assert result.status is RunStatus.COMPLETED
+    assert result.usage.total.calls == len(first.calls) + len(second.calls)
+
+
+@pytest.mark.parametrize("purpose", ["milestone", "replan"])
+async def test_an_answer_that_comes_as_the_supervisor_stops_is_in_the_runs_usage(
+    purpose: str,
+) -> None:
+    # The stop cancelled the run as the reviewer's (or planner's) reply came:
+    # the reply was dropped with its calls, and the answer's tokens, which
+    # the model had handed out, were in no journal.
+    stopping: list[Supervisor] = []
+    answered = anyio.Event()
+
+    def stop_as_it_answers(answer: Any) -> Any:
+        def respond(request: ModelRequest) -> Any:
+            if not answered.is_set():
+                answered.set()
+                stopping[0].stop()
+            return answer
+
+        return respond
+
+    verdict = replan_verdict() if purpose == "replan" else Verdict(decision="continue")
+    first = scripted(
+        execute=with_finding,
+        milestone=stop_as_it_answers(verdict),
+        replan=stop_as_it_answers(fresh_tasks(1)),
+        usage=USAGE,
+    )
+    store = MemoryStore()
+    with anyio.fail_after(10):
+        async with Supervisor(first, store) as sup:
+            stopping.append(sup)
+            handle = await sup.submit(spec(chain(2), milestone_every=1))
+            await answered.wait()
+    journaled = replay(await store.read(handle.run_id))
+    assert journaled.status is RunStatus.RUNNING  # left to resume
+    assert journaled.usage.total.calls == len(first.calls)
+    second = scripted(execute=with_finding, milestone=lambda r: verdict, usage=USAGE)
+    with anyio.fail_after(10):
+        async with Supervisor(second, store) as sup:
+            result = await (await sup.resume(handle.run_id)).result()
     assert result.status is RunStatus.COMPLETED
     assert result.usage.total.calls == len(first.calls) + len(second.calls)
 

@@ -243,6 +243,34 @@ async def test_the_tokens_a_timed_out_attempt_spent_are_journaled() -> None:
     assert result.usage.by_role["executor"].total_tokens == 15 * calls
 
 
+async def test_an_answer_that_comes_after_its_attempt_timed_out_is_journaled() -> None:
+    # The model call of the attempt cut short answered a moment later (its
+    # cancellation did not reach it in time: a model in a thread, or an
+    # answer already on its way): its tokens were charged to an attempt the
+    # run had journaled already, and were in no journal.
+    def answer(request: ModelRequest) -> Any:
+        if request.purpose == "synthesize":
+            return Synthesis(output="done")
+        return TaskOutcome(success=True, summary="found")
+
+    async def late_first(request: ModelRequest) -> Any:
+        if request.purpose == "execute" and request.context["attempt"] == 1:
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(2 * TIMEOUT_S)
+        return answer(request)
+
+    model = ScriptedModel(late_first, usage=USAGE)
+    with anyio.fail_after(10):
+        async with Supervisor(model, MemoryStore()) as sup:
+            handle = await sup.submit(timed(independent(1)))
+            result = await handle.result()
+            assert await sup.replay(handle.run_id) == result
+    assert result.status is RunStatus.COMPLETED
+    assert len(model.calls_for("executor", "execute")) == 2
+    # Both attempts' answers and the synthesis.
+    assert result.usage.by_role["executor"].calls == len(model.calls) == 3
+
+
 @pytest.mark.parametrize("value", [0, -1, 10**9])
 def test_task_timeout_s_must_be_positive_and_at_most_a_year(value: float) -> None:
     with pytest.raises(ConfigurationError) as caught:
