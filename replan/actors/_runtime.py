@@ -70,7 +70,9 @@ class ReplySlot(Generic[RepT]):
         "_done",
         "_error",
         "_event",
+        "_handling",
         "_on_done",
+        "_on_settled",
         "_scope",
         "_value",
         "abandoned",
@@ -87,6 +89,8 @@ class ReplySlot(Generic[RepT]):
         self._value: RepT | None = None
         self._error: ActorError | None = None
         self._scope: anyio.CancelScope | None = None
+        self._handling = False
+        self._on_settled: Callable[[], None] | None = None
         self.abandoned = False
 
     @property
@@ -116,8 +120,26 @@ class ReplySlot(Generic[RepT]):
     def bind(self, scope: anyio.CancelScope) -> None:
         """Let :meth:`abandon` cancel the worker's handling of the request."""
         self._scope = scope
+        self._handling = True
         if self.abandoned:
             scope.cancel()
+
+    def release(self) -> None:
+        """The worker's handling of the request has ended, answered or not."""
+        self._handling = False
+        on_settled, self._on_settled = self._on_settled, None
+        if on_settled is not None:
+            on_settled()
+
+    def when_settled(self, on_settled: Callable[[], None]) -> bool:
+        """Call ``on_settled`` once the worker's handling has ended, if it
+        has not: a handling that a deadline or an abandon cancelled goes on
+        until its next checkpoint, and a function blocked in a thread
+        until it returns. Returns whether it will be called."""
+        if not self._handling:
+            return False
+        self._on_settled = on_settled
+        return True
 
     def abandon(self, on_settled: Callable[[], None] | None = None) -> bool:
         """The caller stopped waiting: cancel the handling if it started.
@@ -128,13 +150,12 @@ class ReplySlot(Generic[RepT]):
         done by then). A request not taken yet is skipped when it is.
         """
         self.abandoned = True
+        self._on_done = None
         scope = self._scope
         if scope is None or self._done:
-            self._on_done = None
             return False
-        self._on_done = None if on_settled is None else _settled(on_settled)
         scope.cancel()
-        return True
+        return on_settled is None or self.when_settled(on_settled)
 
     def expire(self, error: ActorError) -> None:
         """The request's deadline passed: cancel the handling (or skip it, if
@@ -154,15 +175,6 @@ class ReplySlot(Generic[RepT]):
         assert self._event is not None, "a slot with on_done has no waiter"
         await self._event.wait()
         return self.result()
-
-
-def _settled(call: Callable[[], None]) -> Callable[[ReplySlot[Any]], None]:
-    """``call`` as a slot's ``on_done``."""
-
-    def on_done(slot: ReplySlot[Any]) -> None:
-        call()
-
-    return on_done
 
 
 @dataclass(slots=True)
@@ -845,6 +857,7 @@ class ActorPool(Generic[ReqT, RepT]):
                 slot.set(value)
             finally:
                 self._busy -= 1
+                slot.release()
         return None
 
     async def _traced(

@@ -166,6 +166,10 @@ class _Done:
     """When a retry may start, as a transient failure asked (a server's
     ``Retry-After``, counted from the failure; kept in the effect ledger
     too); None: no wait was asked."""
+    lingering: bool = False
+    """Timed out, its handling has not ended yet (a task function blocked
+    in a thread): it keeps its place in ``max_concurrency`` until
+    :class:`_Settled` says it has."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +204,14 @@ class _ToolGate:
     the run on."""
 
 
-_Report = _Done | _Answered | _RoleStopped | _Fatal | _Ended | _ToolGate
+@dataclass(frozen=True, slots=True)
+class _Settled:
+    """A timed-out attempt's handling has ended: its place is free."""
+
+
+_SETTLED = _Settled()
+
+_Report = _Done | _Answered | _RoleStopped | _Fatal | _Ended | _ToolGate | _Settled
 """What reaches the driver's inbox."""
 
 
@@ -1396,12 +1407,16 @@ class RunDriver:
             return
         if isinstance(item, _ToolGate):
             return
+        if isinstance(item, _Settled):
+            self._in_flight -= 1
+            return
         if isinstance(item, _Ended):
             raise item.end
         if isinstance(item, _Fatal):
             self.stage(*failure_events(item.failure, with_usage=True))
             raise failure_ending(item.failure)
-        self._in_flight -= 1
+        if not item.lingering:
+            self._in_flight -= 1
         if item.unsecured:
             self._unjournaled.append(item)
         if item.timed_out:
@@ -1753,8 +1768,20 @@ class RunDriver:
             spent = self.meter.take_attempt(task.id, task.attempts, cut=True)
             if spent is not None:
                 calls = [ModelCall(role="executor", purpose="execute", usage=spent)]
+            # Until its code has stopped, the attempt is still running: a
+            # retry or another task must not take its place beyond
+            # max_concurrency.
+            inbox = self._inbox
+            lingering = slot.when_settled(lambda: inbox.put(_SETTLED))
             return _Done(
-                task.id, outcome, calls, (), task.attempts, False, timed_out=True
+                task.id,
+                outcome,
+                calls,
+                (),
+                task.attempts,
+                False,
+                timed_out=True,
+                lingering=lingering,
             )
         except ActorStopped as exc:
             # The supervisor stops: what the attempt's calls cost is the

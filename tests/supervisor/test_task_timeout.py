@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +153,40 @@ async def test_the_time_an_attempt_waits_for_an_executor_is_not_its_time() -> No
 
     assert [r.status for r in results] == [RunStatus.COMPLETED] * 3
     assert [t.attempts for r in results for t in r.tasks] == [1] * 6
+
+
+async def test_an_attempt_timed_out_in_a_thread_keeps_its_place_until_it_stops() -> (
+    None
+):
+    # A task function blocked in a thread does not notice the cancellation
+    # at task_timeout_s: until it returns, its attempt still runs, and no
+    # retry or other task may take its place beyond max_concurrency.
+    lock = threading.Lock()
+    running = most = 0
+
+    def blocking() -> None:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.3)  # well past the timeout
+        with lock:
+            running -= 1
+
+    async def runner(task: Any, ctx: Any) -> TaskOutcome:
+        await anyio.to_thread.run_sync(blocking)
+        return TaskOutcome(success=True, summary="done")
+
+    model = ScriptedModel(lambda request: Synthesis(output="done"))
+    limits = {"max_concurrency": 1, "task_timeout_s": 0.05, "max_task_attempts": 2}
+    async with Supervisor(model, MemoryStore(), task_runner=runner) as sup:
+        handle = await sup.submit(spec(independent(2), **limits))
+        with anyio.fail_after(10):
+            result = await handle.result()
+    # Every attempt timed out (two per task), one thread at a time.
+    assert [t.status for t in result.tasks] == [TaskStatus.FAILED] * 2
+    assert result.task_executions == 4
+    assert most == 1
 
 
 async def test_without_task_timeout_s_a_slow_attempt_is_waited_for() -> None:
