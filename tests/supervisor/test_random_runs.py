@@ -295,8 +295,6 @@ class World:
     replans_asked: Counter[str] = field(default_factory=Counter)
     alignments_asked: Counter[str] = field(default_factory=Counter)
     reviews_asked: Counter[tuple[str, int]] = field(default_factory=Counter)
-    began: dict[tuple[str, str, int], float] = field(default_factory=dict)
-    """When each attempt's first model call began, by run, task and attempt."""
     succeeded: Counter[tuple[str, str]] = field(default_factory=Counter)
     """Successful answers handed out, by run and task id."""
 
@@ -377,22 +375,13 @@ class World:
         raise AssertionError(kind)
 
     async def attempt(self, request: ModelRequest) -> Any:
-        """One attempt's answer, counted as running while it runs.
-
-        A step of an attempt that ``task_timeout_s`` is cutting short may
-        still start (its cancellation reaches it a moment later; in a
-        thread, not at all), when the run counts the attempt as running no
-        more: such steps are not counted.
-        """
+        """One attempt's answer, counted as running while it runs (an
+        attempt that ``task_timeout_s`` cut short too, until it stops)."""
         run, task = request.run_id or "", task_of(request)
         timeout = self.scenario.limits.task_timeout_s
         assert timeout is not None
-        now = anyio.current_time()
-        began = self.began.setdefault((run, task.id, task.attempts), now)
-        counted = now - began < timeout / 2
-        if counted:
-            self.running[run] += 1
-            self.most_running[run] = max(self.most_running[run], self.running[run])
+        self.running[run] += 1
+        self.most_running[run] = max(self.most_running[run], self.running[run])
         try:
             # Tasks take different times: they finish out of order, while
             # the run reviews, replans or waits at a gate.
@@ -401,19 +390,14 @@ class World:
             kind = outcomes[(int(task.id[1:]) * 3 + task.attempts) % len(outcomes)]
             if kind == "hang":
                 # Running until task_timeout_s cuts it short.
-                await anyio.sleep(timeout / 2)
-                if counted:
-                    self.running[run] -= 1
-                    counted = False
-                await anyio.sleep(1)
+                await anyio.sleep(timeout / 2 + 1)
                 return TaskOutcome(success=True, summary=f"{task.id} late")
             answer = self.execute(request)
             if isinstance(answer, TaskOutcome) and answer.success:
                 self.succeeded[run, task.id] += 1
             return answer
         finally:
-            if counted:
-                self.running[run] -= 1
+            self.running[run] -= 1
 
     async def milestone(self, request: ModelRequest) -> Any:
         reviews = self.scenario.reviews
