@@ -55,6 +55,7 @@ from .messages import (
 )
 from .store import MemoryStore, SQLiteStore, Store
 from .supervisor import RunState, Supervisor, fold_journal
+from .supervisor._exits import leaves
 from .telemetry import TelemetrySetup, setup_if_asked
 from .telemetry.setup import check_propagators
 
@@ -199,22 +200,22 @@ def _failed(exc: BaseException) -> int:
     unexpected is still one line, never a traceback; ``REPLAN_DEBUG=1``
     re-raises it.
     """
-    leaves = list(_leaves(exc))
-    if any(isinstance(e, KeyboardInterrupt) for e in leaves):
+    found = list(leaves(exc))
+    if any(isinstance(e, KeyboardInterrupt) for e in found):
         print("replan: interrupted", file=sys.stderr)
         return 130
-    if any(isinstance(e, Terminated) for e in leaves):
+    if any(isinstance(e, Terminated) for e in found):
         print("replan: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
-    if any(isinstance(e, SystemExit) for e in leaves):
+    if any(isinstance(e, SystemExit) for e in found):
         raise exc
-    if all(isinstance(e, BrokenPipeError) for e in leaves):
+    if all(isinstance(e, BrokenPipeError) for e in found):
         # The reader went away (``replan show ... | head``): stop quietly, and
         # keep Python from complaining again when it flushes stdout at exit.
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    first = next(e for e in leaves if not isinstance(e, BrokenPipeError))
+    first = next(e for e in found if not isinstance(e, BrokenPipeError))
     code = 1
     match first:
         case CommandError():
@@ -243,14 +244,6 @@ def _failed(exc: BaseException) -> int:
     with contextlib.suppress(OSError, ValueError, AttributeError):
         print(line, file=sys.stderr)
     return code
-
-
-def _leaves(exc: BaseException) -> Iterator[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            yield from _leaves(inner)
-    else:
-        yield exc
 
 
 class _Parser(argparse.ArgumentParser):
@@ -651,7 +644,7 @@ def serve(args: argparse.Namespace) -> int:
         with _stopped_by_signals():
             return _serve(args)
     except BaseException as exc:
-        stopped = [e for e in _leaves(exc) if isinstance(e, StoppedBySignal)]
+        stopped = [e for e in leaves(exc) if isinstance(e, StoppedBySignal)]
         if not stopped:
             raise
         print(f"replan: stopped by {stopped[0].signal_name}", file=sys.stderr)

@@ -24,17 +24,19 @@ def lone_exit(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
     several tasks), else the first cancellation. A group that holds an
     ``Exception`` is let out whole, so that no error in it is hidden.
     """
-    leaves = list(_leaves(group))
-    if not leaves or any(isinstance(leaf, Exception) for leaf in leaves):
+    found = list(leaves(group))
+    if not found or any(isinstance(leaf, Exception) for leaf in found):
         return None
     cancelled = anyio.get_cancelled_exc_class()
-    stops = [leaf for leaf in leaves if not isinstance(leaf, cancelled)]
-    return (stops or leaves)[0]
+    stops = [leaf for leaf in found if not isinstance(leaf, cancelled)]
+    return (stops or found)[0]
 
 
-def _leaves(exc: BaseException) -> Iterator[BaseException]:
+def leaves(exc: BaseException) -> Iterator[BaseException]:
+    """The exceptions in ``exc``, however deeply grouped (``exc`` itself
+    when it is no group)."""
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
-            yield from _leaves(inner)
+            yield from leaves(inner)
     else:
         yield exc
