@@ -108,9 +108,8 @@ APPROVAL_TAKEN_WAIT_S = 5.0
 before it suspends its trace."""
 
 SETTLE_S = 1.0
-"""How long a run's end (or stop) waits for the executions and model calls
-it cancels to end (a tool in a thread may not notice): a model call one of
-them had answered by then is in the run's usage."""
+"""How long a run's end (or stop) waits for the model calls it cancels to
+end: one that answered by then is in the run's usage."""
 
 
 class RunEnded(Exception):
@@ -1242,35 +1241,15 @@ class RunDriver:
                     tg.cancel_scope.cancel()
         finally:
             self._tg = None
+            # Executions still running are nobody's business any more:
+            # cancel their handling (their reports would find the run over).
+            # A model call of theirs that answered meanwhile is in the run's
+            # meter once it returns: the end waits for those (_settle).
             posted, self._posted = self._posted, set()
-            if posted:
-                await self._abandon(posted)
+            for slot in posted:
+                slot.abandon()
+                self._end()
         return outcome
-
-    async def _abandon(self, posted: set[ReplySlot[Any]]) -> None:
-        """Cancel the executions still running: they are nobody's business
-        any more (their reports would find the run over).
-
-        Waits (briefly) until their handling has ended: a model call
-        answered just as the run ended is charged to the run's meter by
-        then, so that the usage journaled with the end counts it.
-        """
-        settled = anyio.Event()
-        running = 0
-
-        def one_settled() -> None:
-            nonlocal running
-            running -= 1
-            if running == 0:
-                settled.set()
-
-        for slot in posted:
-            if slot.abandon(one_settled):
-                running += 1
-            self._end()
-        if running:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(SETTLE_S):
-                await settled.wait()
 
     async def _loop(self, tg: TaskGroup) -> Synthesis:
         from ._replanning import boundary, first_plan, review
