@@ -562,7 +562,13 @@ def _add_serve(commands: Any) -> None:
     )
     serve.add_argument("--config", metavar="FILE", help="a TOML settings file")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default 8470)")
+    serve.add_argument("--port", type=int, help="port (default 8470; 0: any free port)")
+    serve.add_argument(
+        "--port-file",
+        metavar="PATH",
+        help="write the address the daemon listens on (http://HOST:PORT) into "
+        "PATH once it listens; removed as it exits",
+    )
     serve.add_argument(
         "--data-dir",
         metavar="DIR",
@@ -701,6 +707,7 @@ def _serve(args: argparse.Namespace) -> int:
             args.config,
             host=args.host,
             port=args.port,
+            port_file=args.port_file,
             data_dir=args.data_dir,
             model=args.model,
             model_latency_s=args.model_latency,

@@ -108,7 +108,7 @@ def test_serve_reports_bad_settings_in_one_line(
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    assert main(["serve", "--port", "0", "--data-dir", str(tmp_path)]) == 2
+    assert main(["serve", "--port", "-1", "--data-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("replan: error: port:")
     assert main(["serve", "--model", "openai:", "--data-dir", str(tmp_path)]) == 2
