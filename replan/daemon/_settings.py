@@ -127,7 +127,7 @@ class DaemonSettings(BaseSettings):
     def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         return refuse_boolean_number(cls, value, info)
 
-    @field_validator("api_token", mode="before")
+    @field_validator("api_token", "port_file", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         # As compose files and CI jobs set a variable they leave blank; only

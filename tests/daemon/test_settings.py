@@ -282,3 +282,14 @@ def test_a_role_given_twice_to_workers_is_a_bad_argument(
     argv += ["--config", "/nonexistent/replan.toml"]
     assert main(argv) == 2
     assert "--workers: executor is given twice" in capsys.readouterr().err
+
+
+def test_port_0_is_any_port_and_an_empty_port_file_is_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # REPLAN_PORT_FILE= (as compose files leave a variable) wrote to "."
+    # and stopped the daemon with "unexpected ValueError".
+    monkeypatch.setenv("REPLAN_PORT_FILE", "")
+    settings = load_settings(port=0)
+    assert (settings.port, settings.port_file) == (0, None)
+    assert load_settings(port_file="run/port").port_file == Path("run/port")
