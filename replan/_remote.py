@@ -254,21 +254,27 @@ def _open_gates(
     given), over as many pages as it takes, oldest first, each with the
     daemon that drives its run if another daemon does."""
     seen: set[str] = set()
-    offset: int | None = 0
-    while offset is not None:
-        params: dict[str, Any] = {"limit": PAGE, "offset": offset}
+    params: dict[str, Any] | None = {"limit": PAGE}
+    while params is not None:
         if run_id:
             params["run_id"] = run_id
         page = client.call("GET", "/v1/gates", params=params)
         elsewhere: dict[str, str] = page.get("elsewhere") or {}
         for gate in page["gates"]:
-            # A gate answered meanwhile moves the later ones a place up: one
-            # already listed may come again.
+            # Paged by offset (a daemon from before cursors), a gate answered
+            # meanwhile moves the later ones a place up: one already listed
+            # may come again, and one is skipped.
             if gate["gate_id"] not in seen:
                 seen.add(gate["gate_id"])
                 yield gate, elsewhere.get(gate["gate_id"])
-        # A daemon that does not page its gates gives them all at once.
-        offset = page.get("next_offset")
+        # A cursor does not move as gates are answered; a daemon that does
+        # not page its gates gives them all at once.
+        if page.get("next_cursor") is not None:
+            params = {"limit": PAGE, "cursor": page["next_cursor"]}
+        elif page.get("next_offset") is not None:
+            params = {"limit": PAGE, "offset": page["next_offset"]}
+        else:
+            params = None
 
 
 def _answer(client: Client, args: argparse.Namespace) -> int:

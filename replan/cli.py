@@ -18,6 +18,7 @@ import shlex
 import signal
 import sqlite3
 import sys
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -508,12 +509,19 @@ async def supervise(
                     handle = await sup.resume(run_id)
                 else:
                     assert spec is not None
-                    handle = await sup.submit(spec)
-                    run_id = handle.run_id
+                    # Named before it is submitted: a signal that lands once
+                    # its first event is written, before the handle is
+                    # returned, leaves a run in the journal to tell of.
+                    run_id = uuid.uuid4().hex
+                    handle = await sup.submit(spec, run_id=run_id)
                 await follow(sup, handle, console, yes=yes)
                 result = await handle.result()
             except anyio.get_cancelled_exc_class():
-                if db is not None and run_id is not None:
+                if (
+                    db is not None
+                    and run_id is not None
+                    and await _in_journal(store, run_id)
+                ):
                     line = (
                         f"replan: run {run_id} is left unfinished in {db}; to go "
                         f"on with it: {again} --resume {run_id} --db {shlex.quote(db)}"
@@ -531,6 +539,16 @@ async def supervise(
             hint = f"replan show {result.run_id} --db {shlex.quote(db)}"
             console.emit(["", f"journal: {hint}"])
     return result
+
+
+async def _in_journal(store: Store, run_id: str) -> bool:
+    """Whether the journal holds ``run_id`` (as the command is cancelled:
+    shielded). A journal that cannot tell is taken to hold it: the line on
+    how to go on costs nothing if the run is not there."""
+    found = True
+    with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+        found = await store.get_run(run_id) is not None
+    return found
 
 
 async def _resumable(
@@ -562,7 +580,13 @@ def _add_serve(commands: Any) -> None:
     )
     serve.add_argument("--config", metavar="FILE", help="a TOML settings file")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default 8470)")
+    serve.add_argument("--port", type=int, help="port (default 8470; 0: any free port)")
+    serve.add_argument(
+        "--port-file",
+        metavar="PATH",
+        help="write the address the daemon listens on (http://HOST:PORT) into "
+        "PATH once it listens; removed as it exits",
+    )
     serve.add_argument(
         "--data-dir",
         metavar="DIR",
@@ -701,6 +725,7 @@ def _serve(args: argparse.Namespace) -> int:
             args.config,
             host=args.host,
             port=args.port,
+            port_file=args.port_file,
             data_dir=args.data_dir,
             model=args.model,
             model_latency_s=args.model_latency,

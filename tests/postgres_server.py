@@ -17,7 +17,6 @@ import itertools
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -72,10 +71,10 @@ def server_programs() -> Path:
     pytest.fail(INSTALL, pytrace=False)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+PORT = 5432
+"""The server's port. It listens on no TCP address: the port names only its
+unix socket (and that socket's lock file), in the cluster's own directory,
+so no other program can be using it, and no port needs to be found free."""
 
 
 @dataclass
@@ -145,7 +144,6 @@ def start() -> PostgresServer:
         server_user = _server_user()
         os.chown(directory, server_user.pw_uid, server_user.pw_gid)
     data = directory / "data"
-    port = free_port()
     _run(
         [
             str(bindir / "initdb"),
@@ -160,7 +158,7 @@ def start() -> PostgresServer:
             "--locale=C.UTF-8",
         ]
     )
-    server = PostgresServer(directory, port, bindir)
+    server = PostgresServer(directory, PORT, bindir)
     start_again(server)
     return server
 

@@ -623,6 +623,56 @@ def test_an_interrupted_run_goes_on_with_the_command_it_prints(
     assert not started_again & done_before  # finished tasks are not run again
 
 
+@pytest.mark.parametrize("written", [True, False], ids=["written", "not-written"])
+def test_a_signal_as_the_run_is_submitted_prints_the_resume_line_if_it_is_journaled(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    written: bool,
+) -> None:
+    # SIGTERM came as the run's first event was written, before the command
+    # had the run's handle: the run was in the journal, and no line said
+    # how to go on with it.
+    from replan.store import SQLiteStore
+
+    append = SQLiteStore.append
+
+    async def append_then_signal(self: SQLiteStore, *args: Any) -> None:
+        if written:
+            await append(self, *args)
+        os.kill(os.getpid(), signal.SIGTERM)
+        await anyio.sleep(10)  # cancelled by the signal
+        raise AssertionError("the signal did not cancel the command")
+
+    monkeypatch.setattr(SQLiteStore, "append", append_then_signal)
+    db = tmp_path / "j.db"
+
+    assert main(["demo", "--yes", "--db", str(db)]) == 143
+
+    monkeypatch.undo()
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == "replan: terminated"
+    runs = anyio.run(_journal_runs, db)
+    if not written:
+        assert runs == []
+        assert err == ["replan: terminated"]
+        return
+    (summary,) = runs
+    command = f"replan run --model scripted:demo --resume {summary.run_id} --db {db}"
+    assert err == [
+        f"replan: run {summary.run_id} is left unfinished in {db}; "
+        f"to go on with it: {command}",
+        "replan: terminated",
+    ]
+
+
+async def _journal_runs(db: Path) -> list[Any]:
+    from replan.store import SQLiteStore
+
+    async with SQLiteStore(str(db), read_only=True) as store:
+        return await store.list_runs()
+
+
 def test_an_interrupted_explore_run_goes_on_with_replan_explore(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

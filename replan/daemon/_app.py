@@ -49,6 +49,7 @@ from ._forwarded import (
     cancel_forwarded,
     gate_forwarded,
 )
+from ._gate_pages import gate_page
 from ._idempotency import (
     HEADER,
     KeyedSubmissions,
@@ -167,7 +168,7 @@ async def _refuse_in_outage(
         )
 
 
-QUERY_PARAMETERS = frozenset({"status", "limit", "offset", "after", "run_id"})
+QUERY_PARAMETERS = frozenset({"status", "limit", "offset", "after", "run_id", "cursor"})
 """Every query parameter an endpoint takes (see :class:`KnownQuery`)."""
 
 
@@ -480,27 +481,38 @@ def _v1(daemon: Daemon) -> APIRouter:
         run_id: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
         offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
+        cursor: Annotated[str | None, Query(min_length=1, max_length=300)] = None,
     ) -> GateList:
-        """Gates waiting for a person, oldest first, in pages as runs are.
+        """Gates waiting for a person, oldest first (by when each opened,
+        then id), in pages: the next one starts after ``next_cursor``, which
+        no gate answered meanwhile moves (``next_offset`` does).
 
         On a shared PostgreSQL journal, every open gate of the journal;
         ``elsewhere`` names the daemon that drives the run of each one open
         in another daemon (of those on the page).
         """
+        if cursor is not None and offset:
+            raise ApiError(422, "give cursor or offset, not both", "offset")
         await _refuse_in_outage(daemon, "not listing gates", wrote=False)
         found, elsewhere = await daemon.open_gates(run_id)
         if run_id is not None and not found and not await _exists(daemon, run_id):
             # A mistyped id is not a run with nothing to answer.
             raise ApiError(404, f"no run {run_id}", "run_id")
-        page = found[offset : offset + limit]
+        try:
+            page = gate_page(found, limit, offset, cursor)
+        except ValueError as exc:
+            raise ApiError(422, str(exc), "cursor") from None
         return GateList(
-            gates=page,
+            gates=page.gates,
             elsewhere={
-                g.gate_id: elsewhere[g.gate_id] for g in page if g.gate_id in elsewhere
+                g.gate_id: elsewhere[g.gate_id]
+                for g in page.gates
+                if g.gate_id in elsewhere
             },
             limit=limit,
             offset=offset,
-            next_offset=offset + limit if len(found) > offset + limit else None,
+            next_offset=page.next_offset,
+            next_cursor=page.next_cursor,
         )
 
     @router.post(

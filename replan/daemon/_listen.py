@@ -8,9 +8,11 @@ configuration error while nothing has happened yet.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigurationError
@@ -87,3 +89,35 @@ def _refused(exc: OSError, host: str, port: int) -> ConfigurationError:
     return ConfigurationError(
         "port", f"cannot listen on {where}: {exc.strerror or exc}"
     )
+
+
+def address(sockets: list[socket.socket]) -> str:
+    """The URL of the first socket: the port a ``port`` of 0 took."""
+    host, port = sockets[0].getsockname()[:2]
+    where = f"[{host}]" if sockets[0].family == socket.AF_INET6 else host
+    return f"http://{where}:{port}"
+
+
+def write_port_file(path: Path, url: str) -> None:
+    """Write ``url`` and a newline into ``path`` at once: whoever polls for
+    the file never reads half of it.
+
+    Raises:
+        ConfigurationError: the file cannot be written (``port_file``).
+    """
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        partial.write_text(f"{url}\n")
+        os.replace(partial, path)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise ConfigurationError(
+            "port_file", f"cannot write {path}: {exc.strerror or exc}"
+        ) from None
+
+
+def remove_port_file(path: Path, url: str) -> None:
+    """Remove ``path`` unless another daemon has written its own address there."""
+    with contextlib.suppress(OSError):
+        if path.read_text() == f"{url}\n":
+            path.unlink()

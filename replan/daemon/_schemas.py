@@ -76,7 +76,11 @@ class GateList(_Body):
     limit: int
     offset: int
     next_offset: int | None = None
-    """Where the next page starts; None on the last page."""
+    """Where the next page starts; None on the last page. A gate answered
+    between two pages moves the later ones a place up: use ``next_cursor``."""
+    next_cursor: str | None = None
+    """Give it as ``cursor`` for the next page, which starts after this
+    page's last gate whatever was answered meanwhile; None on the last page."""
 
 
 class GateAnswered(_Body):

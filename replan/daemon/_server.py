@@ -41,7 +41,7 @@ from ._accept import AcceptPausingLoop
 from ._app import QUERY_PARAMETERS, create_app
 from ._files import AcceptErrors, raise_open_files_limit
 from ._limits import KnownQuery, KnownQueryInAccessLog
-from ._listen import listen
+from ._listen import address, listen, remove_port_file, write_port_file
 from ._lock import data_dir_lock
 from ._models import build_model, build_tools
 from ._service import Daemon, open_journal
@@ -338,6 +338,8 @@ def serve(settings: DaemonSettings) -> None:
 def _listen_and_serve(settings: DaemonSettings, daemon: Daemon) -> None:
     open_files = raise_open_files_limit()
     sockets = listen(settings.host, settings.port)
+    # Now: uvicorn closes the sockets as it stops.
+    url = address(sockets)
     try:
         check_journal(settings)
         level = settings.log_level.upper()
@@ -354,6 +356,10 @@ def _listen_and_serve(settings: DaemonSettings, daemon: Daemon) -> None:
             host, port = sock.getsockname()[:2]
             where = f"[{host}]" if sock.family == socket.AF_INET6 else host
             logger.info("listening on http://%s:%d", where, port)
+        if settings.port_file is not None:
+            # After the journal's check: a file there means connections
+            # are answered (they wait in the backlog as the daemon starts).
+            write_port_file(settings.port_file, url)
         server = uvicorn_server(daemon)
         tune_gc()
         # uvicorn runs on asyncio only.
@@ -366,5 +372,7 @@ def _listen_and_serve(settings: DaemonSettings, daemon: Daemon) -> None:
             backend_options={"loop_factory": AcceptPausingLoop},
         )
     finally:
+        if settings.port_file is not None:
+            remove_port_file(settings.port_file, url)
         for sock in sockets:
             sock.close()

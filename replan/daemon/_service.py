@@ -21,6 +21,7 @@ from ..llm import Model, Tool
 from ..messages import GateRequest, RunCompacted, RunStatus
 from ..store import RunLeases, SQLiteStore, ToolEffectRecord
 from ..supervisor import RunState, Supervisor, fold_journal
+from ._gate_pages import oldest_first
 from ._redrive import redrive_loop
 from ._retention import retention_loop
 from ._settings import DaemonSettings
@@ -281,7 +282,8 @@ class Daemon:
         gates = supervisor.gates.pending(run_id)
         elsewhere: dict[str, str] = {}
         if not isinstance(store, RunLeases):
-            return gates, elsewhere
+            # Listed as they were opened here, or listed again at a resume.
+            return oldest_first(gates), elsewhere
         listed = {g.gate_id for g in gates}
         if run_id is None:
             waiting = await self._waiting_runs()
@@ -311,8 +313,7 @@ class Daemon:
             still = {other for other, _ in waiting}
             for gone in [r for r in self._folded if r not in still]:
                 del self._folded[gone]
-        gates.sort(key=lambda g: g.created_at)
-        return gates, elsewhere
+        return oldest_first(gates), elsewhere
 
     async def _waiting_runs(self) -> list[tuple[str, int]]:
         """The journal's runs waiting for a person, newest first, each with

@@ -53,7 +53,12 @@ class DaemonSettings(BaseSettings):
 
     host: str = "127.0.0.1"
     """Address to listen on; anything but loopback needs ``api_token`` set."""
-    port: int = Field(default=8470, ge=1, le=65535)
+    port: int = Field(default=8470, ge=0, le=65535)
+    """0: any free port, the one taken written to ``port_file`` (and logged)."""
+    port_file: Path | None = None
+    """A file the daemon writes its address into (``http://HOST:PORT`` and a
+    newline) once it listens, and removes as it exits: how a program that
+    starts it with ``port=0`` learns the port."""
     data_dir: Path = Path("replan-data")
     """Holds the SQLite journal (``journal.db``) and a generated token."""
     journal_dsn: SecretStr | None = None
@@ -122,7 +127,7 @@ class DaemonSettings(BaseSettings):
     def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         return refuse_boolean_number(cls, value, info)
 
-    @field_validator("api_token", mode="before")
+    @field_validator("api_token", "port_file", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         # As compose files and CI jobs set a variable they leave blank; only

@@ -1236,15 +1236,25 @@ class Supervisor:
         Raises:
             UnknownRunError: no such run in this supervisor, a finished
                 one it has forgotten (see ``keep_finished``), or one another
-                supervisor took over from it (a run lease it lost), or, on
-                such a store, one it let go of unfinished (see
-                :meth:`handles`).
+                supervisor took over from it (a run lease it lost), or one
+                it let go of unfinished (see :meth:`handles`).
             ConfigurationError: ``run_id`` is no string (field ``run_id``).
         """
         record = self._records.get(an_id(run_id, "run_id"))
-        if record is None:
+        if record is None or self._let_go_of(run_id):
             raise UnknownRunError(run_id)
         return self._handle(record)
+
+    def _let_go_of(self, run_id: str) -> bool:
+        """Whether this supervisor let go of the run unfinished (its driver
+        crashed, its journal failed) and has not driven it on since. Such a
+        run is nobody's until a resume, here or elsewhere: not listed as
+        this supervisor's, whatever the store (on one that leases runs its
+        record is dropped as well, see :meth:`_forget_lost`)."""
+        if run_id not in self._crashes or run_id in self._drivers:
+            return False
+        record = self._records.get(run_id)
+        return record is None or not record.state.status.final
 
     def pool_statistics(self) -> list[PoolStatistics]:
         """Each actor role's pool: workers, busy, mailbox depth, restarts."""
@@ -1270,12 +1280,19 @@ class Supervisor:
     def handles(self) -> list[RunHandle]:
         """Handles of every run started by this supervisor, oldest first.
 
-        On a store that leases runs one by one (``PostgresStore``), a run
-        it no longer drives is left out: one another supervisor took over,
-        and one it let go of unfinished (its journal out of reach for
-        longer than the store waits), which is whoever's claims it next.
+        A run it no longer drives is left out: one it let go of unfinished
+        (its journal failed: a full disk, a PostgreSQL server out of reach
+        for longer than the store waits), until :meth:`resume` (or the
+        daemon's next look for runs to drive on) takes it up again, and, on
+        a store that leases runs one by one (``PostgresStore``), one another
+        supervisor took over.
         """
-        return [self._handle(r) for r in self._records.values()]
+        crashes = self._crashes
+        return [
+            self._handle(r)
+            for run_id, r in self._records.items()
+            if not (crashes and self._let_go_of(run_id))
+        ]
 
     async def replay(self, run_id: str) -> RunResult:
         """Rebuild a run's result from its journal alone.

@@ -4,7 +4,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_process import DaemonProcess
+from daemon_process import DaemonProcess, refusing_port
 
 
 @pytest.fixture
@@ -15,3 +15,10 @@ def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
         yield process
     finally:
         process.close()
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A port nothing listens on (connections are refused) for the test."""
+    with refusing_port() as port:
+        yield port

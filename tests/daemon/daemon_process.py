@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +20,16 @@ TOKEN = "test-token-0123456789abcdef"
 HERE = Path(__file__).parent
 
 
-def free_port() -> int:
+_port_files = itertools.count()
+
+
+@contextmanager
+def refusing_port() -> Iterator[int]:
+    """A port bound but not listening while the block runs: connections to
+    it are refused, and no other program can take it meanwhile."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        yield int(sock.getsockname()[1])
 
 
 def _ignore_sighup() -> None:
@@ -52,8 +61,13 @@ class DaemonProcess:
         # As `nohup` starts it.
         self.ignore_sighup = ignore_sighup
         self.args = args
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        # The daemon takes any free port and names it in this file: a port
+        # found free beforehand could be taken by another program meanwhile.
+        self.port_file = data_dir.with_name(
+            f".{data_dir.name}-{os.getpid()}-{next(_port_files)}.port"
+        )
+        self.port = 0
+        self.url = ""
         self.token = token
         self.extra_env = env or {}
         self.proc: subprocess.Popen[str] | None = None
@@ -68,6 +82,9 @@ class DaemonProcess:
             env["REPLAN_API_TOKEN"] = self.token
         env.update(self.extra_env)
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # A daemon killed by the test leaves its file behind.
+        self.port_file.unlink(missing_ok=True)
+        self.url = ""
         program = (
             [str(Path(sys.executable).with_name("replan"))]
             if self.console_script
@@ -77,7 +94,10 @@ class DaemonProcess:
             *program,
             "serve",
             "--port",
+            # Started again, it keeps its address: clients hold it.
             str(self.port),
+            "--port-file",
+            str(self.port_file),
             "--data-dir",
             str(self.data_dir),
             "--log-level",
@@ -97,6 +117,10 @@ class DaemonProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the daemon exited early:\n{self.output()}")
+            if not self.url:
+                self._read_port_file()
+                time.sleep(0.05)
+                continue
             try:
                 if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
                     return self
@@ -104,6 +128,14 @@ class DaemonProcess:
                 pass
             time.sleep(0.05)
         raise RuntimeError(f"the daemon did not get ready:\n{self.output()}")
+
+    def _read_port_file(self) -> None:
+        try:
+            url = self.port_file.read_text().strip()
+        except FileNotFoundError:
+            return
+        self.url = url
+        self.port = int(url.rpartition(":")[2])
 
     @property
     def pid(self) -> int:

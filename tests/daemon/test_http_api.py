@@ -826,14 +826,13 @@ def test_a_tool_the_daemon_cannot_use_is_one_line_naming_it(
     tool: str,
     problem: str,
 ) -> None:
-    from daemon_process import HERE, free_port
+    from daemon_process import HERE
 
     from replan.cli import main
 
     monkeypatch.syspath_prepend(str(HERE))
     monkeypatch.delenv("REPLAN_API_TOKEN", raising=False)
-    port = str(free_port())
-    code = main(["serve", "--tool", tool, "--data-dir", str(tmp_path), "--port", port])
+    code = main(["serve", "--tool", tool, "--data-dir", str(tmp_path), "--port", "0"])
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith(problem)

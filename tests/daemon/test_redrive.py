@@ -57,7 +57,12 @@ def test_a_run_let_go_of_on_a_full_disk_completes_once_the_disk_has_room(
             # scans that drive it on fail too, said once, looking less often.
             wait_for(lambda: "the journal is failing" in daemon.output())
             time.sleep(3)
+            # Unfinished in the journal, but driven by nobody: not counted as
+            # this daemon's running runs (nor against max_active_runs).
             assert status_of(client, run_id) == "running"
+            assert client.get("/v1/runs").json()["runs"][0]["status"] == "running"
+            running = 'replan_runs{status="running"} 0'
+            wait_for(lambda: running in client.get("/metrics").text)
             log = daemon.output()
             assert log.count(f"run {run_id} crashed") == 1, log
             assert log.count("the journal is failing") == 1, log

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from counting_model import read_counts
-from daemon_process import DaemonProcess, free_port, wait_for
+from daemon_process import DaemonProcess, wait_for
 from test_durability import COUNTING, all_finished, submit
 
 from replan.daemon._server import TELEMETRY_FLUSH_S
@@ -58,7 +58,7 @@ def test_a_signal_before_the_daemon_serves_stops_it_cleanly(
 
 
 def test_a_second_signal_while_the_last_spans_are_sent_stops_at_once(
-    tmp_path: Path,
+    tmp_path: Path, refused_port: int
 ) -> None:
     # Nothing listens on the collector's port, so the daemon waits
     # TELEMETRY_FLUSH_S for it after the drain; the event loop had put the
@@ -68,7 +68,7 @@ def test_a_second_signal_while_the_last_spans_are_sent_stops_at_once(
         "--log-level",
         "info",
         env={
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{refused_port}",
             "OTEL_EXPORTER_OTLP_TIMEOUT": "60",
         },
     ).start()
@@ -210,14 +210,14 @@ def test_sigterm_at_any_moment_of_the_start_stops_cleanly_and_loses_no_run(
     ids=["TERM", "INT"],
 )
 def test_a_signal_while_a_client_command_imports_the_package_ends_it_in_one_line(
-    tmp_path: Path, signum: signal.Signals, code: int, line: str
+    tmp_path: Path, signum: signal.Signals, code: int, line: str, refused_port: int
 ) -> None:
     # As the command ends on the signal once it runs: one line, no
     # traceback (a KeyboardInterrupt's), no death by the signal.
     env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
     replan = Path(sys.executable).with_name("replan")
     proc = subprocess.Popen(
-        [str(replan), "runs", "--url", f"http://127.0.0.1:{free_port()}"],
+        [str(replan), "runs", "--url", f"http://127.0.0.1:{refused_port}"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -108,7 +108,7 @@ def test_serve_reports_bad_settings_in_one_line(
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    assert main(["serve", "--port", "0", "--data-dir", str(tmp_path)]) == 2
+    assert main(["serve", "--port", "-1", "--data-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("replan: error: port:")
     assert main(["serve", "--model", "openai:", "--data-dir", str(tmp_path)]) == 2
@@ -282,3 +282,14 @@ def test_a_role_given_twice_to_workers_is_a_bad_argument(
     argv += ["--config", "/nonexistent/replan.toml"]
     assert main(argv) == 2
     assert "--workers: executor is given twice" in capsys.readouterr().err
+
+
+def test_port_0_is_any_port_and_an_empty_port_file_is_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # REPLAN_PORT_FILE= (as compose files leave a variable) wrote to "."
+    # and stopped the daemon with "unexpected ValueError".
+    monkeypatch.setenv("REPLAN_PORT_FILE", "")
+    settings = load_settings(port=0)
+    assert (settings.port, settings.port_file) == (0, None)
+    assert load_settings(port_file="run/port").port_file == Path("run/port")

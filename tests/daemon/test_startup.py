@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from counting_model import read_counts
-from daemon_process import TOKEN, DaemonProcess, free_port, wait_for
+from daemon_process import TOKEN, DaemonProcess, refusing_port, wait_for
 
 from replan import ConfigurationError
 from replan._demo import GOAL
@@ -81,7 +81,7 @@ def test_a_second_daemon_on_the_same_data_dir_is_refused(
         before = journal_rows(data)
         counts_before = read_counts(counting_env["REPLAN_TEST_COUNT_FILE"])
 
-        assert main(serve_args(data, free_port())) == 2
+        assert main(serve_args(data, 0)) == 2
 
         err = capsys.readouterr().err
         assert first.proc is not None
@@ -264,18 +264,18 @@ def test_a_collector_that_is_down_holds_the_daemon_s_stop_only_briefly(
 ) -> None:
     # Nothing listens on the collector's port. The SDK would retry each
     # signal for a minute; the daemon waits TELEMETRY_FLUSH_S, then says so.
-    collector = f"http://127.0.0.1:{free_port()}"
-    daemon = DaemonProcess(
-        tmp_path / "data",
-        env={
-            "OTEL_EXPORTER_OTLP_ENDPOINT": collector,
-            "OTEL_EXPORTER_OTLP_TIMEOUT": "60",
-        },
-    ).start()
-    try:
-        assert daemon.terminate(timeout_s=40) == 0
-    finally:
-        daemon.close()
+    with refusing_port() as port:
+        daemon = DaemonProcess(
+            tmp_path / "data",
+            env={
+                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+                "OTEL_EXPORTER_OTLP_TIMEOUT": "60",
+            },
+        ).start()
+        try:
+            assert daemon.terminate(timeout_s=40) == 0
+        finally:
+            daemon.close()
     assert (
         f"telemetry not sent within {TELEMETRY_FLUSH_S:g}s "
         "(is the OTLP collector running?)" in daemon.output()
@@ -298,7 +298,7 @@ def test_a_journal_the_daemon_cannot_open_is_refused_in_one_line(
     else:
         journal.mkdir()
 
-    assert main(serve_args(data, free_port())) == 2
+    assert main(serve_args(data, 0)) == 2
 
     err = capsys.readouterr().err
     assert err.startswith(
@@ -324,7 +324,7 @@ def test_a_journal_another_daemon_resumes_from_is_refused_in_one_line(
         second = tmp_path / "second"
         second.mkdir()
         (second / "journal.db").symlink_to(tmp_path / "first" / "journal.db")
-        assert main(serve_args(second, free_port())) == 2
+        assert main(serve_args(second, 0)) == 2
     finally:
         assert first.terminate() == 0
         first.close()
@@ -357,13 +357,51 @@ def test_a_bad_otel_value_is_refused_before_the_port_is_bound(
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
     monkeypatch.setenv("OTEL_SPAN_EVENT_COUNT_LIMIT", "many")
     data = tmp_path / "data"
-    port = free_port()
-    assert main(serve_args(data, port)) == 2
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        # The port is busy: refused after it was bound, the error would be
+        # the port's.
+        assert main(serve_args(data, busy.getsockname()[1])) == 2
     err = capsys.readouterr().err
     assert err.startswith("replan: error: OTEL_SPAN_EVENT_COUNT_LIMIT: ")
     assert err.count("\n") == 1
     assert "listening" not in err
     assert not (data / "journal.db").exists()
-    # Nothing holds the port.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", port))
+
+
+def test_port_0_takes_a_free_port_and_the_port_file_names_it(tmp_path: Path) -> None:
+    # A port found free beforehand can be taken by another program before
+    # the daemon binds it; a supervisor program starts it on port 0 and
+    # reads the address it took from the port file.
+    daemon = DaemonProcess(tmp_path / "data", "--log-level", "info").start()
+    try:
+        url = daemon.port_file.read_text()
+        assert url == f"http://127.0.0.1:{daemon.port}\n"
+        assert daemon.port != 0
+        with daemon.client() as client:
+            assert client.get("/v1/runs").status_code == 200
+        assert daemon.terminate() == 0
+    finally:
+        daemon.close()
+    assert f"listening on {url.strip()}" in daemon.output()
+    # Removed as it exits: a file left behind would name a port nobody
+    # listens on, or another program's.
+    assert not daemon.port_file.exists()
+
+
+def test_a_port_file_that_cannot_be_written_is_one_line_before_any_run_resumes(
+    interrupted_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = journal_rows(interrupted_run)
+    port_file = tmp_path / "no-such-dir" / "port"
+
+    args = [*serve_args(interrupted_run, 0), "--port-file", str(port_file)]
+    assert main(args) == 2
+
+    err = capsys.readouterr().err
+    assert err == (
+        f"replan: error: port_file: cannot write {port_file}: "
+        "No such file or directory\n"
+    )
+    assert journal_rows(interrupted_run) == before

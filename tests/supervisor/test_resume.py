@@ -6,6 +6,7 @@ import logging
 import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -494,6 +495,36 @@ async def test_a_run_whose_journal_failed_resumes_in_the_same_supervisor() -> No
     assert [t.status for t in result.tasks] == [TaskStatus.COMPLETED] * 3
     # t2's attempt ran again: its end was never journaled.
     assert executed_ids(model) == ["t1", "t2", "t2", "t3"]
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_run_whose_journal_failed_is_not_listed_as_running_until_resumed(
+    kind: str, tmp_path: Path
+) -> None:
+    # Let go of unfinished, it was still listed by handles() and get() as
+    # running (so counted by a daemon's /metrics and its max_active_runs)
+    # though nothing drove it, unlike a run let go of on PostgreSQL.
+    inner = MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "j.db")
+    with anyio.fail_after(10):
+        async with inner, Supervisor(scripted(), BrokenOnce(inner)) as sup:
+            handle = await sup.submit(spec(chain(3), milestone_every=100))
+            with pytest.raises(SupervisorError, match="driver crashed"):
+                await handle.result()
+            assert sup.handles() == []
+            with pytest.raises(UnknownRunError):
+                sup.get(handle.run_id)
+            assert not sup.drives(handle.run_id)
+            # Still in the journal, unfinished, for a resume.
+            summary = await inner.get_run(handle.run_id)
+            assert summary is not None
+            assert summary.status is RunStatus.RUNNING
+            # A cancel says why it cannot end the run here.
+            with pytest.raises(SupervisorError, match="driver crashed"):
+                await sup.cancel(handle.run_id)
+            resumed = await sup.resume(handle.run_id)
+            assert [h.run_id for h in sup.handles()] == [handle.run_id]
+            assert sup.get(handle.run_id).run_id == handle.run_id
+            assert (await resumed.result()).status is RunStatus.COMPLETED
 
 
 async def test_resume_all_picks_up_every_unfinished_run_and_leaves_finished_ones() -> (
