@@ -419,19 +419,16 @@ def test_an_answer_that_comes_after_the_gate_timed_out_is_not_taken(
     assert "policy:timeout" in result["replans"][0]["reason"]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:  # a port that was free a moment ago
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_the_password_of_the_base_url_is_never_printed(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    port = _free_port()
-    url = f"http://user:s3cr3t@127.0.0.1:{port}/v1"
-
-    code = main(["run", "x", "--model", "m", "--base-url", url, "--retries", "0"])
+    # Bound but not listening for the whole test: connections are refused,
+    # and no other program can take the port meanwhile.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+        url = f"http://user:s3cr3t@127.0.0.1:{port}/v1"
+        code = main(["run", "x", "--model", "m", "--base-url", url, "--retries", "0"])
 
     captured = capsys.readouterr()
     assert code == 1
