@@ -1107,21 +1107,35 @@ class RunDriver:
         finally:
             # Reports the driver never took (it was stopped): keep what
             # finished in the ledger, so that a resumed run does not redo it.
-            held = [*self._unjournaled, *self._held, *self._inbox.take_nowait()]
+            untaken = [*self._held, *self._inbox.take_nowait()]
+            held = [*self._unjournaled, *untaken]
             if held and self.effects is not None:
                 # Not this supervisor's ledger once another drives the run.
                 with anyio.CancelScope(shield=True), suppress(LeaseLost):
                     await self._secure(held)
             await self._settle()
-            lost = [*self._attempts_spent(), *self._unreported()]
+            # Reports that came as the run's calls settled: kept alike.
+            late = self._inbox.take_nowait()
+            if late and self.effects is not None:
+                with anyio.CancelScope(shield=True), suppress(LeaseLost):
+                    await self._secure(late)
+            untaken.extend(late)
+            lost = [
+                *self._attempts_spent(),
+                *self._unreported(),
+                *self._usage_not_kept(untaken),
+            ]
             if (
-                lost
+                (lost or any(isinstance(e, TaskFinished) for e in self._staged))
                 and not self.state.status.final
                 and not any(isinstance(e, ExploreErrorRecorded) for e in self._staged)
             ):
                 # Stopped (a drain's grace ran out) with answers taken by a
-                # role whose reply never came: their tokens are the run's,
-                # journaled before it is resumed.
+                # role whose reply never came, or with reports no ledger
+                # keeps (an attempt task_timeout_s cut short): their tokens
+                # are the run's, journaled before it is resumed, with what
+                # the run staged: an attempt's finish it took carries the
+                # attempt's usage, which no ledger may keep.
                 with anyio.CancelScope(shield=True):
                     await self._journal_unreported(lost)
             self._inbox.close()
@@ -1183,6 +1197,30 @@ class RunDriver:
                 fields = {"role": "executor", "purpose": "execute", "usage": spent}
                 events.append((UsageRecorded, fields))
         return events
+
+    def _usage_not_kept(
+        self, reports: Sequence[_Report]
+    ) -> list[tuple[type[Event], dict[str, Any]]]:
+        """What reports the run stops before taking used, where no effect
+        ledger keeps them for the resumed run to journal: an attempt that
+        ``task_timeout_s`` cut short (it runs again), one on a store with no
+        ledger, a model failure that would have ended the run."""
+        calls: list[ModelCall] = []
+        for item in reports:
+            if isinstance(item, _Done):
+                if not (item.unsecured and self.effects is not None):
+                    calls.extend(item.calls)
+            elif isinstance(item, _Fatal):
+                usage = item.failure.usage
+                if usage.calls or usage.total_tokens:
+                    calls.append(
+                        ModelCall(
+                            role=item.failure.role,
+                            purpose=item.failure.purpose,
+                            usage=usage,
+                        )
+                    )
+        return usage_events(calls)
 
     def _unreported(self) -> list[tuple[type[Event], dict[str, Any]]]:
         """Usage of answers whose request was cut short before its reply

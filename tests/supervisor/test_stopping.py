@@ -577,6 +577,72 @@ async def test_a_drain_whose_grace_ends_during_a_tool_journals_the_attempts_call
     assert result.usage.total.calls == len(first.calls) + len(second.calls)
 
 
+async def test_an_attempt_timed_out_while_a_drain_holds_the_run_keeps_its_tokens(
+    tmp_path: Path,
+) -> None:
+    # The drain held the run (it would have asked for the review of the
+    # first task's milestone) when task_timeout_s cut the second task's
+    # attempt short, in its tool. The
+    # run never took that report: the stop secured what it held in the
+    # effect ledger, which keeps no timed-out attempt, and the tokens of the
+    # step the model had answered were in no journal.
+    searching = anyio.Event()
+    release = anyio.Event()
+
+    @tool
+    async def slow_search(query: str) -> str:
+        """Search, slowly."""
+        searching.set()
+        await anyio.sleep_forever()
+        return "found"
+
+    async def answer(request: ModelRequest) -> Any:
+        if request.purpose == "synthesize":
+            return Synthesis(output="done")
+        if request.role == "reviewer":
+            return Verdict(decision="continue")
+        key = task_of(request).key
+        if key == "s1":
+            await release.wait()
+            # A finding: the reviewer model is asked about it.
+            return TaskOutcome(success=True, summary="s1 done", findings=["new"])
+        if key == "s2" and not request.transcript:
+            call = ToolCall(id="c1", name="slow_search", arguments='{"query": "a"}')
+            return ModelResponse(tool_calls=[call], usage=USAGE)
+        return TaskOutcome(success=True, summary=f"{key} done")
+
+    first = ScriptedModel(answer, usage=USAGE)
+    run_spec = spec(
+        independent(3), max_concurrency=2, task_timeout_s=0.2, milestone_every=1
+    )
+    async with SQLiteStore(tmp_path / "runs.db") as store:
+        with anyio.fail_after(10):
+            async with (
+                Supervisor(first, store, tools=[slow_search]) as sup,
+                anyio.create_task_group() as tg,
+            ):
+                handle = await sup.submit(run_spec)
+                await searching.wait()
+                tg.start_soon(sup.drain, 1.0)
+                await anyio.sleep(0.01)
+                release.set()  # s1 finishes; the drain holds its review
+        journaled = replay(await store.read(handle.run_id))
+        assert journaled.status is RunStatus.RUNNING  # left to resume
+        assert journaled.usage.total.calls == len(first.calls) == 2
+
+        @tool(name="slow_search")
+        async def quick_search(query: str) -> str:
+            """Search."""
+            return "found"
+
+        second = ScriptedModel(answer, usage=USAGE)
+        with anyio.fail_after(10):
+            async with Supervisor(second, store, tools=[quick_search]) as sup:
+                result = await (await sup.resume(handle.run_id)).result()
+    assert result.status is RunStatus.COMPLETED
+    assert result.usage.total.calls == len(first.calls) + len(second.calls)
+
+
 @pytest.mark.parametrize("purpose", ["milestone", "replan"])
 async def test_an_answer_that_comes_as_the_supervisor_stops_is_in_the_runs_usage(
     purpose: str,
