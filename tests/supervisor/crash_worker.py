@@ -7,9 +7,10 @@ starts as a new process would), in the directory ``ROOT/CASE``:
 
 * a ``CASE`` is ``-`` (no kill) or kill points joined by ``+``: ``7a`` dies
   just after the 7th journal write of that life commits, ``7b`` just
-  before it starts; the first life submits the run, every later one
-  resumes it (``Supervisor(..., resume=True)``), and a last life without a
-  kill point drives it to its end;
+  before it starts, ``t150`` is killed (SIGKILL) 150 ms after it started;
+  the first life submits the run, every later one resumes it
+  (``Supervisor(..., resume=True)``), and a last life without a kill point
+  drives it to its end;
 * a journal write is an ``append`` or a record of the effect ledger
   (``record_effect``, ``record_tool_effect``), counted from 1 in each life;
 * a life dies with ``os._exit(137)``: nothing is flushed or closed; the
@@ -43,7 +44,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -193,6 +196,20 @@ SCENARIOS = {
 }
 
 
+@tool(side_effect=True)
+def send_email(to: str, idempotency_key: str) -> str:
+    """Email someone (into the file ``REPLAN_TEST_OUTBOX`` names)."""
+    with Path(os.environ["REPLAN_TEST_OUTBOX"]).open("a") as sent:
+        sent.write(f"{to} {idempotency_key}\n")
+    return f"sent to {to}"
+
+
+def daemon_model(settings: object) -> ScriptedModel:
+    """``answer`` for ``replan serve --model python:crash_worker:daemon_model
+    --tool crash_worker:send_email``, each call taking 20 ms."""
+    return ScriptedModel(answer, usage=USAGE, latency_s=0.02)
+
+
 class Life:
     """What one process of the run does and where it dies."""
 
@@ -202,8 +219,9 @@ class Life:
         self.folder = folder
         self.scenario = scenario
         self.index = index
-        self.kill_at = int(kill[:-1]) if kill else 0
-        self.before = kill is not None and kill.endswith("b")
+        at_write = kill is not None and kill[-1] in "ab"
+        self.kill_at = int(kill[:-1]) if kill and at_write else 0
+        self.before = at_write and kill is not None and kill.endswith("b")
         self.writes = 0
 
     def write_starts(self) -> None:
@@ -256,15 +274,7 @@ async def approve_gates(sup: Supervisor, run_id: str) -> None:
 
 
 async def live(life: Life) -> None:
-    outbox = life.folder / "outbox"
-
-    @tool(side_effect=True)
-    def send_email(to: str, idempotency_key: str) -> str:
-        """Email someone."""
-        with outbox.open("a") as sent:
-            sent.write(f"{to} {idempotency_key}\n")
-        return f"sent to {to}"
-
+    os.environ["REPLAN_TEST_OUTBOX"] = str(life.folder / "outbox")
     latency_s = 0.02 if life.scenario == "slow" else 0.0
     model = ScriptedModel(answer, usage=USAGE, latency_s=latency_s)
     resume = life.index > 1
@@ -318,6 +328,20 @@ def snapshot(folder: Path, index: int) -> None:
             shutil.copyfile(source, folder / f"killed-{index}.db{suffix}")
 
 
+def kill_after(pid: int, delay_s: float) -> int:
+    """SIGKILL the life ``delay_s`` after it started, wherever it is (in a
+    commit, a thread, a model call); its exit code (137 once killed)."""
+    deadline = time.monotonic() + delay_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.002)
+    os.kill(pid, signal.SIGKILL)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return KILLED if code == -signal.SIGKILL else code
+
+
 def run_case(backend: str, scenario: str, root: Path, case: str) -> None:
     folder = root / case
     folder.mkdir()
@@ -328,8 +352,10 @@ def run_case(backend: str, scenario: str, root: Path, case: str) -> None:
         pid = os.fork()
         if pid == 0:
             one_life(life, backend)
-        _, status = os.waitpid(pid, 0)
-        code = os.waitstatus_to_exitcode(status)
+        if kill is not None and kill.startswith("t"):
+            code = kill_after(pid, int(kill[1:]) / 1000)
+        else:
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         codes.append(str(code))
         if code == KILLED:
             snapshot(folder, index)

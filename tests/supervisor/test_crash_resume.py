@@ -216,6 +216,11 @@ def some_writes(writes: int) -> list[str]:
     return [*once, "7a+5b"]
 
 
+def some_moments(writes: int) -> list[str]:
+    """SIGKILLs at moments spread over the run, and two series of them."""
+    return [*(f"t{ms}" for ms in range(60, 500, 90)), "t150+t100", "t90+t90+t90"]
+
+
 async def check_scenario(
     backend: str, scenario: str, root: Path, cases: Callable[[int], list[str]]
 ) -> None:
@@ -257,3 +262,11 @@ async def test_a_run_killed_at_a_journal_write_resumes_and_ends_alike(
     # expired while no process was alive); hybrid: a collection phase with
     # a task that needs approval, one boundary, then a replan.
     await check_scenario(anyio_backend, scenario, tmp_path / scenario, some_writes)
+
+
+@pytest.mark.timeout(120)
+async def test_a_run_killed_at_any_moment_resumes_and_ends_alike(
+    anyio_backend: str, tmp_path: Path
+) -> None:
+    # Model calls take 20 ms: a kill lands in a call, a commit, a thread.
+    await check_scenario(anyio_backend, "slow", tmp_path / "slow", some_moments)
