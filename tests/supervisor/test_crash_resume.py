@@ -133,11 +133,6 @@ def shape(result: RunResult) -> dict[str, object]:
     }
 
 
-def tokens(result: RunResult) -> int:
-    total = result.usage.total
-    return total.input_tokens + total.output_tokens
-
-
 @dataclass(frozen=True)
 class Lives:
     """What a case's lives left beside the journal."""
@@ -194,12 +189,18 @@ async def check_case(folder: Path, baseline: RunResult) -> None:
                 assert emails[key] == 1, (life, key, emails)
         if not killed:
             continue
+        # What a kill left is never rewritten: the run went on from there.
+        assert events[: len(killed)] == killed, life
         before = fold_journal(result.run_id, killed).result()
         for task in before.tasks:
             if task.status is TaskStatus.COMPLETED:
                 assert final[task.id].status is TaskStatus.COMPLETED
                 assert final[task.id].result == task.result, task.id
-        assert tokens(result) >= tokens(before), life
+        for role, used in before.usage.by_role.items():
+            now = result.usage.by_role[role]
+            assert now.input_tokens >= used.input_tokens, (life, role)
+            assert now.output_tokens >= used.output_tokens, (life, role)
+            assert now.calls >= used.calls, (life, role)
 
 
 def every_write(writes: int) -> list[str]:
