@@ -34,9 +34,11 @@ as it opens), ``slow`` (the same, each model call taking 20 ms, so that
 kills land while calls are in flight), ``policy`` (nobody answers: each
 gate times out after ``POLICY_TIMEOUT_S`` and
 ``GatePolicy(on_timeout="approve")`` applies, also to a gate whose time ran
-out while no process was alive) or ``hybrid`` (``HYBRID_SPEC``: a
+out while no process was alive), ``hybrid`` (``HYBRID_SPEC``: a
 collection phase with an email and a task that needs approval, one
-boundary, and a replan of the synthesis phase that drops its email).
+boundary, and a replan of the synthesis phase that drops its email) or
+``explore`` (test_explore_resume's explore run of two cycles, evolving,
+and a review gate).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import anyio
+from explore_scripts import explore_spec
+from test_explore_resume import two_cycles
 
 from replan import (
     Alignment,
@@ -193,6 +197,7 @@ SCENARIOS = {
     "slow": SPEC,
     "policy": POLICY_SPEC,
     "hybrid": HYBRID_SPEC.model_copy(update={"metadata": {"hybrid": True}}),
+    "explore": explore_spec(),
 }
 
 
@@ -276,7 +281,8 @@ async def approve_gates(sup: Supervisor, run_id: str) -> None:
 async def live(life: Life) -> None:
     os.environ["REPLAN_TEST_OUTBOX"] = str(life.folder / "outbox")
     latency_s = 0.02 if life.scenario == "slow" else 0.0
-    model = ScriptedModel(answer, usage=USAGE, latency_s=latency_s)
+    script = two_cycles() if life.scenario == "explore" else answer
+    model = ScriptedModel(script, usage=USAGE, latency_s=latency_s)
     resume = life.index > 1
     async with (
         journal(life) as store,

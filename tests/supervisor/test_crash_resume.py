@@ -15,14 +15,18 @@ import pytest
 
 from replan import RunResult, RunStatus, TaskStatus
 from replan.messages import (
+    BriefIssued,
+    CycleFinished,
     Event,
     GateOpened,
     GateResolved,
+    HypothesesAdded,
     MilestoneReviewed,
     PlanCreated,
     ReplanApplied,
     RetryScheduled,
     RunFinished,
+    RunSubmitted,
     TaskFinished,
     TaskInterrupted,
     TaskStarted,
@@ -59,7 +63,9 @@ def consistent(events: list[Event]) -> None:
     kinds = Counter(e.kind for e in events)
     assert kinds["run_submitted"] == 1
     plans = Counter(e.boundary for e in events if isinstance(e, PlanCreated))
-    assert plans[False] == 1, plans
+    submitted = events[0]
+    assert isinstance(submitted, RunSubmitted)
+    assert plans[False] == (submitted.spec.kind == "plan"), plans
     assert plans[True] <= 1, plans  # a hybrid run's one boundary
     assert kinds["run_finished"] == 1
     assert isinstance(events[-1], RunFinished)
@@ -92,6 +98,14 @@ def consistent(events: list[Event]) -> None:
     assert all(n == 1 for n in reviews.values()), reviews
     answers = Counter(e.gate_id for e in events if isinstance(e, GateResolved))
     assert all(n == 1 for n in answers.values()), answers
+    # An explore run adds each hypothesis once and ends each cycle once.
+    added = Counter(
+        h.id for e in events if isinstance(e, HypothesesAdded) for h in e.hypotheses
+    )
+    assert all(n == 1 for n in added.values()), added
+    cycles = Counter(e.iteration for e in events if isinstance(e, CycleFinished))
+    assert all(n == 1 for n in cycles.values()), cycles
+    assert sum(isinstance(e, BriefIssued) for e in events) <= 1
 
 
 def waits_kept(events: list[Event]) -> None:
@@ -130,6 +144,7 @@ def shape(result: RunResult) -> dict[str, object]:
         "replans": [(r.outcome, r.trigger) for r in result.replans],
         "iterations": result.iterations,
         "failures": [(f.role, f.task_id, f.error_type) for f in result.model_failures],
+        "brief": result.brief,
     }
 
 
@@ -255,13 +270,14 @@ async def test_a_run_killed_at_any_journal_write_resumes_and_ends_alike(
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("scenario", ["policy", "hybrid"])
+@pytest.mark.parametrize("scenario", ["policy", "hybrid", "explore"])
 async def test_a_run_killed_at_a_journal_write_resumes_and_ends_alike(
     anyio_backend: str, scenario: str, tmp_path: Path
 ) -> None:
     # policy: nobody answers, each gate's timeout approves (also one that
     # expired while no process was alive); hybrid: a collection phase with
-    # a task that needs approval, one boundary, then a replan.
+    # a task that needs approval, one boundary, then a replan; explore: two
+    # cycles of hypotheses, critiques and a tournament, then a review gate.
     await check_scenario(anyio_backend, scenario, tmp_path / scenario, some_writes)
 
 
