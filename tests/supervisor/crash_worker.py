@@ -15,7 +15,7 @@ starts as a new process would), in the directory ``ROOT/CASE``:
   (``record_effect``, ``record_tool_effect``), counted from 1 in each life;
 * a life dies with ``os._exit(137)``: nothing is flushed or closed; the
   parent then copies the journal as the kill left it
-  (``killed-<life>.db``);
+  (``killed-<life>.db``), and the outbox (``killed-<life>.outbox``);
 * every email the side-effect tool sends appends ``to key`` to ``outbox``;
 * the last life writes the run's result (``result.json``), and each life
   that ends by itself the number of journal writes it made
@@ -327,11 +327,14 @@ def one_life(life: Life, backend: str) -> NoReturn:
 
 
 def snapshot(folder: Path, index: int) -> None:
-    """Keep the journal as the kill left it (the database and its WAL)."""
+    """Keep the journal as the kill left it (the database and its WAL), and
+    the emails sent by then."""
     for suffix in ("", "-wal"):
         source = folder / f"j.db{suffix}"
         if source.exists():
             shutil.copyfile(source, folder / f"killed-{index}.db{suffix}")
+    if (folder / "outbox").exists():
+        shutil.copyfile(folder / "outbox", folder / f"killed-{index}.outbox")
 
 
 def kill_after(pid: int, delay_s: float) -> int:
