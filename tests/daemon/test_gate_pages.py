@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from in_process import serving
 
@@ -18,21 +19,30 @@ from replan.daemon._service import Daemon
 TOKEN = "gate-pages-test-token"
 
 
-async def test_open_gates_are_listed_oldest_first_in_pages(tmp_path: Path) -> None:
-    daemon = Daemon(
+def gated_daemon(tmp_path: Path) -> Daemon:
+    return Daemon(
         settings=DaemonSettings(data_dir=tmp_path),
         token=Token(TOKEN),
         model=demo_model(),
     )
+
+
+async def five_runs_at_their_gates(daemon: Daemon, client: httpx.AsyncClient) -> None:
+    """Submit five demo runs and wait until each waits at its gate."""
+    for _ in range(5):
+        response = await client.post("/v1/runs", json={"goal": GOAL})
+        assert response.status_code == 202
+    with anyio.fail_after(10):
+        while True:
+            if len(daemon.supervisor.gates.pending()) == 5:
+                break
+            await anyio.sleep(0.01)
+
+
+async def test_open_gates_are_listed_oldest_first_in_pages(tmp_path: Path) -> None:
+    daemon = gated_daemon(tmp_path)
     async with serving(daemon) as client:
-        for _ in range(5):
-            response = await client.post("/v1/runs", json={"goal": GOAL})
-            assert response.status_code == 202
-        with anyio.fail_after(10):
-            while True:
-                if len(daemon.supervisor.gates.pending()) == 5:
-                    break
-                await anyio.sleep(0.01)
+        await five_runs_at_their_gates(daemon, client)
         whole = (await client.get("/v1/gates", params={"limit": 1000})).json()
         pages = [
             (await client.get("/v1/gates", params={"limit": 2, "offset": o})).json()
@@ -61,20 +71,9 @@ async def test_a_gate_answered_between_two_pages_skips_none_paged_by_cursor(
 ) -> None:
     # Paged by offset, the gates after one answered meanwhile moved a place
     # up, and the next page started one gate too far.
-    daemon = Daemon(
-        settings=DaemonSettings(data_dir=tmp_path),
-        token=Token(TOKEN),
-        model=demo_model(),
-    )
+    daemon = gated_daemon(tmp_path)
     async with serving(daemon) as client:
-        for _ in range(5):
-            response = await client.post("/v1/runs", json={"goal": GOAL})
-            assert response.status_code == 202
-        with anyio.fail_after(10):
-            while True:
-                if len(daemon.supervisor.gates.pending()) == 5:
-                    break
-                await anyio.sleep(0.01)
+        await five_runs_at_their_gates(daemon, client)
         whole = [g["gate_id"] for g in (await client.get("/v1/gates")).json()["gates"]]
         first = (await client.get("/v1/gates", params={"limit": 2})).json()
         # The person answers the first gate of the page (its run ends).
