@@ -1126,16 +1126,17 @@ class RunDriver:
                 *self._usage_not_kept(untaken),
             ]
             if (
-                (lost or any(isinstance(e, TaskFinished) for e in self._staged))
+                (lost or self._staged)
                 and not self.state.status.final
                 and not any(isinstance(e, ExploreErrorRecorded) for e in self._staged)
             ):
                 # Stopped (a drain's grace ran out) with answers taken by a
                 # role whose reply never came, or with reports no ledger
                 # keeps (an attempt task_timeout_s cut short): their tokens
-                # are the run's, journaled before it is resumed, with what
-                # the run staged: an attempt's finish it took carries the
-                # attempt's usage, which no ledger may keep.
+                # are the run's, journaled before it is resumed. So is what
+                # the run staged for its next append: the usage of replies
+                # it took (revisions before their critiques, a finish), and
+                # what they decided, which nothing acted on yet.
                 with anyio.CancelScope(shield=True):
                     await self._journal_unreported(lost)
             self._inbox.close()

@@ -643,6 +643,49 @@ async def test_an_attempt_timed_out_while_a_drain_holds_the_run_keeps_its_tokens
     assert result.usage.total.calls == len(first.calls) + len(second.calls)
 
 
+async def test_revisions_answered_before_a_stop_are_in_the_runs_usage() -> None:
+    # The run had taken both revisions (replan_candidates=2) and staged
+    # their usage for its next append; the stop came while the reviewer
+    # critiqued them, and the staged usage was dropped with the revisions.
+    critiquing = anyio.Event()
+
+    async def stuck_critique(request: ModelRequest) -> Any:
+        critiquing.set()
+        await anyio.sleep_forever()
+
+    first = scripted(
+        execute=with_finding,
+        milestone=lambda r: replan_verdict(),
+        replan=lambda r: fresh_tasks(1),
+        critiques=stuck_critique,
+        usage=USAGE,
+    )
+    store = MemoryStore()
+    with anyio.fail_after(10):
+        async with Supervisor(first, store) as sup:
+            handle = await sup.submit(
+                spec(chain(2), milestone_every=1, replan_candidates=2)
+            )
+            await critiquing.wait()
+            sup.stop()
+    journaled = replay(await store.read(handle.run_id))
+    assert journaled.status is RunStatus.RUNNING  # left to resume
+    assert journaled.usage.by_role["planner"].calls == 2
+    answered = len(first.calls) - 1  # the critique never answered
+    assert journaled.usage.total.calls == answered
+    second = scripted(
+        execute=with_finding,
+        milestone=lambda r: replan_verdict(),
+        replan=lambda r: fresh_tasks(1),
+        usage=USAGE,
+    )
+    with anyio.fail_after(10):
+        async with Supervisor(second, store) as sup:
+            result = await (await sup.resume(handle.run_id)).result()
+    assert result.status is RunStatus.COMPLETED
+    assert result.usage.total.calls == answered + len(second.calls)
+
+
 @pytest.mark.parametrize("purpose", ["milestone", "replan"])
 async def test_an_answer_that_comes_as_the_supervisor_stops_is_in_the_runs_usage(
     purpose: str,
