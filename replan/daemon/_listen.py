@@ -91,10 +91,10 @@ def _refused(exc: OSError, host: str, port: int) -> ConfigurationError:
     )
 
 
-def address(sockets: list[socket.socket]) -> str:
-    """The URL of the first socket: the port a ``port`` of 0 took."""
-    host, port = sockets[0].getsockname()[:2]
-    where = f"[{host}]" if sockets[0].family == socket.AF_INET6 else host
+def url_of(sock: socket.socket) -> str:
+    """The URL a listening socket answers at: the port a ``port`` of 0 took."""
+    host, port = sock.getsockname()[:2]
+    where = f"[{host}]" if sock.family == socket.AF_INET6 else host
     return f"http://{where}:{port}"
 
 

@@ -41,7 +41,7 @@ from ._accept import AcceptPausingLoop
 from ._app import QUERY_PARAMETERS, create_app
 from ._files import AcceptErrors, raise_open_files_limit
 from ._limits import KnownQuery, KnownQueryInAccessLog
-from ._listen import address, listen, remove_port_file, write_port_file
+from ._listen import listen, remove_port_file, url_of, write_port_file
 from ._lock import data_dir_lock
 from ._models import build_model, build_tools
 from ._service import Daemon, open_journal
@@ -339,7 +339,7 @@ def _listen_and_serve(settings: DaemonSettings, daemon: Daemon) -> None:
     open_files = raise_open_files_limit()
     sockets = listen(settings.host, settings.port)
     # Now: uvicorn closes the sockets as it stops.
-    url = address(sockets)
+    url = url_of(sockets[0])
     try:
         check_journal(settings)
         level = settings.log_level.upper()
@@ -353,9 +353,7 @@ def _listen_and_serve(settings: DaemonSettings, daemon: Daemon) -> None:
             loop_log.removeFilter(old)
         loop_log.addFilter(AcceptErrors(open_files))
         for sock in sockets:
-            host, port = sock.getsockname()[:2]
-            where = f"[{host}]" if sock.family == socket.AF_INET6 else host
-            logger.info("listening on http://%s:%d", where, port)
+            logger.info("listening on %s", url_of(sock))
         if settings.port_file is not None:
             # After the journal's check: a file there means connections
             # are answered (they wait in the backlog as the daemon starts).

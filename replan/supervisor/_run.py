@@ -1108,17 +1108,11 @@ class RunDriver:
             # Reports the driver never took (it was stopped): keep what
             # finished in the ledger, so that a resumed run does not redo it.
             untaken = [*self._held, *self._inbox.take_nowait()]
-            held = [*self._unjournaled, *untaken]
-            if held and self.effects is not None:
-                # Not this supervisor's ledger once another drives the run.
-                with anyio.CancelScope(shield=True), suppress(LeaseLost):
-                    await self._secure(held)
+            await self._keep([*self._unjournaled, *untaken])
             await self._settle()
             # Reports that came as the run's calls settled: kept alike.
             late = self._inbox.take_nowait()
-            if late and self.effects is not None:
-                with anyio.CancelScope(shield=True), suppress(LeaseLost):
-                    await self._secure(late)
+            await self._keep(late)
             untaken.extend(late)
             lost = [
                 *self._attempts_spent(),
@@ -1148,6 +1142,14 @@ class RunDriver:
                 if state.status.final
                 else None,
             )
+
+    async def _keep(self, reports: Sequence[_Report]) -> None:
+        """Put the finished attempts among ``reports`` in the ledger as the
+        run stops (see :meth:`_secure`)."""
+        if reports and self.effects is not None:
+            # Not this supervisor's ledger once another drives the run.
+            with anyio.CancelScope(shield=True), suppress(LeaseLost):
+                await self._secure(reports)
 
     async def _settle(self) -> None:
         """Wait (briefly) until the run's model calls cut short have ended:
