@@ -61,6 +61,12 @@ from .telemetry import TelemetrySetup, setup_if_asked
 from .telemetry.setup import check_propagators
 
 _ID = re.compile(r"[A-Za-z0-9_-]+")
+_ID_OPTIONS = {
+    ("run", "resume"): "--resume",
+    ("explore", "resume"): "--resume",
+    ("gates", "run_id"): "--run",
+}
+"""The ids given by an option rather than as an argument, by that option."""
 
 
 class CommandError(Exception):
@@ -177,12 +183,14 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         check_resume(parser, args, EXPLORE_SPEC_FLAGS, "GOAL")
     for name in ("run_id", "gate_id", "resume"):
         value = getattr(args, name, None)
+        # Named as the help shows it: an option by its flag (`gates --run`).
+        label = _ID_OPTIONS.get((args.command, name), name.upper())
         if value is not None and not value.strip():
-            parser.error(f"{args.command}: {name.upper()} cannot be empty")
+            parser.error(f"{args.command}: {label} cannot be empty")
         if value is not None and not _ID.fullmatch(value):
             # Ids are hex and dashes; anything else would reach another URL.
             parser.error(
-                f"{args.command}: {name.upper()} {value!r} is no id: "
+                f"{args.command}: {label} {value!r} is no id: "
                 "ids hold letters, digits, '-' and '_' only"
             )
     if (

@@ -92,6 +92,11 @@ def test_the_journal_hint_can_be_pasted_into_a_shell(
         (["show", " ", "--url", "http://127.0.0.1:9"], "show: RUN_ID cannot be empty"),
         (["approve", "", "--url", "http://127.0.0.1:9"], "approve: GATE_ID cannot"),
         (["watch", "", "--url", "http://127.0.0.1:9"], "watch: RUN_ID cannot be"),
+        (["run", "--resume", "", "--db", "x.db"], "run: --resume cannot be empty"),
+        (["explore", "--resume", " ", "--db", "x.db"], "explore: --resume cannot be"),
+        (["run", "--resume", "a/b", "--db", "x.db"], "run: --resume 'a/b' is no id"),
+        (["gates", "--run", "", "--url", "http://127.0.0.1:9"], "gates: --run cannot"),
+        (["gates", "--run", "a/b", "--url", "http://127.0.0.1:9"], "gates: --run 'a/b"),
         (
             ["runs", "--db", "x.db", "--limit", "9" * 20],
             "argument --limit: must be at most",
