@@ -107,13 +107,16 @@ RUN_SPEC_FLAGS = {"pattern": "--pattern"} | {
 each defaults to None, its default applied when the spec is made."""
 
 
-def add_resume(parser: argparse.ArgumentParser, command: str) -> None:
-    """``--resume RUN_ID``: go on with an unfinished run of the ``--db`` journal."""
+def add_resume(
+    parser: argparse.ArgumentParser, command: str, given: str = "model and tools"
+) -> None:
+    """``--resume RUN_ID``: go on with an unfinished run of the ``--db`` journal,
+    with what ``given`` names taken from the command line."""
     parser.add_argument(
         "--resume",
         metavar="RUN_ID",
         help=f"go on with an unfinished {command} of the --db journal (an id or "
-        "a unique prefix), with the model and tools given now; its goal and "
+        f"a unique prefix), with the {given} given now; its goal and "
         "settings come from the journal",
     )
 

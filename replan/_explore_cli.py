@@ -104,7 +104,7 @@ def add_explore_parser(commands: argparse._SubParsersAction) -> None:  # type: i
         "--json", action="store_true", help="print only the run result as JSON"
     )
     explore.add_argument("--db", metavar="PATH", help="journal the run in this file")
-    add_resume(explore, "explore run")
+    add_resume(explore, "explore run", "model")  # explore takes no --tool
 
 
 SELECT = 3

@@ -177,3 +177,15 @@ def test_the_password_of_the_base_url_is_never_printed(
         )
     )
     assert "s3cr3t" not in captured.out + captured.err
+
+
+@pytest.mark.parametrize(
+    ("command", "given"), [("run", "model and tools"), ("explore", "model")]
+)
+def test_resume_help_names_only_what_the_command_takes_again(
+    command: str, given: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `replan explore` has no --tool: its --resume must not ask for tools.
+    assert main([command, "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"with the {given} given now;" in help_text
