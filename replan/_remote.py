@@ -114,7 +114,7 @@ def _submit(client: Client, args: argparse.Namespace) -> int:
     spec: dict[str, Any] = {}
     if args.spec:
         spec = _read_spec(args.spec)
-    if args.goal:
+    if args.goal is not None:  # a blank one too, for the daemon to refuse
         spec["goal"] = args.goal
     if args.pattern:
         spec["pattern"] = args.pattern

@@ -404,6 +404,13 @@ def test_a_spec_the_daemon_refuses_is_a_bad_argument(
     assert main(["submit", str(spec)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("replan: error: 422: limits.max_replans: ")
+    # A blank --goal is the goal given, refused as blank: not taken for no
+    # --goal at all, nor left out in favour of the spec file's goal.
+    spec.write_text(json.dumps({"goal": GOAL}))
+    for argv in (["--goal", ""], [str(spec), "--goal", ""]):
+        assert main(["submit", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("replan: error: 422: goal: ")
     assert main(["submit", "--goal", GOAL]) == 0
     capsys.readouterr()
     with remote.client() as client:
