@@ -37,6 +37,9 @@ def data_dir_lock(settings: DaemonSettings) -> Iterator[Path]:
             directory cannot be used (``data_dir``).
     """
     path = lock_path(settings)
+    if settings.data_dir.exists() and not settings.data_dir.is_dir():
+        # mkdir would say only "File exists".
+        raise ConfigurationError("data_dir", f"{settings.data_dir} is no directory")
     try:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -146,6 +146,19 @@ def test_a_held_lock_names_the_data_dir_and_the_holder(tmp_path: Path) -> None:
     assert not settings.journal_path.exists()
 
 
+def test_a_data_dir_that_is_a_file_is_named_as_no_directory(tmp_path: Path) -> None:
+    data = tmp_path / "notes.txt"
+    data.write_text("not a directory")
+    with (
+        pytest.raises(ConfigurationError) as raised,
+        data_dir_lock(DaemonSettings(data_dir=data)),
+    ):
+        pass
+    assert raised.value.field == "data_dir"
+    assert raised.value.problem == f"{data} is no directory"
+    assert data.read_text() == "not a directory"
+
+
 def test_listening_works_on_any_port_and_on_ipv6() -> None:
     (ipv4,) = listen("127.0.0.1", 0)
     with ipv4:
