@@ -155,16 +155,19 @@ async def _decide(
 ) -> GateResolution:
     if yes:
         return GateResolution(decision="approve", by="cli --yes")
-    question = PROMPT
+    question, edited = PROMPT, "a plan"
     if request.tool_call is not None:
         question = question.replace(
             "this change",
             f"the {request.tool_call.name} call of task {request.task_id}",
         )
+        edited = "a tool call"
     elif request.hypotheses is not None:
         question = question.replace("this change", "this selection")
+        edited = "the selection"
     elif request.task_id is not None:
         question = question.replace("this change", f"task {request.task_id}")
+        edited = "a task"
     while True:
         print(
             _render.terminal_text(question), end="", file=console.progress, flush=True
@@ -183,7 +186,7 @@ async def _decide(
             case "" | "n" | "no":
                 return GateResolution(decision="reject", by="cli")
             case "e" | "edit":
-                note = "editing a plan is not supported here: answer y or n"
+                note = f"editing {edited} is not supported here: answer y or n"
             case _:
                 note = "please answer y or n"
         console.emit([note], to_progress=True)

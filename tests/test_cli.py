@@ -237,6 +237,19 @@ def test_answering_yes_at_the_prompt_approves_the_gate(
     assert result["versions"][1]["approved_by"] == "cli"
 
 
+def test_edit_at_an_explore_review_names_the_selection_not_a_plan(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO("e\ny\n"))
+
+    result, err = run_json(["demo", "--explore", "--json"], capsys)
+
+    assert "Approve this selection? [y/N/e(dit not supported here)]" in err
+    assert "editing the selection is not supported here: answer y or n" in err
+    assert "a plan" not in err
+    assert result["brief"]["status"] == "completed"
+
+
 def test_the_end_of_input_at_the_prompt_rejects_the_gate(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
