@@ -85,6 +85,17 @@ live daemon sends an event or a keep-alive at least every ``heartbeat_s``
 died without closing (a frozen daemon, a NAT or proxy that forgot it)."""
 
 
+def _url_problem(url: str, parsed: httpx.URL) -> str:
+    """What makes ``url`` (parsed as ``parsed``) name no daemon, or ''."""
+    if any(c.isspace() for c in url):
+        return "it holds a space or a line break"
+    if not parsed.host:
+        return "it names no host"
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        return "the port must be 1 to 65535"
+    return ""
+
+
 class Client:
     """The daemon at ``url``, with the bearer token ``token``."""
 
@@ -128,6 +139,11 @@ class Client:
                 "daemon does not take: its token comes from REPLAN_API_TOKEN",
                 code=2,
             )
+        problem = _url_problem(url, self._http.base_url)
+        if problem:
+            # Else sent anyway: "cannot reach", or a port taken modulo 65536.
+            self._http.close()
+            raise ClientError(f"{url!r} is not a valid URL: {problem}", code=2)
         self.url = url
         self.backoff = backoff or DEFAULT_BACKOFF
         self._timeout_s = timeout_s

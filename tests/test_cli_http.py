@@ -431,6 +431,29 @@ def test_a_url_with_a_user_and_password_is_a_bad_argument(
 
 
 @pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("http://127.0.0.1:99999", "the port must be 1 to 65535"),
+        ("http://127.0.0.1:0", "the port must be 1 to 65535"),
+        ("http:///v1", "it names no host"),
+        ("https://", "it names no host"),
+        ("http://local host:8470", "it holds a space or a line break"),
+    ],
+)
+def test_a_url_that_names_no_daemon_is_a_bad_argument_not_unreachable(
+    url: str, problem: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Sent anyway, these were "cannot reach" (exit 1): a host that is no
+    # host said "Name or service not known", and port 99999 was taken for
+    # another port and said "Connection refused".
+    started = time.monotonic()
+    assert main(["runs", "--url", url]) == 2
+    assert time.monotonic() - started < 5
+    err = capsys.readouterr().err
+    assert err == f"replan: error: {url!r} is not a valid URL: {problem}\n"
+
+
+@pytest.mark.parametrize(
     "argv",
     [
         pytest.param(["watch", "abc", "--url", "ftp://x"], id="watch"),
