@@ -150,6 +150,28 @@ def test_show_with_a_missing_journal_fails_in_one_line_and_creates_nothing(
     assert not db.parent.exists()
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["runs"],
+        ["show", "abc"],
+        ["demo", "--yes"],
+        ["run", "g", "--model", "scripted:demo"],
+        ["explore", "q", "--model", "scripted:demo"],
+    ],
+)
+def test_a_db_that_is_a_directory_is_named_as_one(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Writers said "cannot open DIR: unable to open database file", SQLite's
+    # words; readers "no journal at DIR".
+    assert main([*command, "--db", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (
+        f"replan: error: {tmp_path} is a directory, not a journal file\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_runs_with_a_missing_journal_fails_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

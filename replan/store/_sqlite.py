@@ -835,6 +835,8 @@ def _connect(
             written by a newer replan (field ``path``, naming the file);
             read-only, also when there is no file or no journal in it yet.
     """
+    if path.is_dir():  # SQLite says only "unable to open database file"
+        raise ConfigurationError("path", f"{path} is a directory, not a journal file")
     if read_only:
         return _open_read_only(path)
     try:

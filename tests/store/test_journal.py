@@ -623,7 +623,7 @@ def _another_apps_database(path: Path) -> None:
 @pytest.mark.parametrize(
     ("make", "problem"),
     [
-        (lambda p: p.mkdir(), "unable to open database file"),
+        (lambda p: p.mkdir(), "is a directory, not a journal file"),
         (lambda p: p.write_text("no database here " * 20), "file is not a database"),
         (_another_apps_database, "holds another application's tables"),
     ],
