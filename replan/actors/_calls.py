@@ -362,4 +362,7 @@ def _brief(exc: Exception) -> str:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "output"
         return f"{where}: {first['msg']}"
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    # Its lines folded, not its first alone: an adapter's "not a valid X,
+    # even after a re-ask:" has what was wrong on the lines below.
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return " ".join(lines) if lines else type(exc).__name__
