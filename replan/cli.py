@@ -199,6 +199,9 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         and not (args.url or os.environ.get("REPLAN_URL"))
     ):
         parser.error(f"{args.command}: give --db PATH or --url URL")
+    if args.command in ("show", "runs") and args.db and args.url:
+        # One would be left unread (REPLAN_URL alone gives way to --db).
+        parser.error(f"{args.command}: give --db PATH or --url URL, not both")
 
 
 def _failed(exc: BaseException) -> int:

@@ -101,6 +101,14 @@ def test_the_journal_hint_can_be_pasted_into_a_shell(
             ["runs", "--db", "x.db", "--limit", "9" * 20],
             "argument --limit: must be at most",
         ),
+        (
+            ["runs", "--db", "x.db", "--url", "http://127.0.0.1:9"],
+            "runs: give --db PATH or --url URL, not both",
+        ),
+        (
+            ["show", "abc", "--url", "http://127.0.0.1:9", "--db", "x.db"],
+            "show: give --db PATH or --url URL, not both",
+        ),
         (["submit", "--url", "http://127.0.0.1:9"], "give a SPEC file or --goal"),
         (["submit", "--goal", "g"], "give --url URL or set REPLAN_URL"),
         (["watch", "abc"], "give --url URL or set REPLAN_URL"),
