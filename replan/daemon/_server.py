@@ -314,6 +314,13 @@ def serve(settings: DaemonSettings) -> None:
             another daemon uses the data directory (``data_dir``), or the
             port is in use (``port``).
     """
+    # Before the token is resolved: its warnings (a token file others may
+    # read) go to the log, not to the library's NullHandler.
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        stream=sys.stderr,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
     with data_dir_lock(settings):
         daemon = build_daemon(settings)
         # Before the port is bound: a bad OTEL_* value is a one-line error
@@ -342,12 +349,6 @@ def _listen_and_serve(settings: DaemonSettings, daemon: Daemon) -> None:
     url = url_of(sockets[0])
     try:
         check_journal(settings)
-        level = settings.log_level.upper()
-        logging.basicConfig(
-            level=level,
-            stream=sys.stderr,
-            format="%(levelname)s %(name)s: %(message)s",
-        )
         loop_log = logging.getLogger("asyncio")
         for old in [f for f in loop_log.filters if isinstance(f, AcceptErrors)]:
             loop_log.removeFilter(old)

@@ -403,6 +403,29 @@ def test_port_0_takes_a_free_port_and_the_port_file_names_it(tmp_path: Path) -> 
     assert not daemon.port_file.exists()
 
 
+def test_a_token_file_others_may_read_is_warned_of_in_the_daemon_s_log(
+    tmp_path: Path,
+) -> None:
+    # The warning was logged before the daemon set up its log, so the
+    # library's NullHandler took it and the operator never saw it.
+    data = tmp_path / "data"
+    data.mkdir()
+    token_file = data / "api-token"
+    token_file.write_text("a-token-of-sixteen-or-more\n")
+    token_file.chmod(0o644)
+    daemon = DaemonProcess(data, token=None).start()
+    try:
+        with daemon.client("a-token-of-sixteen-or-more") as client:
+            assert client.get("/v1/runs").status_code == 200  # the file's token
+        assert daemon.terminate() == 0
+    finally:
+        daemon.close()
+    assert (
+        f"WARNING replan.daemon: {token_file} can be read by other users "
+        f"(mode 0644), and whoever reads it may use the API: chmod 600 {token_file}"
+    ) in daemon.output()
+
+
 def test_a_port_file_that_cannot_be_written_is_one_line_before_any_run_resumes(
     interrupted_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
