@@ -134,6 +134,15 @@ class DaemonSettings(BaseSettings):
         # the empty text: a token of spaces is a mistake, refused as short.
         return None if value == "" else value
 
+    @field_validator("host")
+    @classmethod
+    def _an_address(cls, host: str) -> str:
+        # Blank, it was taken for a non-loopback address that needs a token,
+        # or else could not be resolved: neither says what is wrong.
+        if not host.strip():
+            raise ValueError("name an address to listen on (default 127.0.0.1)")
+        return host
+
     @field_validator("redrive_interval_s", mode="before")
     @classmethod
     def _off_is_zero(cls, value: Any) -> Any:

@@ -122,6 +122,21 @@ def test_serve_reports_bad_settings_in_one_line(
     )
 
 
+@pytest.mark.parametrize("host", ["", "  "])
+def test_a_blank_host_is_named_as_blank(
+    host: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It was refused as "api_token: refusing to listen on  without
+    # REPLAN_API_TOKEN set", or with a token as a host that does not resolve.
+    from replan.cli import main
+
+    assert main(["serve", "--host", host, "--data-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        "replan: error: host: name an address to listen on (default 127.0.0.1)\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_openai_model_takes_its_prompt_budget_from_the_settings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
