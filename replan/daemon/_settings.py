@@ -134,6 +134,15 @@ class DaemonSettings(BaseSettings):
         # the empty text: a token of spaces is a mistake, refused as short.
         return None if value == "" else value
 
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _a_directory(cls, value: Any) -> Any:
+        # Path("") is ".": the journal and the token went into the current
+        # directory, whatever it was.
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("name a directory (default ./replan-data)")
+        return value
+
     @field_validator("host")
     @classmethod
     def _an_address(cls, host: str) -> str:
@@ -251,6 +260,8 @@ def load_settings(
             file cannot be read.
     """
     given = {name: value for name, value in flags.items() if value is not None}
+    if config_file is not None and not str(config_file).strip():
+        raise ConfigurationError("config", "name a TOML file, not a blank path")
     path = Path(config_file) if config_file is not None else None
     if path is not None and not path.is_file():
         raise ConfigurationError("config", f"no such file: {path}")

@@ -137,6 +137,30 @@ def test_a_blank_host_is_named_as_blank(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--data-dir", "data_dir: name a directory (default ./replan-data)"),
+        ("--config", "config: name a TOML file, not a blank path"),
+    ],
+)
+def test_a_blank_data_dir_or_config_is_refused_not_taken_for_the_current_dir(
+    flag: str,
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Path("") is ".": --data-dir "" kept the journal and the token in the
+    # current directory, and --config "" said "no such file: .".
+    from replan.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve", "--port", "0", flag, ""]) == 2
+    assert capsys.readouterr().err == f"replan: error: {message}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_openai_model_takes_its_prompt_budget_from_the_settings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
