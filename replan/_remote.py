@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _submit(client: Client, args: argparse.Namespace) -> int:
     spec: dict[str, Any] = {}
-    if args.spec:
+    if args.spec is not None:
         spec = _read_spec(args.spec)
     if args.goal is not None:  # a blank one too, for the daemon to refuse
         spec["goal"] = args.goal

@@ -181,6 +181,11 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         check_resume(parser, args, RUN_SPEC_FLAGS, "GOAL")
     if args.command == "explore":
         check_resume(parser, args, EXPLORE_SPEC_FLAGS, "GOAL")
+    # A blank path is Path(""), the current directory: "Is a directory: '.'".
+    if args.command == "submit" and args.spec is not None and not args.spec.strip():
+        parser.error(f"{args.command}: SPEC cannot be empty")
+    if args.command == "explore" and any(not c.strip() for c in args.context or []):
+        parser.error(f"{args.command}: --context cannot be empty")
     for name in ("run_id", "gate_id", "resume"):
         value = getattr(args, name, None)
         # Named as the help shows it: an option by its flag (`gates --run`).

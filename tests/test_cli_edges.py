@@ -110,6 +110,11 @@ def test_the_journal_hint_can_be_pasted_into_a_shell(
             "show: give --db PATH or --url URL, not both",
         ),
         (["submit", "--url", "http://127.0.0.1:9"], "give a SPEC file or --goal"),
+        (["submit", "", "--url", "http://127.0.0.1:9"], "submit: SPEC cannot be empty"),
+        (
+            ["explore", "q", "--model", "scripted:demo", "--context", "a.txt", " "],
+            "explore: --context cannot be empty",
+        ),
         (["submit", "--goal", "g"], "give --url URL or set REPLAN_URL"),
         (["watch", "abc"], "give --url URL or set REPLAN_URL"),
         (["approve", "g1"], "give --url URL or set REPLAN_URL"),
