@@ -29,6 +29,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from . import _remote, _render
+from ._cli_log import command_logging
 from ._cli_prompt import follow
 from ._cli_run import (
     RUN_SPEC_FLAGS,
@@ -108,20 +109,24 @@ def main(argv: list[str] | None = None) -> int:
         return _failed(CommandError("cannot write the output: stdout is closed"))
     try:
         if args.command == "serve":
-            return serve(args)
-        if args.command in _remote.COMMANDS:
-            with _terminated_by_sigterm():
-                return _remote.run(args)
-        if args.command in ("show", "runs") and not args.db:
-            with _terminated_by_sigterm():
-                return (
-                    _remote.show(args)
-                    if args.command == "show"
-                    else _remote.list_runs(args)
-                )
-        return anyio.run(_interruptible, args)
+            return serve(args)  # the daemon configures logging itself
+        with command_logging():
+            return _command(args)
     except BaseException as exc:
         return _failed(exc)
+
+
+def _command(args: argparse.Namespace) -> int:
+    """Run a command other than ``serve``."""
+    if args.command in _remote.COMMANDS:
+        with _terminated_by_sigterm():
+            return _remote.run(args)
+    if args.command in ("show", "runs") and not args.db:
+        with _terminated_by_sigterm():
+            if args.command == "show":
+                return _remote.show(args)
+            return _remote.list_runs(args)
+    return anyio.run(_interruptible, args)
 
 
 @contextlib.contextmanager

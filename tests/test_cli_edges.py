@@ -242,3 +242,26 @@ def test_a_model_module_that_exits_as_it_is_imported_is_one_line(
     assert capsys.readouterr().err == (
         "replan: error: model: importing model_exits_at_import raised SystemExit(3)\n"
     )
+
+
+def test_a_logged_error_is_one_short_line_without_its_traceback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import logging
+
+    from replan._cli_log import command_logging
+
+    monkeypatch.delenv("REPLAN_DEBUG", raising=False)
+    log = logging.getLogger("replan.supervisor")
+    with command_logging():
+        try:
+            raise OSError("disk full")
+        except OSError:
+            log.exception("run r1 crashed")
+        log.warning("a\nwarning")
+        log.info("not shown")
+    log.warning("after the command: not shown")
+    assert capsys.readouterr().err.splitlines() == [
+        "replan: error: run r1 crashed: OSError: disk full",
+        "replan: warning: a warning",
+    ]

@@ -73,6 +73,33 @@ def test_run_json_prints_the_result_with_progress_on_stderr(
     assert sent[0].headers["authorization"] == "Bearer not-needed"
 
 
+def test_the_library_warnings_reach_stderr_once_as_one_line_each(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def no_usage(logged: Logged) -> Reply:
+        reply = script(logged)
+        reply.body.pop("usage")
+        return reply
+
+    with chat_server(no_usage) as server:
+        code = main(
+            ["run", "Who ships solid-state cells?", "--model", "m", "--base-url",
+             server.base_url, "--yes", "--json"]
+        )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0
+    assert json.loads(captured.out)["status"] == "completed"  # stdout stays JSON
+    warnings = [line for line in captured.err.splitlines() if "no token usage" in line]
+    assert warnings == [
+        f"replan: warning: {server.base_url}/ (m) reports no token usage: its calls "
+        "count 0 tokens, so a token_budget does not bound them and they cost 0"
+    ]
+    # The handler goes with the command: a second one does not print twice.
+    with chat_server(no_usage) as server:
+        assert main(["run", "x", "--model", "m", "--base-url", server.base_url]) == 0
+    assert capsys.readouterr().err.count("no token usage") == 1
+
+
 @pytest.mark.parametrize("command", ["run", "explore"])
 def test_a_model_named_openai_colon_name_as_for_the_daemon_asks_for_name(
     command: str, monkeypatch: pytest.MonkeyPatch
