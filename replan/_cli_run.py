@@ -43,6 +43,13 @@ LIMIT_FLAGS: dict[str, tuple[str, type, str]] = {
 }
 
 
+DEFAULT_RETRIES = 3
+"""``--retries`` unless given."""
+
+DEFAULT_PROMPT_CHARS = 100_000
+"""``--max-prompt-chars`` unless given."""
+
+
 def add_run_parser(commands: Any) -> None:
     run = commands.add_parser(
         "run",
@@ -80,8 +87,8 @@ def add_run_parser(commands: Any) -> None:
     run.add_argument(
         "--retries",
         type=whole_number(0),
-        default=3,
-        help="retries per model call on 429/5xx/timeouts (default 3)",
+        default=DEFAULT_RETRIES,
+        help=f"retries per model call on 429/5xx/timeouts (default {DEFAULT_RETRIES})",
     )
     add_prompt_budget(run)
     run.add_argument(
@@ -153,7 +160,7 @@ def add_prompt_budget(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-prompt-chars",
         type=prompt_budget,
-        default=100_000,
+        default=DEFAULT_PROMPT_CHARS,
         metavar="N",
         help="longest prompt in characters; the oldest history is left out "
         "beyond it (default 100000; 0: no bound)",
@@ -249,14 +256,32 @@ async def run_goal(console: Any, args: argparse.Namespace) -> int:
 
 
 def _again(args: argparse.Namespace) -> str:
-    """The command that goes on with this run, bar ``--resume`` and ``--db``."""
-    words = ["replan run"]
+    """The command that goes on with this run, bar ``--resume``, ``--db``,
+    ``--yes`` and ``--json`` (which the caller adds)."""
+    return " ".join(["replan run", *model_options(args)])
+
+
+def model_options(args: argparse.Namespace) -> list[str]:
+    """The options given of those that make the model and tools (``run``'s
+    and ``explore``'s), quoted for a shell: a run resumed takes them again
+    from the command line, not from its journal."""
+    words = []
     if args.model:
         words.append(f"--model {shlex.quote(args.model)}")
     if args.base_url:
         words.append(f"--base-url {shlex.quote(args.base_url)}")
-    words += [f"--tool {shlex.quote(tool)}" for tool in args.tools or []]
-    return " ".join(words)
+    if getattr(args, "provider", None):
+        words.append(f"--provider {shlex.quote(args.provider)}")
+    if getattr(args, "structured_output", "auto") != "auto":
+        words.append(f"--structured-output {args.structured_output}")
+    if args.retries != DEFAULT_RETRIES:
+        words.append(f"--retries {args.retries}")
+    if args.max_prompt_chars != DEFAULT_PROMPT_CHARS:
+        words.append(f"--max-prompt-chars {args.max_prompt_chars or 0}")
+    words += [
+        f"--tool {shlex.quote(tool)}" for tool in getattr(args, "tools", None) or []
+    ]
+    return words
 
 
 SCRIPTED_MODELS = ("scripted:demo",)

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import _render
 from ._cli_run import (
+    DEFAULT_RETRIES,
     add_prompt_budget,
     add_resume,
     is_scripted,
+    model_options,
     openai_model,
     unreachable_message,
     whole_number,
@@ -87,8 +88,8 @@ def add_explore_parser(commands: argparse._SubParsersAction) -> None:  # type: i
     explore.add_argument(
         "--retries",
         type=whole_number(0),
-        default=3,
-        help="retries per model call on 429/5xx/timeouts (default 3)",
+        default=DEFAULT_RETRIES,
+        help=f"retries per model call on 429/5xx/timeouts (default {DEFAULT_RETRIES})",
     )
     add_prompt_budget(explore)
     explore.add_argument("--domain", help="the domain, for the safety screen")
@@ -176,11 +177,7 @@ async def explore(console: Console, args: argparse.Namespace) -> int:
     ``--resume``) and print its brief."""
     spec = None if args.resume else explore_spec_from(args)
     model = make_model(args.model, args.base_url, args.retries, args.max_prompt_chars)
-    again = ["replan explore"]
-    if args.model:
-        again.append(f"--model {shlex.quote(args.model)}")
-    if args.base_url:
-        again.append(f"--base-url {shlex.quote(args.base_url)}")
+    again = ["replan explore", *model_options(args)]
     return await _run(
         console,
         model,

@@ -543,9 +543,16 @@ async def supervise(
                     and run_id is not None
                     and await _in_journal(store, run_id)
                 ):
+                    # The options given again: --yes and --json as well.
+                    flags = "".join(
+                        f" {flag}"
+                        for flag, on in (("--yes", yes), ("--json", as_json))
+                        if on
+                    )
                     line = (
                         f"replan: run {run_id} is left unfinished in {db}; to go "
-                        f"on with it: {again} --resume {run_id} --db {shlex.quote(db)}"
+                        f"on with it: {again}{flags} --resume {run_id} "
+                        f"--db {shlex.quote(db)}"
                     )
                     print(_render.terminal_text(line), file=sys.stderr, flush=True)
                 raise

@@ -639,7 +639,9 @@ def test_an_interrupted_run_goes_on_with_the_command_it_prints(
     hint = _interrupted_demo(db, tmp_path, "task t1 completed")
     (summary,), before = anyio.run(_journal, db)
     assert summary.status == "running"
-    command = f"replan run --model scripted:demo --resume {summary.run_id} --db {db}"
+    command = (
+        f"replan run --model scripted:demo --yes --resume {summary.run_id} --db {db}"
+    )
     assert hint == (
         f"replan: run {summary.run_id} is left unfinished in {db}; "
         f"to go on with it: {command}"
@@ -647,7 +649,7 @@ def test_an_interrupted_run_goes_on_with_the_command_it_prints(
     done_before = {e.task_id for e in before if e.kind == "task_finished"}
     assert done_before
 
-    assert main([*command.split()[1:], "--yes"]) == 0
+    assert main(command.split()[1:]) == 0
     assert f"journal: replan show {summary.run_id}" in capsys.readouterr().out
     (summary,), after = anyio.run(_journal, db)
     assert summary.status == "completed"
@@ -693,7 +695,9 @@ def test_a_signal_as_the_run_is_submitted_prints_the_resume_line_if_it_is_journa
         assert err == ["replan: terminated"]
         return
     (summary,) = runs
-    command = f"replan run --model scripted:demo --resume {summary.run_id} --db {db}"
+    command = (
+        f"replan run --model scripted:demo --yes --resume {summary.run_id} --db {db}"
+    )
     assert err == [
         f"replan: run {summary.run_id} is left unfinished in {db}; "
         f"to go on with it: {command}",
@@ -714,7 +718,7 @@ def test_an_interrupted_explore_run_goes_on_with_replan_explore(
     db = tmp_path / "j.db"
     hint = _interrupted_demo(db, tmp_path, "hypotheses added", "--explore")
     (summary,), _ = anyio.run(_journal, db)
-    command = f"replan explore --model scripted:demo --resume {summary.run_id}"
+    command = f"replan explore --model scripted:demo --yes --resume {summary.run_id}"
     assert hint.endswith(f"to go on with it: {command} --db {db}")
     # A prefix is enough, as for replan show; a plan command refuses it.
     assert (

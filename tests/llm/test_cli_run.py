@@ -666,3 +666,41 @@ def test_the_provider_is_told_from_the_base_url_the_model_uses(
     else:
         monkeypatch.setenv("OPENAI_BASE_URL", variable)
     assert _provider(flag) == provider
+
+
+def test_the_resume_line_gives_again_the_options_the_run_was_given(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import shlex
+    import signal
+
+    from replan.store import SQLiteStore
+
+    append = SQLiteStore.append
+
+    async def append_then_signal(self: SQLiteStore, *args: Any) -> None:
+        await append(self, *args)
+        os.kill(os.getpid(), signal.SIGTERM)
+        await anyio.sleep(10)  # cancelled by the signal
+
+    monkeypatch.setattr(SQLiteStore, "append", append_then_signal)
+    db = tmp_path / "my runs.db"
+    given = [
+        "--model", "scripted:demo", "--provider", "my vllm",
+        "--structured-output", "prompt", "--retries", "5", "--max-prompt-chars", "0",
+        "--tool", "cli_tools:search", "--yes", "--json",
+    ]  # fmt: skip
+    assert main(["run", "goal", *given, "--max-replans", "1", "--db", str(db)]) == 143
+    monkeypatch.undo()
+    hint = capsys.readouterr().err.splitlines()[-2]
+    _, _, command = hint.partition("; to go on with it: ")
+    words = shlex.split(command)
+    run_id = words[words.index("--resume") + 1]
+    assert words == [
+        "replan", "run", *given, "--resume", run_id, "--db", str(db)
+    ]  # fmt: skip
+    # Pasted, it goes on with the run as it was asked for.
+    assert main(words[1:]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "completed"
