@@ -93,6 +93,12 @@ def _url_problem(url: str, parsed: httpx.URL) -> str:
         return "it names no host"
     if parsed.port is not None and not 1 <= parsed.port <= 65535:
         return "the port must be 1 to 65535"
+    # The API's paths would be appended to the query ("HTTP 404 for /"),
+    # or the fragment sent in no request: the daemon's address only.
+    if "?" in url:
+        return "it holds a query (?...): give the daemon's address only"
+    if "#" in url:
+        return "it holds a fragment (#...): give the daemon's address only"
     return ""
 
 

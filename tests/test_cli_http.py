@@ -438,6 +438,18 @@ def test_a_url_with_a_user_and_password_is_a_bad_argument(
         ("http:///v1", "it names no host"),
         ("https://", "it names no host"),
         ("http://local host:8470", "it holds a space or a line break"),
+        (
+            "http://127.0.0.1:8000/?x=1",
+            "it holds a query (?...): give the daemon's address only",
+        ),
+        (
+            "http://127.0.0.1:8000?",
+            "it holds a query (?...): give the daemon's address only",
+        ),
+        (
+            "http://127.0.0.1:8000/#runs",
+            "it holds a fragment (#...): give the daemon's address only",
+        ),
     ],
 )
 def test_a_url_that_names_no_daemon_is_a_bad_argument_not_unreachable(
