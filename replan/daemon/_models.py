@@ -35,8 +35,13 @@ def build_model(settings: DaemonSettings) -> Model:
         case "python":
             return _imported(rest, settings)
         case "openai":
-            if not rest:
-                raise ConfigurationError("model", "use openai:<model name>")
+            if not rest.strip():
+                # Else the adapter's own advice: REPLAN_MODEL, which the
+                # user may not have set.
+                raise ConfigurationError(
+                    "model",
+                    f"{settings.model!r} names no model: use openai:<model name>",
+                )
             # Key and endpoint from OPENAI_API_KEY / OPENAI_BASE_URL.
             try:
                 return OpenAIModel(

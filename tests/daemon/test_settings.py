@@ -111,8 +111,11 @@ def test_serve_reports_bad_settings_in_one_line(
     assert main(["serve", "--port", "-1", "--data-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("replan: error: port:")
-    assert main(["serve", "--model", "openai:", "--data-dir", str(tmp_path)]) == 2
-    assert "replan: error: model: use openai:<model name>" in capsys.readouterr().err
+    for given in ("openai:", "openai: "):
+        assert main(["serve", "--model", given, "--data-dir", str(tmp_path)]) == 2
+        assert capsys.readouterr().err == (
+            f"replan: error: model: {given!r} names no model: use openai:<model name>\n"
+        )
     assert main(["serve", "--model", "openai:gpt-x", "--data-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     # serve has no --base-url: the endpoint comes from OPENAI_BASE_URL.
