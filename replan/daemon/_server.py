@@ -353,12 +353,13 @@ def _listen_and_serve(settings: DaemonSettings, daemon: Daemon) -> None:
         for old in [f for f in loop_log.filters if isinstance(f, AcceptErrors)]:
             loop_log.removeFilter(old)
         loop_log.addFilter(AcceptErrors(open_files))
-        for sock in sockets:
-            logger.info("listening on %s", url_of(sock))
         if settings.port_file is not None:
             # After the journal's check: a file there means connections
             # are answered (they wait in the backlog as the daemon starts).
             write_port_file(settings.port_file, url)
+        # Once nothing is left to refuse the start.
+        for sock in sockets:
+            logger.info("listening on %s", url_of(sock))
         server = uvicorn_server(daemon)
         tune_gc()
         # uvicorn runs on asyncio only.

@@ -134,6 +134,15 @@ class DaemonSettings(BaseSettings):
         # the empty text: a token of spaces is a mistake, refused as short.
         return None if value == "" else value
 
+    @field_validator("port_file")
+    @classmethod
+    def _in_a_directory(cls, path: Path | None) -> Path | None:
+        # Found only once the daemon listened and checked its journal: a
+        # mistyped directory is refused before anything starts.
+        if path is not None and not path.parent.is_dir():
+            raise ValueError(f"no directory {path.parent} to write {path.name} in")
+        return path
+
     @field_validator("data_dir", mode="before")
     @classmethod
     def _a_directory(cls, value: Any) -> Any:

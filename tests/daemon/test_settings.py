@@ -327,11 +327,16 @@ def test_a_role_given_twice_to_workers_is_a_bad_argument(
 
 
 def test_port_0_is_any_port_and_an_empty_port_file_is_none(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # REPLAN_PORT_FILE= (as compose files leave a variable) wrote to "."
     # and stopped the daemon with "unexpected ValueError".
     monkeypatch.setenv("REPLAN_PORT_FILE", "")
     settings = load_settings(port=0)
     assert (settings.port, settings.port_file) == (0, None)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run").mkdir()
     assert load_settings(port_file="run/port").port_file == Path("run/port")
+    with pytest.raises(ConfigurationError) as refused:
+        load_settings(port_file="no-run/port")
+    assert str(refused.value) == "port_file: no directory no-run to write port in"

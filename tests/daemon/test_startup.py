@@ -426,18 +426,29 @@ def test_a_token_file_others_may_read_is_warned_of_in_the_daemon_s_log(
     ) in daemon.output()
 
 
+@pytest.mark.parametrize("where", ["no-directory", "a-directory"])
 def test_a_port_file_that_cannot_be_written_is_one_line_before_any_run_resumes(
-    interrupted_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    interrupted_run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    where: str,
 ) -> None:
+    caplog.set_level("INFO", "replan.daemon")
     before = journal_rows(interrupted_run)
-    port_file = tmp_path / "no-such-dir" / "port"
+    if where == "no-directory":
+        # Refused with the settings: before the daemon said it listens.
+        port_file = tmp_path / "no-such-dir" / "port"
+        problem = f"no directory {port_file.parent} to write port in"
+    else:
+        port_file = tmp_path
+        problem = f"cannot write {port_file}: Is a directory"
 
     args = [*serve_args(interrupted_run, 0), "--port-file", str(port_file)]
     assert main(args) == 2
 
     err = capsys.readouterr().err
-    assert err == (
-        f"replan: error: port_file: cannot write {port_file}: "
-        "No such file or directory\n"
-    )
+    # No "listening on" line just before the error: it did not start.
+    assert not [m for m in caplog.messages if "listening" in m]
+    assert err.endswith(f"replan: error: port_file: {problem}\n")
     assert journal_rows(interrupted_run) == before
