@@ -275,6 +275,34 @@ class _Parser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         self.exit(2, f"replan: error: {message}\n")
 
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: None = None
+    ) -> argparse.Namespace:
+        """As argparse's, but an argument no parser took after a command
+        (``replan demo --bogus``) is refused with that command's usage,
+        not the top level's."""
+        argv = list(sys.argv[1:] if args is None else args)
+        parsed, extras = self.parse_known_args(argv, namespace)
+        if extras:
+            self._parser_of(parsed, argv, extras[0]).error(
+                f"unrecognized arguments: {' '.join(extras)}"
+            )
+        return parsed
+
+    def _parser_of(
+        self, parsed: argparse.Namespace, argv: list[str], extra: str
+    ) -> argparse.ArgumentParser:
+        """The parser of the command ``extra`` came after, or this one."""
+        command = getattr(parsed, "command", None)
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and command in argv:
+                if extra in argv and argv.index(extra) < argv.index(command):
+                    break  # given before the command: a top-level one
+                found = action.choices.get(command)
+                if isinstance(found, argparse.ArgumentParser):
+                    return found
+        return self
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``replan`` argument parser, with one subparser per command."""

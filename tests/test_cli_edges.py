@@ -265,3 +265,21 @@ def test_a_logged_error_is_one_short_line_without_its_traceback(
         "replan: error: run r1 crashed: OSError: disk full",
         "replan: warning: a warning",
     ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage", "unknown"),
+    [
+        (["demo", "--bogus"], "usage: replan demo ", "--bogus"),
+        (["runs", "--db", "x.db", "extra"], "usage: replan runs ", "extra"),
+        (["run", "goal", "--nope", "1"], "usage: replan run ", "--nope 1"),
+        (["--bogus", "demo"], "usage: replan [-h]", "--bogus"),
+    ],
+)
+def test_an_unknown_argument_shows_the_usage_of_its_command(
+    argv: list[str], usage: str, unknown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage)
+    assert err.endswith(f"\nreplan: error: unrecognized arguments: {unknown}\n")
