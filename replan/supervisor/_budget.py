@@ -8,6 +8,7 @@ steps of an executor's tool loop or among tasks running at once.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from itertools import count
 from typing import Any
@@ -187,7 +188,16 @@ class MeteredModel:
         if meter is not None:
             meter.calls += 1
         try:
-            response = await self.model.generate(request)
+            answer = self.model.generate(request)
+            if not inspect.isawaitable(answer):
+                # A plain ``def generate``: awaited, its answer was a
+                # TypeError of the role's, retried as a crash.
+                raise ModelError(
+                    f"{request.role}/{request.purpose}: the model's generate() "
+                    f"returned {type(answer).__name__}, not an awaitable: "
+                    "define it as `async def generate(self, request)`"
+                )
+            response = await answer
         except ModelError as exc:
             if exc.usage is not None:
                 exc.usage = one_call_at_least(exc.usage)

@@ -12,6 +12,7 @@ from replan import (
     MemoryStore,
     ModelRequest,
     ModelResponse,
+    PlanProposal,
     Supervisor,
     TaskOutcome,
     TokenUsage,
@@ -104,6 +105,29 @@ async def test_a_model_returning_no_model_response_fails_the_run_naming_it() -> 
             "the reviewer could not answer (ModelError): reviewer/milestone: "
             "the model's generate() returned Verdict, not a ModelResponse"
         )
+
+
+class PlainGenerate:
+    """A model whose ``generate`` is a plain function, not a coroutine one."""
+
+    def generate(self, request: ModelRequest) -> ModelResponse:
+        return ModelResponse(output=PlanProposal(tasks=[]))
+
+
+async def test_a_model_whose_generate_is_not_async_fails_the_run_saying_so() -> None:
+    async with Supervisor(PlainGenerate(), MemoryStore(), max_restarts=0) as sup:
+        with anyio.fail_after(10):
+            result = await (await sup.submit(spec(independent(1)))).result()
+
+    # Awaited, its answer was a TypeError taken for a crash of the executor,
+    # which stopped the role for every run.
+    assert result.status.value == "aborted"
+    (task,) = result.tasks
+    assert task.result is not None
+    assert (
+        "executor/execute: the model's generate() returned ModelResponse, not an "
+        "awaitable: define it as `async def generate(self, request)`"
+    ) in (task.result.reason or "")
 
 
 async def test_a_task_whose_model_returns_no_model_response_fails_naming_it() -> None:
