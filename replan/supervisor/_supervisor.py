@@ -166,6 +166,14 @@ class Supervisor:
         tools: Sequence[Tool | Callable[..., Any]] = (),
         resume: bool = False,
     ) -> None:
+        if isinstance(model, type):
+            # The protocol's check sees the class's generate: every call
+            # failed as a crash of the role, which then stopped.
+            raise ConfigurationError(
+                "model",
+                f"expected a model, got the class {model.__name__}: pass an "
+                f"instance ({model.__name__}(...))",
+            )
         if not isinstance(model, Model):
             raise ConfigurationError(
                 "model",

@@ -608,10 +608,17 @@ def test_one_tool_given_for_a_list_says_how_to_pass_it() -> None:
     [
         ({"model": None}, "model"),
         ({"model": answers()}, "model"),  # a handler, not a model around it
+        ({"model": ScriptedModel}, "model"),  # the class, not a model
         ({"store": "runs.db"}, "store"),
         ({"task_runner": "run_it"}, "task_runner"),
     ],
-    ids=["no-model", "bare-handler", "store-path", "runner-not-callable"],
+    ids=[
+        "no-model",
+        "bare-handler",
+        "model-class",
+        "store-path",
+        "runner-not-callable",
+    ],
 )
 def test_a_supervisor_argument_of_the_wrong_kind_names_itself(
     arguments: dict[str, Any], field: str
