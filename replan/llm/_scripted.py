@@ -38,8 +38,9 @@ class ScriptedModel:
             None (the default) keeps every one.
 
     Raises:
-        ConfigurationError: ``latency_s`` that is no finite number from 0,
-            or ``keep_calls`` that is no whole number from 0.
+        ConfigurationError: ``handler`` that is not callable, ``latency_s``
+            that is no finite number from 0, or ``keep_calls`` that is no
+            whole number from 0.
 
     An answer of the wrong type, or a dict that does not validate into
     ``request.output_type``, raises :class:`ModelOutputError` with the call's
@@ -55,6 +56,11 @@ class ScriptedModel:
         name: str = "scripted",
         keep_calls: int | None = None,
     ) -> None:
+        if not callable(handler):
+            # Else every call failed as a crash of the role.
+            raise ConfigurationError(
+                "handler", f"must be a function of the request, not {handler!r}"
+            )
         if keep_calls is not None:
             keep_calls = whole_number("keep_calls", keep_calls, minimum=0)
         # Checked here: a sleep of NaN or below 0 fails every call later.

@@ -157,6 +157,13 @@ def test_an_option_no_call_could_use_is_a_configuration_error_at_once(
     assert caught.value.field == field
 
 
+def test_a_handler_that_is_no_function_is_a_configuration_error_at_once() -> None:
+    # Else each call failed as a crash of the role, which then stopped.
+    with pytest.raises(ConfigurationError) as caught:
+        ScriptedModel(3)  # type: ignore[arg-type]
+    assert str(caught.value) == "handler: must be a function of the request, not 3"
+
+
 def test_the_daemons_scripted_model_keeps_no_request() -> None:
     from replan.daemon import DaemonSettings
     from replan.daemon._models import build_model
