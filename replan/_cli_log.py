@@ -24,8 +24,9 @@ MAX_LINE = 400
 class CommandLogHandler(logging.Handler):
     """Writes ``replan: warning: MESSAGE`` (or ``error``) on stderr, after
     flushing stdout so that the line lands after the progress printed so
-    far. An exception's traceback is shown only with ``REPLAN_DEBUG=1``;
-    otherwise its type and message end the line."""
+    far, or after the question at the terminal (see :func:`held`). An
+    exception's traceback is shown only with ``REPLAN_DEBUG=1``; otherwise
+    its type and message end the line."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -35,22 +36,53 @@ class CommandLogHandler(logging.Handler):
             message = record.getMessage()
             error = record.exc_info[1] if record.exc_info else None
             debug = bool(os.environ.get("REPLAN_DEBUG"))
-            if error is not None and not debug and str(error) not in message:
-                message = f"{message}: {type(error).__name__}: {error}"
+            text = "" if error is None else str(error)
+            if error is not None and not debug and not (text and text in message):
+                message += f": {type(error).__name__}" + (f": {text}" if text else "")
             level = "error" if record.levelno >= logging.ERROR else "warning"
             folded = " ".join(message.split())
             line = _render.terminal_text(f"replan: {level}: {folded}")
             if len(line) > MAX_LINE:
                 line = line[: MAX_LINE - 1] + "…"
-            with contextlib.suppress(OSError, ValueError, AttributeError):
-                sys.stdout.flush()
-            stream = sys.stderr
-            print(line, file=stream)
+            lines = [line]
             if error is not None and debug:
-                traceback.print_exception(error, file=stream)
-            stream.flush()
+                lines += traceback.format_exception(error)
+            if _held is not None:
+                _held.extend(lines)
+            else:
+                _write(lines)
         except Exception:
             self.handleError(record)
+
+
+def _write(lines: list[str]) -> None:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        sys.stdout.flush()
+    stream = sys.stderr
+    for line in lines:
+        print(line.rstrip("\n"), file=stream)
+    stream.flush()
+
+
+_held: list[str] | None = None
+"""The log lines held back while a question waits at the terminal."""
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Log lines wait for the block's end (a question at the terminal, whose
+    line they would break into, as the run's progress waits too)."""
+    global _held
+    if _held is not None:  # held already
+        yield
+        return
+    _held = []
+    try:
+        yield
+    finally:
+        lines, _held = _held, None
+        if lines:
+            _write(lines)
 
 
 @contextlib.contextmanager

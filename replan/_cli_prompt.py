@@ -19,6 +19,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from . import _render
+from ._cli_log import held as logs_held
 from ._errors import GateError
 from .messages import GateOpened, GateRequest, GateResolution, GateResolved
 from .supervisor import RunHandle, RunState, Supervisor, apply
@@ -126,9 +127,10 @@ class _GateQuestions:
             async with self._terminal:
                 self._asking = request.gate_id
                 try:
-                    resolution = await _decide(
-                        request, self._console, self._stdin.read, yes=self._yes
-                    )
+                    with logs_held():  # the library's log lines wait too
+                        resolution = await _decide(
+                            request, self._console, self._stdin.read, yes=self._yes
+                        )
                 finally:
                     if self._asking == request.gate_id:
                         self._asking = None

@@ -283,3 +283,30 @@ def test_an_unknown_argument_shows_the_usage_of_its_command(
     err = capsys.readouterr().err
     assert err.startswith(usage)
     assert err.endswith(f"\nreplan: error: unrecognized arguments: {unknown}\n")
+
+
+def test_log_lines_wait_for_the_question_at_the_terminal(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import logging
+
+    from replan._cli_log import command_logging, held
+
+    monkeypatch.delenv("REPLAN_DEBUG", raising=False)
+    log = logging.getLogger("replan.llm")
+    with command_logging():
+        with held():
+            sys.stderr.write("Approve this change? [y/N] ")
+            log.warning("no usage")
+            try:
+                raise TimeoutError
+            except TimeoutError:
+                log.exception("a call")
+            sys.stderr.write("y\n")
+        log.warning("after")
+    assert capsys.readouterr().err.splitlines() == [
+        "Approve this change? [y/N] y",
+        "replan: warning: no usage",
+        "replan: error: a call: TimeoutError",
+        "replan: warning: after",
+    ]
