@@ -1368,9 +1368,11 @@ class RunDriver:
 
     def _review_due(self) -> bool:
         """A milestone reached by tasks that finished while the run waited at
-        a gate, not reviewed since."""
+        a gate, not reviewed since (a review staged, not yet journaled, is
+        held: a resumed run's review of the milestones its journal left due
+        covers those its gate's wait reached too)."""
         due, self._due = self._due, []
-        state = self.state
+        state = self.view
         return bool(state.window) and any(milestone_due(state, t) for t in due)
 
     async def _approvals_taken(self) -> None:
