@@ -341,24 +341,34 @@ async def _after_proposal(
     # Approval answers may have changed pending tasks during the model calls
     # and the gate: the diff applied is the one against the plan as it is now
     # (the same one when no task changed: a task change makes a new dict).
-    if built_on is None or run.state.tasks is not built_on:
-        try:
-            # What the gate showed removed, at most: an attempt that failed
-            # meanwhile and waits for its retry is no task the change replaces.
-            version = _version(run, proposal, verdict, replace_only=version.removed)
-        except ValueError as exc:
-            reason = f"the plan no longer fits the run: {exc}"
-            await _refuse(run, verdict, ReplanOutcome.REFUSED_INVALID, reason)
-            return
-    version = version.evolve(approved_by=approved_by)
-    record = ReplanRecord(
-        trigger=verdict.trigger,
-        outcome=ReplanOutcome.APPLIED,
-        reason=verdict.rationale,
-        confidence=verdict.confidence,
-        version=version.version,
-    )
-    await run.record_events((ReplanApplied, {"record": record, "version": version}))
+    # Checked and applied with the journal held: an answer being journaled
+    # now is in the state first, and none comes in between.
+    misfit: str | None = None
+    async with run.appends_held():
+        if built_on is None or run.state.tasks is not built_on:
+            try:
+                # What the gate showed removed, at most: an attempt that failed
+                # meanwhile and waits for its retry is no task the change
+                # replaces.
+                version = _version(run, proposal, verdict, replace_only=version.removed)
+            except ValueError as exc:
+                misfit = str(exc)
+        if misfit is None:
+            version = version.evolve(approved_by=approved_by)
+            record = ReplanRecord(
+                trigger=verdict.trigger,
+                outcome=ReplanOutcome.APPLIED,
+                reason=verdict.rationale,
+                confidence=verdict.confidence,
+                version=version.version,
+            )
+            await run.record_events(
+                (ReplanApplied, {"record": record, "version": version}),
+                lock_held=True,
+            )
+    if misfit is not None:
+        reason = f"the plan no longer fits the run: {misfit}"
+        await _refuse(run, verdict, ReplanOutcome.REFUSED_INVALID, reason)
 
 
 def _version(

@@ -12,8 +12,8 @@ import logging
 import math
 import random
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext, suppress
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -639,6 +639,7 @@ class RunDriver:
         *specs: tuple[type[Event], dict[str, Any]],
         before_install: Callable[[], None] | None = None,
         unless_cancelled: bool = False,
+        lock_held: bool = False,
     ) -> RunState:
         """Append staged and new events to the journal, then install the state.
 
@@ -648,11 +649,13 @@ class RunDriver:
         ``unless_cancelled``: raise the cancellation instead, should the
         caller's task be cancelled by the time it holds the lock (taking the
         lock is no cancellation point when the lock is free or handed over).
+
+        ``lock_held``: the caller holds the lock (see :meth:`appends_held`).
         """
         # Not ``async with``: its two coroutines cost more than taking a free
         # lock, and an append comes after nearly every report.
         lock = self._journal_lock
-        if not lock.try_acquire():
+        if not lock_held and not lock.try_acquire():
             await lock.acquire()
         try:
             if unless_cancelled:
@@ -683,6 +686,21 @@ class RunDriver:
             if self._staged_state is state:
                 self._staged_state = None
             return state
+        finally:
+            if not lock_held:
+                lock.release()
+
+    @asynccontextmanager
+    async def appends_held(self) -> AsyncIterator[None]:
+        """Hold the journal lock: no other append (an approval's answer,
+        journaled by its own task) changes the run's state until the caller,
+        which appends with ``record_events(..., lock_held=True)``, is done.
+        Once it holds the lock, no append is under way either."""
+        lock = self._journal_lock
+        if not lock.try_acquire():
+            await lock.acquire()
+        try:
+            yield
         finally:
             lock.release()
 
@@ -1368,9 +1386,11 @@ class RunDriver:
 
     def _review_due(self) -> bool:
         """A milestone reached by tasks that finished while the run waited at
-        a gate, not reviewed since."""
+        a gate, not reviewed since (a review staged, not yet journaled, is
+        held: a resumed run's review of the milestones its journal left due
+        covers those its gate's wait reached too)."""
         due, self._due = self._due, []
-        state = self.state
+        state = self.view
         return bool(state.window) and any(milestone_due(state, t) for t in due)
 
     async def _approvals_taken(self) -> None:

@@ -526,3 +526,99 @@ async def test_a_journal_failing_during_a_gate_lets_go_of_the_run_for_a_resume()
     # The finished attempt was kept in the ledger: it did not run again.
     assert held.started.count(("slow", 1)) == 1
     assert {t.key: t.status for t in result.tasks}["slow"] is TaskStatus.COMPLETED
+
+
+async def test_a_milestone_reached_at_a_resumed_runs_gate_is_reviewed_once() -> None:
+    # The stop comes while a contract run waits at its validation gate with
+    # a milestone in flight; the resumed run waits at the same gate, the
+    # milestone finishes meanwhile, and the answer lets the plan go on: one
+    # review of it, not one by the resume and one by the run's loop.
+    milestone = TaskDraft(key="m", description="a milestone of its own", milestone=True)
+    news = [TaskOutcome(success=True, summary="did m", findings=["news"])]
+    store = MemoryStore()
+    first = scripted(execute=Held("m"), milestone=scope_shift_once)
+    with anyio.fail_after(10):
+        async with Supervisor(first, store) as sup:
+            handle = await sup.submit(plan(SURVEY, milestone, pattern="contract"))
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    gate = event.request
+                    break
+        run_id = handle.run_id
+
+        held = Held("m", outcomes={"m": news})
+        second = scripted(execute=held, milestone=scope_shift_once)
+        async with Supervisor(second, store, resume=True) as sup:
+            assert [g.gate_id for g in sup.gates.pending()] == [gate.gate_id]
+            resumed = sup.get(run_id)
+            assert await gate_then_finish(resumed, held, "t2") == gate
+            result = await answer(sup, resumed, gate, "approve")
+            events = await store.read(run_id)
+    assert result.status is RunStatus.COMPLETED
+    assert [r.index for r in events if isinstance(r, MilestoneReviewed)] == [1, 2]
+    milestones = [c.context["milestone_index"] for c in second.calls_for("reviewer")]
+    assert milestones == [2]
+
+
+class SlowAtAnswers(DelegatingStore):
+    """A journal whose append of a gate's answer takes a while: ``writing``
+    is set once one is under way."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        super().__init__(inner)
+        self.writing = anyio.Event()
+
+    async def append(
+        self, run_id: str, events: Sequence[Event], summary: RunSummary
+    ) -> None:
+        if any(isinstance(e, GateResolved) for e in events):
+            self.writing.set()
+            await anyio.sleep(0.05)
+        await self.inner.append(run_id, events, summary)
+
+
+async def test_a_change_is_applied_to_the_plan_an_answer_being_journaled_changed() -> (
+    None
+):
+    # A side effect's rejection is being journaled (it fails the task) as
+    # the planner's change comes in, with no gate to wait at: the change is
+    # checked against the plan with that answer in it, and does not replace
+    # the task that failed meanwhile.
+    store = SlowAtAnswers(MemoryStore())
+    planning = anyio.Event()
+
+    async def revise(request: ModelRequest) -> PlanProposal:
+        planning.set()
+        await store.writing.wait()
+        return PlanProposal(tasks=[], rationale="nothing more to do")
+
+    def contradiction_once(request: ModelRequest) -> Verdict:
+        if request.context["milestone_index"] == 1:
+            return Verdict(
+                decision="replan", trigger=Trigger.CONTRADICTION, rationale="no"
+            )
+        return Verdict(decision="continue", rationale="on track")
+
+    send = TaskDraft(key="send", description="email it", requires_approval=True)
+    model = scripted(execute=Held(), milestone=contradiction_once, replan=revise)
+    with anyio.fail_after(10):
+        async with Supervisor(model, store) as sup:
+            handle = await sup.submit(plan(SURVEY, send))
+            async for event in handle.events():
+                if isinstance(event, GateOpened):
+                    approval = event.request
+                    break
+            await planning.wait()
+            await sup.gates.resolve(
+                approval.gate_id, GateResolution(decision="reject", by="ana")
+            )
+            result = await handle.result()
+            assert await sup.replay(handle.run_id) == result
+    assert result.status is RunStatus.COMPLETED
+    assert {t.key: t.status for t in result.tasks} == {
+        "a": TaskStatus.COMPLETED,
+        "send": TaskStatus.FAILED,
+    }
+    (record,) = result.replans
+    assert record.outcome is ReplanOutcome.APPLIED
+    assert result.versions[-1].removed == []
