@@ -316,10 +316,12 @@ async def explore_call(
                 run_id=ctx.run_id,
                 once=True,  # re-asked below, each malformed answer recorded
             )
-        except (TransientModelError, BudgetExhausted):
+        except (TransientModelError, BudgetExhausted) as exc:
+            _spent_before(exc, calls)
             raise
         except MALFORMED as exc:
             if isinstance(exc, ModelError) and exc.fatal:
+                _spent_before(exc, calls)
                 raise  # rejected credentials: no later call will do better
             what = "refused" if isinstance(exc, ModelRefusal) else "malformed output"
             errors.append(f"{role}/{request.purpose}: {what}: {_brief(exc)}")
@@ -349,6 +351,13 @@ async def explore_call(
         # or the same prompt would get the same answer.
         context = with_problem(request.context, problem)
     return ExploreReply(errors=errors, calls=calls)
+
+
+def _spent_before(exc: ModelError, calls: list[ModelCall]) -> None:
+    """Add what the answers before ``exc`` used (a malformed one whose re-ask
+    failed) to its usage: the error is all the run hears of the request."""
+    if calls:
+        exc.usage = sum((c.usage for c in calls), exc.usage or TokenUsage())
 
 
 def with_problem(context: dict[str, Any], problem: str) -> dict[str, Any]:

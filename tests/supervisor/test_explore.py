@@ -28,6 +28,7 @@ from replan import (
     ScriptedModel,
     Supervisor,
     TokenUsage,
+    TransientModelError,
 )
 from replan.explore import similarity
 from replan.messages import HypothesisBatch, Limits
@@ -607,3 +608,29 @@ async def test_a_selection_approved_past_the_iteration_limit_keeps_the_limit() -
     assert brief.reviewed_by == "ana"
     assert (result.stop_reason or "").startswith("max_iterations: 1 cycle(s)")
     assert outcome.replayed == result
+
+
+async def test_a_malformed_answer_counts_when_its_re_ask_fails_transiently() -> None:
+    # The re-ask of a malformed batch fails transiently on every attempt:
+    # the first answer's tokens were still spent, and are the run's.
+    handed: dict[str, int] = {}
+
+    def usage(request: ModelRequest) -> TokenUsage:
+        handed[request.role] = handed.get(request.role, 0) + 1
+        return TokenUsage(input_tokens=3, calls=1)
+
+    script = ExploreScript(generated=STRONG)
+
+    def flaky(request: ModelRequest) -> Any:
+        if "answer_problem" in request.context:
+            raise TransientModelError("503 the server is restarting")
+        return {"hypotheses": "many"}
+
+    script.broken["hypotheses"] = flaky
+    spec = explore_spec(max_iterations=1).model_copy(
+        update={"limits": Limits(max_iterations=1, max_task_attempts=1)}
+    )
+    outcome = await run_explore(spec, ScriptedModel(script, usage=usage))
+    planner = outcome.result.usage.by_role["planner"]
+    assert (planner.calls, planner.input_tokens) == (handed["planner"], 3 * 2)
+    assert outcome.replayed == outcome.result
