@@ -10,8 +10,9 @@ the run is cancelled or its supervisor stopped and another resumes it. Then it
 checks what the README promises of every explore run, whatever happens in it:
 it ends with a final status, its journal replays to its result (and its live
 event stream is its journal, and every event round-trips through JSON), the
-usage is what the model answered, role by role, the settings' limits hold, and
-a resumed run asks the model again for no step its journal holds.
+usage is what the model answered, role by role, the settings' limits hold, no
+candidate worded as an earlier one is added, and a resumed run asks the model
+again for no step its journal holds.
 
 Search for new examples with ``pytest --hypothesis-profile=explore
 --hypothesis-seed=N`` (see conftest.py).
@@ -20,6 +21,7 @@ Search for new examples with ``pytest --hypothesis-profile=explore
 from __future__ import annotations
 
 import contextlib
+import re
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -452,6 +454,16 @@ def check(scenario: Scenario, ran: Ran) -> None:
         if isinstance(e, HypothesesCompared):
             for r in e.comparisons:
                 assert 1 <= r.round <= explore.rounds + 1
+    # A candidate worded as one the run has already is dropped (a person's
+    # are all taken); ids are never given twice.
+    added = [h for e in events if isinstance(e, HypothesesAdded) for h in e.hypotheses]
+    assert len({h.id for h in added}) == len(added)
+    worded = [
+        tuple(re.findall(r"\w+", h.statement.casefold()))
+        for h in added
+        if h.origin != "human"
+    ]
+    assert len(set(worded)) == len(worded), "a candidate added twice"
     critiqued = [
         (e.hypothesis_id, e.reviewer)
         for e in events
