@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+from pydantic import TypeAdapter
 
 from replan import (
     Alignment,
@@ -27,6 +28,7 @@ from replan import (
     ModelResponse,
     PlanProposal,
     ReplanOutcome,
+    RunHandle,
     RunResult,
     RunSpec,
     ScriptedModel,
@@ -320,3 +322,24 @@ class DelegatingStore:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+# What the random-run property tests share ---------------------------------
+
+EVENT: TypeAdapter[Event] = TypeAdapter(Event)
+"""Any journal event, for the JSON round trip every event must survive."""
+
+
+async def stream(handle: RunHandle, into: list[Event], ended: anyio.Event) -> None:
+    """Collect the run's live events into ``into``; set ``ended`` after."""
+    into.extend([event async for event in handle.events()])
+    ended.set()
+
+
+def by_role(usage: dict[str, TokenUsage]) -> dict[str, tuple[int, int, int]]:
+    """Tokens in, tokens out and calls of each role that used any."""
+    return {
+        role: (u.input_tokens, u.output_tokens, u.calls)
+        for role, u in usage.items()
+        if u.calls or u.total_tokens
+    }

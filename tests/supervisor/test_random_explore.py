@@ -32,7 +32,7 @@ import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import TypeAdapter
+from scripts import EVENT, by_role, stream
 
 from replan import (
     Comparison,
@@ -44,7 +44,6 @@ from replan import (
     ModelError,
     ModelRefusal,
     ModelRequest,
-    RunHandle,
     RunResult,
     RunSpec,
     ScriptedModel,
@@ -68,8 +67,6 @@ from replan.messages import (
     ValidationPlan,
 )
 from replan.store import SQLiteStore, Store
-
-EVENT: TypeAdapter[Event] = TypeAdapter(Event)
 
 GOAL = "Find why weekly active cooks of a meal-planning app drop after week three"
 CONTEXT = [
@@ -364,11 +361,6 @@ class Ran:
     """The journal when the supervisor was stopped (None: it was not)."""
 
 
-async def stream(handle: RunHandle, into: list[Event], ended: anyio.Event) -> None:
-    into.extend([event async for event in handle.events()])
-    ended.set()
-
-
 async def run_scenario(scenario: Scenario) -> Ran:
     world = World(scenario)
     with tempfile.TemporaryDirectory() as tmp:
@@ -518,14 +510,6 @@ def check_resumed(before: list[Event], asked: list[ModelRequest]) -> None:
             case "validation":
                 assert not briefed, "validation asked again after the brief"
         assert not briefed, f"{request.purpose} asked after the brief"
-
-
-def by_role(usage: dict[str, TokenUsage]) -> dict[str, tuple[int, int, int]]:
-    return {
-        role: (u.input_tokens, u.output_tokens, u.calls)
-        for role, u in usage.items()
-        if u.calls or u.total_tokens
-    }
 
 
 def run_and_check(scenario: Scenario, backend: str) -> Ran:

@@ -30,8 +30,7 @@ import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import TypeAdapter
-from scripts import GOAL, send_email, task_of
+from scripts import EVENT, GOAL, by_role, send_email, stream, task_of
 
 from replan import (
     Alignment,
@@ -46,7 +45,6 @@ from replan import (
     ModelRequest,
     ModelResponse,
     PlanProposal,
-    RunHandle,
     RunResult,
     RunSpec,
     ScriptedModel,
@@ -73,7 +71,6 @@ from replan.messages import (
 from replan.store import RunSummary, SQLiteStore, Store
 from replan.supervisor import RunState
 
-EVENT: TypeAdapter[Event] = TypeAdapter(Event)
 FINISHED = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.SKIPPED})
 
 # Scenarios -------------------------------------------------------------------
@@ -582,11 +579,6 @@ class Ran:
     """Gates of the run the supervisor still lists once it ended."""
 
 
-async def stream(handle: RunHandle, into: list[Event], ended: anyio.Event) -> None:
-    into.extend([event async for event in handle.events()])
-    ended.set()
-
-
 async def run_scenario(scenario: Scenario) -> list[Ran]:
     """Run the scenario's runs; with an interrupt, the first run's events
     say when, and a stopped supervisor's runs are resumed by another."""
@@ -748,14 +740,6 @@ def check(scenario: Scenario, ran: Ran) -> None:
     # The usage is what the model answered, role by role.
     handed = {role: u for (r, role), u in world.handed.items() if r == run}
     assert by_role(result.usage.by_role) == by_role(handed)
-
-
-def by_role(usage: dict[str, TokenUsage]) -> dict[str, tuple[int, int, int]]:
-    return {
-        role: (u.input_tokens, u.output_tokens, u.calls)
-        for role, u in usage.items()
-        if u.calls or u.total_tokens
-    }
 
 
 def essence(task: Task) -> tuple[object, ...]:
