@@ -35,6 +35,13 @@ def build_model(settings: DaemonSettings) -> Model:
         case "python":
             return _imported(rest, settings)
         case "openai":
+            if settings.model_latency_s:
+                # Else taken and ignored: the endpoint answers at its own pace.
+                raise ConfigurationError(
+                    "model_latency_s",
+                    f"a simulated latency is for scripted models; {settings.model!r} "
+                    "answers at its endpoint's own pace",
+                )
             if not rest.strip():
                 # Else the adapter's own advice: REPLAN_MODEL, which the
                 # user may not have set.

@@ -125,6 +125,21 @@ def test_serve_reports_bad_settings_in_one_line(
     )
 
 
+def test_a_latency_given_an_openai_model_is_refused_not_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It was taken and ignored: the calls went at the endpoint's pace.
+    from replan.cli import main
+
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    argv = ["serve", "--model", "openai:m", "--model-latency", "0.5"]
+    assert main([*argv, "--data-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        "replan: error: model_latency_s: a simulated latency is for scripted "
+        "models; 'openai:m' answers at its endpoint's own pace\n"
+    )
+
+
 @pytest.mark.parametrize("host", ["", "  "])
 def test_a_blank_host_is_named_as_blank(
     host: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
