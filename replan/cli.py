@@ -269,7 +269,16 @@ def _failed(exc: BaseException) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Every argument error reads ``replan: error: ...``, subcommands included."""
+    """Every argument error reads ``replan: error: ...``, subcommands included.
+
+    No flag is taken from a prefix of its name (``--ye`` for ``--yes``): a
+    script that relies on one breaks when a later release adds a flag that
+    shares the prefix, and a typo may name another flag.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)

@@ -274,6 +274,9 @@ def test_a_logged_error_is_one_short_line_without_its_traceback(
         (["runs", "--db", "x.db", "extra"], "usage: replan runs ", "extra"),
         (["run", "goal", "--nope", "1"], "usage: replan run ", "--nope 1"),
         (["--bogus", "demo"], "usage: replan [-h]", "--bogus"),
+        # A prefix of a flag's name is no flag: --ye was taken for --yes.
+        (["demo", "--ye"], "usage: replan demo ", "--ye"),
+        (["runs", "--d", "x.db"], "usage: replan runs ", "--d x.db"),
     ],
 )
 def test_an_unknown_argument_shows_the_usage_of_its_command(
