@@ -46,9 +46,17 @@ class MemoryStore:
     ) -> None:
         await self.aclose()
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` ran: every call is then refused."""
+        return self._closed
+
     def _check_open(self) -> None:
         if self._closed:
-            raise anyio.ClosedResourceError
+            raise anyio.ClosedResourceError(f"{self!r} is closed")
 
     async def append(
         self, run_id: str, events: Sequence[Event], summary: RunSummary

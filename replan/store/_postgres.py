@@ -238,6 +238,11 @@ class PostgresStore:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.journal!r})"
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` ran: every call is then refused."""
+        return self._pool is None or self._pool.closed
+
     async def __aenter__(self) -> Self:
         return self
 
@@ -275,7 +280,7 @@ class PostgresStore:
 
     def _connections(self) -> Pool:
         if self._pool is None or self._pool.closed:
-            raise anyio.ClosedResourceError
+            raise anyio.ClosedResourceError(f"{self!r} is closed")
         return self._pool
 
     # The journal ------------------------------------------------------------------

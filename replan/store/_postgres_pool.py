@@ -86,6 +86,9 @@ class Pool:
         self._limiters = RunVar("replan-pg-pool")
         self.closed = False
 
+    def _closed_message(self) -> str:
+        return f"the PostgreSQL journal {self._journal} is closed"
+
     def give(self, conn: psycopg.Connection[Any]) -> None:
         """Add an open connection (the one the store was set up with)."""
         self._put(conn)
@@ -117,7 +120,7 @@ class Pool:
                 ``reconnect_s``.
         """
         if self.closed:
-            raise anyio.ClosedResourceError
+            raise anyio.ClosedResourceError(self._closed_message())
         limiters = self._limiters.get(None)
         if limiters is None:
             limiters = (
@@ -211,7 +214,7 @@ class Pool:
         while True:
             with self._lock:
                 if self.closed:
-                    raise anyio.ClosedResourceError
+                    raise anyio.ClosedResourceError(self._closed_message())
                 if not self._idle:
                     break
                 conn = self._idle.pop()

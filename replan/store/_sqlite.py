@@ -253,6 +253,11 @@ class SQLiteStore:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r})"
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` ran: every call is then refused."""
+        return self._conn is None
+
     async def __aenter__(self) -> Self:
         return self
 
@@ -606,7 +611,7 @@ class SQLiteStore:
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
-            raise anyio.ClosedResourceError
+            raise anyio.ClosedResourceError(f"{self!r} is closed")
         return self._conn
 
     # The drivers' lease (see DriverLease) --------------------------------------

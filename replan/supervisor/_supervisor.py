@@ -144,7 +144,8 @@ class Supervisor:
 
     Raises:
         ConfigurationError: an argument is invalid (names it, as in
-            ``workers.executor``; a store opened read-only is ``store``),
+            ``workers.executor``; a store opened read-only, or closed, is
+            ``store``),
             before anything runs.
     """
 
@@ -185,6 +186,11 @@ class Supervisor:
                 "store",
                 "expected a journal store (MemoryStore, SQLiteStore(path), ...), "
                 f"got {type(store).__name__}",
+            )
+        if getattr(store, "closed", False) is True:
+            # Else refused only at the first submit, as a journal failure.
+            raise ConfigurationError(
+                "store", f"{store!r} is closed: pass a store that is open"
             )
         if getattr(store, "read_only", False) is True:
             raise ConfigurationError(

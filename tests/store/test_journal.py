@@ -739,7 +739,9 @@ async def test_closing_twice_is_harmless(reopen: Opener) -> None:
 
 async def test_a_closed_store_refuses_calls(store: Store) -> None:
     await store.append("run-1", [started(1)], summary("run-1", 1))
+    assert store.closed is False
     await store.aclose()
+    assert store.closed is True
     calls = [
         store.append("run-1", [started(2)], summary("run-1", 2)),
         store.read("run-1"),
@@ -747,7 +749,8 @@ async def test_a_closed_store_refuses_calls(store: Store) -> None:
         store.list_runs(),
     ]
     for call in calls:
-        with pytest.raises(anyio.ClosedResourceError):
+        # Saying what is closed: the message a journal failure shows.
+        with pytest.raises(anyio.ClosedResourceError, match=r"\S+ is closed$"):
             await call
     await store.aclose()  # closing again is harmless
 

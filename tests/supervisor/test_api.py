@@ -645,6 +645,23 @@ async def test_a_journal_opened_read_only_is_refused_as_a_supervisor_store(
             assert "read-only" in caught.value.problem
 
 
+async def test_a_closed_store_is_refused_as_a_supervisor_store(tmp_path: Path) -> None:
+    # It was refused only by the first submit(), as a journal failure whose
+    # cause read "ClosedResourceError: ".
+    sqlite = SQLiteStore(tmp_path / "runs.db")
+    memory = MemoryStore()
+    for store, name in (
+        (sqlite, f"SQLiteStore({str(tmp_path / 'runs.db')!r})"),
+        (memory, "MemoryStore()"),
+    ):
+        await store.aclose()
+        with pytest.raises(ConfigurationError) as caught:
+            Supervisor(ScriptedModel(answers()), store)
+        assert caught.value.field == "store"
+        assert caught.value.problem.startswith(f"{name}")
+        assert "is closed" in caught.value.problem
+
+
 async def test_good_supervisor_arguments_reach_the_pools() -> None:
     sup = Supervisor(
         ScriptedModel(answers()),
