@@ -7,6 +7,7 @@ bearer token never appears in one.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +19,8 @@ from .messages import Event, RunCompacted, RunFinished, read_event
 
 if TYPE_CHECKING:
     import httpx
+
+logger = logging.getLogger(__name__)
 
 
 def segment(value: str) -> str:
@@ -196,6 +199,7 @@ class Client:
         # Once a 503 with Retry-After came, a refused connection is the
         # daemon restarting: nothing was sent, so waiting for it is safe.
         restarting = False
+        told = False
         while True:
             try:
                 response = self._http.request(method, path, **kwargs)
@@ -223,6 +227,11 @@ class Client:
             ):
                 raise failure
             delay = next(waits, None)
+            if delay is not None and not told:
+                told = True
+                self._tell_waiting(
+                    str(failure) if failure is not None else "the daemon is unavailable"
+                )
             if delay is None:
                 if failure is not None:
                     raise ClientError(
@@ -257,6 +266,8 @@ class Client:
         if until is not None and last >= until:
             return
         waits = self.backoff.delays()
+        told = False
+        streamed = False  # a stream was opened: a refusal now is a restart
         while True:
             headers = {"Last-Event-ID": str(last)}
             # When the stream opened, and when it last sent a line (an
@@ -275,9 +286,10 @@ class Client:
                     if not kind.startswith("text/event-stream"):
                         raise self._not_replan(response)
                     opened = heard[0] = time.monotonic()
+                    streamed = True
                     for event in _parse(_heard(response.iter_lines(), heard)):
                         last = event.seq
-                        waits = self.backoff.delays()
+                        waits, told = self.backoff.delays(), False
                         yield event
                         if isinstance(event, RunFinished | RunCompacted):
                             return
@@ -290,7 +302,11 @@ class Client:
                     f"for {self._silence_s:g} s"
                 )
             except (httpx.TransportError, httpx.DecodingError) as exc:
-                problem = f"lost the event stream: {self._scrub(exc)}"
+                problem = (
+                    f"lost the event stream: {self._scrub(exc)}"
+                    if streamed or not isinstance(exc, httpx.ConnectError)
+                    else f"cannot reach {self.url}: {self._scrub(exc)}"
+                )
             except ClientError as exc:
                 if exc.status not in _RETRIED:
                     raise
@@ -300,13 +316,22 @@ class Client:
                 # for a person sends keep-alives only): this is a new drop
                 # (another restart), not the last one going on, so its
                 # waits start afresh.
-                waits = self.backoff.delays()
+                waits, told = self.backoff.delays(), False
             delay = next(waits, None)
             if delay is None:
                 raise ClientError(
                     f"{problem} (gave up after {self.backoff.total_s:g} s of retries)"
                 )
+            if not told:
+                told = True
+                self._tell_waiting(problem)
             self.backoff.sleep(delay)
+
+    def _tell_waiting(self, problem: str) -> None:
+        """Say once, as the waits begin, why the command is waiting and
+        for how long at most: else a mistyped port or a daemon that is down
+        looked like a command that hangs."""
+        logger.warning("%s; trying again for up to %g s", problem, self.backoff.total_s)
 
     def _checked(self, response: httpx.Response) -> None:
         """ClientError unless ``response`` is a replan daemon's 2xx."""

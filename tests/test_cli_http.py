@@ -133,18 +133,26 @@ def test_a_stream_served_a_while_before_it_ends_starts_its_waits_afresh(
     assert waited == [0.01] * 8
 
 
-def test_a_refused_connection_is_retried_with_backoff() -> None:
+def test_a_refused_connection_is_retried_with_backoff(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     waited: list[float] = []
     backoff = Backoff(first_s=0.5, max_s=10, total_s=60, sleep=waited.append)
     url = f"http://127.0.0.1:{_closed_port()}"
 
     with (
         Client(url, None, backoff=backoff) as client,
-        pytest.raises(ClientError, match=r"^lost the event stream: .*refused"),
+        pytest.raises(ClientError, match=rf"^cannot reach {url}: .*refused"),
+        caplog.at_level("WARNING", logger="replan"),
     ):
         list(client.events("r1"))
 
     assert waited == [0.5, 1, 2, 4, 8, 10, 10, 10, 10, 4.5]
+    # Said once as the waits begin: `replan watch` at a mistyped port (or a
+    # daemon that is down) printed nothing for a minute.
+    (record,) = caplog.records
+    assert record.getMessage().startswith(f"cannot reach {url}: ")
+    assert record.getMessage().endswith("; trying again for up to 60 s")
 
 
 _STARTING = (
@@ -588,13 +596,16 @@ def test_an_answer_that_may_have_been_taken_is_not_sent_again() -> None:
     assert seen == ["POST", "POST"]
 
 
-def test_a_submission_that_never_gets_through_says_it_was_retried() -> None:
+def test_a_submission_that_never_gets_through_says_it_was_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     refused = httpx.ConnectError("[Errno 111] Connection refused")
     seen: list[str] = []
     waited: list[float] = []
     with (
         _client_over(_scripted([refused] * 20, seen), waited) as c,
         pytest.raises(ClientError) as failure,
+        caplog.at_level("WARNING", logger="replan"),
     ):
         c.call("POST", "/v1/runs", json={}, resend="always")
     assert str(failure.value) == (
@@ -602,6 +613,10 @@ def test_a_submission_that_never_gets_through_says_it_was_retried() -> None:
         "(gave up after 60 s of retries)"
     )
     assert sum(waited) == 60
+    assert [r.getMessage() for r in caplog.records] == [
+        "cannot reach http://replan: [Errno 111] Connection refused; "
+        "trying again for up to 60 s"
+    ]
 
 
 def test_submit_sends_the_key_it_is_given_and_refuses_one_no_header_can_be(
