@@ -358,7 +358,7 @@ class OpenAIModel:
                 raise _annotated(exc, usage, invalid) from None
             except openai.OpenAIError as exc:
                 raise ModelError(
-                    f"{where}: {exc}", usage=usage, raw_output=invalid
+                    f"{where}: {exc}", usage=_spent(usage), raw_output=invalid
                 ) from None
             except Exception as exc:  # a body the client could not parse
                 failed = "the request failed"  # before any answer came
@@ -366,7 +366,7 @@ class OpenAIModel:
                     failed = "the answer could not be read"
                 raise ModelError(
                     f"{where}: {failed}: {brief(exc)}",
-                    usage=usage,
+                    usage=_spent(usage),
                     raw_output=invalid,
                 ) from None
             if auto:
@@ -460,7 +460,7 @@ class OpenAIModel:
         if body is not None:
             raise ModelOutputError(
                 f"{where}: the answer is no chat completion: {body}",
-                usage=usage,
+                usage=_spent(usage),
                 raw_output=completion[:4000] if isinstance(completion, str) else None,
             )
         try:
@@ -469,7 +469,7 @@ class OpenAIModel:
         except (AttributeError, TypeError, ValueError, OverflowError) as exc:
             raise ModelOutputError(
                 f"{where}: the answer is no chat completion: {brief(exc)}",
-                usage=usage,
+                usage=_spent(usage),
             ) from None
         reported = None if choices else reported_error(completion)
         if reported is not None:
@@ -776,6 +776,13 @@ def _check_name(field: str, name: str) -> None:
 def _cut_short(choices: Any) -> bool:
     """Whether the answer stopped at the output token limit."""
     return getattr(choices[0], "finish_reason", None) == "length"
+
+
+def _spent(usage: TokenUsage) -> TokenUsage | None:
+    """The tokens of the chat completions this call read so far, or None
+    before any: a usage of no calls would count as one in the run's, for
+    an answer that never came (a body that is no chat completion)."""
+    return usage if usage.calls else None
 
 
 def _annotated(

@@ -191,6 +191,33 @@ async def test_a_message_that_is_no_object_is_an_output_error() -> None:
     assert caught.value.usage.total_tokens == 120
 
 
+@pytest.mark.parametrize(
+    "reply",
+    [
+        Reply(body="<html>502</html>", headers={"content-type": "text/html"}),
+        Reply(body='{"id": "chatcmpl-1", "choi'),
+        Reply(body="null"),
+    ],
+    ids=["a-page", "cut-short-json", "null"],
+)
+async def test_an_answer_that_is_no_chat_completion_counts_no_call(
+    reply: Reply,
+) -> None:
+    # A run counts a usage of no calls as one call: a 200 that brought no
+    # completion must count as none, as a 502 does.
+    with chat_server() as server:
+        server.reply(reply, completion('{"tasks": "none"}', usage=(100, 20, 0)), reply)
+        async with fast(server.base_url) as model:
+            with pytest.raises(ModelError) as first:
+                await model.generate(plan_request())
+            with pytest.raises(ModelError) as reasked:
+                await model.generate(plan_request())
+    assert first.value.usage is None
+    assert reasked.value.usage is not None  # the invalid answer's
+    assert reasked.value.usage.calls == 1
+    assert reasked.value.usage.total_tokens == 120
+
+
 def _no_choices(**fields: Any) -> Reply:
     reply = completion(PLAN, usage=(30, 5, 0))
     assert isinstance(reply.body, dict)
