@@ -30,6 +30,12 @@ said, the malformed ones included; a transient failure carries the wait the
 server asked for, and a wait longer than ``max_backoff_s`` holds the next
 call unsent; and an error after a re-ask keeps the invalid answer.
 
+A second test runs whole plan runs through a ``Supervisor`` over such an
+endpoint, the drawn answers taken in turn whatever each request asks for,
+and checks that the run ends, replays to its result, counts the tokens and
+calls of every chat completion the server sent (README's budget and cost),
+and stops at once, naming the fix, after a rejected key.
+
 Search for new examples with ``pytest --hypothesis-profile=explore
 --hypothesis-seed=N`` (see conftest.py).
 """
@@ -37,6 +43,7 @@ Search for new examples with ``pytest --hypothesis-profile=explore
 from __future__ import annotations
 
 import json
+import threading
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -45,15 +52,23 @@ from typing import Any
 
 import anyio
 import pytest
-from chat_server import Logged, Reply, chat_server, completion, error
+from chat_server import Logged, Reply, answer_type, chat_server, completion, error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from replan import (
+    Alignment,
+    Limits,
+    MemoryStore,
     ModelRequest,
     ModelResponse,
     PlanProposal,
+    RunResult,
+    RunSpec,
+    RunStatus,
+    Supervisor,
+    Synthesis,
     Task,
     TaskDraft,
     TaskOutcome,
@@ -701,7 +716,7 @@ def run_and_check(s: Scenario, backend: str) -> None:
         check(s, want, outcome)
 
 
-# Some 20 s a backend; the same examples each time (the deterministic profile
+# Some 15 s a backend; the same examples each time (the deterministic profile
 # of conftest.py).
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
@@ -715,3 +730,115 @@ def test_openai_model_keeps_its_promises_whatever_the_endpoint_answers(
     backend: str, scenario: Scenario
 ) -> None:
     run_and_check(scenario, backend)
+
+
+# Whole runs ------------------------------------------------------------------
+
+RUN_KINDS = {
+    "PlanProposal": Kind(
+        "plan",
+        PlanProposal(
+            tasks=[
+                TaskDraft(key="search", description="search the news"),
+                TaskDraft(key="read", description="read the surveys"),
+            ]
+        ),
+        {"tasks": "none"},
+    ),
+    "TaskOutcome": Kind(
+        "execute", TaskOutcome(success=True, summary="found four"), {"success": 3}
+    ),
+    "Verdict": Kind("verdict", Verdict(decision="continue"), {"decision": "maybe"}),
+    "Synthesis": Kind("synthesis", Synthesis(output="the answer"), {"output": []}),
+    "Alignment": Kind("alignment", Alignment(aligned=[True] * 10), {"aligned": 1}),
+}
+FINAL = frozenset(
+    {
+        RunStatus.COMPLETED,
+        RunStatus.ABORTED,
+        RunStatus.LIMIT_REACHED,
+        RunStatus.FAILED,
+    }
+)
+
+
+@dataclass
+class Served:
+    """What the server answered a run, request by request."""
+
+    answers: deque[Answer]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    counted: list[tuple[int, int, int, int]] = field(default_factory=list)
+    """The tokens of every chat completion sent, as they count."""
+    rejected_key: int | None = None
+    """How many requests had come when the first 401 or 403 was sent."""
+    requests: int = 0
+
+    def answer(self, logged: Logged) -> Reply:
+        kind = RUN_KINDS[answer_type(logged)]
+        with self.lock:
+            self.requests += 1
+            answer = self.answers.popleft() if self.answers else Answer("valid")
+            rejected = answer.kind == "status" and answer.status in (401, 403)
+            if rejected and self.rejected_key is None:
+                self.rejected_key = self.requests
+            if answer.kind in COUNTED:
+                self.counted.append((*answer.counted(), 1))
+        return reply_for(answer, kind)
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> tuple[int, list[Answer]]:
+    return draw(st.integers(0, 2)), draw(st.lists(answers(), max_size=12))
+
+
+async def run_over(served: Served, max_retries: int) -> tuple[RunResult, RunResult]:
+    with chat_server(served.answer) as server:
+        model = OpenAIModel(
+            "gpt-test",
+            base_url=server.base_url,
+            max_retries=max_retries,
+            backoff_s=0.001,
+            max_backoff_s=MAX_BACKOFF_S,
+            timeout_s=TIMEOUT_S,
+        )
+        spec = RunSpec(
+            goal=GOAL,
+            limits=Limits(max_concurrency=1, retry_backoff_s=0.01, milestone_every=2),
+        )
+        async with model, Supervisor(model=model, store=MemoryStore()) as sup:
+            with anyio.fail_after(30):
+                handle = await sup.submit(spec)
+                result = await handle.result()
+            replayed = await sup.replay(result.run_id)
+    return result, replayed
+
+
+def check_run(served: Served, result: RunResult, replayed: RunResult) -> None:
+    assert result.status in FINAL, result.status
+    assert replayed == result
+    total = result.usage.total
+    counted = tuple(sum(column) for column in zip(*served.counted, strict=True))
+    got = (total.input_tokens, total.output_tokens, total.cached_tokens, total.calls)
+    assert got == (counted or (0, 0, 0, 0))
+    for failure in result.model_failures:
+        assert failure.message.strip()
+    if served.rejected_key is not None:
+        # A rejected key stops the run at once, naming the fix.
+        assert served.requests == served.rejected_key
+        assert result.status is RunStatus.FAILED
+        assert "OPENAI_API_KEY" in (result.stop_reason or "")
+
+
+# Whole runs take longer: fewer of them (some 10 s a backend).
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@given(drawn=runs())
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_run_over_an_endpoint_that_answers_at_random_ends_and_counts_its_tokens(
+    backend: str, drawn: tuple[int, list[Answer]]
+) -> None:
+    max_retries, drawn_answers = drawn
+    served = Served(deque(drawn_answers))
+    result, replayed = anyio.run(run_over, served, max_retries, backend=backend)
+    check_run(served, result, replayed)
