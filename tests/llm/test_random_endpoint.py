@@ -223,9 +223,14 @@ UNCOUNTED = [
 ]
 """200 answers that are no chat completion object."""
 
-WRAPS = ["plain", "fenced", "reasoning", "prose"]
+WRAPS = ["plain", "fenced", "reasoning", "prose", "parts"]
+"""How a valid answer's JSON comes: alone, in a code fence, after a reasoning
+model's thinking, inside a sentence, or as a list of content parts."""
 TOOL_NAMES = ["lookup", "no_such_tool"]
 ARGUMENTS = ['{"city": "Oslo"}', '{"city": ', "", '{"city": 1}', "[]"]
+FORMS = ["text", "text", "no_id", "object"]
+"""How a tool call comes: as it should, without its id, or with its
+arguments as a JSON object rather than as text (when they are one)."""
 
 
 @dataclass(frozen=True)
@@ -238,7 +243,8 @@ class Answer:
     usage: str = "normal"
     tokens: tuple[int, int, int] = (100, 20, 0)
     wrap: str = "plain"
-    calls: tuple[tuple[str, str], ...] = ()
+    calls: tuple[tuple[str, str, str], ...] = ()
+    """(name, arguments, form) of each tool call."""
     slow: bool = False
 
     @property
@@ -284,12 +290,16 @@ def answers(draw: st.DrawFn) -> Answer:
     if group == "uncounted":
         return Answer(draw(st.sampled_from(UNCOUNTED)))
     kind = draw(st.sampled_from(COUNTED))
-    calls: tuple[tuple[str, str], ...] = ()
+    calls: tuple[tuple[str, str, str], ...] = ()
     if kind == "tool_calls":
         calls = tuple(
             draw(
                 st.lists(
-                    st.tuples(st.sampled_from(TOOL_NAMES), st.sampled_from(ARGUMENTS)),
+                    st.tuples(
+                        st.sampled_from(TOOL_NAMES),
+                        st.sampled_from(ARGUMENTS),
+                        st.sampled_from(FORMS),
+                    ),
                     min_size=1,
                     max_size=2,
                 )
@@ -339,7 +349,7 @@ def reply_for(answer: Answer, kind: Kind) -> Reply:
         _content(answer, kind),
         tool_calls=[
             (f"c{i}", name, arguments)
-            for i, (name, arguments) in enumerate(answer.calls)
+            for i, (name, arguments, _) in enumerate(answer.calls)
         ]
         or None,
         usage=answer.tokens,
@@ -353,7 +363,14 @@ def reply_for(answer: Answer, kind: Kind) -> Reply:
     body = reply.body
     assert isinstance(body, dict)
     choice = body["choices"][0]
-    if answer.kind == "tool_without_arguments":
+    if answer.kind == "tool_calls":
+        listed = choice["message"]["tool_calls"]
+        for call, (_, arguments, form) in zip(listed, answer.calls, strict=True):
+            if form == "no_id":
+                del call["id"]
+            elif form == "object" and arguments[:1] == "{" and arguments[-1:] == "}":
+                call["function"]["arguments"] = json.loads(arguments)
+    elif answer.kind == "tool_without_arguments":
         choice["message"]["tool_calls"] = [
             {"id": "c0", "type": "function", "function": {"name": "lookup"}}
         ]
@@ -368,6 +385,13 @@ def reply_for(answer: Answer, kind: Kind) -> Reply:
         choice["message"] = None
     elif answer.kind == "message_text":
         choice["message"] = "here is my answer"
+    elif answer.wrap == "parts" and isinstance(choice["message"]["content"], str):
+        text = choice["message"]["content"]
+        choice["message"]["content"] = [
+            {"type": "thinking", "thinking": "a search will do"},
+            {"type": "text", "text": text[:10]},
+            {"type": "text", "text": text[10:]},
+        ]
     _set_usage(body, answer)
     reply.delay_s = 0.02 if answer.slow else 0.0
     return reply
@@ -381,6 +405,7 @@ def _content(answer: Answer, kind: Kind) -> str | None:
             "fenced": f"```json\n{text}\n```",
             "reasoning": f"<think>Which {{shape}} fits?</think>\n{text}",
             "prose": f"Sure! {text} Let me know.",
+            "parts": text,  # made parts of in reply_for
         }[answer.wrap]
     if answer.kind in ("wrong_shape", "invalid_at_length"):
         return json.dumps(kind.wrong)
@@ -645,8 +670,12 @@ def check(s: Scenario, want: Expected, got: Outcome) -> None:
         if want.answer.kind == "tool_calls":
             assert response.output is None
             assert response.tool_calls == [
-                ToolCall(id=f"c{i}", name=name, arguments=arguments)
-                for i, (name, arguments) in enumerate(want.answer.calls)
+                ToolCall(
+                    id=f"call_{i}" if form == "no_id" else f"c{i}",
+                    name=name,
+                    arguments=arguments,
+                )
+                for i, (name, arguments, form) in enumerate(want.answer.calls)
             ]
         else:
             assert isinstance(response.output, s.kind.request(None).output_type)
