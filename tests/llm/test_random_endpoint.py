@@ -53,7 +53,7 @@ from typing import Any
 import anyio
 import pytest
 from chat_server import Logged, Reply, answer_type, chat_server, completion, error
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
@@ -758,6 +758,7 @@ def run_and_check(s: Scenario, backend: str) -> None:
 def test_openai_model_keeps_its_promises_whatever_the_endpoint_answers(
     backend: str, scenario: Scenario
 ) -> None:
+    note(repr(scenario))  # the report's own rendering of it may come out blank
     run_and_check(scenario, backend)
 
 
@@ -867,6 +868,7 @@ def check_run(served: Served, result: RunResult, replayed: RunResult) -> None:
 def test_a_run_over_an_endpoint_that_answers_at_random_ends_and_counts_its_tokens(
     backend: str, drawn: tuple[int, list[Answer]]
 ) -> None:
+    note(repr(drawn))
     max_retries, drawn_answers = drawn
     served = Served(deque(drawn_answers))
     result, replayed = anyio.run(run_over, served, max_retries, backend=backend)
