@@ -20,7 +20,7 @@ from .._errors import (
     ModelError,
     ModelOutputError,
 )
-from ..messages import TokenUsage
+from ..messages import TokenUsage, ToolCall
 from ._answers import (
     answer,
     answered_by,
@@ -358,7 +358,7 @@ class OpenAIModel:
                 raise _annotated(exc, usage, invalid) from None
             except openai.OpenAIError as exc:
                 raise ModelError(
-                    f"{where}: {exc}", usage=usage, raw_output=invalid
+                    f"{where}: {exc}", usage=_spent(usage), raw_output=invalid
                 ) from None
             except Exception as exc:  # a body the client could not parse
                 failed = "the request failed"  # before any answer came
@@ -366,35 +366,17 @@ class OpenAIModel:
                     failed = "the answer could not be read"
                 raise ModelError(
                     f"{where}: {failed}: {brief(exc)}",
-                    usage=usage,
+                    usage=_spent(usage),
                     raw_output=invalid,
                 ) from None
             if auto:
                 self._auto_modes[model] = mode
-            body = unparsed_body(completion)
-            if body is not None:
-                raise ModelOutputError(
-                    f"{where}: the answer is no chat completion: {body}",
-                    usage=usage,
-                    raw_output=completion[:4000]
-                    if isinstance(completion, str)
-                    else None,
-                )
             try:
-                usage = usage + self._usage(completion, model)
-                choices = completion.choices
-            except (AttributeError, TypeError, ValueError, OverflowError) as exc:
-                raise ModelOutputError(
-                    f"{where}: the answer is no chat completion: {brief(exc)}",
-                    usage=usage,
-                ) from None
-            reported = None if choices else reported_error(completion)
-            if reported is not None:
-                raise ModelError(
-                    f"{where}: the server answered with an error: {reported}",
-                    usage=usage,
+                usage, choices, answered = self._read(
+                    completion, request, model, where, usage
                 )
-            answered = answer(choices, bool(request.tools), where, usage)
+            except ModelError as exc:
+                raise _reasked(exc, invalid, request) from None
             if isinstance(answered, list):
                 return ModelResponse(
                     tool_calls=answered,
@@ -456,6 +438,46 @@ class OpenAIModel:
                 prompt_version=version,
                 reask=reask,
             )
+
+    def _read(
+        self,
+        completion: Any,
+        request: ModelRequest,
+        model: str,
+        where: str,
+        usage: TokenUsage,
+    ) -> tuple[TokenUsage, Any, list[ToolCall] | str]:
+        """The call's usage with the answer's added, the answer's choices,
+        and its tool calls or text.
+
+        Raises:
+            ModelOutputError: a body that is no chat completion, or an
+                answer of the wrong shape (with the tokens it reports).
+            ModelRefusal: a refusal or a content-filter stop.
+            ModelError: a body with no choices but the server's error.
+        """
+        body = unparsed_body(completion)
+        if body is not None:
+            raise ModelOutputError(
+                f"{where}: the answer is no chat completion: {body}",
+                usage=_spent(usage),
+                raw_output=completion[:4000] if isinstance(completion, str) else None,
+            )
+        try:
+            usage = usage + self._usage(completion, model)
+            choices = completion.choices
+        except (AttributeError, TypeError, ValueError, OverflowError) as exc:
+            raise ModelOutputError(
+                f"{where}: the answer is no chat completion: {brief(exc)}",
+                usage=_spent(usage),
+            ) from None
+        reported = None if choices else reported_error(completion)
+        if reported is not None:
+            raise ModelError(
+                f"{where}: the server answered with an error: {reported}",
+                usage=usage,
+            )
+        return usage, choices, answer(choices, bool(request.tools), where, usage)
 
     async def _create(
         self,
@@ -756,6 +778,13 @@ def _cut_short(choices: Any) -> bool:
     return getattr(choices[0], "finish_reason", None) == "length"
 
 
+def _spent(usage: TokenUsage) -> TokenUsage | None:
+    """The tokens of the chat completions this call read so far, or None
+    before any: a usage of no calls would count as one in the run's, for
+    an answer that never came (a body that is no chat completion)."""
+    return usage if usage.calls else None
+
+
 def _annotated(
     exc: ModelError, usage: TokenUsage, invalid: str | None = None
 ) -> ModelError:
@@ -775,10 +804,27 @@ def _reasking(
     answer (kept as ``raw_output``): the first problem was that answer."""
     if invalid is None:
         return error
-    return ModelError(
-        f"{error} (when asked again after an answer that was not a valid "
-        f"{request.output_type.__name__})",
-        raw_output=invalid,
+    return ModelError(f"{error} {_reask_note(request)}", raw_output=invalid)
+
+
+def _reasked(
+    error: ModelError, invalid: str | None, request: ModelRequest
+) -> ModelError:
+    """``error``, of an answer that could not be read, saying so when it
+    answered the re-ask of an invalid answer, and keeping that answer as
+    ``raw_output`` when it brought no text of its own (for the journal)."""
+    if invalid is None:
+        return error
+    error.args = (f"{error} {_reask_note(request)}",)
+    if error.raw_output is None:
+        error.raw_output = invalid
+    return error
+
+
+def _reask_note(request: ModelRequest) -> str:
+    return (
+        "(when asked again after an answer that was not a valid "
+        f"{request.output_type.__name__})"
     )
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -30,6 +30,9 @@ class Reply:
     body: dict[str, Any] | str = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+    drop: Literal["unanswered", "mid_body"] | None = None
+    """Close the connection instead of answering in full: before a byte of
+    the answer, or after its head and half its body."""
 
 
 @dataclass
@@ -170,8 +173,15 @@ def _handler_for(server: ChatServer) -> type[BaseHTTPRequestHandler]:
                 reply = error(500, f"script error: {type(exc).__name__}: {exc}")
             if reply.delay_s and server.closing.wait(reply.delay_s):
                 return
+            if reply.drop == "unanswered":
+                self.close_connection = True
+                return
             body = reply.body if isinstance(reply.body, str) else json.dumps(reply.body)
             data = body.encode()
+            sent = data
+            if reply.drop == "mid_body":
+                self.close_connection = True
+                sent = data[: len(data) // 2]
             try:
                 self.send_response(reply.status)
                 kind = reply.headers.get("content-type", "application/json")
@@ -181,7 +191,7 @@ def _handler_for(server: ChatServer) -> type[BaseHTTPRequestHandler]:
                     if name != "content-type":
                         self.send_header(name, value)
                 self.end_headers()
-                self.wfile.write(data)
+                self.wfile.write(sent)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (a timeout test)
 

@@ -191,6 +191,78 @@ async def test_a_message_that_is_no_object_is_an_output_error() -> None:
     assert caught.value.usage.total_tokens == 120
 
 
+@pytest.mark.parametrize(
+    "reply",
+    [
+        Reply(body="<html>502</html>", headers={"content-type": "text/html"}),
+        Reply(body='{"id": "chatcmpl-1", "choi'),
+        Reply(body="null"),
+    ],
+    ids=["a-page", "cut-short-json", "null"],
+)
+async def test_an_answer_that_is_no_chat_completion_counts_no_call(
+    reply: Reply,
+) -> None:
+    # A run counts a usage of no calls as one call: a 200 that brought no
+    # completion must count as none, as a 502 does.
+    with chat_server() as server:
+        server.reply(reply, completion('{"tasks": "none"}', usage=(100, 20, 0)), reply)
+        async with fast(server.base_url) as model:
+            with pytest.raises(ModelError) as first:
+                await model.generate(plan_request())
+            with pytest.raises(ModelError) as reasked:
+                await model.generate(plan_request())
+    assert first.value.usage is None
+    assert reasked.value.usage is not None  # the invalid answer's
+    assert reasked.value.usage.calls == 1
+    assert reasked.value.usage.total_tokens == 120
+
+
+def _no_choices(**fields: Any) -> Reply:
+    reply = completion(PLAN, usage=(30, 5, 0))
+    assert isinstance(reply.body, dict)
+    reply.body.update(choices=[], **fields)
+    return reply
+
+
+@pytest.mark.parametrize(
+    ("reply", "kind", "message", "tokens"),
+    [
+        (_no_choices(), ModelOutputError, "the answer had no choices", 155),
+        (
+            _no_choices(error={"message": "upstream timed out"}),
+            ModelError,
+            "the server answered with an error: upstream timed out",
+            155,
+        ),
+        (
+            Reply(body="null"),
+            ModelOutputError,
+            "no chat completion: the body is null",
+            120,
+        ),
+    ],
+    ids=["no-choices", "upstream-error", "null-body"],
+)
+async def test_a_reask_answered_with_no_answer_keeps_the_invalid_one_and_says_so(
+    reply: Reply, kind: type[ModelError], message: str, tokens: int
+) -> None:
+    with chat_server() as server:
+        server.reply(completion('{"tasks": "none"}', usage=(100, 20, 0)), reply)
+        async with fast(server.base_url) as model:
+            with pytest.raises(ModelError) as caught:
+                await model.generate(plan_request())
+        assert len(server.chat_requests()) == 2
+    assert type(caught.value) is kind
+    assert message in str(caught.value)
+    assert "asked again after an answer that was not a valid PlanProposal" in str(
+        caught.value
+    )
+    assert caught.value.raw_output == '{"tasks": "none"}'  # for the journal
+    assert caught.value.usage is not None
+    assert caught.value.usage.total_tokens == tokens
+
+
 # Connections ---------------------------------------------------------------
 
 
