@@ -81,7 +81,7 @@ from ..messages._explore_events import ExploreEvent
 from ..messages._gate import POLICY_TIMEOUT
 from ..telemetry import _names as names
 from ._decide import budget_spent
-from ._explore_brief import BriefStatus, admit, build_brief
+from ._explore_brief import BriefStatus, admit, build_brief, wording
 from ._explore_reach import Reach
 from ._explore_state import ExploreState, fold_explore
 from ._resume import Recovery
@@ -814,8 +814,11 @@ class _Flow:
             shown = selected
             await self.join(resolution.hypotheses)
             selected = self.selection()
-            if set(selected) == set(shown):
-                break  # the person's hypotheses changed nothing they saw
+            if self.statements(selected) == self.statements(shown):
+                # The person's hypotheses changed nothing they saw (one
+                # worded as a shown one may have taken its place: asking
+                # again would show the same, as often as they add it again).
+                break
             if self.replaying and not self.journaled(GateOpened):
                 break  # journaled by a version that did not ask again
             # The tournament changed what the person saw: the selection
@@ -846,6 +849,10 @@ class _Flow:
             reasons=reasons,
             reviewed_by=reviewed_by,
         )
+
+    def statements(self, selected: Sequence[str]) -> list[tuple[str, ...]]:
+        """What a person sees of a selection: the wording of its statements."""
+        return sorted(wording(self.explore.hypotheses[h].statement) for h in selected)
 
     def reasons(self, selected: Sequence[str]) -> list[str]:
         explore = self.explore

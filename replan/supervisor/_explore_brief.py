@@ -48,20 +48,20 @@ def admit(
     notes: list[str] = []
     out: list[Hypothesis] = []
     next_number = len(explore.hypotheses) + 1
-    worded = {_wording(h.statement): hid for hid, h in explore.hypotheses.items()}
+    worded = {wording(h.statement): hid for hid, h in explore.hypotheses.items()}
     for h in proposed:
         if limit is not None and len(out) == limit:
             break
         new_id = f"H{next_number + len(out)}"
-        wording = _wording(h.statement)
+        words = wording(h.statement)
         if origin != "human":
-            if wording in worded:
+            if words in worded:
                 notes.append(
                     f"{'an' if origin == 'evolved' else 'a'} {origin} hypothesis "
-                    f"repeating {worded[wording]} word for word was dropped"
+                    f"repeating {worded[words]} word for word was dropped"
                 )
                 continue
-            worded[wording] = new_id
+            worded[words] = new_id
         unknown = [r for r in h.evidence_refs if r not in known_evidence]
         if unknown:
             notes.append(f"{new_id} cited unknown evidence {', '.join(unknown)}")
@@ -84,7 +84,9 @@ def admit(
     return out, notes
 
 
-def _wording(statement: str) -> tuple[str, ...]:
+def wording(statement: str) -> tuple[str, ...]:
+    """A statement's words in order, whatever the case and punctuation: two
+    hypotheses with the same wording say the same thing."""
     return tuple(text_words(statement))
 
 

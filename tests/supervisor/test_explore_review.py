@@ -241,6 +241,33 @@ async def test_an_edit_that_changes_no_selection_needs_no_second_review() -> Non
     assert outcome.replayed == outcome.result
 
 
+async def test_an_edit_repeating_a_shown_hypothesis_needs_no_second_review() -> None:
+    # The person's copy of H2 outranks H2 (which lost to H1) and takes its
+    # place: the ids change, what the person saw does not. Were they asked
+    # again, they could add it again, and again, and the run never end.
+    seen: list[GateRequest] = []
+
+    def add_h2_again(request: GateRequest) -> GateResolution:
+        seen.append(request)
+        if len(seen) > 3:
+            return GateResolution(decision="approve", by="bo")
+        again = Hypothesis(statement=request.hypotheses[1].statement)
+        return GateResolution(decision="edit", hypotheses=[again], by="ana")
+
+    script = ExploreScript(generated=[TORN, *GOOD[1:]])
+    outcome = await run_explore(explore_spec(), script, resolve=add_h2_again)
+
+    assert len(seen) == 1
+    brief = outcome.result.brief
+    assert [s.hypothesis.id for s in brief.selected] == ["H1", "H4", "H3"]
+    assert [s.hypothesis.statement for s in brief.selected] == [
+        h.statement for h in seen[0].hypotheses
+    ]
+    assert brief.selected[1].hypothesis.origin == "human"
+    assert brief.reviewed_by == "ana"
+    assert outcome.replayed == outcome.result
+
+
 async def test_rejecting_the_selection_an_edit_changed_fails_the_brief() -> None:
     mine = Idea(
         "Cooks stay when the app plans around what is already in the fridge",
