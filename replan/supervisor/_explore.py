@@ -814,13 +814,17 @@ class _Flow:
             shown = selected
             await self.join(resolution.hypotheses)
             selected = self.selection()
-            if self.statements(selected) == self.statements(shown):
+            if self.replaying:
+                # As the journal says: the only gate it can hold next is
+                # this review's, asked again (earlier versions also asked
+                # when a shown hypothesis's copy took its place).
+                if not self.journaled(GateOpened):
+                    break
+            elif self.statements(selected) == self.statements(shown):
                 # The person's hypotheses changed nothing they saw (one
                 # worded as a shown one may have taken its place: asking
                 # again would show the same, as often as they add it again).
                 break
-            if self.replaying and not self.journaled(GateOpened):
-                break  # journaled by a version that did not ask again
             # The tournament changed what the person saw: the selection
             # that reaches the brief is shown to a person again.
             reasons = [

@@ -20,6 +20,7 @@ from replan import (
     GateError,
     GateRequest,
     GateResolution,
+    MemoryStore,
     ResolutionRefused,
     RunHandle,
     RunStatus,
@@ -27,7 +28,8 @@ from replan import (
     Supervisor,
     TaskDraft,
 )
-from replan.messages import Hypothesis, Limits, SafetyPolicy
+from replan.messages import GateOpened, Hypothesis, Limits, SafetyPolicy
+from replan.supervisor._explore import _Flow
 
 GOOD = [
     Idea("Solo cooks leave because every recipe serves four", strength=0.9),
@@ -266,6 +268,50 @@ async def test_an_edit_repeating_a_shown_hypothesis_needs_no_second_review() -> 
     assert brief.selected[1].hypothesis.origin == "human"
     assert brief.reviewed_by == "ana"
     assert outcome.replayed == outcome.result
+
+
+async def test_a_journal_that_asked_again_after_a_repeated_hypothesis_resumes_alike(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Earlier versions compared the selections by id: the copy of H2 taking
+    # its place opened the review again, and journaled so. A run stopped at
+    # that second gate resumes there, as its journal says, not with a
+    # JournalMismatch from a flow that no longer asks.
+    def add_h2_again(request: GateRequest) -> GateResolution:
+        again = Hypothesis(statement=request.hypotheses[1].statement)
+        return GateResolution(decision="edit", hypotheses=[again], by="ana")
+
+    store = MemoryStore()
+    script = ExploreScript(generated=[TORN, *GOOD[1:]])
+    with anyio.fail_after(20):
+        with monkeypatch.context() as earlier:
+            earlier.setattr(
+                _Flow, "statements", lambda self, selected: sorted(selected)
+            )
+            async with Supervisor(ScriptedModel(script), store) as sup:
+                handle = await sup.submit(explore_spec())
+                opened: list[GateRequest] = []
+                async for event in handle.events():
+                    if isinstance(event, GateOpened):
+                        opened.append(event.request)
+                        if len(opened) == 2:
+                            break
+                        await sup.gates.resolve(
+                            event.request.gate_id, add_h2_again(event.request)
+                        )
+        assert "the selection changed after the edit" in opened[1].reason
+        async with Supervisor(ScriptedModel(script), store, resume=True) as sup:
+            assert sup.gates.pending() == [opened[1]]
+            resumed = sup.get(handle.run_id)
+            await sup.gates.resolve(
+                opened[1].gate_id, GateResolution(decision="approve", by="bo")
+            )
+            result = await resumed.result()
+            assert await sup.replay(handle.run_id) == result
+    assert result.status is RunStatus.COMPLETED
+    assert result.brief is not None
+    assert result.brief.reviewed_by == "bo"
+    assert [s.hypothesis.id for s in result.brief.selected] == ["H1", "H4", "H3"]
 
 
 async def test_rejecting_the_selection_an_edit_changed_fails_the_brief() -> None:
