@@ -131,6 +131,31 @@ async def test_a_plain_transient_failure_backs_off_by_retry_backoff_s() -> None:
     assert done.replayed == done.result
 
 
+async def test_a_doubled_backoff_waits_at_most_a_minute() -> None:
+    # The first retry waits as its 429 asked (at once); the second failure
+    # asked for nothing, so it backs off: 60 s doubled is 120 s, and the
+    # wait is between half and all of the one minute it may be at most.
+    def execute(request: ModelRequest) -> TaskOutcome:
+        if request.context["attempt"] == 1:
+            raise TransientModelError("HTTP 429", retry_after=0.01)
+        return TaskOutcome(success=False, transient=True, reason="503")
+
+    done = await run_to_end(
+        scripted(execute=execute),
+        spec(independent(1), max_task_attempts=3, retry_backoff_s=60, deadline_s=1),
+    )
+
+    assert done.result.status is RunStatus.LIMIT_REACHED
+    assert done.task("t1").attempts == 2
+    waits = [
+        (e.retry_at - e.at).total_seconds()
+        for e in done.events
+        if isinstance(e, RetryScheduled)
+    ]
+    # The last is the backoff's (the 429's wait may be past when it is read).
+    assert 29 <= waits[-1] <= 60.5
+
+
 async def test_no_backoff_retries_at_once_and_journals_no_time() -> None:
     def execute(request: ModelRequest) -> TaskOutcome:
         if request.context["attempt"] == 1:
