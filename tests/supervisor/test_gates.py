@@ -654,6 +654,25 @@ async def test_cancelling_a_run_that_waits_at_a_gate_closes_the_gate() -> None:
     assert closed.note == "the run ended before the gate was answered (cancelled)"
 
 
+async def test_a_deadline_passing_while_a_gate_waits_closes_the_gate() -> None:
+    model = ScriptedModel(Script())
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(chain_spec(limits=Limits(deadline_s=0.5)))
+        gate = await next_gate(sup)
+        result = await finish(handle)
+        assert sup.gates.pending() == []
+
+    assert result.status is RunStatus.LIMIT_REACHED
+    assert result.stop_reason == "deadline_s: 0.5s passed"
+    assert [v.version for v in result.versions] == [1]
+    assert model.calls_for("executor", "synthesize") == []
+    assert handle.state.open_gates == []
+    closed = handle.state.gates[gate.gate_id].resolution
+    assert closed is not None
+    assert (closed.decision, closed.by) == ("reject", "supervisor")
+    assert closed.note == "the run ended before the gate was answered (limit_reached)"
+
+
 async def test_an_answer_to_a_gate_its_runs_end_closed_is_told_how_it_closed() -> None:
     # The gate exists, and its state says the run's end rejected it: a
     # person answering late is told that, not that there is no such gate.

@@ -13,8 +13,10 @@ import pytest
 import replan
 from replan import (
     Alignment,
+    GatePolicy,
     GateRequest,
     GateResolution,
+    Limits,
     ModelRequest,
     PlanProposal,
     ReplanOutcome,
@@ -34,6 +36,7 @@ from replan import (
 )
 from replan.messages import (
     GateOpened,
+    GateResolved,
     MilestoneReviewed,
     PlanCreated,
     RunFinished,
@@ -282,6 +285,46 @@ async def test_rejecting_a_validation_gate_aborts_the_contract_run() -> None:
     assert result.replans == []
     assert model.calls_for("planner") == []
     assert model.calls_for("executor", "synthesize") == []
+
+
+@pytest.mark.parametrize(
+    ("on_timeout", "status"),
+    [("reject", RunStatus.ABORTED), ("approve", RunStatus.COMPLETED)],
+)
+async def test_an_unanswered_validation_gate_applies_the_timeout_policy(
+    on_timeout: Literal["approve", "reject"], status: RunStatus
+) -> None:
+    def handler(request: ModelRequest) -> Any:
+        if request.role == "reviewer" and request.purpose == "milestone":
+            return verdict("replan")
+        return base_answers(request)
+
+    model = ScriptedModel(handler)
+    async with Supervisor(model) as sup:
+        handle = await sup.submit(
+            RunSpec(
+                goal="fill the table",
+                pattern="contract",
+                tasks=FIXED,
+                limits=Limits(gate_timeout_s=0.05),
+                gate_policy=GatePolicy(on_timeout=on_timeout),
+            )
+        )
+        result = await finish(handle)
+        events = await journal(handle)
+
+    assert result.status is status
+    resolved = [e.resolution for e in events if isinstance(e, GateResolved)]
+    assert resolved
+    assert {(r.decision, r.by) for r in resolved} == {(on_timeout, "policy:timeout")}
+    if status is RunStatus.ABORTED:
+        assert "policy:timeout" in (result.stop_reason or "")
+        assert len(resolved) == 1
+        assert model.calls_for("executor", "synthesize") == []
+    else:
+        assert all(t.status is TaskStatus.COMPLETED for t in result.tasks)
+    assert result.replans == []
+    assert model.calls_for("planner") == []
 
 
 # Hybrid runs ----------------------------------------------------------------
