@@ -14,7 +14,15 @@ from scripts import (
     with_finding,
 )
 
-from replan import ModelRequest, ReplanOutcome, RunStatus, TaskStatus, Verdict
+from replan import (
+    ModelRequest,
+    ReplanOutcome,
+    RunStatus,
+    TaskStatus,
+    Trigger,
+    Verdict,
+)
+from replan.messages import GateOpened
 
 APPLIED = ReplanOutcome.APPLIED
 CEILING = ReplanOutcome.REFUSED_CEILING
@@ -97,4 +105,20 @@ async def test_refused_replans_do_not_count_against_the_ceiling() -> None:
         CEILING,
     ]
     assert len(model.calls_for("planner", "replan")) == 1
+    assert done.result.status is RunStatus.COMPLETED
+
+
+async def test_a_scope_shift_past_the_ceiling_is_refused_without_a_gate() -> None:
+    # Scope shifts wait for a person by default; the ceiling comes first, so
+    # nobody is asked about a change that could not be applied.
+    scope_shift = replan_verdict(Trigger.SCOPE_SHIFT, rationale="the scope is wider")
+    model = scripted(execute=with_finding, milestone=lambda r: scope_shift)
+
+    done = await run_to_end(
+        model, spec(chain(3), milestone_every=1, max_replans=0), timeout_s=5
+    )
+
+    assert done.outcomes() == [CEILING] * 3
+    assert not [e for e in done.events if isinstance(e, GateOpened)]
+    assert model.calls_for("planner", "replan") == []
     assert done.result.status is RunStatus.COMPLETED
