@@ -157,6 +157,41 @@ def test_invalid_settings_raise_a_configuration_error_naming_the_field(
     assert str(caught.value).startswith(f"{field}: ")
 
 
+YEAR_S = 366 * 86_400.0
+
+
+@pytest.mark.parametrize(
+    ("field", "lowest", "highest"),
+    [
+        ("max_replans", 0, 100),
+        ("max_iterations", 1, 10_000),
+        ("milestone_every", 1, 10_000),
+        ("max_task_executions", 1, 10**6),
+        ("max_task_attempts", 1, 20),
+        ("max_concurrency", 1, 1_000),
+        ("min_corroboration", 0, 1_000),
+        ("replan_candidates", 1, 16),
+        ("max_tool_steps", 1, 100),
+        ("retry_backoff_s", 0.0, 60.0),
+        ("token_budget", 1, 10**15),
+        ("deadline_s", 0.001, YEAR_S),
+        ("gate_timeout_s", 0.001, YEAR_S),
+        ("task_timeout_s", 0.001, YEAR_S),
+        ("call_timeout_s", 0.001, YEAR_S),
+    ],
+)
+def test_each_limit_takes_the_range_the_readme_gives_and_no_more(
+    field: str, lowest: float, highest: float
+) -> None:
+    assert getattr(Limits(**{field: lowest}), field) == lowest
+    assert getattr(Limits(**{field: highest}), field) == highest
+    below = lowest - 1 if isinstance(lowest, int) else 0.0 if lowest else -0.001
+    for wrong in (below, highest + 1):
+        with pytest.raises(ConfigurationError) as caught:
+            Limits(**{field: wrong})
+        assert caught.value.field == field
+
+
 def test_an_edit_resolution_needs_tasks() -> None:
     with pytest.raises(ValidationError, match="needs the edited tasks"):
         GateResolution(decision="edit")
