@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
-from scripts import independent, run_to_end, scripted, spec, with_finding
+from scripts import chain, independent, run_to_end, scripted, spec, with_finding
 
 from replan import (
     MemoryStore,
@@ -74,6 +74,25 @@ async def test_an_executor_answering_the_wrong_type_records_where() -> None:
     executor_calls = len(model.calls_for("executor"))
     assert done.result.usage.by_role["executor"].total_tokens == 10 * executor_calls
     assert done.replayed == done.result
+
+
+async def test_a_task_answered_with_the_wrong_type_fails_for_good_not_transiently() -> (
+    None
+):
+    model = scripted(execute=not_an_outcome, usage=USAGE)
+
+    done = await run_to_end(model, spec(chain(2)))
+
+    task = done.task("t1")
+    assert task.result is not None
+    assert not task.result.transient
+    # Not retried: the same model would answer the same way.
+    assert task.attempts == 1
+    assert len(model.calls_for("executor", "execute")) == 1
+    assert done.statuses() == {"t1": "failed", "t2": "skipped"}
+    assert done.result.status.value == "aborted"
+    assert (done.result.stop_reason or "").startswith("no task completed")
+    assert model.calls_for("executor", "synthesize") == []
 
 
 class BareAnswers:
