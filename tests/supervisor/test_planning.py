@@ -177,6 +177,22 @@ async def test_a_second_invalid_boundary_plan_fails_the_run() -> None:
     assert done.replayed == done.result
 
 
+async def test_an_unachievable_boundary_aborts_at_once_keeping_the_collection() -> None:
+    unachievable = PlanProposal(rationale="the sources disagree", achievable=False)
+    model = hybrid_model(unachievable, fresh_tasks(2, "syn"))
+
+    done = await run_to_end(model, RunSpec(goal=GOAL, pattern="hybrid", tasks=chain(2)))
+
+    assert done.result.status is RunStatus.ABORTED
+    assert done.result.stop_reason == (
+        "the planner found the goal unachievable at the boundary: the sources disagree"
+    )
+    assert len(model.calls_for("planner", "boundary")) == 1
+    assert done.statuses() == {"t1": "completed", "t2": "completed"}
+    assert model.calls_for("executor", "synthesize") == []
+    assert done.replayed == done.result
+
+
 async def test_an_invalid_revision_is_asked_for_once_more_from_the_planner_alone() -> (
     None
 ):
