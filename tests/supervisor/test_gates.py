@@ -631,6 +631,18 @@ async def test_a_gate_queued_behind_busy_gate_workers_can_be_answered() -> None:
     assert rejected.tasks[0].status is TaskStatus.FAILED
 
 
+def assert_closed_by_supervisor(
+    handle: RunHandle, gate: GateRequest, status: str
+) -> None:
+    """Nothing waits on a run that ended: its state says the gate closed,
+    rejected by the supervisor, and why."""
+    assert handle.state.open_gates == []
+    closed = handle.state.gates[gate.gate_id].resolution
+    assert closed is not None
+    assert (closed.decision, closed.by) == ("reject", "supervisor")
+    assert closed.note == f"the run ended before the gate was answered ({status})"
+
+
 async def test_cancelling_a_run_that_waits_at_a_gate_closes_the_gate() -> None:
     model = ScriptedModel(Script())
     async with Supervisor(model) as sup:
@@ -646,12 +658,7 @@ async def test_cancelling_a_run_that_waits_at_a_gate_closes_the_gate() -> None:
     assert result.status is RunStatus.CANCELLED
     assert [v.version for v in result.versions] == [1]
     assert model.calls_for("executor", "synthesize") == []
-    # Nothing waits on a finished run: its state says the gate closed.
-    assert handle.state.open_gates == []
-    closed = handle.state.gates[gate.gate_id].resolution
-    assert closed is not None
-    assert (closed.decision, closed.by) == ("reject", "supervisor")
-    assert closed.note == "the run ended before the gate was answered (cancelled)"
+    assert_closed_by_supervisor(handle, gate, "cancelled")
 
 
 async def test_a_deadline_passing_while_a_gate_waits_closes_the_gate() -> None:
@@ -666,11 +673,7 @@ async def test_a_deadline_passing_while_a_gate_waits_closes_the_gate() -> None:
     assert result.stop_reason == "deadline_s: 0.5s passed"
     assert [v.version for v in result.versions] == [1]
     assert model.calls_for("executor", "synthesize") == []
-    assert handle.state.open_gates == []
-    closed = handle.state.gates[gate.gate_id].resolution
-    assert closed is not None
-    assert (closed.decision, closed.by) == ("reject", "supervisor")
-    assert closed.note == "the run ended before the gate was answered (limit_reached)"
+    assert_closed_by_supervisor(handle, gate, "limit_reached")
 
 
 async def test_an_answer_to_a_gate_its_runs_end_closed_is_told_how_it_closed() -> None:

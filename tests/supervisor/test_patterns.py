@@ -79,6 +79,19 @@ def verdict(decision: Literal["replan", "complete"]) -> Verdict:
     return Verdict(decision="complete", rationale="good enough")
 
 
+def reviewer_saying(
+    decision: Literal["replan", "complete"],
+) -> Callable[[ModelRequest], Any]:
+    """The base answers, with every milestone review answering ``decision``."""
+
+    def handler(request: ModelRequest) -> Any:
+        if request.role == "reviewer" and request.purpose == "milestone":
+            return verdict(decision)
+        return base_answers(request)
+
+    return handler
+
+
 @asynccontextmanager
 async def approving_every_gate(sup: Supervisor) -> AsyncIterator[list[GateRequest]]:
     """Approve every gate that opens while the block runs; yield them."""
@@ -153,12 +166,7 @@ def structure(task: replan.Task) -> tuple[Any, ...]:
 async def test_a_contract_run_ends_with_exactly_the_task_structure_it_started_with(
     decision: Literal["replan", "complete"],
 ) -> None:
-    def handler(request: ModelRequest) -> Any:
-        if request.role == "reviewer" and request.purpose == "milestone":
-            return verdict(decision)
-        return base_answers(request)
-
-    model = ScriptedModel(handler)
+    model = ScriptedModel(reviewer_saying(decision))
     async with Supervisor(model) as sup, approving_every_gate(sup):
         handle = await sup.submit(
             RunSpec(goal="fill the table", pattern="contract", tasks=FIXED)
@@ -179,12 +187,7 @@ async def test_a_contract_run_ends_with_exactly_the_task_structure_it_started_wi
 
 
 async def test_a_reviewer_complete_in_a_contract_run_is_recorded_as_continue() -> None:
-    def handler(request: ModelRequest) -> Any:
-        if request.role == "reviewer" and request.purpose == "milestone":
-            return verdict("complete")
-        return base_answers(request)
-
-    model = ScriptedModel(handler)
+    model = ScriptedModel(reviewer_saying("complete"))
     async with Supervisor(model) as sup:
         handle = await sup.submit(
             RunSpec(goal="fill the table", pattern="contract", tasks=FIXED)
@@ -199,12 +202,7 @@ async def test_a_reviewer_complete_in_a_contract_run_is_recorded_as_continue() -
 
 
 async def test_a_reviewer_replan_in_a_contract_run_opens_a_validation_gate() -> None:
-    def handler(request: ModelRequest) -> Any:
-        if request.role == "reviewer" and request.purpose == "milestone":
-            return verdict("replan")
-        return base_answers(request)
-
-    model = ScriptedModel(handler)
+    model = ScriptedModel(reviewer_saying("replan"))
     async with Supervisor(model) as sup:
         handle = await sup.submit(
             RunSpec(goal="fill the table", pattern="contract", tasks=FIXED)
@@ -260,12 +258,7 @@ async def test_a_validation_gate_reason_ends_the_rationale_with_one_period(
 
 
 async def test_rejecting_a_validation_gate_aborts_the_contract_run() -> None:
-    def handler(request: ModelRequest) -> Any:
-        if request.role == "reviewer" and request.purpose == "milestone":
-            return verdict("replan")
-        return base_answers(request)
-
-    model = ScriptedModel(handler)
+    model = ScriptedModel(reviewer_saying("replan"))
     async with Supervisor(model) as sup:
         handle = await sup.submit(
             RunSpec(goal="fill the table", pattern="contract", tasks=FIXED)
@@ -294,12 +287,7 @@ async def test_rejecting_a_validation_gate_aborts_the_contract_run() -> None:
 async def test_an_unanswered_validation_gate_applies_the_timeout_policy(
     on_timeout: Literal["approve", "reject"], status: RunStatus
 ) -> None:
-    def handler(request: ModelRequest) -> Any:
-        if request.role == "reviewer" and request.purpose == "milestone":
-            return verdict("replan")
-        return base_answers(request)
-
-    model = ScriptedModel(handler)
+    model = ScriptedModel(reviewer_saying("replan"))
     async with Supervisor(model) as sup:
         handle = await sup.submit(
             RunSpec(
