@@ -10,7 +10,9 @@ how long the server asked to wait, and the task's retry waits that long. 401/403
 A connection error says which side of the connection failed: ``cannot
 connect (...)`` when none was made (refused, unknown host, TLS), ``connected,
 but ...`` when the server took the request and then dropped the connection or
-sent an answer that could not be decoded.
+sent an answer that could not be decoded. A redirect that goes on redirecting
+is no passing trouble: like a redirect with no ``Location``, it fails at once
+as a :class:`ModelError` that names the base URL.
 """
 
 from __future__ import annotations
@@ -142,6 +144,8 @@ async def with_retries(
             retry_after = None
         except openai.APIConnectionError as exc:
             problem = connection_problem(exc)
+            if _redirected_too_often(exc):
+                raise ModelError(f"{where}: {problem}: check the base URL") from None
             retry_after = None
         if retry >= policy.max_retries:
             raise TransientModelError(
@@ -158,6 +162,11 @@ async def with_retries(
             await anyio.sleep(policy.delay(retry, retry_after))
         # else: the wait the server asked for is taken before the next send
         retry += 1
+
+
+def _redirected_too_often(exc: openai.APIConnectionError) -> bool:
+    cause = exc.__cause__ or exc
+    return any(kind.__name__ == "TooManyRedirects" for kind in type(cause).__mro__)
 
 
 def connection_problem(exc: openai.APIConnectionError) -> str:
@@ -185,6 +194,8 @@ def status_error(exc: openai.APIStatusError, where: str) -> ModelError:
     hint = ""
     if exc.status_code == 404:
         hint = ": check the model name and the base URL"
+    elif 300 <= exc.status_code < 400:  # a redirect with nowhere to go
+        hint = ": check the base URL"
     return ModelError(f"{where}: HTTP {exc.status_code}: {_message(exc)}{hint}")
 
 

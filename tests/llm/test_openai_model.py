@@ -828,6 +828,29 @@ async def test_an_unknown_model_is_a_non_transient_error_naming_the_fix() -> Non
     assert not caught.value.transient
 
 
+async def test_a_redirect_loop_fails_at_once_naming_the_base_url() -> None:
+    with chat_server() as server:
+        again = Reply(307, headers={"location": f"{server.base_url}/chat/completions"})
+        server.script = lambda _: again
+        async with fast(server.base_url, max_retries=3) as model:
+            with pytest.raises(ModelError, match="redirected too often") as caught:
+                await model.generate(plan_request())
+        sent = len(server.chat_requests())
+    assert "check the base URL" in str(caught.value)
+    assert not caught.value.transient
+    assert sent == 21  # one attempt (httpx follows 20 redirects), not retried
+
+
+async def test_a_redirect_with_nowhere_to_go_fails_naming_the_base_url() -> None:
+    with chat_server(lambda _: Reply(301)) as server:
+        async with fast(server.base_url, max_retries=3) as model:
+            with pytest.raises(ModelError, match="HTTP 301") as caught:
+                await model.generate(plan_request())
+        assert len(server.chat_requests()) == 1
+    assert "check the base URL" in str(caught.value)
+    assert not caught.value.transient
+
+
 async def test_a_servers_long_error_message_is_kept_short() -> None:
     quoted = "context too long. Received Messages=" + "x" * 50_000  # a proxy's
     with chat_server() as server:
