@@ -217,7 +217,10 @@ async def test_a_selection_an_edit_changed_is_shown_to_a_person_again() -> None:
     ]
     assert "H4" in {h.id for h in second.hypotheses}
     changed = "the selection changed after the edit by ana (H4 joined; H3 left)"
-    assert changed in second.reason
+    # The change is the question's first reason, before the others.
+    assert second.reason.startswith(
+        f"a person reviews the selected hypotheses: {changed}; "
+    )
     assert "reviewers disagree sharply on H4 (feasibility)" in second.reason
     assert brief.status == "completed"
     assert brief.reviewed_by == "bo"
