@@ -530,6 +530,8 @@ async def test_a_deadline_ends_the_run_with_a_brief_of_what_was_found() -> None:
     assert result.stop_reason == "deadline_s: 0.3s passed"
     assert brief is not None
     assert "ended early (deadline_s: 0.3s passed)" in brief.summary
+    # The brief of an early end: candidates for a person, or none at all.
+    assert brief.status == ("needs_review" if brief.selected else "failed")
     [issued] = [e for e in outcome.journal if e.kind == "brief_issued"]
     assert (issued.ended, issued.stop_reason) == (
         RunStatus.LIMIT_REACHED,
@@ -552,6 +554,9 @@ async def test_a_cancelled_run_ends_with_a_brief_of_what_was_found() -> None:
     assert result.status is RunStatus.CANCELLED
     assert result.brief is not None
     assert "ended early (cancelled on request)" in result.brief.summary
+    assert result.brief.status == (
+        "needs_review" if result.brief.selected else "failed"
+    )
     assert replayed == result
 
 
