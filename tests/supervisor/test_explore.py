@@ -31,7 +31,15 @@ from replan import (
     TransientModelError,
 )
 from replan.explore import similarity
-from replan.messages import HypothesisBatch, Limits
+from replan.messages import (
+    LENSES,
+    Comparison,
+    ContextAnalysis,
+    EvidenceItem,
+    HypothesisBatch,
+    Limits,
+    ValidationBatch,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -97,21 +105,79 @@ async def test_the_happy_path_issues_a_completed_brief_with_scores_and_plans() -
 
 
 async def test_every_request_carries_the_documented_context() -> None:
-    outcome = await run_explore(explore_spec(), ExploreScript(generated=STRONG))
+    # The README's table: what each role and purpose is asked, with what.
+    weak = scores(plausibility=0.2)
+    script = ExploreScript(
+        generated=[
+            Idea("Solo cooks leave because every recipe serves four", strength=0.9),
+            Idea("Leftovers make planning feel wasteful", [weak], strength=0.5),
+        ],
+        evolved=[[Idea("Cooks quit when skipping a week wastes bought food")]],
+    )
+    spec = explore_spec(
+        select=2, domain="product", constraints=["no new surveys"]
+    ).model_copy(update={"metadata": {"ticket": 7}})
+    outcome = await run_explore(spec, script)
     model = outcome.model
+    assert outcome.result.status is RunStatus.COMPLETED
     for call in model.calls:
-        assert call.context["run_kind"] == "explore"
-        assert call.context["goal"] == outcome.result.goal
-        assert [e.id for e in call.context["evidence"]] == ["E1", "E2", "E3"]
+        ctx = call.context
+        assert ctx["run_kind"] == "explore"
+        assert ctx["goal"] == outcome.result.goal
+        assert ctx["metadata"] == {"ticket": 7}
+        assert ctx["context"] == spec.context
+        assert (ctx["domain"], ctx["constraints"]) == ("product", ["no new surveys"])
+        assert all(isinstance(e, EvidenceItem) for e in ctx["evidence"])
+        assert [e.id for e in ctx["evidence"]] == ["E1", "E2", "E3"]
+    documented = {
+        ("planner", "gaps"): (ContextAnalysis, set()),
+        ("planner", "hypotheses"): (
+            HypothesisBatch,
+            {"gaps", "questions", "count", "existing", "iteration"},
+        ),
+        ("reviewer", "critique"): (
+            Critique,
+            {"hypothesis", "hypothesis_id", "lenses", "reviewer_index", "reviewers"},
+        ),
+        ("ranker", "compare"): (Comparison, {"a", "b", "a_id", "b_id"}),
+        ("evolver", "evolve"): (
+            HypothesisBatch,
+            {"candidates", "reviews", "count", "iteration"},
+        ),
+        ("planner", "validation"): (ValidationBatch, {"hypotheses"}),
+    }
+    asked = {(c.role, c.purpose) for c in model.calls}
+    assert asked == set(documented)
+    for call in model.calls:
+        output, keys = documented[call.role, call.purpose]  # type: ignore[index]
+        assert call.output_type is output, (call.role, call.purpose)
+        assert keys <= set(call.context), (call.role, call.purpose)
     generate = model.calls_for("planner", "hypotheses")[0]
-    assert generate.output_type is HypothesisBatch
     assert generate.context["count"] == 6
     assert generate.context["gaps"] == ["no data on household size"]
+    assert generate.context["questions"] == ["what differs for households of one?"]
+    assert (generate.context["existing"], generate.context["iteration"]) == ([], 1)
     critique = model.calls_for("reviewer", "critique")[0]
     assert critique.context["hypothesis"].id == critique.context["hypothesis_id"]
+    assert critique.context["lenses"] == list(LENSES)
+    assert critique.context["reviewers"] == 2
+    assert {c.context["reviewer_index"] for c in model.calls_for("reviewer")} == {
+        0,
+        1,
+    }
     compare = model.calls_for("ranker", "compare")[0]
     assert compare.context["a"].id == compare.context["a_id"]
     assert compare.context["b"].id == compare.context["b_id"]
+    evolve = model.calls_for("evolver", "evolve")[0]
+    assert [h.id for h in evolve.context["candidates"]] == ["H1", "H2"]
+    assert [r.hypothesis_id for r in evolve.context["reviews"]] == ["H1", "H2"]
+    assert (evolve.context["count"], evolve.context["iteration"]) == (6, 1)
+    [validation] = model.calls_for("planner", "validation")
+    brief = outcome.result.brief
+    assert brief is not None
+    assert [h.id for h in validation.context["hypotheses"]] == [
+        s.hypothesis.id for s in brief.selected
+    ]
 
 
 async def test_an_unsafe_goal_is_blocked_before_any_model_call() -> None:
