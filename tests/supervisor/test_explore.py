@@ -426,6 +426,70 @@ async def test_a_hypothesis_on_a_blocked_topic_is_set_aside_unreviewed() -> None
     assert outcome.replayed == result
 
 
+async def test_a_hypothesis_whose_rationale_touches_a_blocked_topic_is_set_aside() -> (
+    None
+):
+    # Its statement is clean; the policy binds the rationale all the same.
+    clean = "Cooks leave after a scare at the recipe site"
+    script = ExploreScript(
+        generated=[
+            Idea("Solo cooks leave because recipes serve four", strength=0.9),
+            Idea(clean, strength=1.0),
+        ],
+    )
+
+    def batch(request: ModelRequest) -> HypothesisBatch:
+        first, second = (i.hypothesis() for i in script.generated)
+        risky = second.model_copy(update={"rationale": "a ransomware scare"})
+        return HypothesisBatch(hypotheses=[first, risky])
+
+    script.broken["hypotheses"] = batch
+    outcome = await run_explore(
+        explore_spec(max_iterations=1, select=1),
+        script,
+        resolve=lambda request: GateResolution(decision="approve", by="ana"),
+    )
+    brief = outcome.result.brief
+    assert brief is not None
+    assert [s.hypothesis.id for s in brief.selected] == ["H1"]
+    assert [(r.hypothesis_id, r.reason) for r in brief.rejected] == [
+        ("H2", "safety policy: touches a blocked topic: ransomware")
+    ]
+    reviewed = {
+        r.context["hypothesis_id"]
+        for r in outcome.model.calls_for("reviewer", "critique")
+    }
+    assert reviewed == {"H1"}
+
+
+async def test_ids_are_the_supervisors_and_default_settings_are_the_documented() -> (
+    None
+):
+    # A model's ids are replaced by H1, H2...; hypotheses are asked at 0.8;
+    # ratings start at 1200 and move by a K factor of 32.
+    script = ExploreScript(generated=STRONG[:3])
+
+    def batch(request: ModelRequest) -> HypothesisBatch:
+        named = zip(("H9", "idea-a", "H1"), script.generated, strict=True)
+        return HypothesisBatch(
+            hypotheses=[i.hypothesis().model_copy(update={"id": n}) for n, i in named]
+        )
+
+    script.broken["hypotheses"] = batch
+    outcome = await run_explore(explore_spec(), script)
+    [added] = [e for e in outcome.journal if e.kind == "hypotheses_added"]
+    assert [h.id for h in added.hypotheses] == ["H1", "H2", "H3"]
+    assert [h.statement for h in added.hypotheses] == [
+        i.statement for i in script.generated
+    ]
+    [generate] = outcome.model.calls_for("planner", "hypotheses")
+    assert generate.temperature == 0.8
+    first = next(e for e in outcome.journal if e.kind == "hypotheses_compared")
+    record = first.comparisons[0]
+    # Equal ratings at 1200: the winner takes K/2 = 16 from the loser.
+    assert sorted((record.rating_a, record.rating_b)) == [1184.0, 1216.0]
+
+
 async def test_malformed_output_is_asked_once_more_then_recorded() -> None:
     answered: list[str] = []
 
