@@ -253,6 +253,27 @@ async def test_uncited_hypotheses_are_speculative_and_unknown_refs_are_dropped()
     assert any(n.startswith("1 problem(s) with model") for n in brief.limitations)
 
 
+async def test_the_brief_lists_the_assumptions_of_the_selected_hypotheses_once() -> (
+    None
+):
+    household = "households of one cook for themselves"
+    ideas = [
+        Idea(STRONG[0].statement, strength=0.9, assumptions=[household]),
+        Idea(
+            STRONG[1].statement,
+            strength=0.7,
+            assumptions=["leftovers are thrown away", household],
+        ),
+        Idea(STRONG[3].statement, strength=0.1, assumptions=["skipping is rare"]),
+    ]
+    outcome = await run_explore(explore_spec(select=2), ExploreScript(generated=ideas))
+    brief = outcome.result.brief
+    assert brief is not None
+    assert [s.hypothesis.id for s in brief.selected] == ["H1", "H2"]
+    # H3 is left out, and so is what only it assumes.
+    assert brief.assumptions == [household, "leftovers are thrown away"]
+
+
 async def test_near_duplicates_are_clustered_and_the_selection_stays_diverse() -> None:
     ideas = [
         Idea("Solo cooks leave because every recipe serves four", strength=0.6),
