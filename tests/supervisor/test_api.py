@@ -675,6 +675,19 @@ async def test_good_supervisor_arguments_reach_the_pools() -> None:
     assert sizes["reviewer"] == (8, 5)
 
 
+async def test_the_pools_default_to_the_sizes_the_readme_gives() -> None:
+    async with Supervisor(ScriptedModel(answers())) as sup:
+        sizes = {s.role: s.workers for s in sup.pool_statistics()}
+    assert sizes == {
+        "planner": 8,
+        "executor": 32,
+        "reviewer": 8,
+        "ranker": 8,
+        "evolver": 8,
+        "human_gate": 256,
+    }
+
+
 async def test_submitting_a_bad_dict_spec_fails_before_anything_runs() -> None:
     model = ScriptedModel(answers())
     store = MemoryStore()
