@@ -771,6 +771,19 @@ async def test_a_supervisor_forgets_the_oldest_finished_runs_past_keep_finished(
         assert remembered == {handles[2].run_id, handles[3].run_id}
 
 
+async def test_a_supervisor_keeps_its_last_thousand_finished_runs_by_default() -> None:
+    # Explore runs of a goal with no words: each fails at once, no model call.
+    async with Supervisor(ScriptedModel(answers())) as sup:
+        handles = []
+        for _ in range(1001):
+            handles.append(await sup.submit(RunSpec(goal="?", kind="explore")))
+            await handles[-1].result()
+        await until(lambda: len(sup.handles()) == 1000)
+        with pytest.raises(UnknownRunError):
+            sup.get(handles[0].run_id)
+        assert [h.run_id for h in sup.handles()] == [h.run_id for h in handles[1:]]
+
+
 async def test_finished_runs_taken_up_by_resume_count_toward_keep_finished() -> None:
     store = MemoryStore()
     async with Supervisor(ScriptedModel(answers()), store) as first:
