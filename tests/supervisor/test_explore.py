@@ -536,6 +536,35 @@ async def test_malformed_output_is_asked_once_more_then_recorded() -> None:
     assert any("malformed or failed" in note for note in brief.limitations)
 
 
+async def test_a_critique_missing_a_lens_is_asked_again_naming_it_and_then_used() -> (
+    None
+):
+    asked: list[dict[str, Any]] = []
+
+    def forgets_safety_at_first(request: ModelRequest) -> Critique:
+        asked.append(request.context)
+        full = scores()
+        if "answer_problem" not in request.context:
+            del full["safety"]
+        return Critique(scores=full)
+
+    script = ExploreScript(
+        generated=STRONG[:3], broken={"critique": forgets_safety_at_first}
+    )
+    outcome = await run_explore(explore_spec(), script)
+    brief = outcome.result.brief
+    assert brief is not None
+    # Three hypotheses, two reviewers: each critique asked twice.
+    assert len(asked) == 12
+    problems = [ctx.get("answer_problem") for ctx in asked]
+    assert problems.count(None) == 6
+    assert problems.count("scores miss the lens(es) safety") == 6
+    # The second answers were whole: every hypothesis reviewed, no error kept.
+    assert brief.status == "completed"
+    assert [s.hypothesis.id for s in brief.selected] == ["H1", "H2", "H3"]
+    assert brief.errors == []
+
+
 async def test_the_tokens_of_a_rejected_answer_count_toward_the_runs_usage() -> None:
     # As OpenAIModel reports an answer still invalid after its re-ask.
     def costly_failure(request):
