@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
 from replan.cli import main
+from replan.messages import RunSubmitted
+from replan.store import SQLiteStore
 
 
 def test_demo_explore_prints_the_brief_with_plans_and_a_review(
@@ -73,6 +77,38 @@ def test_explore_reads_context_files_and_journals_the_run(
     shown = capsys.readouterr().out
     assert "discovery brief: completed" in shown
     assert "H1" in shown
+
+
+def test_the_explore_flags_make_the_runs_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "runs.db"
+    argv = ["explore", "Why do cooks stop planning?", "--model", "scripted:demo"]
+    argv += ["--domain", "clinical trials", "--select", "2", "--max-iterations", "1"]
+    argv += ["--seed", "5", "--yes", "--db", str(db), "--json"]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    brief = result["brief"]
+    assert len(brief["selected"]) <= 2
+    assert brief["iterations"] == 1
+    # A high-impact domain: a person (here --yes) reviews the result.
+    review = "high-impact domain (clinical): a person reviews the result"
+    assert review in brief["safety_notes"]
+    assert brief["reviewed_by"] == "cli --yes"
+
+    async def journaled() -> Any:
+        async with SQLiteStore(str(db), read_only=True) as store:
+            return (await store.read(result["run_id"]))[0]
+
+    submitted = anyio.run(journaled)
+    assert isinstance(submitted, RunSubmitted)
+    spec = submitted.spec
+    assert (spec.kind, spec.limits.max_iterations) == ("explore", 1)
+    assert (spec.explore.domain, spec.explore.select, spec.explore.seed) == (
+        "clinical trials",
+        2,
+        5,
+    )
 
 
 def test_a_blocked_goal_exits_1_with_one_error_line(

@@ -780,6 +780,20 @@ def test_a_side_effect_tool_call_waits_for_its_gate_over_http(
             assert gate["task_id"] == "t1"
             assert gate["tool_call"]["name"] == "send_email"
             assert json.loads(gate["tool_call"]["arguments"]) == {"to": "ana"}
+            # The attempt waiting for a person stands its worker aside: it is
+            # counted apart from the busy ones.
+            waiting = 'replan_actor_waiting_for_people{role="executor"} 1'
+
+            def executor_metrics() -> list[str] | None:
+                lines = [
+                    line
+                    for line in client.get("/metrics").text.splitlines()
+                    if line.startswith("replan_actor_") and 'role="executor"' in line
+                ]
+                return lines if waiting in lines else None
+
+            metrics = wait_for(executor_metrics)
+            assert 'replan_actor_busy{role="executor"} 0' in metrics
             answer = client.post(
                 f"/v1/gates/{gate['gate_id']}",
                 json={"decision": "approve", "by": "erin"},

@@ -675,6 +675,19 @@ async def test_good_supervisor_arguments_reach_the_pools() -> None:
     assert sizes["reviewer"] == (8, 5)
 
 
+async def test_the_pools_default_to_the_sizes_the_readme_gives() -> None:
+    async with Supervisor(ScriptedModel(answers())) as sup:
+        sizes = {s.role: s.workers for s in sup.pool_statistics()}
+    assert sizes == {
+        "planner": 8,
+        "executor": 32,
+        "reviewer": 8,
+        "ranker": 8,
+        "evolver": 8,
+        "human_gate": 256,
+    }
+
+
 async def test_submitting_a_bad_dict_spec_fails_before_anything_runs() -> None:
     model = ScriptedModel(answers())
     store = MemoryStore()
@@ -756,6 +769,19 @@ async def test_a_supervisor_forgets_the_oldest_finished_runs_past_keep_finished(
         assert await handles[0].result() == results[0]
         remembered = {handle.run_id for handle in sup.handles()}
         assert remembered == {handles[2].run_id, handles[3].run_id}
+
+
+async def test_a_supervisor_keeps_its_last_thousand_finished_runs_by_default() -> None:
+    # Explore runs of a goal with no words: each fails at once, no model call.
+    async with Supervisor(ScriptedModel(answers())) as sup:
+        handles = []
+        for _ in range(1001):
+            handles.append(await sup.submit(RunSpec(goal="?", kind="explore")))
+            await handles[-1].result()
+        await until(lambda: len(sup.handles()) == 1000)
+        with pytest.raises(UnknownRunError):
+            sup.get(handles[0].run_id)
+        assert [h.run_id for h in sup.handles()] == [h.run_id for h in handles[1:]]
 
 
 async def test_finished_runs_taken_up_by_resume_count_toward_keep_finished() -> None:

@@ -61,6 +61,34 @@ async def test_never_more_than_max_concurrency_tasks_of_a_run_run_at_once() -> N
     assert flight.peak == 3
 
 
+async def test_the_executor_pool_bounds_the_tasks_of_all_runs_at_once() -> None:
+    flight = InFlight()
+
+    async def execute(request: ModelRequest) -> TaskOutcome:
+        flight.current += 1
+        flight.peak = max(flight.peak, flight.current)
+        try:
+            await anyio.sleep(0.05)
+        finally:
+            flight.current -= 1
+        return clean(request)
+
+    model = scripted(execute=execute)
+
+    with anyio.fail_after(10):
+        async with Supervisor(model, MemoryStore(), workers={"executor": 2}) as sup:
+            handles = [
+                await sup.submit(spec(independent(4), max_concurrency=4))
+                for _ in range(3)
+            ]
+            results = [await handle.result() for handle in handles]
+
+    for result in results:
+        assert [t.status for t in result.tasks] == [TaskStatus.COMPLETED] * 4
+    # Each run would take four at once; the pool's two workers serve them all.
+    assert flight.peak == 2
+
+
 async def test_one_slow_task_does_not_hold_back_independent_ready_tasks() -> None:
     release = anyio.Event()
     others = {f"t{i}" for i in range(2, 8)}

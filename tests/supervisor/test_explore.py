@@ -31,7 +31,15 @@ from replan import (
     TransientModelError,
 )
 from replan.explore import similarity
-from replan.messages import HypothesisBatch, Limits
+from replan.messages import (
+    LENSES,
+    Comparison,
+    ContextAnalysis,
+    EvidenceItem,
+    HypothesisBatch,
+    Limits,
+    ValidationBatch,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -97,21 +105,79 @@ async def test_the_happy_path_issues_a_completed_brief_with_scores_and_plans() -
 
 
 async def test_every_request_carries_the_documented_context() -> None:
-    outcome = await run_explore(explore_spec(), ExploreScript(generated=STRONG))
+    # The README's table: what each role and purpose is asked, with what.
+    weak = scores(plausibility=0.2)
+    script = ExploreScript(
+        generated=[
+            Idea("Solo cooks leave because every recipe serves four", strength=0.9),
+            Idea("Leftovers make planning feel wasteful", [weak], strength=0.5),
+        ],
+        evolved=[[Idea("Cooks quit when skipping a week wastes bought food")]],
+    )
+    spec = explore_spec(
+        select=2, domain="product", constraints=["no new surveys"]
+    ).model_copy(update={"metadata": {"ticket": 7}})
+    outcome = await run_explore(spec, script)
     model = outcome.model
+    assert outcome.result.status is RunStatus.COMPLETED
     for call in model.calls:
-        assert call.context["run_kind"] == "explore"
-        assert call.context["goal"] == outcome.result.goal
-        assert [e.id for e in call.context["evidence"]] == ["E1", "E2", "E3"]
+        ctx = call.context
+        assert ctx["run_kind"] == "explore"
+        assert ctx["goal"] == outcome.result.goal
+        assert ctx["metadata"] == {"ticket": 7}
+        assert ctx["context"] == spec.context
+        assert (ctx["domain"], ctx["constraints"]) == ("product", ["no new surveys"])
+        assert all(isinstance(e, EvidenceItem) for e in ctx["evidence"])
+        assert [e.id for e in ctx["evidence"]] == ["E1", "E2", "E3"]
+    documented = {
+        ("planner", "gaps"): (ContextAnalysis, set()),
+        ("planner", "hypotheses"): (
+            HypothesisBatch,
+            {"gaps", "questions", "count", "existing", "iteration"},
+        ),
+        ("reviewer", "critique"): (
+            Critique,
+            {"hypothesis", "hypothesis_id", "lenses", "reviewer_index", "reviewers"},
+        ),
+        ("ranker", "compare"): (Comparison, {"a", "b", "a_id", "b_id"}),
+        ("evolver", "evolve"): (
+            HypothesisBatch,
+            {"candidates", "reviews", "count", "iteration"},
+        ),
+        ("planner", "validation"): (ValidationBatch, {"hypotheses"}),
+    }
+    asked = {(c.role, c.purpose) for c in model.calls}
+    assert asked == set(documented)
+    for call in model.calls:
+        output, keys = documented[call.role, call.purpose]  # type: ignore[index]
+        assert call.output_type is output, (call.role, call.purpose)
+        assert keys <= set(call.context), (call.role, call.purpose)
     generate = model.calls_for("planner", "hypotheses")[0]
-    assert generate.output_type is HypothesisBatch
     assert generate.context["count"] == 6
     assert generate.context["gaps"] == ["no data on household size"]
+    assert generate.context["questions"] == ["what differs for households of one?"]
+    assert (generate.context["existing"], generate.context["iteration"]) == ([], 1)
     critique = model.calls_for("reviewer", "critique")[0]
     assert critique.context["hypothesis"].id == critique.context["hypothesis_id"]
+    assert critique.context["lenses"] == list(LENSES)
+    assert critique.context["reviewers"] == 2
+    assert {c.context["reviewer_index"] for c in model.calls_for("reviewer")} == {
+        0,
+        1,
+    }
     compare = model.calls_for("ranker", "compare")[0]
     assert compare.context["a"].id == compare.context["a_id"]
     assert compare.context["b"].id == compare.context["b_id"]
+    evolve = model.calls_for("evolver", "evolve")[0]
+    assert [h.id for h in evolve.context["candidates"]] == ["H1", "H2"]
+    assert [r.hypothesis_id for r in evolve.context["reviews"]] == ["H1", "H2"]
+    assert (evolve.context["count"], evolve.context["iteration"]) == (6, 1)
+    [validation] = model.calls_for("planner", "validation")
+    brief = outcome.result.brief
+    assert brief is not None
+    assert [h.id for h in validation.context["hypotheses"]] == [
+        s.hypothesis.id for s in brief.selected
+    ]
 
 
 async def test_an_unsafe_goal_is_blocked_before_any_model_call() -> None:
@@ -185,6 +251,27 @@ async def test_uncited_hypotheses_are_speculative_and_unknown_refs_are_dropped()
     # Every answer came and was used: none is said to have failed.
     assert not any("answer(s) were malformed" in n for n in brief.limitations)
     assert any(n.startswith("1 problem(s) with model") for n in brief.limitations)
+
+
+async def test_the_brief_lists_the_assumptions_of_the_selected_hypotheses_once() -> (
+    None
+):
+    household = "households of one cook for themselves"
+    ideas = [
+        Idea(STRONG[0].statement, strength=0.9, assumptions=[household]),
+        Idea(
+            STRONG[1].statement,
+            strength=0.7,
+            assumptions=["leftovers are thrown away", household],
+        ),
+        Idea(STRONG[3].statement, strength=0.1, assumptions=["skipping is rare"]),
+    ]
+    outcome = await run_explore(explore_spec(select=2), ExploreScript(generated=ideas))
+    brief = outcome.result.brief
+    assert brief is not None
+    assert [s.hypothesis.id for s in brief.selected] == ["H1", "H2"]
+    # H3 is left out, and so is what only it assumes.
+    assert brief.assumptions == [household, "leftovers are thrown away"]
 
 
 async def test_near_duplicates_are_clustered_and_the_selection_stays_diverse() -> None:
@@ -360,6 +447,70 @@ async def test_a_hypothesis_on_a_blocked_topic_is_set_aside_unreviewed() -> None
     assert outcome.replayed == result
 
 
+async def test_a_hypothesis_whose_rationale_touches_a_blocked_topic_is_set_aside() -> (
+    None
+):
+    # Its statement is clean; the policy binds the rationale all the same.
+    clean = "Cooks leave after a scare at the recipe site"
+    script = ExploreScript(
+        generated=[
+            Idea("Solo cooks leave because recipes serve four", strength=0.9),
+            Idea(clean, strength=1.0),
+        ],
+    )
+
+    def batch(request: ModelRequest) -> HypothesisBatch:
+        first, second = (i.hypothesis() for i in script.generated)
+        risky = second.model_copy(update={"rationale": "a ransomware scare"})
+        return HypothesisBatch(hypotheses=[first, risky])
+
+    script.broken["hypotheses"] = batch
+    outcome = await run_explore(
+        explore_spec(max_iterations=1, select=1),
+        script,
+        resolve=lambda request: GateResolution(decision="approve", by="ana"),
+    )
+    brief = outcome.result.brief
+    assert brief is not None
+    assert [s.hypothesis.id for s in brief.selected] == ["H1"]
+    assert [(r.hypothesis_id, r.reason) for r in brief.rejected] == [
+        ("H2", "safety policy: touches a blocked topic: ransomware")
+    ]
+    reviewed = {
+        r.context["hypothesis_id"]
+        for r in outcome.model.calls_for("reviewer", "critique")
+    }
+    assert reviewed == {"H1"}
+
+
+async def test_ids_are_the_supervisors_and_default_settings_are_the_documented() -> (
+    None
+):
+    # A model's ids are replaced by H1, H2...; hypotheses are asked at 0.8;
+    # ratings start at 1200 and move by a K factor of 32.
+    script = ExploreScript(generated=STRONG[:3])
+
+    def batch(request: ModelRequest) -> HypothesisBatch:
+        named = zip(("H9", "idea-a", "H1"), script.generated, strict=True)
+        return HypothesisBatch(
+            hypotheses=[i.hypothesis().model_copy(update={"id": n}) for n, i in named]
+        )
+
+    script.broken["hypotheses"] = batch
+    outcome = await run_explore(explore_spec(), script)
+    [added] = [e for e in outcome.journal if e.kind == "hypotheses_added"]
+    assert [h.id for h in added.hypotheses] == ["H1", "H2", "H3"]
+    assert [h.statement for h in added.hypotheses] == [
+        i.statement for i in script.generated
+    ]
+    [generate] = outcome.model.calls_for("planner", "hypotheses")
+    assert generate.temperature == 0.8
+    first = next(e for e in outcome.journal if e.kind == "hypotheses_compared")
+    record = first.comparisons[0]
+    # Equal ratings at 1200: the winner takes K/2 = 16 from the loser.
+    assert sorted((record.rating_a, record.rating_b)) == [1184.0, 1216.0]
+
+
 async def test_malformed_output_is_asked_once_more_then_recorded() -> None:
     answered: list[str] = []
 
@@ -383,6 +534,35 @@ async def test_malformed_output_is_asked_once_more_then_recorded() -> None:
         "H2": "could not be reviewed (malformed or failed reviews)"
     }
     assert any("malformed or failed" in note for note in brief.limitations)
+
+
+async def test_a_critique_missing_a_lens_is_asked_again_naming_it_and_then_used() -> (
+    None
+):
+    asked: list[dict[str, Any]] = []
+
+    def forgets_safety_at_first(request: ModelRequest) -> Critique:
+        asked.append(request.context)
+        full = scores()
+        if "answer_problem" not in request.context:
+            del full["safety"]
+        return Critique(scores=full)
+
+    script = ExploreScript(
+        generated=STRONG[:3], broken={"critique": forgets_safety_at_first}
+    )
+    outcome = await run_explore(explore_spec(), script)
+    brief = outcome.result.brief
+    assert brief is not None
+    # Three hypotheses, two reviewers: each critique asked twice.
+    assert len(asked) == 12
+    problems = [ctx.get("answer_problem") for ctx in asked]
+    assert problems.count(None) == 6
+    assert problems.count("scores miss the lens(es) safety") == 6
+    # The second answers were whole: every hypothesis reviewed, no error kept.
+    assert brief.status == "completed"
+    assert [s.hypothesis.id for s in brief.selected] == ["H1", "H2", "H3"]
+    assert brief.errors == []
 
 
 async def test_the_tokens_of_a_rejected_answer_count_toward_the_runs_usage() -> None:
@@ -530,6 +710,8 @@ async def test_a_deadline_ends_the_run_with_a_brief_of_what_was_found() -> None:
     assert result.stop_reason == "deadline_s: 0.3s passed"
     assert brief is not None
     assert "ended early (deadline_s: 0.3s passed)" in brief.summary
+    # The brief of an early end: candidates for a person, or none at all.
+    assert brief.status == ("needs_review" if brief.selected else "failed")
     [issued] = [e for e in outcome.journal if e.kind == "brief_issued"]
     assert (issued.ended, issued.stop_reason) == (
         RunStatus.LIMIT_REACHED,
@@ -552,6 +734,9 @@ async def test_a_cancelled_run_ends_with_a_brief_of_what_was_found() -> None:
     assert result.status is RunStatus.CANCELLED
     assert result.brief is not None
     assert "ended early (cancelled on request)" in result.brief.summary
+    assert result.brief.status == (
+        "needs_review" if result.brief.selected else "failed"
+    )
     assert replayed == result
 
 

@@ -128,6 +128,7 @@ async def test_a_model_lost_mid_run_ends_it_after_two_fruitless_cycles() -> None
     assert brief is not None
     assert "ended early" in brief.summary
     assert [s.hypothesis.id for s in brief.selected]
+    assert brief.status == "needs_review"  # the run's status is its cause's
     assert outcome.replayed == result
 
 

@@ -217,7 +217,10 @@ async def test_a_selection_an_edit_changed_is_shown_to_a_person_again() -> None:
     ]
     assert "H4" in {h.id for h in second.hypotheses}
     changed = "the selection changed after the edit by ana (H4 joined; H3 left)"
-    assert changed in second.reason
+    # The change is the question's first reason, before the others.
+    assert second.reason.startswith(
+        f"a person reviews the selected hypotheses: {changed}; "
+    )
     assert "reviewers disagree sharply on H4 (feasibility)" in second.reason
     assert brief.status == "completed"
     assert brief.reviewed_by == "bo"
@@ -240,6 +243,45 @@ async def test_an_edit_that_changes_no_selection_needs_no_second_review() -> Non
     brief = outcome.result.brief
     assert [s.hypothesis.id for s in brief.selected] == ["H1", "H2", "H3"]
     assert brief.reviewed_by == "ana"
+    assert outcome.replayed == outcome.result
+
+
+async def test_a_persons_hypotheses_are_all_taken_past_per_batch_and_repeats() -> None:
+    # A model's batch is cut to per_batch; a person's edit is taken whole,
+    # even a hypothesis worded as another of theirs.
+    mine = [
+        Idea(f"Cooks stay when the app suggests dish {n} from the fridge")
+        for n in ("one", "two", "three")
+    ]
+    mine.append(Idea(mine[0].statement.upper()))
+    script = ExploreScript(generated=[TORN, *GOOD[1:]], extra=mine)
+    proposed = [Hypothesis(statement=i.statement) for i in mine]
+
+    seen: list[GateRequest] = []
+
+    def edit_first(request: GateRequest) -> GateResolution:
+        seen.append(request)
+        if len(seen) > 1:
+            return approve(request)
+        return GateResolution(decision="edit", hypotheses=proposed, by="ana")
+
+    outcome = await run_explore(
+        explore_spec(per_batch=2, select=2), script, resolve=edit_first
+    )
+
+    added = [e.hypotheses for e in outcome.journal if e.kind == "hypotheses_added"]
+    generated, person = added[0], added[-1]
+    assert [h.id for h in generated] == ["H1", "H2"]  # per_batch cut the model's
+    assert [(h.id, h.origin) for h in person] == [
+        ("H3", "human"),
+        ("H4", "human"),
+        ("H5", "human"),
+        ("H6", "human"),
+    ]
+    assert [h.statement for h in person] == [h.statement for h in proposed]
+    brief = outcome.result.brief
+    assert brief is not None
+    assert brief.errors == []
     assert outcome.replayed == outcome.result
 
 
