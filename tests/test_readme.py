@@ -2,8 +2,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import get_args
 
 import pytest
+
+from replan.messages import Event
 
 README = Path(__file__).parent.parent / "README.md"
 
@@ -52,3 +55,11 @@ def test_the_readme_openai_example_builds_offline(
     model = scope["model"]
     assert model.model_for("executor") == "qwen2.5:3b"  # type: ignore[attr-defined]
     assert model.provider_name == "ollama"  # type: ignore[attr-defined]
+
+
+def test_the_journal_section_names_every_event_kind_and_no_other() -> None:
+    (union, _) = get_args(Event)
+    kinds = {get_args(t.model_fields["kind"].annotation)[0] for t in get_args(union)}
+    section = README.read_text().split("## The journal", 1)[1]
+    listing = section.split("appended to the store before it takes effect", 1)[0]
+    assert set(re.findall(r"`([a-z_]+)`", listing)) == kinds
