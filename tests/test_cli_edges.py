@@ -102,6 +102,14 @@ def test_the_journal_hint_can_be_pasted_into_a_shell(
             "argument --limit: must be at most",
         ),
         (
+            ["runs", "--db", "x.db", "--limit", "0"],
+            "argument --limit: must be at least 1:",
+        ),
+        (
+            ["runs", "--db", "x.db", "--limit", "1000001"],
+            "argument --limit: must be at most 1000000:",
+        ),
+        (
             ["runs", "--db", "x.db", "--url", "http://127.0.0.1:9"],
             "runs: give --db PATH or --url URL, not both",
         ),

@@ -605,6 +605,17 @@ async def test_the_database_is_in_wal_mode_with_a_schema_version(
         assert conn.execute("PRAGMA user_version").fetchone() == (3,)
 
 
+@pytest.mark.parametrize(
+    ("asked", "level"), [({}, 1), ({"synchronous": "FULL"}, 2)], ids=["NORMAL", "FULL"]
+)
+async def test_commits_are_synced_at_the_level_asked_normal_by_default(
+    tmp_path: Path, asked: dict[str, typing.Any], level: int
+) -> None:
+    async with SQLiteStore(tmp_path / "j.db", **asked) as store:
+        conn = store._connection()
+        assert conn.execute("PRAGMA synchronous").fetchone() == (level,)
+
+
 async def test_a_database_from_a_newer_schema_is_refused(tmp_path: Path) -> None:
     async with SQLiteStore(tmp_path / "j.db"):
         pass
