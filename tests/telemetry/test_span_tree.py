@@ -241,3 +241,27 @@ async def test_the_replan_span_holds_the_revised_plan_and_the_alignment_check(
     # Its cost: the planner's revision and the ranker's alignment check.
     assert attr(replan, n.REPLAN_USAGE_INPUT_TOKENS) == 2 * USAGE.input_tokens
     assert attr(replan, n.REPLAN_USAGE_OUTPUT_TOKENS) == 2 * USAGE.output_tokens
+
+
+async def test_a_root_that_hit_a_limit_says_which_and_counts_refused_replans(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    model = scripted(execute=with_finding, milestone=lambda request: replan_verdict())
+    result = await run_traced(
+        model,
+        spec(chain(5), milestone_every=1, max_iterations=2, max_replans=0),
+        provider,
+    )
+    assert result.status.value == "limit_reached"
+    assert result.stop_reason is not None
+    refused = len(result.replans)
+    assert refused >= 1
+    root = Tree(exporter.get_finished_spans()).one(n.SPAN_RUN)
+    assert attr(root, n.RUN_OUTCOME) == "limit_reached"
+    assert attr(root, n.RUN_REPLANS_APPLIED) == 0
+    assert attr(root, n.RUN_REPLANS_REFUSED) == refused
+    events = {e.name: e.attributes or {} for e in root.events}
+    assert events[n.EVENT_LIMIT_REACHED][n.LIMIT_NAME] == "max_iterations"
+    stopped = events[n.EVENT_STOPPED]
+    assert stopped[n.RUN_OUTCOME] == "limit_reached"
+    assert stopped[n.RUN_STOP_REASON] == result.stop_reason

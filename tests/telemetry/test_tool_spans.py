@@ -166,6 +166,38 @@ async def test_every_tool_call_is_a_span_under_its_executor_span(
     assert (sent.end_time - sent.start_time) / 1e9 < APPROVAL_DELAY_S
 
 
+async def test_a_tool_call_cut_short_by_a_cancel_ends_cancelled(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    started = anyio.Event()
+
+    @tool
+    async def wait_forever(query: str) -> str:
+        """Wait for an answer that never comes."""
+        started.set()
+        await anyio.sleep_forever()
+        return query
+
+    def ask(request: ModelRequest) -> Any:
+        return calls(("wait_forever", '{"query": "q"}'))
+
+    with anyio.fail_after(10):
+        async with Supervisor(
+            scripted(execute=ask),
+            MemoryStore(),
+            tools=[wait_forever],
+            tracer_provider=provider,
+        ) as sup:
+            handle = await sup.submit(spec(chain(1)))
+            await started.wait()
+            await handle.cancel()
+            assert (await handle.result()).status is RunStatus.CANCELLED
+    _, [span] = tool_spans(exporter)
+    assert span.name == "execute_tool wait_forever"
+    assert attr(span, n.TOOL_OUTCOME) == "cancelled"
+    assert span.end_time is not None
+
+
 async def test_with_content_capture_a_tool_span_holds_its_arguments_and_result(
     provider: TracerProvider,
     exporter: InMemorySpanExporter,
