@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import anyio
@@ -115,6 +116,11 @@ async def test_task_durations_of_a_few_seconds_fall_in_different_buckets(
     assert list(durations.explicit_bounds) == list(TASK_DURATION_BUCKETS)
     assert [c for c in durations.bucket_counts if c] == [1, 1]
     assert durations.explicit_bounds[0] <= 0.05  # not the SDK's 0, 5, 10...
+    # As documented: from 0.01 s, doubling, to about 11 minutes.
+    bounds = list(durations.explicit_bounds)
+    assert bounds[0] == 0.01
+    assert all(b == 2 * a for a, b in itertools.pairwise(bounds))
+    assert 10 * 60 < bounds[-1] < 11 * 60 + 30
 
 
 async def test_a_gates_wait_is_measured_until_its_answer(
@@ -140,6 +146,8 @@ async def test_a_gates_wait_is_measured_until_its_answer(
     assert 0.1 <= waits.sum < 5
     assert list(waits.explicit_bounds) == list(GATE_WAIT_BUCKETS)
     assert waits.explicit_bounds[-1] >= 86400  # a wait over a night is no outlier
+    # As documented: from a second to a week.
+    assert (waits.explicit_bounds[0], waits.explicit_bounds[-1]) == (1, 7 * 86400)
 
 
 async def test_a_replan_a_gate_timeout_rejected_is_labelled_rejected_by_policy(
