@@ -49,22 +49,6 @@ from ..telemetry import _names as n
 from ..telemetry._guard import GuardedTracer, end
 from ..telemetry._propagation import propagator
 
-HTTP_REQUEST_METHOD = "http.request.method"
-HTTP_REQUEST_METHOD_ORIGINAL = "http.request.method_original"
-HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
-HTTP_ROUTE = "http.route"
-URL_PATH = "url.path"
-URL_SCHEME = "url.scheme"
-SERVER_ADDRESS = "server.address"
-SERVER_PORT = "server.port"
-CLIENT_ADDRESS = "client.address"
-USER_AGENT_ORIGINAL = "user_agent.original"
-NETWORK_PROTOCOL_VERSION = "network.protocol.version"
-ERROR_TYPE = "error.type"
-STREAMING = "replan.http.streaming"
-"""True on the span of a response that streams (Server-Sent Events): the
-span ended once the headers were sent."""
-
 KNOWN_METHODS = frozenset(
     {"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE"}
 )
@@ -136,7 +120,7 @@ class ServerSpans:
                 _name_after_route(span, scope)
                 _set_status(span, status)
                 if _streams(message):
-                    span.set_attribute(STREAMING, True)
+                    span.set_attribute(n.HTTP_STREAMING, True)
                     ended = True
                     end(span)
             await send(message)
@@ -147,20 +131,20 @@ class ServerSpans:
             if not ended:
                 _name_after_route(span, scope)
                 span.record_exception(exc)
-                span.set_attribute(ERROR_TYPE, _qualified_name(type(exc)))
+                span.set_attribute(n.ERROR_TYPE, _qualified_name(type(exc)))
                 span.set_status(
                     Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}")
                 )
                 if status is None:
                     # Answered 500 by the server's error middleware, outside.
-                    span.set_attribute(HTTP_RESPONSE_STATUS_CODE, 500)
+                    span.set_attribute(n.HTTP_RESPONSE_STATUS_CODE, 500)
             raise
         except BaseException as exc:
             if not ended and status is None:
                 # Cut off before any answer (the server stopping, the task
                 # cancelled): no status code says what happened, so this does.
                 _name_after_route(span, scope)
-                span.set_attribute(ERROR_TYPE, _qualified_name(type(exc)))
+                span.set_attribute(n.ERROR_TYPE, _qualified_name(type(exc)))
                 span.set_status(
                     Status(StatusCode.ERROR, "cut off before an answer was sent")
                 )
@@ -177,24 +161,24 @@ def _request_attributes(
     """What is known as the request arrives (samplers may read it)."""
     scheme = str(scope.get("scheme", "http"))
     attrs: dict[str, AttributeValue] = {
-        HTTP_REQUEST_METHOD: method,
-        URL_PATH: str(scope.get("path", "")),
-        URL_SCHEME: scheme,
+        n.HTTP_REQUEST_METHOD: method,
+        n.URL_PATH: str(scope.get("path", "")),
+        n.URL_SCHEME: scheme,
     }
     if method != scope["method"]:
-        attrs[HTTP_REQUEST_METHOD_ORIGINAL] = scope["method"]
+        attrs[n.HTTP_REQUEST_METHOD_ORIGINAL] = scope["method"]
     address = _server_address(headers.get("host"), scope, scheme)
     if address is not None:
-        attrs[SERVER_ADDRESS], attrs[SERVER_PORT] = address
+        attrs[n.SERVER_ADDRESS], attrs[n.SERVER_PORT] = address
     client = scope.get("client")
     if client:
-        attrs[CLIENT_ADDRESS] = str(client[0])
+        attrs[n.CLIENT_ADDRESS] = str(client[0])
     agent = headers.get("user-agent")
     if agent:
-        attrs[USER_AGENT_ORIGINAL] = agent
+        attrs[n.USER_AGENT_ORIGINAL] = agent
     version = scope.get("http_version")
     if version:
-        attrs[NETWORK_PROTOCOL_VERSION] = str(version)
+        attrs[n.NETWORK_PROTOCOL_VERSION] = str(version)
     return attrs
 
 
@@ -221,7 +205,7 @@ def _name_after_route(span: Span, scope: Scope) -> None:
     if not isinstance(route, str) or not span.is_recording():
         return
     method = scope["method"]
-    span.set_attribute(HTTP_ROUTE, route)
+    span.set_attribute(n.HTTP_ROUTE, route)
     span.update_name(f"{method if method in KNOWN_METHODS else 'HTTP'} {route}")
     run_id = _run_of(scope.get("path_params") or {})
     if run_id:
@@ -242,10 +226,10 @@ def _run_of(params: dict[str, Any]) -> str | None:
 
 
 def _set_status(span: Span, status: int) -> None:
-    span.set_attribute(HTTP_RESPONSE_STATUS_CODE, status)
+    span.set_attribute(n.HTTP_RESPONSE_STATUS_CODE, status)
     if status >= 500:
         # No description: the status code says it.
-        span.set_attribute(ERROR_TYPE, str(status))
+        span.set_attribute(n.ERROR_TYPE, str(status))
         span.set_status(Status(StatusCode.ERROR))
 
 

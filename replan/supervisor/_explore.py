@@ -438,7 +438,7 @@ class _Flow:
             names.EXPLORE_ITERATION: iteration,
         }
         if human:
-            attributes["replan.explore.human"] = True
+            attributes[names.EXPLORE_HUMAN] = True
         return self.tracer.start_as_current_span(
             CYCLE_SPAN,
             attributes=attributes,

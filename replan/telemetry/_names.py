@@ -142,6 +142,23 @@ LINK_KIND: Final = "replan.link"
 """On a root span's links: ``resumes`` (the suspended trace this one
 continues) or ``submitted_by`` (the span that submitted the run)."""
 
+# The daemon's SERVER spans: OpenTelemetry's HTTP attributes ------------------
+
+HTTP_REQUEST_METHOD: Final = "http.request.method"
+HTTP_REQUEST_METHOD_ORIGINAL: Final = "http.request.method_original"
+HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
+HTTP_ROUTE: Final = "http.route"
+URL_PATH: Final = "url.path"
+URL_SCHEME: Final = "url.scheme"
+SERVER_ADDRESS: Final = "server.address"
+SERVER_PORT: Final = "server.port"
+CLIENT_ADDRESS: Final = "client.address"
+USER_AGENT_ORIGINAL: Final = "user_agent.original"
+NETWORK_PROTOCOL_VERSION: Final = "network.protocol.version"
+HTTP_STREAMING: Final = "replan.http.streaming"
+"""True on the span of a response that streams (Server-Sent Events): the
+span ended once the headers were sent."""
+
 # Span outcomes that are not run statuses or replan decisions ------------------
 
 SUSPENDED: Final = "suspended"
@@ -201,3 +218,6 @@ EXPLORE_RATING_B: Final = "replan.explore.rating_b"
 EXPLORE_BRIEF_STATUS: Final = "replan.explore.brief.status"
 """On an explore run's root at its end: its brief's status (``needs_review``
 where the run's outcome says only ``completed``)."""
+EXPLORE_HUMAN: Final = "replan.explore.human"
+"""True on the ``explore cycle`` span that plays the hypotheses a person
+added at the review gate."""
