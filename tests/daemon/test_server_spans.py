@@ -137,6 +137,11 @@ async def test_answers_before_and_without_a_route_are_traced_too(
         )
         assert refused.status_code == 401
         unauthorized = only_span(exporter)
+        wrong = await client.get(
+            "/v1/runs", headers={"Authorization": "Bearer not-the-token"}
+        )
+        assert wrong.status_code == 403
+        forbidden = only_span(exporter)
         large = await client.post("/v1/runs", content=b"x" * 2048)
         assert large.status_code == 413
         too_large = only_span(exporter)
@@ -145,14 +150,29 @@ async def test_answers_before_and_without_a_route_are_traced_too(
     assert (missing_run.attributes or {})["http.response.status_code"] == 404
     # Refused before routing: the method alone names the span.
     assert (no_route.name, unauthorized.name, too_large.name) == ("GET", "POST", "POST")
+    assert forbidden.name == "GET"
+    assert (forbidden.attributes or {})["http.response.status_code"] == 403
     assert "http.route" not in (unauthorized.attributes or {})
     assert (unauthorized.attributes or {})["url.path"] == "/v1/runs"
     assert (unauthorized.attributes or {})["http.response.status_code"] == 401
     assert (too_large.attributes or {})["http.response.status_code"] == 413
     # A client's error is not the server's.
-    for span in (missing_run, no_route, unauthorized, too_large):
+    for span in (missing_run, no_route, unauthorized, forbidden, too_large):
         assert span.status.status_code is StatusCode.UNSET
         assert "error.type" not in (span.attributes or {})
+
+
+async def test_the_query_string_is_not_recorded(
+    tmp_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    async with serving(make_daemon(tmp_path, provider)) as client:
+        listed = await client.get("/v1/runs?status=completed&limit=7")
+        assert listed.status_code == 200
+        span = only_span(exporter)
+    attributes = dict(span.attributes or {})
+    assert attributes["url.path"] == "/v1/runs"
+    assert "url.query" not in attributes
+    assert [k for k, v in attributes.items() if "limit=7" in str(v)] == []
 
 
 async def test_a_client_trace_continues_into_the_daemon(
