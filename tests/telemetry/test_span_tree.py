@@ -89,6 +89,32 @@ async def test_the_baggage_current_at_submit_is_on_every_span_of_the_run(
     assert [s.name for s in tree.spans if attr(s, "tenant.id") != "acme"] == []
 
 
+async def test_a_run_submitted_under_a_span_starts_a_trace_of_its_own(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    provider.add_span_processor(BaggageOnSpans())
+    token = context.attach(baggage.set_baggage("tenant.id", "acme"))
+    try:
+        with provider.get_tracer("app").start_as_current_span("handle request"):
+            result = await run_traced(scripted(), spec(chain(2)), provider)
+    finally:
+        context.detach(token)
+    tree = Tree(exporter.get_finished_spans())
+    request = tree.one("handle request")
+    run = tree.of_run(result.run_id)
+    root = run.one(n.SPAN_RUN)
+    assert root.parent is None
+    assert root.context is not None
+    assert run.traces() == {root.context.trace_id}
+    assert request.context is not None
+    assert request.context.trace_id not in run.traces()
+    # The submitter's span is linked to, never a parent.
+    [link] = root.links
+    assert link.context.span_id == request.context.span_id
+    assert (link.attributes or {})[n.LINK_KIND] == "submitted_by"
+    assert [s.name for s in run.spans if attr(s, "tenant.id") != "acme"] == []
+
+
 async def test_each_task_execution_is_an_executor_span_under_the_root(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
