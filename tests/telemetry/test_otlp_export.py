@@ -109,6 +109,16 @@ def attributes(pairs: Any) -> dict[str, Any]:
     return {kv.key: value_of(kv.value) for kv in pairs if isinstance(kv, KeyValue)}
 
 
+def span_names(received: list[Request]) -> set[str]:
+    return {
+        span.name
+        for request in received
+        for resource_spans in request.resource_spans
+        for scope_spans in resource_spans.scope_spans
+        for span in scope_spans.spans
+    }
+
+
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
 async def test_the_replan_span_reaches_an_otlp_receiver_with_its_attributes(
     protocol: str, monkeypatch: pytest.MonkeyPatch
@@ -172,13 +182,37 @@ def test_a_command_sends_its_traces_to_the_traces_endpoint_alone() -> None:
             OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"{url}/v1/traces",
         )
     assert done.returncode == 0, done.stderr
-    names = {
-        span.name
-        for request in received
-        for resource_spans in request.resource_spans
-        for scope_spans in resource_spans.scope_spans
-        for span in scope_spans.spans
-    }
+    names = span_names(received)
     assert {n.SPAN_RUN, n.SPAN_REPLAN} <= names
     # Metrics have no endpoint of their own, nor a common one: not sent.
     assert set(paths) == {"/v1/traces"}
+
+
+def test_a_command_sends_traces_and_metrics_to_the_common_endpoint() -> None:
+    paths: list[str] = []
+    with http_receiver(paths) as (url, received):
+        done = run_python(
+            "from replan.cli import main; raise SystemExit(main(['demo', '--yes']))",
+            OTEL_EXPORTER_OTLP_ENDPOINT=url,
+        )
+    assert done.returncode == 0, done.stderr
+    assert set(paths) == {"/v1/traces", "/v1/metrics"}
+    assert received
+
+
+def test_an_application_that_exits_without_shutdown_still_sends_its_spans() -> None:
+    with http_receiver() as (url, received):
+        done = run_python(
+            """
+            from opentelemetry import trace
+            from replan.telemetry import setup
+
+            setup()
+            trace.get_tracer("app").start_span("buffered").end()
+            """,
+            OTEL_EXPORTER_OTLP_ENDPOINT=url,
+            OTEL_METRICS_EXPORTER="none",
+        )
+    assert done.returncode == 0, done.stderr
+    names = span_names(received)
+    assert names == {"buffered"}
