@@ -652,6 +652,15 @@ def test_a_path_that_cannot_hold_a_journal_is_a_configuration_error_naming_it(
     assert problem in caught.value.problem
 
 
+async def test_an_empty_file_becomes_a_journal(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    path.touch()  # made ready by a deployment, say
+    async with SQLiteStore(path) as store:
+        await store.append("run-1", [started(1)], summary("run-1", 1))
+    async with SQLiteStore(path, read_only=True) as reader:
+        assert await reader.read("run-1") == [started(1)]
+
+
 def test_another_applications_database_is_left_as_it_was(tmp_path: Path) -> None:
     path = tmp_path / "app.db"
     with closing(sqlite3.connect(path)) as conn:
