@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -358,9 +357,14 @@ async def test_a_tool_call_answered_during_a_drain_waits_for_the_resumed_run(
     assert sum(isinstance(e, GateOpened) for e in events) == 1  # not asked again
 
 
-async def _approve(sup: Supervisor, gate_id: str) -> None:
-    with contextlib.suppress(GateError):  # the run may end first
+async def _approve(
+    sup: Supervisor, gate_id: str, refused: list[str] | None = None
+) -> None:
+    try:
         await sup.gates.resolve(gate_id, {"decision": "approve"})
+    except GateError:  # the run may end first
+        if refused is not None:
+            refused.append(gate_id)
 
 
 async def test_an_approval_answered_as_the_run_is_cancelled_comes_before_its_end() -> (
@@ -379,14 +383,18 @@ async def test_an_approval_answered_as_the_run_is_cancelled_comes_before_its_end
                     if isinstance(event, GateOpened):
                         gate_id = event.request.gate_id
                         break
+                refused: list[str] = []
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(_approve, sup, gate_id)
+                    tg.start_soon(_approve, sup, gate_id, refused)
                     for _ in range(trial % 4):
                         await anyio.lowlevel.checkpoint()
                     tg.start_soon(handle.cancel)
                 result = await handle.result()
             events = await store.read(handle.run_id)
             assert events[-1].kind == "run_finished", [e.kind for e in events[-3:]]
+            # An approval is journaled, or refused with GateError: never lost.
+            journaled = [e for e in events if e.kind == "gate_resolved"]
+            assert len(journaled) + len(refused) == 1
             assert result.status is RunStatus.CANCELLED
             assert (await sup.replay(handle.run_id)) == result
 
