@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 from opentelemetry.trace import StatusCode
 from scripts import (
     chain,
+    clean,
     first_then_continue,
     fresh_tasks,
     replan_verdict,
@@ -28,6 +29,7 @@ from replan import (
     ModelRequest,
     ReplanOutcome,
     Supervisor,
+    TaskOutcome,
     TokenUsage,
     Trigger,
     Verdict,
@@ -190,6 +192,37 @@ async def test_a_review_without_a_verdict_shows_its_decision_on_the_run_span(
         for index in (1, 2)
     ]
     assert tree.named(n.SPAN_REPLAN) == []
+
+
+async def test_reviews_the_cheap_checks_or_the_patterns_rules_decided_are_root_events(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    def execute(request: ModelRequest) -> TaskOutcome:
+        # t1's finding goes to the reviewer; the other tasks pass the checks.
+        if request.context["task"].id == "t1":
+            return with_finding(request)
+        return clean(request)
+
+    model = scripted(
+        execute=execute, milestone=lambda request: Verdict(decision="complete")
+    )
+    contract = spec(chain(3), milestone_every=1).model_copy(
+        update={"pattern": "contract"}
+    )
+    result = await run_traced(model, contract, provider)
+    assert result.status.value == "completed"
+    root = Tree(exporter.get_finished_spans()).one(n.SPAN_RUN)
+    decisions = [
+        dict(e.attributes or {}) for e in root.events if e.name == n.EVENT_DECISION
+    ]
+    # The reviewer's "complete" a fixed plan runs past: the rules decided.
+    assert decisions[0] == {
+        n.MILESTONE_INDEX: 1,
+        n.REPLAN_DECISION: "continue",
+        n.REPLAN_DECIDED_BY: "policy",
+    }
+    assert decisions[1:]
+    assert {d[n.REPLAN_DECIDED_BY] for d in decisions[1:]} == {"heuristic"}
 
 
 async def test_with_candidates_the_critique_tournament_and_evolver_nest_in_the_replan(
