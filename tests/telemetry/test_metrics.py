@@ -311,6 +311,35 @@ async def test_an_attempt_whose_executor_crashed_is_counted_and_traced_as_crashe
     assert crashed.attributes[n.ERROR_TYPE] == "RuntimeError"
 
 
+async def test_a_transient_then_a_lasting_failure_are_counted_and_traced_apart(
+    provider: TracerProvider,
+    meter_provider: MeterProvider,
+    metric_reader: InMemoryMetricReader,
+    exporter: InMemorySpanExporter,
+) -> None:
+    def execute(request: ModelRequest) -> TaskOutcome:
+        transient = request.context["attempt"] == 1
+        return TaskOutcome(success=False, transient=transient, reason="no luck")
+
+    await run_traced(
+        scripted(execute=execute),
+        spec(chain(1), max_task_attempts=2),
+        provider,
+        meter_provider,
+    )
+    durations = by(points(metric_reader, n.METRIC_TASK_DURATION), n.TASK_OUTCOME)
+    assert {k: p.count for k, p in durations.items()} == {
+        ("transient_failure",): 1,
+        ("failed",): 1,
+    }
+    attempts = {
+        attr(s, n.TASK_ATTEMPT): attr(s, n.TASK_OUTCOME)
+        for s in exporter.get_finished_spans()
+        if s.name == "invoke_agent executor" and n.TASK_ID in (s.attributes or {})
+    }
+    assert attempts == {1: "transient_failure", 2: "failed"}
+
+
 async def test_totals_count_every_run_with_no_metrics_sdk_past_keep_finished() -> None:
     # No meter provider: the OpenTelemetry API is a no-op, and the
     # supervisor keeps one finished run in memory; its totals still count
