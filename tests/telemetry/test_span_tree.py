@@ -52,6 +52,7 @@ async def test_a_run_is_one_trace_under_an_invoke_workflow_root(
     assert root.parent is None
     assert root.kind is SpanKind.INTERNAL
     assert attr(root, n.GEN_AI_OPERATION_NAME) == "invoke_workflow"
+    assert attr(root, n.RUN_KIND) == "plan"
     assert attr(root, n.RUN_PATTERN) == "discovery"
     assert attr(root, n.RUN_OUTCOME) == "completed"
     assert attr(root, n.RUN_REPLANS_APPLIED) == 1
