@@ -16,10 +16,15 @@ import anyio
 import pytest
 from write_samples import T0, started, summary
 
-from replan import ConfigurationError
+from replan import ConfigurationError, GatePolicy, MemoryStore, Supervisor
+from replan._demo import demo_model, demo_spec
+from replan.daemon import DaemonSettings, Token
+from replan.daemon._retention import apply_retention
+from replan.daemon._service import Daemon
 from replan.messages import RunStatus, TaskStarted
 from replan.store import JournalConflict, JournalCorrupt, SQLiteStore
 from replan.store._sqlite import CHECKPOINT_EVERY
+from replan.supervisor import replay, snapshot
 
 
 def events_in_main_file(db: Path, copy: Path) -> int:
@@ -497,6 +502,33 @@ async def test_deleting_runs_counts_toward_the_checkpoints_as_appending_does(
         assert await store.list_runs() == []
 
 
+async def test_compacting_runs_counts_toward_the_checkpoints_as_appending_does(
+    tmp_path: Path,
+) -> None:
+    memory = MemoryStore()
+    async with Supervisor(demo_model(), memory) as sup:
+        no_gate = demo_spec().model_copy(
+            update={"gate_policy": GatePolicy(gate_on=frozenset())}
+        )
+        with anyio.fail_after(10):
+            finished = await (await sup.submit(no_gate)).result()
+    folded = snapshot(replay(await memory.read(finished.run_id)), 2)
+    async with SQLiteStore(tmp_path / "j.db") as store:
+        runs = CHECKPOINT_EVERY // 4
+        for n in range(runs):  # one append per event, as a run makes them
+            run_id = f"run-{n}"
+            for seq in (1, 2):
+                await store.append(run_id, [started(seq)], summary(seq, run_id=run_id))
+        assert store._checkpointer._thread is None  # 2 * runs < CHECKPOINT_EVERY
+        for n in range(runs):
+            run_id = f"run-{n}"
+            await store.compact_run(
+                run_id, folded.model_copy(update={"run_id": run_id, "seq": 2})
+            )
+        rounds = store._checkpointer.rounds
+        assert await anyio.to_thread.run_sync(rounds.acquire, True, 10)
+
+
 async def test_a_wal_grown_past_its_bound_is_truncated_once_asked(
     tmp_path: Path,
 ) -> None:
@@ -521,3 +553,41 @@ async def test_a_wal_grown_past_its_bound_is_truncated_once_asked(
         assert await anyio.to_thread.run_sync(rounds.acquire, True, 10)
         assert wal.stat().st_size <= WAL_SIZE_LIMIT
         assert await store.read("run-1") == [started(1)]
+
+
+async def test_a_retention_pass_that_removed_runs_ends_with_a_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Deleting runs grows the WAL and no append may follow to rewind it.
+    settings = DaemonSettings(
+        data_dir=tmp_path,
+        retention="delete",
+        retention_age_s=0,
+        retention_interval_s=3600,
+    )
+    no_gate = demo_spec().model_copy(
+        update={"gate_policy": GatePolicy(gate_on=frozenset())}
+    )
+    with anyio.fail_after(20):
+        async with (
+            SQLiteStore(settings.journal_path) as store,
+            Supervisor(demo_model(), store) as sup,
+        ):
+            for _ in range(2):
+                await (await sup.submit(no_gate)).result()
+    asked: list[SQLiteStore] = []
+    checkpoint_soon = SQLiteStore.checkpoint_soon
+
+    def counted(store: SQLiteStore) -> None:
+        asked.append(store)
+        checkpoint_soon(store)
+
+    monkeypatch.setattr(SQLiteStore, "checkpoint_soon", counted)
+    daemon = Daemon(settings=settings, token=Token("t" * 32), model=demo_model())
+    with anyio.fail_after(20):
+        async with daemon.running():
+            while not asked:  # noqa: ASYNC110 (the daemon's first pass, as it starts)
+                await anyio.sleep(0.01)
+            assert daemon.counters.deleted == 2
+            assert await apply_retention(daemon) == 0  # nothing left to remove
+    assert len(asked) == 1
