@@ -378,6 +378,22 @@ async def test_an_unexpected_error_is_an_error_span(
     assert [e.name for e in span.events] == ["exception"]
 
 
+async def test_a_5xx_answer_is_an_error_span_without_an_exception(
+    tmp_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    daemon = make_daemon(tmp_path, provider)
+    async with client_of(daemon) as client:  # not started: not ready
+        response = await client.get("/readyz")
+        assert response.status_code == 503
+        span = only_span(exporter)
+    assert span.name == "GET /readyz"
+    assert span.status.status_code is StatusCode.ERROR
+    attributes = span.attributes or {}
+    assert attributes["http.response.status_code"] == 503
+    assert attributes["error.type"] == "503"
+    assert span.events == ()
+
+
 async def test_a_request_cut_off_before_its_answer_is_an_error_span(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
