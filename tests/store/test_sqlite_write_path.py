@@ -22,7 +22,12 @@ from replan.daemon import DaemonSettings, Token
 from replan.daemon._retention import apply_retention
 from replan.daemon._service import Daemon
 from replan.messages import RunStatus, TaskStarted
-from replan.store import JournalConflict, JournalCorrupt, SQLiteStore
+from replan.store import (
+    JournalConflict,
+    JournalCorrupt,
+    SQLiteStore,
+    ToolEffectRecord,
+)
 from replan.store._sqlite import CHECKPOINT_EVERY
 from replan.supervisor import replay, snapshot
 
@@ -234,6 +239,13 @@ async def test_a_read_only_store_sees_a_live_writer_and_refuses_to_write(
                 await reader.append("run-1", [started(4)], summary(4))
             with pytest.raises(PermissionError, match="read-only"):
                 await reader.delete_run("run-1")
+            with pytest.raises(PermissionError, match="read-only"):
+                await reader.record_tool_effect(
+                    "run-1",
+                    ToolEffectRecord(
+                        key="k", task_id="t1", tool="send_email", arguments={}
+                    ),
+                )
         assert [e.seq for e in await writer.read("run-1")] == [1, 2, 3]
 
 
