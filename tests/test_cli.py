@@ -137,6 +137,45 @@ def test_runs_lists_each_journaled_run_on_one_line(
     assert all("efficient sequence modelling" in line for line in lines)
 
 
+def test_runs_lists_the_newest_100_unless_told_otherwise(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from replan import RunSpec
+    from replan.messages import RunStatus, RunSubmitted
+    from replan.store import RunSummary, SQLiteStore
+
+    db = tmp_path / "j.db"
+    t0 = datetime(2026, 1, 5, tzinfo=UTC)
+
+    async def journal() -> None:
+        async with SQLiteStore(db) as store:
+            for n in range(101):
+                at = t0 + timedelta(seconds=n)
+                run_id = f"run-{n:03}"
+                spec = RunSpec(goal=f"goal {n}")
+                submitted = RunSubmitted(seq=1, at=at, run_id=run_id, spec=spec)
+                row = RunSummary(
+                    run_id=run_id,
+                    goal=spec.goal,
+                    kind="plan",
+                    pattern=spec.pattern,
+                    status=RunStatus.RUNNING,
+                    created_at=at,
+                    updated_at=at,
+                    last_seq=1,
+                )
+                await store.append(run_id, [submitted], row)
+
+    anyio.run(journal)
+    assert main(["runs", "--db", str(db)]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == [f"run-{n:03}" for n in range(100, 0, -1)]
+    assert main(["runs", "--db", str(db), "--limit", "101"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 101
+
+
 def test_show_with_a_missing_journal_fails_in_one_line_and_creates_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
