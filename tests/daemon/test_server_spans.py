@@ -98,7 +98,13 @@ async def test_a_request_gets_a_server_span_named_after_its_route(
         run_id = submitted.json()["run_id"]
         exporter.clear()
         response = await client.get(
-            f"/v1/runs/{run_id}", headers={"User-Agent": "ops-console/2"}
+            f"/v1/runs/{run_id}",
+            headers={
+                "User-Agent": "ops-console/2",
+                # A proxy's word for the client is not taken: the peer is.
+                "X-Forwarded-For": "203.0.113.9",
+                "Forwarded": "for=203.0.113.9;proto=https",
+            },
         )
         assert response.status_code == 200
         span = only_span(exporter)
