@@ -39,6 +39,39 @@ def set_env(monkeypatch: pytest.MonkeyPatch, **values: str) -> None:
         monkeypatch.setenv(name, value)
 
 
+def test_runs_use_the_api_alone_and_only_setup_imports_the_sdk() -> None:
+    done = run_python(
+        """
+        import sys
+
+        import anyio
+
+        from replan import GatePolicy, Supervisor
+        from replan._demo import demo_model, demo_spec
+        from replan.telemetry import setup
+
+        def sdk():
+            return [m for m in sys.modules if m.startswith("opentelemetry.sdk")]
+
+        async def main():
+            spec = demo_spec().model_copy(
+                update={"gate_policy": GatePolicy(gate_on=frozenset())}
+            )
+            async with Supervisor(demo_model()) as sup:
+                print((await (await sup.submit(spec)).result()).status.value)
+
+        anyio.run(main)
+        print(sdk() == [])
+        setup(set_global=False).shutdown()
+        print(sdk() != [])
+        """,
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_METRICS_EXPORTER="none",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["completed", "True", "True"]
+
+
 def test_the_service_name_defaults_to_replan(monkeypatch: pytest.MonkeyPatch) -> None:
     set_env(monkeypatch)
     with setup(set_global=False) as configured:
