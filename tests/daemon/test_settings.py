@@ -37,6 +37,8 @@ def test_flags_then_environment_then_the_toml_file(
         ({"workers": {"painter": 2}}, "workers"),
         ({"retention": "shred"}, "retention"),
         ({"drain_grace_s": -1}, "drain_grace_s"),
+        # Each body within the limit is read into memory whole.
+        ({"max_body_bytes": 64 * 1_048_576 + 1}, "max_body_bytes"),
         # Longer, and `replan watch` would take the silence for a dead stream.
         ({"heartbeat_s": 31}, "heartbeat_s"),
         # Shorter, and every idle event stream is a busy loop of keep-alives.
@@ -92,8 +94,10 @@ def test_numbers_from_the_environment_are_still_read(
 ) -> None:
     monkeypatch.setenv("REPLAN_PORT", "9001")
     monkeypatch.setenv("REPLAN_DRAIN_GRACE_S", "2.5")
+    monkeypatch.setenv("REPLAN_MAX_BODY_BYTES", str(64 * 1_048_576))
     settings = load_settings()
     assert (settings.port, settings.drain_grace_s) == (9001, 2.5)
+    assert settings.max_body_bytes == 64 * 1_048_576
 
 
 def test_a_missing_config_file_is_a_configuration_error(tmp_path: Path) -> None:
