@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,28 @@ def test_flags_then_environment_then_the_toml_file(
     assert settings.workers == {"executor": 3}
     assert settings.retention == "compact"
     assert settings.loopback
+
+
+def test_the_defaults_are_those_the_readme_gives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in list(os.environ):
+        if name.startswith("REPLAN_"):
+            monkeypatch.delenv(name)
+    settings = load_settings()
+    assert (settings.host, settings.port) == ("127.0.0.1", 8470)
+    assert settings.data_dir == Path("replan-data")
+    assert settings.model == "scripted:demo"
+    assert settings.max_active_runs == 1000
+    assert settings.max_body_bytes == 1_048_576
+    assert settings.drain_grace_s == 10
+    assert settings.heartbeat_s == 15
+    assert settings.retention == "compact"
+    assert settings.retention_age_s == 7 * 86_400
+    assert settings.retention_interval_s == 3600
+    assert settings.redrive_interval_s == 30
+    assert settings.journal_lease_s == 30
+    assert settings.log_level == "info"
 
 
 @pytest.mark.parametrize(
