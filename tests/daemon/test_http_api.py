@@ -494,6 +494,18 @@ def test_openapi_and_metrics_are_published(daemon: DaemonProcess) -> None:
     assert "# TYPE replan_tokens_total counter" in lines
 
 
+def test_workers_sets_each_role_s_global_concurrency(tmp_path: Path) -> None:
+    args = ("--workers", "executor=3", "--workers", "planner=2")
+    process = DaemonProcess(tmp_path / "data", *args).start()
+    try:
+        with process.client() as client:
+            lines = client.get("/metrics").text.splitlines()
+    finally:
+        process.close()
+    assert 'replan_actor_workers{role="executor"} 3' in lines
+    assert 'replan_actor_workers{role="planner"} 2' in lines
+
+
 def test_last_event_id_is_bounded_like_after_before_the_stream_starts(
     tmp_path: Path,
 ) -> None:
