@@ -206,7 +206,7 @@ def test_a_blank_data_dir_or_config_is_refused_not_taken_for_the_current_dir(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_openai_model_takes_its_prompt_budget_from_the_settings(
+def test_an_openai_model_takes_its_prompt_budget_and_provider_from_the_settings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from replan.daemon._models import build_model
@@ -214,9 +214,15 @@ def test_an_openai_model_takes_its_prompt_budget_from_the_settings(
 
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
     monkeypatch.setenv("REPLAN_MODEL_MAX_PROMPT_CHARS", "5000")
+    monkeypatch.delenv("REPLAN_MODEL_PROVIDER", raising=False)
     model = build_model(load_settings(None, model="openai:m"))
     assert isinstance(model, OpenAIModel)
     assert model.max_prompt_chars == 5000
+    assert model.provider_name == "openai"
+    monkeypatch.setenv("REPLAN_MODEL_PROVIDER", "vllm")
+    served = build_model(load_settings(None, model="openai:m"))
+    assert isinstance(served, OpenAIModel)
+    assert served.provider_name == "vllm"
     monkeypatch.setenv("REPLAN_MODEL_MAX_PROMPT_CHARS", "0")
     unbounded = build_model(load_settings(None, model="openai:m"))
     assert isinstance(unbounded, OpenAIModel)
