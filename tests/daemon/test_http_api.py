@@ -494,6 +494,31 @@ def test_openapi_and_metrics_are_published(daemon: DaemonProcess) -> None:
     assert "# TYPE replan_tokens_total counter" in lines
 
 
+def test_metrics_count_the_gates_waiting_and_the_event_streams_open(
+    daemon: DaemonProcess,
+) -> None:
+    def gauges(client: httpx.Client) -> tuple[str, str]:
+        lines = client.get("/metrics").text.splitlines()
+        [gates] = [line for line in lines if line.startswith("replan_gates_pending ")]
+        [streams] = [line for line in lines if line.startswith("replan_event_streams ")]
+        return gates, streams
+
+    with daemon.client() as client:
+        run_id = submit(client)
+        wait_for(lambda: client.get("/v1/gates").json()["gates"])
+        with client.stream("GET", f"/v1/runs/{run_id}/events") as stream:
+            # Read while iterating: leaving the loop closes the stream.
+            for line in stream.iter_lines():
+                if line == "event: gate_opened":
+                    while_open = gauges(client)
+                    break
+        wait_for(lambda: gauges(client)[1] == "replan_event_streams 0")
+        assert client.post(f"/v1/runs/{run_id}/cancel").status_code == 200
+        after = gauges(client)
+    assert while_open == ("replan_gates_pending 1", "replan_event_streams 1")
+    assert after == ("replan_gates_pending 0", "replan_event_streams 0")
+
+
 def test_workers_sets_each_role_s_global_concurrency(tmp_path: Path) -> None:
     args = ("--workers", "executor=3", "--workers", "planner=2")
     process = DaemonProcess(tmp_path / "data", *args).start()
