@@ -123,6 +123,25 @@ def test_numbers_from_the_environment_are_still_read(
     assert settings.max_body_bytes == 64 * 1_048_576
 
 
+def test_replan_config_names_the_file_as_config_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("REPLAN_PORT", raising=False)
+    config = tmp_path / "replan.toml"
+    config.write_text("port = 9001\n")
+    given = tmp_path / "given.toml"
+    given.write_text("port = 9002\n")
+    monkeypatch.setenv("REPLAN_CONFIG", str(config))
+    assert load_settings().port == 9001
+    assert load_settings(given).port == 9002  # --config wins
+    monkeypatch.setenv("REPLAN_CONFIG", "")  # as compose files leave it: none
+    assert load_settings().port == 8470
+    monkeypatch.setenv("REPLAN_CONFIG", str(tmp_path / "nope.toml"))
+    with pytest.raises(ConfigurationError, match="no such file") as refused:
+        load_settings()
+    assert refused.value.field == "config"
+
+
 def test_a_missing_config_file_is_a_configuration_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="no such file"):
         load_settings(tmp_path / "nope.toml")
