@@ -4,7 +4,8 @@
 
     ReplanError                      base of everything below
     ├── ConfigurationError           bad RunSpec / Limits / Supervisor arguments;
-    │                                raised before anything runs (also a ValueError)
+    │   │                            raised before anything runs (also a ValueError)
+    │   └── MissingPromptError       no prompt template for a role and purpose
     ├── SupervisorError              the supervisor is not running or is shutting down
     │   └── RunDrivenElsewhere       another supervisor drives the run (a GateError too)
     ├── UnknownRunError              no run with that id (also a KeyError)
@@ -13,7 +14,10 @@
     │   └── ResolutionRefused        the answer does not fit the gate (names the field)
     ├── JournalConflict              an append did not continue a run's journal
     │   └── LeaseLost                another supervisor took the run's lease meanwhile
+    ├── JournalUnavailable           a run's first write failed: the run was not started
     ├── JournalCorrupt               a stored event or run row cannot be read back
+    ├── ToolArgumentsError           a model's arguments do not fit the tool (also a
+    │                                ValueError)
     ├── ActorError                   a request to an actor did not produce a reply
     │   ├── ActorCrashed             the handler raised; carries the typed failure
     │   ├── ActorStopped             stopped (shutdown, or too many restarts)

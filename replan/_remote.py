@@ -115,7 +115,7 @@ def _submit(client: Client, args: argparse.Namespace) -> int:
     if args.spec is not None:
         spec = _read_spec(args.spec)
     if args.goal is not None:  # a blank one too, for the daemon to refuse
-        spec["goal"] = args.goal
+        spec["goal"] = _text("--goal", args.goal)
     if args.pattern:
         spec["pattern"] = args.pattern
     if "goal" not in spec:
@@ -187,6 +187,15 @@ def _unsendable(spec: dict[str, Any]) -> tuple[str, str] | None:
         elif isinstance(value, list):
             stack.extend((f"{path}.{i}", inner) for i, inner in enumerate(value))
     return None
+
+
+def _text(flag: str, value: str | None) -> str | None:
+    """``value`` of ``flag``, refused as a bad argument if it is no text: a
+    shell passes bytes that are no UTF-8 as lone surrogates, which no JSON
+    body can carry."""
+    if value is not None and not _utf8(value):
+        raise RemoteError(f"{flag}: {value!r} is no text (a lone UTF-16 surrogate)", 2)
+    return value
 
 
 def _utf8(text: str) -> bool:
@@ -278,7 +287,11 @@ def _open_gates(
 
 
 def _answer(client: Client, args: argparse.Namespace) -> int:
-    body = {"decision": args.command, "by": args.by, "note": args.note}
+    body = {
+        "decision": args.command,
+        "by": _text("--by", args.by),
+        "note": _text("--note", args.note),
+    }
     gate_id = args.gate_id
     try:
         answer = client.call(

@@ -643,7 +643,9 @@ def _add_serve(commands: Any) -> None:
         "Every option is also a REPLAN_* variable (REPLAN_PORT, REPLAN_API_TOKEN, "
         "...) or a key of the --config TOML file; options win, then variables.",
     )
-    serve.add_argument("--config", metavar="FILE", help="a TOML settings file")
+    serve.add_argument(
+        "--config", metavar="FILE", help="a TOML settings file (REPLAN_CONFIG)"
+    )
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8470; 0: any free port)")
     serve.add_argument(

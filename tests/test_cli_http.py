@@ -515,6 +515,30 @@ def test_an_id_that_would_reach_another_url_is_a_bad_argument(
 
 
 @pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["submit", "--goal", "caf\udce9"], "--goal"),
+        (["approve", "r1-g1", "--by", "\udce9ve"], "--by"),
+        (["reject", "r1-g1", "--note", "hors p\udce9rim\udce8tre"], "--note"),
+    ],
+    ids=["goal", "by", "note"],
+)
+def test_an_argument_that_is_no_utf8_is_a_bad_argument_naming_its_flag(
+    argv: list[str],
+    flag: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A shell hands bytes that are no UTF-8 (a Latin-1 terminal) on as lone
+    # surrogates, which no JSON body can carry. Nothing listens on port 9.
+    monkeypatch.setenv("REPLAN_API_TOKEN", "a-token-of-sixteen-chars")
+    assert main([*argv, "--url", "http://127.0.0.1:9"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"replan: error: {flag}: '")
+    assert line.endswith("' is no text (a lone UTF-16 surrogate)")
+
+
+@pytest.mark.parametrize(
     ("argv", "body"),
     [
         (["runs"], b'{"items": []}'),

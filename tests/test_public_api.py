@@ -71,6 +71,37 @@ def test_the_design_documents_public_names_are_exported() -> None:
         assert name in replan.__all__
 
 
+def _drawn_tree() -> dict[str, str]:
+    """Each exception the tree in ``replan._errors`` draws, and its parent."""
+    from replan import _errors
+
+    parents: dict[str, str] = {}
+    path = ["ReplanError"]
+    for line in (_errors.__doc__ or "").splitlines():
+        branch = max(line.find("├── "), line.find("└── "))
+        if branch < 0:
+            continue
+        depth = (branch - 4) // 4 + 1
+        name = line[branch + 4 :].split()[0]
+        path[depth:] = [name]
+        parents[name] = path[depth - 1]
+    return parents
+
+
+def test_the_exception_tree_draws_every_public_exception_under_its_base() -> None:
+    drawn = _drawn_tree()
+    public = {
+        value
+        for name in PACKAGES
+        for value in vars(importlib.import_module(name)).values()
+        if isinstance(value, type) and issubclass(value, replan.ReplanError)
+    }
+    assert {c.__name__ for c in public} - {"ReplanError"} == set(drawn)
+    for cls in public - {replan.ReplanError}:
+        base = next(b for b in cls.__bases__ if issubclass(b, replan.ReplanError))
+        assert drawn[cls.__name__] == base.__name__, cls
+
+
 def test_importing_replan_does_not_import_the_daemons_dependencies() -> None:
     import subprocess
     import sys

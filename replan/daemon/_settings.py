@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -264,11 +265,16 @@ def load_settings(
 ) -> DaemonSettings:
     """Settings from ``flags`` (None means unset), the environment, the file.
 
+    ``config_file`` is ``REPLAN_CONFIG`` when not given, as every setting
+    is also a variable (an empty one is none).
+
     Raises:
         ConfigurationError: a value is invalid (names the field), or the
             file cannot be read.
     """
     given = {name: value for name, value in flags.items() if value is not None}
+    if config_file is None:
+        config_file = os.environ.get("REPLAN_CONFIG") or None
     if config_file is not None and not str(config_file).strip():
         raise ConfigurationError("config", "name a TOML file, not a blank path")
     path = Path(config_file) if config_file is not None else None

@@ -279,6 +279,31 @@ def test_retention_can_delete_finished_runs_instead(tmp_path: Path) -> None:
     assert journal_kinds(tmp_path / "data", run_id) == []
 
 
+def test_retention_off_keeps_every_finished_run_whole(tmp_path: Path) -> None:
+    daemon = DaemonProcess(
+        tmp_path / "data",
+        "--retention",
+        "off",
+        "--retention-age",
+        "0",
+        "--retention-interval",
+        "0.1",
+    ).start()
+    try:
+        with daemon.client() as client:
+            run_id = submit(client, gate_policy={"gate_on": []})
+            assert all_finished(client, [run_id])[0]["status"] == "completed"
+            time.sleep(1)  # ten intervals, each of which would take it
+            metrics = client.get("/metrics").text.splitlines()
+    finally:
+        daemon.close()
+    kinds = journal_kinds(tmp_path / "data", run_id)
+    assert kinds[0] == "run_submitted"
+    assert kinds[-1] == "run_finished"
+    assert "run_compacted" not in kinds
+    assert 'replan_retention_runs_total{action="compact"} 0' in metrics
+
+
 def test_a_non_loopback_address_is_refused_without_a_token(tmp_path: Path) -> None:
     daemon = DaemonProcess(tmp_path / "data", "--host", "0.0.0.0", token=None)
     try:

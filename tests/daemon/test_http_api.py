@@ -79,6 +79,31 @@ def test_runs_are_listed_newest_first_in_pages(daemon: DaemonProcess) -> None:
     assert created == sorted(created, reverse=True)
 
 
+def test_runs_are_filtered_by_each_status_given_in_pages_of_at_most_1000(
+    daemon: DaemonProcess,
+) -> None:
+    with daemon.client() as client:
+        done = submit(client, gate_policy=NO_GATE)
+        waiting = submit(client)
+        cancelled = submit(client)
+        wait_for(lambda: len(client.get("/v1/gates").json()["gates"]) == 2)
+        assert client.post(f"/v1/runs/{cancelled}/cancel").status_code == 200
+        finished(client, done)
+        ended = client.get(
+            "/v1/runs", params=[("status", "completed"), ("status", "cancelled")]
+        ).json()
+        default = client.get("/v1/runs").json()
+        most = client.get("/v1/runs", params={"limit": 1000})
+        too_many = client.get("/v1/runs", params={"limit": 1001})
+    assert sorted(r["run_id"] for r in ended["runs"]) == sorted([done, cancelled])
+    assert waiting in [r["run_id"] for r in default["runs"]]
+    assert default["limit"] == 50
+    assert most.status_code == 200, most.text
+    assert len(most.json()["runs"]) == 3
+    assert too_many.status_code == 422
+    assert too_many.json()["field"] == "limit"
+
+
 def test_a_scope_shift_gate_is_approved_over_http(daemon: DaemonProcess) -> None:
     with daemon.client() as client:
         run_id = submit(client)
@@ -199,6 +224,38 @@ def test_a_run_waiting_at_a_gate_can_be_cancelled(daemon: DaemonProcess) -> None
     )
 
 
+def test_a_run_shows_each_gate_with_the_answer_that_stands(
+    daemon: DaemonProcess,
+) -> None:
+    with daemon.client() as client:
+        approved = submit(client)
+        cancelled = submit(client)
+        wait_for(lambda: len(client.get("/v1/gates").json()["gates"]) == 2)
+        gates = client.get("/v1/gates").json()["gates"]
+        gate_of = {g["run_id"]: g["gate_id"] for g in gates}
+        answer = {"decision": "approve", "by": "erin", "note": "wider is right"}
+        answered = client.post(f"/v1/gates/{gate_of[approved]}", json=answer)
+        assert answered.status_code == 200, answered.text
+        assert client.post(f"/v1/runs/{cancelled}/cancel").status_code == 200
+        finished(client, approved)
+        views = {run: client.get(f"/v1/runs/{run}").json() for run in gate_of}
+    (shown,) = views[approved]["gates"]
+    assert shown["request"]["gate_id"] == gate_of[approved]
+    assert shown["resolution"]["decision"] == "approve"
+    assert (shown["resolution"]["by"], shown["resolution"]["note"]) == (
+        "erin",
+        "wider is right",
+    )
+    assert shown["resolved_at"] is not None
+    (closed,) = views[cancelled]["gates"]
+    assert closed["request"]["gate_id"] == gate_of[cancelled]
+    assert closed["resolution"]["decision"] == "reject"
+    assert closed["resolution"]["by"] == "supervisor"
+    assert closed["resolution"]["note"] == (
+        "the run ended before the gate was answered (cancelled)"
+    )
+
+
 def test_an_edit_without_tasks_is_refused_naming_the_tasks(
     daemon: DaemonProcess,
 ) -> None:
@@ -252,6 +309,10 @@ def test_every_v1_endpoint_needs_the_bearer_token(daemon: DaemonProcess) -> None
             assert wrong.status_code == 403, (method, path)
         assert anonymous.get("/healthz").status_code == 200
         assert anonymous.get("/readyz").status_code == 200
+        # Prometheus scrapes without a token.
+        metrics = anonymous.get("/metrics")
+        assert metrics.status_code == 200
+        assert "replan_runs_submitted_total 0" in metrics.text.splitlines()
 
 
 def test_health_and_readiness_answer_head_requests_too(daemon: DaemonProcess) -> None:
@@ -431,6 +492,43 @@ def test_openapi_and_metrics_are_published(daemon: DaemonProcess) -> None:
     assert executor_in > 0
     assert f'replan_tokens_total{{role="executor",type="input"}} {executor_in}' in lines
     assert "# TYPE replan_tokens_total counter" in lines
+
+
+def test_metrics_count_the_gates_waiting_and_the_event_streams_open(
+    daemon: DaemonProcess,
+) -> None:
+    def gauges(client: httpx.Client) -> tuple[str, str]:
+        lines = client.get("/metrics").text.splitlines()
+        [gates] = [line for line in lines if line.startswith("replan_gates_pending ")]
+        [streams] = [line for line in lines if line.startswith("replan_event_streams ")]
+        return gates, streams
+
+    with daemon.client() as client:
+        run_id = submit(client)
+        wait_for(lambda: client.get("/v1/gates").json()["gates"])
+        with client.stream("GET", f"/v1/runs/{run_id}/events") as stream:
+            # Read while iterating: leaving the loop closes the stream.
+            for line in stream.iter_lines():
+                if line == "event: gate_opened":
+                    while_open = gauges(client)
+                    break
+        wait_for(lambda: gauges(client)[1] == "replan_event_streams 0")
+        assert client.post(f"/v1/runs/{run_id}/cancel").status_code == 200
+        after = gauges(client)
+    assert while_open == ("replan_gates_pending 1", "replan_event_streams 1")
+    assert after == ("replan_gates_pending 0", "replan_event_streams 0")
+
+
+def test_workers_sets_each_role_s_global_concurrency(tmp_path: Path) -> None:
+    args = ("--workers", "executor=3", "--workers", "planner=2")
+    process = DaemonProcess(tmp_path / "data", *args).start()
+    try:
+        with process.client() as client:
+            lines = client.get("/metrics").text.splitlines()
+    finally:
+        process.close()
+    assert 'replan_actor_workers{role="executor"} 3' in lines
+    assert 'replan_actor_workers{role="planner"} 2' in lines
 
 
 def test_last_event_id_is_bounded_like_after_before_the_stream_starts(

@@ -61,6 +61,12 @@ def test_a_run_let_go_of_on_a_full_disk_completes_once_the_disk_has_room(
             # this daemon's running runs (nor against max_active_runs).
             assert status_of(client, run_id) == "running"
             assert client.get("/v1/runs").json()["runs"][0]["status"] == "running"
+            # Nor can it end here meanwhile: a cancel is refused, not held.
+            refused = client.post(f"/v1/runs/{run_id}/cancel")
+            assert refused.status_code == 409, refused.text
+            assert refused.json()["detail"].startswith(
+                f"run {run_id} was not cancelled: "
+            )
             running = 'replan_runs{status="running"} 0'
             wait_for(lambda: running in client.get("/metrics").text)
             log = daemon.output()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,28 @@ def test_flags_then_environment_then_the_toml_file(
     assert settings.loopback
 
 
+def test_the_defaults_are_those_the_readme_gives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in list(os.environ):
+        if name.startswith("REPLAN_"):
+            monkeypatch.delenv(name)
+    settings = load_settings()
+    assert (settings.host, settings.port) == ("127.0.0.1", 8470)
+    assert settings.data_dir == Path("replan-data")
+    assert settings.model == "scripted:demo"
+    assert settings.max_active_runs == 1000
+    assert settings.max_body_bytes == 1_048_576
+    assert settings.drain_grace_s == 10
+    assert settings.heartbeat_s == 15
+    assert settings.retention == "compact"
+    assert settings.retention_age_s == 7 * 86_400
+    assert settings.retention_interval_s == 3600
+    assert settings.redrive_interval_s == 30
+    assert settings.journal_lease_s == 30
+    assert settings.log_level == "info"
+
+
 @pytest.mark.parametrize(
     ("flags", "field"),
     [
@@ -37,6 +60,8 @@ def test_flags_then_environment_then_the_toml_file(
         ({"workers": {"painter": 2}}, "workers"),
         ({"retention": "shred"}, "retention"),
         ({"drain_grace_s": -1}, "drain_grace_s"),
+        # Each body within the limit is read into memory whole.
+        ({"max_body_bytes": 64 * 1_048_576 + 1}, "max_body_bytes"),
         # Longer, and `replan watch` would take the silence for a dead stream.
         ({"heartbeat_s": 31}, "heartbeat_s"),
         # Shorter, and every idle event stream is a busy loop of keep-alives.
@@ -92,8 +117,29 @@ def test_numbers_from_the_environment_are_still_read(
 ) -> None:
     monkeypatch.setenv("REPLAN_PORT", "9001")
     monkeypatch.setenv("REPLAN_DRAIN_GRACE_S", "2.5")
+    monkeypatch.setenv("REPLAN_MAX_BODY_BYTES", str(64 * 1_048_576))
     settings = load_settings()
     assert (settings.port, settings.drain_grace_s) == (9001, 2.5)
+    assert settings.max_body_bytes == 64 * 1_048_576
+
+
+def test_replan_config_names_the_file_as_config_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("REPLAN_PORT", raising=False)
+    config = tmp_path / "replan.toml"
+    config.write_text("port = 9001\n")
+    given = tmp_path / "given.toml"
+    given.write_text("port = 9002\n")
+    monkeypatch.setenv("REPLAN_CONFIG", str(config))
+    assert load_settings().port == 9001
+    assert load_settings(given).port == 9002  # --config wins
+    monkeypatch.setenv("REPLAN_CONFIG", "")  # as compose files leave it: none
+    assert load_settings().port == 8470
+    monkeypatch.setenv("REPLAN_CONFIG", str(tmp_path / "nope.toml"))
+    with pytest.raises(ConfigurationError, match="no such file") as refused:
+        load_settings()
+    assert refused.value.field == "config"
 
 
 def test_a_missing_config_file_is_a_configuration_error(tmp_path: Path) -> None:
@@ -179,7 +225,7 @@ def test_a_blank_data_dir_or_config_is_refused_not_taken_for_the_current_dir(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_openai_model_takes_its_prompt_budget_from_the_settings(
+def test_an_openai_model_takes_its_prompt_budget_and_provider_from_the_settings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from replan.daemon._models import build_model
@@ -187,9 +233,15 @@ def test_an_openai_model_takes_its_prompt_budget_from_the_settings(
 
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
     monkeypatch.setenv("REPLAN_MODEL_MAX_PROMPT_CHARS", "5000")
+    monkeypatch.delenv("REPLAN_MODEL_PROVIDER", raising=False)
     model = build_model(load_settings(None, model="openai:m"))
     assert isinstance(model, OpenAIModel)
     assert model.max_prompt_chars == 5000
+    assert model.provider_name == "openai"
+    monkeypatch.setenv("REPLAN_MODEL_PROVIDER", "vllm")
+    served = build_model(load_settings(None, model="openai:m"))
+    assert isinstance(served, OpenAIModel)
+    assert served.provider_name == "vllm"
     monkeypatch.setenv("REPLAN_MODEL_MAX_PROMPT_CHARS", "0")
     unbounded = build_model(load_settings(None, model="openai:m"))
     assert isinstance(unbounded, OpenAIModel)

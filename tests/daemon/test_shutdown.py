@@ -137,6 +137,46 @@ async def test_the_drain_answers_503_to_new_runs_while_work_in_flight_finishes(
     assert not daemon.ready
 
 
+async def test_a_keyed_submission_sent_again_while_the_daemon_drains_gets_its_run(
+    tmp_path: Path,
+) -> None:
+    held = HeldModel()
+    daemon = held_daemon(tmp_path, held)
+    server = uvicorn_server(daemon)
+    sockets = listen("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    body = {"goal": GOAL, "gate_policy": {"gate_on": []}}
+    try:
+        async with (
+            anyio.create_task_group() as tg,
+            httpx.AsyncClient(base_url=url, headers=headers) as client,
+        ):
+            shutdown: Shutdown = await tg.start(run_server, daemon, server, sockets)
+            await until_ready(client)
+            key = {"Idempotency-Key": "nightly-7"}
+            accepted = await client.post("/v1/runs", json=body, headers=key)
+            assert accepted.status_code == 202, accepted.text
+            await held.executing.wait()
+
+            shutdown.request()  # what SIGTERM does
+
+            again = await client.post("/v1/runs", json=body, headers=key)
+            other = {"Idempotency-Key": "nightly-8"}
+            new = await client.post("/v1/runs", json=body, headers=other)
+            held.release.set()
+    finally:
+        for sock in sockets:
+            sock.close()
+    # The key's run exists: no need to wait for the restart to learn it.
+    assert again.status_code == 200, again.text
+    assert again.json()["run_id"] == accepted.json()["run_id"]
+    assert again.json()["status"] == "running"
+    # Another key would start a run: that waits for the restart.
+    assert new.status_code == 503, new.text
+    assert new.headers["Retry-After"] == "5"
+
+
 async def test_a_second_signal_stops_without_waiting_for_the_drain(
     tmp_path: Path,
 ) -> None:

@@ -266,6 +266,22 @@ async def test_an_invalid_answer_is_asked_again_once_with_the_error_shown() -> N
     assert first.messages == second.messages[:-2]
 
 
+async def test_a_plan_with_a_blank_task_is_asked_again_naming_the_task() -> None:
+    blank = '{"tasks": [{"key": "search", "description": "  "}], "rationale": "r"}'
+    good = PlanProposal(
+        tasks=[TaskDraft(key="search", description="search the news")], rationale="r"
+    )
+    with chat_server() as server:
+        server.reply(completion(blank), completion(good))
+        async with fast(server.base_url) as model:
+            response = await model.generate(plan_request())
+        _, second = server.chat_requests()
+    assert response.output == good
+    problem = second.messages[-1]["content"]
+    assert "tasks.0.description" in problem
+    assert "the task's description must not be blank" in problem
+
+
 async def test_an_answer_invalid_twice_is_an_error_that_keeps_the_raw_text() -> None:
     with chat_server(
         lambda _: completion("not json at all", usage=(80, 5, 0))

@@ -275,6 +275,34 @@ async def test_resolving_a_gate_twice_raises_gate_already_resolved() -> None:
     assert [r.outcome for r in result.replans] == [ReplanOutcome.APPLIED]
 
 
+async def test_the_last_1024_gates_closed_are_told_resolved_to_a_late_answer() -> None:
+    from datetime import UTC, datetime
+
+    from replan.supervisor._gates import GateRegistry
+
+    registry = GateRegistry()
+    now = datetime.now(UTC)
+    closed = 1025
+    for i in range(closed):
+        request = GateRequest(
+            gate_id=f"r{i}-g1", run_id=f"r{i}", reason="?", created_at=now
+        )
+        registry.open(request)
+        answer = GateResolution(decision="approve", by=f"p{i}")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(registry.answer_here, request.gate_id, answer)
+            assert await registry.wait(request) == answer
+            registry.close(request.gate_id)  # as the run does once journaled
+    late = GateResolution(decision="reject", by="late")
+    for i in range(1, closed):
+        with pytest.raises(GateAlreadyResolved, match=rf"\(approve by p{i}\)$"):
+            await registry.answer_here(f"r{i}-g1", late)
+    # The oldest is forgotten: told no gate is open, not resolved.
+    with pytest.raises(replan.GateError, match="no open gate") as oldest:
+        await registry.answer_here("r0-g1", late)
+    assert type(oldest.value) is replan.GateError
+
+
 async def test_an_unanswered_gate_times_out_to_a_rejection_by_default() -> None:
     model = ScriptedModel(Script())
     async with Supervisor(model) as sup:
