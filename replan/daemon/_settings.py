@@ -37,6 +37,21 @@ date well after year 1 (the first a date can hold)."""
 _config_file: ContextVar[Path | None] = ContextVar("replan_config_file", default=None)
 
 
+class _GivenTwice(Exception):
+    """A JSON object names a key twice (the key is the message)."""
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's keys, refused when one comes twice: ``json.loads``
+    would keep the last silently."""
+    mapping: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in mapping:
+            raise _GivenTwice(key)
+        mapping[key] = value
+    return mapping
+
+
 class DaemonSettings(BaseSettings):
     """How ``replan serve`` runs. Every field is also ``REPLAN_<NAME>``.
 
@@ -202,10 +217,13 @@ class DaemonSettings(BaseSettings):
             return workers
         if workers.lstrip().startswith("{"):
             try:
-                return json.loads(workers)
+                return json.loads(workers, object_pairs_hook=_once_each)
+            except _GivenTwice as exc:
+                twice = f"{exc} is given twice ({workers.strip()!r})"
+                raise ValueError(twice) from None
             except ValueError as exc:
                 raise ValueError(f"not a JSON object: {exc}") from None
-        sizes: dict[str, str] = {}
+        sizes = {}
         for item in filter(None, (i.strip() for i in workers.split(","))):
             role, sep, size = item.partition("=")
             if not sep:

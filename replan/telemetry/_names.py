@@ -126,7 +126,6 @@ GATE_DECIDED_BY: Final = "replan.gate.by"
 GATE_TIMEOUT_S: Final = "replan.gate.timeout_s"
 GATE_OUTCOME: Final = "replan.gate.outcome"
 """``resolved``, ``timed_out`` or ``suspended`` (see below)."""
-"""``resolved``, or ``suspended`` when the gate has no timeout."""
 
 TOOL_SIDE_EFFECT: Final = "replan.tool.side_effect"
 TOOL_IDEMPOTENCY_KEY: Final = "replan.tool.idempotency_key"

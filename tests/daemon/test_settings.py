@@ -307,6 +307,7 @@ def test_replan_workers_takes_what_the_flag_takes_or_a_json_object(
         ("painter=2", "unknown role 'painter'"),
         ("{bad", "not a JSON object"),
         ("executor=2, executor=3", "executor is given twice"),
+        ('{"executor": 2, "executor": 3}', "executor is given twice"),
     ],
 )
 def test_a_bad_replan_workers_names_the_field_and_the_form(
