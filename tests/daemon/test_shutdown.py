@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, closing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,36 @@ def held_daemon(tmp_path: Path, held: HeldModel) -> Daemon:
     return Daemon(settings=settings, token=Token(TOKEN), model=held.model)
 
 
+@dataclass
+class Served:
+    """A daemon being served: a client that holds the token, and the switch
+    that asks the server to stop, as SIGTERM does."""
+
+    url: str
+    client: httpx.AsyncClient
+    shutdown: Shutdown
+
+
+@asynccontextmanager
+async def serving(daemon: Daemon) -> AsyncIterator[Served]:
+    """Serve ``daemon`` with uvicorn on a free port of 127.0.0.1; the block
+    asks for the shutdown, and its end waits until the server has stopped."""
+    server = uvicorn_server(daemon)
+    sockets = listen("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        async with (
+            anyio.create_task_group() as tg,
+            httpx.AsyncClient(base_url=url, headers=headers, timeout=5) as client,
+        ):
+            shutdown: Shutdown = await tg.start(run_server, daemon, server, sockets)
+            yield Served(url, client, shutdown)
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 async def until_ready(client: httpx.AsyncClient) -> None:
     """Wait for the daemon to serve: it answers while it starts."""
     for _ in range(1000):
@@ -73,40 +104,29 @@ async def test_the_drain_answers_503_to_new_runs_while_work_in_flight_finishes(
 ) -> None:
     held = HeldModel()
     daemon = held_daemon(tmp_path, held)
-    settings = daemon.settings
-    server = uvicorn_server(daemon)
-    sockets = listen("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
-    headers = {"Authorization": f"Bearer {TOKEN}"}
     body = {"goal": GOAL, "gate_policy": {"gate_on": []}}
-    try:
-        async with (
-            anyio.create_task_group() as tg,
-            httpx.AsyncClient(base_url=url, headers=headers) as client,
-        ):
-            shutdown: Shutdown = await tg.start(run_server, daemon, server, sockets)
-            await until_ready(client)
-            accepted = await client.post("/v1/runs", json=body)
-            assert accepted.status_code == 202, accepted.text
-            run_id = accepted.json()["run_id"]
-            await held.executing.wait()
+    async with serving(daemon) as served:
+        client = served.client
+        await until_ready(client)
+        accepted = await client.post("/v1/runs", json=body)
+        assert accepted.status_code == 202, accepted.text
+        run_id = accepted.json()["run_id"]
+        await held.executing.wait()
 
-            shutdown.request()  # what SIGTERM does
+        served.shutdown.request()  # what SIGTERM does
 
-            # The drain waits for the held execution: the server still answers.
-            refused = await client.post("/v1/runs", json=body)
-            ready = await client.get("/readyz")
-            gates = await client.get("/v1/gates")
-            answer = {"decision": "approve", "by": "ann"}
-            answered = await client.post(f"/v1/gates/{run_id}-g1", json=answer)
-            cancelled = await client.post(f"/v1/runs/{run_id}/cancel")
-            async with httpx.AsyncClient(base_url=url, headers=headers) as fresh:
-                still_read = await fresh.get(f"/v1/runs/{run_id}")
-            held.release.set()
-        # run_server has returned: the drain ended and uvicorn stopped.
-    finally:
-        for sock in sockets:
-            sock.close()
+        # The drain waits for the held execution: the server still answers.
+        refused = await client.post("/v1/runs", json=body)
+        ready = await client.get("/readyz")
+        gates = await client.get("/v1/gates")
+        answer = {"decision": "approve", "by": "ann"}
+        answered = await client.post(f"/v1/gates/{run_id}-g1", json=answer)
+        cancelled = await client.post(f"/v1/runs/{run_id}/cancel")
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with httpx.AsyncClient(base_url=served.url, headers=headers) as fresh:
+            still_read = await fresh.get(f"/v1/runs/{run_id}")
+        held.release.set()
+    # run_server has returned: the drain ended and uvicorn stopped.
     assert refused.status_code == 503, refused.text
     assert refused.json()["detail"] == (
         "not accepting runs: the daemon is shutting down; submit the run again "
@@ -130,7 +150,7 @@ async def test_the_drain_answers_503_to_new_runs_while_work_in_flight_finishes(
     assert cancelled.headers["Retry-After"] == "5"
     assert still_read.status_code == 200
     assert still_read.json()["status"] == "running"
-    kinds = journal_kinds(settings.journal_path, run_id)
+    kinds = journal_kinds(daemon.settings.journal_path, run_id)
     assert "task_finished" in kinds, "the execution in flight reached the journal"
     assert "task_interrupted" not in kinds
     assert "run_finished" not in kinds, "the run waits in the journal for a restart"
@@ -141,33 +161,21 @@ async def test_a_keyed_submission_sent_again_while_the_daemon_drains_gets_its_ru
     tmp_path: Path,
 ) -> None:
     held = HeldModel()
-    daemon = held_daemon(tmp_path, held)
-    server = uvicorn_server(daemon)
-    sockets = listen("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
-    headers = {"Authorization": f"Bearer {TOKEN}"}
     body = {"goal": GOAL, "gate_policy": {"gate_on": []}}
-    try:
-        async with (
-            anyio.create_task_group() as tg,
-            httpx.AsyncClient(base_url=url, headers=headers) as client,
-        ):
-            shutdown: Shutdown = await tg.start(run_server, daemon, server, sockets)
-            await until_ready(client)
-            key = {"Idempotency-Key": "nightly-7"}
-            accepted = await client.post("/v1/runs", json=body, headers=key)
-            assert accepted.status_code == 202, accepted.text
-            await held.executing.wait()
+    async with serving(held_daemon(tmp_path, held)) as served:
+        client = served.client
+        await until_ready(client)
+        key = {"Idempotency-Key": "nightly-7"}
+        accepted = await client.post("/v1/runs", json=body, headers=key)
+        assert accepted.status_code == 202, accepted.text
+        await held.executing.wait()
 
-            shutdown.request()  # what SIGTERM does
+        served.shutdown.request()  # what SIGTERM does
 
-            again = await client.post("/v1/runs", json=body, headers=key)
-            other = {"Idempotency-Key": "nightly-8"}
-            new = await client.post("/v1/runs", json=body, headers=other)
-            held.release.set()
-    finally:
-        for sock in sockets:
-            sock.close()
+        again = await client.post("/v1/runs", json=body, headers=key)
+        other = {"Idempotency-Key": "nightly-8"}
+        new = await client.post("/v1/runs", json=body, headers=other)
+        held.release.set()
     # The key's run exists: no need to wait for the restart to learn it.
     assert again.status_code == 200, again.text
     assert again.json()["run_id"] == accepted.json()["run_id"]
@@ -211,39 +219,29 @@ async def test_a_run_can_still_be_shown_while_the_daemon_drains(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     held = HeldModel()
-    daemon = held_daemon(tmp_path, held)
-    server = uvicorn_server(daemon)
-    sockets = listen("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
-    headers = {"Authorization": f"Bearer {TOKEN}"}
     monkeypatch.setenv("REPLAN_API_TOKEN", TOKEN)
     # Without the history, the client would retry until it gives up.
     monkeypatch.setattr(_client, "DEFAULT_BACKOFF", Backoff(0.1, 0.1, 2.0))
     shown: list[int] = []
-    try:
-        async with (
-            anyio.create_task_group() as tg,
-            httpx.AsyncClient(base_url=url, headers=headers) as client,
-        ):
-            shutdown: Shutdown = await tg.start(run_server, daemon, server, sockets)
-            await until_ready(client)
-            accepted = await client.post(
-                "/v1/runs", json={"goal": GOAL, "gate_policy": {"gate_on": []}}
-            )
-            run_id = accepted.json()["run_id"]
-            await held.executing.wait()
-            shutdown.request()
+    async with serving(held_daemon(tmp_path, held)) as served:
+        client = served.client
+        await until_ready(client)
+        accepted = await client.post(
+            "/v1/runs", json={"goal": GOAL, "gate_policy": {"gate_on": []}}
+        )
+        run_id = accepted.json()["run_id"]
+        await held.executing.wait()
+        served.shutdown.request()
 
-            # The history is served from the journal, then the stream ends.
-            with anyio.fail_after(10):
-                history = await client.get(f"/v1/runs/{run_id}/events")
-                shown.append(
-                    await anyio.to_thread.run_sync(main, ["show", run_id, "--url", url])
+        # The history is served from the journal, then the stream ends.
+        with anyio.fail_after(10):
+            history = await client.get(f"/v1/runs/{run_id}/events")
+            shown.append(
+                await anyio.to_thread.run_sync(
+                    main, ["show", run_id, "--url", served.url]
                 )
-            held.release.set()
-    finally:
-        for sock in sockets:
-            sock.close()
+            )
+        held.release.set()
     assert history.status_code == 200
     kinds = [
         line.removeprefix("event: ")
@@ -280,31 +278,19 @@ async def test_the_daemon_answers_while_it_resumes_the_journal_s_runs(
     start = SlowStart(monkeypatch)
     held = HeldModel()
     held.release.set()
-    daemon = held_daemon(tmp_path, held)
-    server = uvicorn_server(daemon)
-    sockets = listen("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    try:
-        async with (
-            anyio.create_task_group() as tg,
-            httpx.AsyncClient(base_url=url, headers=headers, timeout=5) as client,
-        ):
-            shutdown: Shutdown = await tg.start(run_server, daemon, server, sockets)
-            await start.entered.wait()
-            # Before, nothing answered until every run had resumed.
-            alive = await client.get("/healthz")
-            ready = await client.get("/readyz")
-            submitted = await client.post("/v1/runs", json={"goal": GOAL})
-            listed = await client.get("/v1/runs")
-            metrics = await client.get("/metrics")
-            start.release.set()
-            await until_ready(client)
-            accepted = await client.post("/v1/runs", json={"goal": GOAL})
-            shutdown.request()
-    finally:
-        for sock in sockets:
-            sock.close()
+    async with serving(held_daemon(tmp_path, held)) as served:
+        client = served.client
+        await start.entered.wait()
+        # Before, nothing answered until every run had resumed.
+        alive = await client.get("/healthz")
+        ready = await client.get("/readyz")
+        submitted = await client.post("/v1/runs", json={"goal": GOAL})
+        listed = await client.get("/v1/runs")
+        metrics = await client.get("/metrics")
+        start.release.set()
+        await until_ready(client)
+        accepted = await client.post("/v1/runs", json={"goal": GOAL})
+        served.shutdown.request()
     assert alive.status_code == 200
     assert ready.status_code == 503
     assert ready.json()["detail"].startswith("not ready: the daemon is starting")
@@ -330,39 +316,26 @@ async def test_a_command_sent_while_the_daemon_starts_waits_for_it(
     start = SlowStart(monkeypatch)
     held = HeldModel()
     held.release.set()
-    daemon = held_daemon(tmp_path, held)
-    server = uvicorn_server(daemon)
-    sockets = listen("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
-    headers = {"Authorization": f"Bearer {TOKEN}"}
     monkeypatch.setenv("REPLAN_API_TOKEN", TOKEN)
     monkeypatch.setattr(_client, "DEFAULT_BACKOFF", Backoff(0.05, 0.1, 10.0))
     codes: list[int] = []
-    try:
-        async with (
-            anyio.create_task_group() as tg,
-            httpx.AsyncClient(base_url=url, headers=headers, timeout=5) as client,
-        ):
-            shutdown: Shutdown = await tg.start(run_server, daemon, server, sockets)
-            await start.entered.wait()
+    async with serving(held_daemon(tmp_path, held)) as served:
+        await start.entered.wait()
 
-            async def listing() -> None:
-                codes.append(
-                    await anyio.to_thread.run_sync(main, ["runs", "--url", url])
-                )
+        async def listing() -> None:
+            codes.append(
+                await anyio.to_thread.run_sync(main, ["runs", "--url", served.url])
+            )
 
-            with anyio.fail_after(10):
-                async with anyio.create_task_group() as commands:
-                    commands.start_soon(listing)
-                    assert (await client.get("/readyz")).status_code == 503
-                    # Long enough for the command to be refused a few times.
-                    await anyio.sleep(0.3)
-                    assert codes == []
-                    start.release.set()
-            shutdown.request()
-    finally:
-        for sock in sockets:
-            sock.close()
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as commands:
+                commands.start_soon(listing)
+                assert (await served.client.get("/readyz")).status_code == 503
+                # Long enough for the command to be refused a few times.
+                await anyio.sleep(0.3)
+                assert codes == []
+                start.release.set()
+        served.shutdown.request()
     assert codes == [0]
     assert "starting" not in capsys.readouterr().err
 
