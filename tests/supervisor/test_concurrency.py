@@ -34,20 +34,20 @@ class InFlight:
     current: int = 0
     peak: int = 0
 
-
-async def test_never_more_than_max_concurrency_tasks_of_a_run_run_at_once() -> None:
-    flight = InFlight()
-
-    async def execute(request: ModelRequest) -> TaskOutcome:
-        flight.current += 1
-        flight.peak = max(flight.peak, flight.current)
+    async def execute(self, request: ModelRequest) -> TaskOutcome:
+        """An execution that takes 50 ms, counted while it runs."""
+        self.current += 1
+        self.peak = max(self.peak, self.current)
         try:
             await anyio.sleep(0.05)
         finally:
-            flight.current -= 1
+            self.current -= 1
         return clean(request)
 
-    model = scripted(execute=execute)
+
+async def test_never_more_than_max_concurrency_tasks_of_a_run_run_at_once() -> None:
+    flight = InFlight()
+    model = scripted(execute=flight.execute)
 
     with anyio.fail_after(10):
         async with Supervisor(model, MemoryStore()) as sup:
@@ -63,17 +63,7 @@ async def test_never_more_than_max_concurrency_tasks_of_a_run_run_at_once() -> N
 
 async def test_the_executor_pool_bounds_the_tasks_of_all_runs_at_once() -> None:
     flight = InFlight()
-
-    async def execute(request: ModelRequest) -> TaskOutcome:
-        flight.current += 1
-        flight.peak = max(flight.peak, flight.current)
-        try:
-            await anyio.sleep(0.05)
-        finally:
-            flight.current -= 1
-        return clean(request)
-
-    model = scripted(execute=execute)
+    model = scripted(execute=flight.execute)
 
     with anyio.fail_after(10):
         async with Supervisor(model, MemoryStore(), workers={"executor": 2}) as sup:
