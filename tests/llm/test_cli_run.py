@@ -652,6 +652,10 @@ def test_an_explore_run_whose_server_drops_the_connection_names_its_error(
         (None, " http://gpu-box:8000/v1\n", "vllm"),
         ("http://127.0.0.1:4000", "http://127.0.0.1:11434/v1", "litellm"),
         (None, None, "openai"),
+        # The port alone tells: not a port that begins alike, nor a password.
+        ("http://127.0.0.1:40000/v1", None, "openai"),
+        ("http://ana:8000@gpu-box/v1", None, "openai"),
+        ("http://127.0.0.1:99999/v1", None, "openai"),
     ],
 )
 def test_the_provider_is_told_from_the_base_url_the_model_uses(
