@@ -783,6 +783,31 @@ def test_an_interrupted_explore_run_goes_on_with_replan_explore(
     assert summary.status == "completed"
 
 
+def test_a_finished_runs_resume_prints_its_result_and_runs_nothing_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "j.db"
+    db = str(path)
+    model = ["--model", "scripted:demo"]
+    first, _ = run_json(
+        ["run", "map the market", *model, "--yes", "--json", "--db", db], capsys
+    )
+    (_,), before = anyio.run(_journal, path)
+    prefix = first["run_id"][:8]
+    again, _ = run_json(
+        ["run", *model, "--resume", prefix, "--db", db, "--json"], capsys
+    )
+    assert again == first
+    (summary,), after = anyio.run(_journal, path)
+    assert (summary.status, after) == ("completed", before)
+    # The other kind of command refuses it, naming the one to use.
+    assert main(["explore", *model, "--resume", prefix, "--db", db]) == 2
+    assert capsys.readouterr().err.endswith(
+        f"replan: error: run {first['run_id']} is a plan run: "
+        "resume it with replan run --resume\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "problem"),
     [
