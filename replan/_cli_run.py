@@ -218,7 +218,9 @@ async def run_goal(console: Any, args: argparse.Namespace) -> int:
         except ConfigurationError as exc:
             raise CommandError(_flag_message(exc, args.base_url), code=2) from None
     model: Model
-    name = args.model or os.environ.get("REPLAN_MODEL") or None
+    # Stripped as the model strips it (an env file's newline), so that the
+    # openai: prefix below is seen.
+    name = (args.model or os.environ.get("REPLAN_MODEL") or "").strip() or None
     if is_scripted(name):
         model = demo_model()
     else:

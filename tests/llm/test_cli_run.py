@@ -101,10 +101,12 @@ def test_the_library_warnings_reach_stderr_once_as_one_line_each(
 
 
 @pytest.mark.parametrize("command", ["run", "explore"])
+@pytest.mark.parametrize("variable", ["openai:gpt-test", " openai:gpt-test\n"])
 def test_a_model_named_openai_colon_name_as_for_the_daemon_asks_for_name(
-    command: str, monkeypatch: pytest.MonkeyPatch
+    command: str, variable: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("REPLAN_MODEL", "openai:gpt-test")
+    # Stripped first, as the model strips REPLAN_MODEL: an env file's spaces.
+    monkeypatch.setenv("REPLAN_MODEL", variable)
     with chat_server(lambda _: error(500, "only the model name matters")) as server:
         main([command, "x", "--base-url", server.base_url, "--retries", "0"])
         sent = server.chat_requests()
