@@ -444,6 +444,16 @@ def test_a_backoff_policy_refuses_a_wait_of_nan() -> None:
         BackoffPolicy(backoff_s=NAN)
 
 
+def test_the_backoff_doubles_up_to_max_backoff_s_with_jitter() -> None:
+    policy = BackoffPolicy(backoff_s=1, max_backoff_s=10)
+    for retry, ceiling in enumerate([1, 2, 4, 8, 10, 10]):
+        waits = {policy.delay(retry, None) for _ in range(50)}
+        # Equal jitter: from half the backoff to all of it, never in lockstep.
+        assert all(ceiling / 2 <= wait <= ceiling for wait in waits)
+        assert len(waits) > 1
+    assert policy.delay(0, 2.5) == 2.5  # what the server asked for
+
+
 def test_options_in_range_are_kept() -> None:
     model = OpenAIModel(
         "gpt-test",
