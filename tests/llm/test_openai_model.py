@@ -20,6 +20,7 @@ from replan import (
     ConfigurationError,
     ModelRequest,
     PlanProposal,
+    Supervisor,
     Task,
     TaskDraft,
     TaskOutcome,
@@ -157,6 +158,19 @@ async def test_a_client_passed_in_makes_no_retries_of_its_own() -> None:
         await model.aclose()
         assert not client.is_closed()
         await client.close()
+
+
+async def test_a_supervisor_leaves_its_model_open_and_aclose_closes_it() -> None:
+    with chat_server(lambda _: completion(PlanProposal())) as server:
+        model = fast(server.base_url)
+        async with Supervisor(model=model):
+            await model.generate(plan_request())
+        # The model was given: the supervisor's exit leaves it to its owner.
+        assert not model.client.is_closed()
+        assert (await model.generate(plan_request())).output == PlanProposal()
+        await model.aclose()
+        assert model.client.is_closed()
+        assert len(server.chat_requests()) == 2
 
 
 @pytest.mark.skipif(
