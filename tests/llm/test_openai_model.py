@@ -873,6 +873,34 @@ async def test_a_redirect_to_the_endpoint_is_followed() -> None:
     assert paths == ["/old/v1/chat/completions", "/v1/chat/completions"]
 
 
+@pytest.mark.parametrize("status", [301, 302, 303])
+async def test_a_redirect_that_would_drop_the_request_fails_at_once_naming_it(
+    status: int,
+) -> None:
+    # The HTTP client follows a 301, 302 or 303 as a GET without the body:
+    # the server's 405 for it is no answer of the endpoint's.
+    with chat_server() as server:
+        moved = Reply(
+            status, headers={"location": f"{server.base_url}/chat/completions"}
+        )
+        server.script = lambda _: moved
+        old = server.base_url.replace("/v1", "/old/v1")
+        async with fast(old, max_retries=3) as model:
+            with pytest.raises(ModelError) as caught:
+                await model.generate(plan_request())
+        methods = [(r.method, r.path) for r in server.requests]
+    assert str(caught.value) == (
+        f"{old}/ (gpt-test): HTTP {status}: redirected to "
+        f"{server.base_url}/chat/completions, where the request would go as a "
+        "GET without its body: check the base URL"
+    )
+    assert not caught.value.transient
+    assert methods == [
+        ("POST", "/old/v1/chat/completions"),
+        ("GET", "/v1/chat/completions"),
+    ]
+
+
 async def test_a_redirect_loop_fails_at_once_naming_the_base_url() -> None:
     with chat_server() as server:
         again = Reply(307, headers={"location": f"{server.base_url}/chat/completions"})
