@@ -320,6 +320,32 @@ async def test_a_sync_tool_that_hangs_is_abandoned_when_its_call_is_cancelled() 
         released.set()
 
 
+async def test_a_sync_side_effect_tool_is_waited_for_when_its_call_is_cancelled() -> (
+    None
+):
+    released = threading.Event()
+    sent: list[str] = []
+
+    def send(to: str) -> str:
+        """Send a message, over a slow connection."""
+        released.wait(5)
+        sent.append(to)
+        return "sent"
+
+    t = Tool(send, side_effect=True)
+    timer = threading.Timer(0.5, released.set)
+    timer.start()
+    try:
+        with anyio.fail_after(10):
+            with anyio.move_on_after(0.1):
+                await t.run(t.parse('{"to": "ana"}'), idempotency_key="k")
+        # What it did is known when the call ends: it was not left running.
+        assert sent == ["ana"]
+    finally:
+        released.set()
+        timer.cancel()
+
+
 def _hangs_first(request: ModelRequest) -> Any:
     if request.purpose == "synthesize":
         return Synthesis(output="done")
