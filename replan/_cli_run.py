@@ -8,6 +8,7 @@ import re
 import shlex
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from . import _render
 from ._demo import demo_model
@@ -217,7 +218,9 @@ async def run_goal(console: Any, args: argparse.Namespace) -> int:
         except ConfigurationError as exc:
             raise CommandError(_flag_message(exc, args.base_url), code=2) from None
     model: Model
-    name = args.model or os.environ.get("REPLAN_MODEL") or None
+    # Stripped as the model strips it (an env file's newline), so that the
+    # openai: prefix below is seen.
+    name = (args.model or os.environ.get("REPLAN_MODEL") or "").strip() or None
     if is_scripted(name):
         model = demo_model()
     else:
@@ -341,11 +344,16 @@ def cost_lines(result: RunResult) -> list[str]:
 def _provider(base_url: str | None) -> str:
     """The provider a server's address suggests (``--base-url``, else
     ``OPENAI_BASE_URL``, as the model takes it); ``openai`` by default."""
-    url = (base_url or os.environ.get("OPENAI_BASE_URL") or "").strip().lower()
-    for name, mark in (("ollama", ":11434"), ("vllm", ":8000"), ("litellm", ":4000")):
-        if mark in url:
-            return name
-    return "openai"
+    url = (base_url or os.environ.get("OPENAI_BASE_URL") or "").strip()
+    try:
+        port = urlsplit(url).port
+    except ValueError:  # no usable URL: the model refuses it
+        return "openai"
+    return PROVIDER_PORTS.get(port, "openai") if port is not None else "openai"
+
+
+PROVIDER_PORTS = {11434: "ollama", 8000: "vllm", 4000: "litellm"}
+"""The servers whose default port tells them apart (``--provider`` unless given)."""
 
 
 def _flag_message(exc: ConfigurationError, base_url: str | None) -> str:

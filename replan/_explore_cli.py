@@ -46,6 +46,7 @@ def make_model(
     """
     from .cli import CommandError
 
+    name = (name or "").strip()  # as the model strips it: an env file's newline
     if not name:
         raise CommandError(
             f"give a model with --model (or REPLAN_MODEL); {DEMO_MODEL} runs offline",

@@ -783,6 +783,65 @@ def test_an_interrupted_explore_run_goes_on_with_replan_explore(
     assert summary.status == "completed"
 
 
+def test_a_gate_left_open_asks_again_when_the_run_is_resumed(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from replan.store import SQLiteStore
+
+    append = SQLiteStore.append
+
+    async def signal_at_the_gate(
+        self: SQLiteStore, run_id: str, events: Any, *rest: Any
+    ) -> None:
+        await append(self, run_id, events, *rest)
+        if any(e.kind == "gate_opened" for e in events):
+            os.kill(os.getpid(), signal.SIGTERM)
+            await anyio.sleep(10)  # cancelled by the signal
+
+    monkeypatch.setattr(SQLiteStore, "append", signal_at_the_gate)
+    db = tmp_path / "j.db"
+    argv = ["run", "map the market", "--model", "scripted:demo", "--db", str(db)]
+    assert main(argv) == 143
+    monkeypatch.undo()
+    (summary,), events = anyio.run(_journal, db)
+    assert summary.status == "waiting_for_human"
+    assert events[-1].kind == "gate_opened"
+    capsys.readouterr()
+
+    resume = ["run", "--model", "scripted:demo", "--resume", summary.run_id]
+    assert main([*resume, "--db", str(db), "--yes"]) == 0
+    assert "gate g1 resolved: approve by cli --yes" in capsys.readouterr().out
+    (summary,), _ = anyio.run(_journal, db)
+    assert summary.status == "completed"
+
+
+def test_a_finished_runs_resume_prints_its_result_and_runs_nothing_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "j.db"
+    db = str(path)
+    model = ["--model", "scripted:demo"]
+    first, _ = run_json(
+        ["run", "map the market", *model, "--yes", "--json", "--db", db], capsys
+    )
+    (_,), before = anyio.run(_journal, path)
+    prefix = first["run_id"][:8]
+    again, _ = run_json(
+        ["run", *model, "--resume", prefix, "--db", db, "--json"], capsys
+    )
+    assert again == first
+    (summary,), after = anyio.run(_journal, path)
+    assert (summary.status, after) == ("completed", before)
+    # The other kind of command refuses it, naming the one to use.
+    assert main(["explore", *model, "--resume", prefix, "--db", db]) == 2
+    assert capsys.readouterr().err.endswith(
+        f"replan: error: run {first['run_id']} is a plan run: "
+        "resume it with replan run --resume\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "problem"),
     [

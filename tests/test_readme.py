@@ -63,3 +63,18 @@ def test_the_journal_section_names_every_event_kind_and_no_other() -> None:
     section = README.read_text().split("## The journal", 1)[1]
     listing = section.split("appended to the store before it takes effect", 1)[0]
     assert set(re.findall(r"`([a-z_]+)`", listing)) == kinds
+
+
+def test_the_replan_run_synopsis_names_every_flag_the_command_takes() -> None:
+    import argparse
+
+    from replan.cli import build_parser
+
+    section = README.read_text().split("### `replan run`", 1)[1]
+    synopsis = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    (commands,) = (
+        a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    )
+    run = commands.choices["run"]
+    flags = {f for a in run._actions for f in a.option_strings if f.startswith("--")}
+    assert set(re.findall(r"--[a-z][a-z-]*", synopsis)) == flags - {"--help"}

@@ -11,12 +11,14 @@ A connection error says which side of the connection failed: ``cannot
 connect (...)`` when none was made (refused, unknown host, TLS), ``connected,
 but ...`` when the server took the request and then dropped the connection or
 sent an answer that could not be decoded. A redirect that goes on redirecting
-is no passing trouble: like a redirect with no ``Location``, it fails at once
-as a :class:`ModelError` that names the base URL.
+is no passing trouble: like a redirect with no ``Location``, or a 301, 302 or
+303 (which the HTTP client follows as a GET without the request's body), it
+fails at once as a :class:`ModelError` that names the base URL.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import time
@@ -34,6 +36,7 @@ from .._errors import (
     TransientModelError,
 )
 from ._numbers import finite_number, whole_number
+from ._urls import without_credentials
 
 T = TypeVar("T")
 
@@ -111,6 +114,8 @@ async def with_retries(
     Raises:
         ModelAuthenticationError: 401 or 403.
         TransientModelError: retries used up on a retryable failure.
+        ModelError: a redirect that loops, has nowhere to go, or would
+            send the request on as a GET.
         openai.APIStatusError: any other HTTP error (the caller maps it).
     """
     retry = 0
@@ -126,13 +131,18 @@ async def with_retries(
             await anyio.sleep(asked)
         try:
             return await call()
-        except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
-            raise ModelAuthenticationError(
-                f"{where} rejected the credentials ({exc.status_code}: "
-                f"{_message(exc)}): set OPENAI_API_KEY (or pass api_key) to a "
-                "key this endpoint accepts"
-            ) from None
         except openai.APIStatusError as exc:
+            moved = _redirected_as_get(exc)
+            if moved is not None:
+                raise ModelError(f"{where}: {moved}: check the base URL") from None
+            if isinstance(
+                exc, openai.AuthenticationError | openai.PermissionDeniedError
+            ):
+                raise ModelAuthenticationError(
+                    f"{where} rejected the credentials ({exc.status_code}: "
+                    f"{_message(exc)}): set OPENAI_API_KEY (or pass api_key) to a "
+                    "key this endpoint accepts"
+                ) from None
             if exc.status_code < 500 and exc.status_code not in RETRYABLE_STATUS:
                 raise
             problem = f"HTTP {exc.status_code}: {_message(exc)}"
@@ -162,6 +172,22 @@ async def with_retries(
             await anyio.sleep(policy.delay(retry, retry_after))
         # else: the wait the server asked for is taken before the next send
         retry += 1
+
+
+def _redirected_as_get(exc: openai.APIStatusError) -> str | None:
+    """What happened when the request was redirected by a 301, 302 or 303,
+    which the HTTP client follows as a GET without the request's body (the
+    answer, a 405 say, is not the endpoint's); None when it was not."""
+    response = exc.response
+    chain = [*(getattr(response, "history", None) or []), response]
+    for redirect, followed in itertools.pairwise(chain):
+        if redirect.request.method != followed.request.method:
+            target = without_credentials(str(followed.request.url))
+            return (
+                f"HTTP {redirect.status_code}: redirected to {target}, where the "
+                f"request would go as a {followed.request.method} without its body"
+            )
+    return None
 
 
 def _redirected_too_often(exc: openai.APIConnectionError) -> bool:

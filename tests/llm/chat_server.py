@@ -40,6 +40,7 @@ class Logged:
     path: str
     headers: dict[str, str]
     body: dict[str, Any]
+    method: str = "POST"
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -161,6 +162,19 @@ def _handler_for(server: ChatServer) -> type[BaseHTTPRequestHandler]:
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
+
+        def do_GET(self) -> None:
+            # As a Chat Completions server answers a GET: a POST that a 301,
+            # 302 or 303 made one, say. Logged, never scripted.
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            with server.lock:
+                server.requests.append(Logged(self.path, headers, {}, "GET"))
+            data = json.dumps({"detail": "Method Not Allowed"}).encode()
+            self.send_response(405)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
         def do_POST(self) -> None:
             length = int(self.headers.get("content-length") or 0)

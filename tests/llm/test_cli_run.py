@@ -101,10 +101,12 @@ def test_the_library_warnings_reach_stderr_once_as_one_line_each(
 
 
 @pytest.mark.parametrize("command", ["run", "explore"])
+@pytest.mark.parametrize("variable", ["openai:gpt-test", " openai:gpt-test\n"])
 def test_a_model_named_openai_colon_name_as_for_the_daemon_asks_for_name(
-    command: str, monkeypatch: pytest.MonkeyPatch
+    command: str, variable: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("REPLAN_MODEL", "openai:gpt-test")
+    # Stripped first, as the model strips REPLAN_MODEL: an env file's spaces.
+    monkeypatch.setenv("REPLAN_MODEL", variable)
     with chat_server(lambda _: error(500, "only the model name matters")) as server:
         main([command, "x", "--base-url", server.base_url, "--retries", "0"])
         sent = server.chat_requests()
@@ -652,6 +654,10 @@ def test_an_explore_run_whose_server_drops_the_connection_names_its_error(
         (None, " http://gpu-box:8000/v1\n", "vllm"),
         ("http://127.0.0.1:4000", "http://127.0.0.1:11434/v1", "litellm"),
         (None, None, "openai"),
+        # The port alone tells: not a port that begins alike, nor a password.
+        ("http://127.0.0.1:40000/v1", None, "openai"),
+        ("http://ana:8000@gpu-box/v1", None, "openai"),
+        ("http://127.0.0.1:99999/v1", None, "openai"),
     ],
 )
 def test_the_provider_is_told_from_the_base_url_the_model_uses(

@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 import anyio
-from chat_server import Logged, Reply, answer_type, chat_server, completion
+from chat_server import Logged, Reply, answer_type, chat_server, completion, error
 
 from replan import (
     Comparison,
@@ -207,3 +207,14 @@ async def test_a_refused_critique_is_not_asked_again() -> None:
     assert sent == 1
     assert [e.split(": ")[1] for e in reply.errors] == ["refused"]
     assert len(reply.calls) == 1
+
+
+async def test_a_rejected_key_ends_an_explore_run_after_one_request() -> None:
+    with chat_server(lambda _: error(401, "Incorrect API key provided")) as server:
+        model = model_for(server.base_url, api_key="sk-wrong", max_retries=3)
+        result = await explore(model, spec(max_iterations=10))
+        sent = len(server.chat_requests())
+    assert sent == 1
+    assert result.status is RunStatus.FAILED
+    assert "OPENAI_API_KEY" in (result.stop_reason or "")
+    assert [f.error_type for f in result.model_failures] == ["ModelAuthenticationError"]

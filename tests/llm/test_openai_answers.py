@@ -365,6 +365,8 @@ NAN, INF = float("nan"), float("inf")
         ({"max_prompt_chars": NAN}, "max_prompt_chars"),
         ({"max_prompt_chars": 999}, "max_prompt_chars"),
         ({"temperatures": {"executor": NAN}}, "temperatures.executor"),
+        ({"temperatures": {"executor": 2.5}}, "temperatures.executor"),
+        ({"temperatures": {"evolver": -0.1}}, "temperatures.evolver"),
         ({"temperatures": {"executor": "hot"}}, "temperatures.executor"),
         ({"structured_output": "json"}, "structured_output"),
         ({"models": {"exectuor": "gpt-small"}}, "models.exectuor"),
@@ -442,6 +444,16 @@ def test_a_backoff_policy_refuses_a_wait_of_nan() -> None:
         BackoffPolicy(backoff_s=NAN)
 
 
+def test_the_backoff_doubles_up_to_max_backoff_s_with_jitter() -> None:
+    policy = BackoffPolicy(backoff_s=1, max_backoff_s=10)
+    for retry, ceiling in enumerate([1, 2, 4, 8, 10, 10]):
+        waits = {policy.delay(retry, None) for _ in range(50)}
+        # Equal jitter: from half the backoff to all of it, never in lockstep.
+        assert all(ceiling / 2 <= wait <= ceiling for wait in waits)
+        assert len(waits) > 1
+    assert policy.delay(0, 2.5) == 2.5  # what the server asked for
+
+
 def test_options_in_range_are_kept() -> None:
     model = OpenAIModel(
         "gpt-test",
@@ -455,6 +467,18 @@ def test_options_in_range_are_kept() -> None:
     )
     assert (model.retry.max_retries, model.retry.backoff_s) == (0, 0.0)
     assert (model.timeout_s, model.max_output_tokens) == (0.5, 1)
+    edges = OpenAIModel(
+        "gpt-test", base_url=NOWHERE, temperatures={"executor": 0, "evolver": 2}
+    )
+    assert edges.temperatures == {"executor": 0, "evolver": 2}
+
+
+def test_the_defaults_are_the_documented_ones() -> None:
+    model = OpenAIModel("gpt-test", base_url=NOWHERE)
+    assert model.structured_output == "auto"
+    assert model.timeout_s == 120
+    assert (model.retry.max_retries, model.retry.max_backoff_s) == (3, 30)
+    assert model.max_prompt_chars == 100_000
 
 
 # Base URLs -----------------------------------------------------------------

@@ -20,6 +20,7 @@ from replan import (
     ConfigurationError,
     ModelRequest,
     PlanProposal,
+    Supervisor,
     Task,
     TaskDraft,
     TaskOutcome,
@@ -157,6 +158,19 @@ async def test_a_client_passed_in_makes_no_retries_of_its_own() -> None:
         await model.aclose()
         assert not client.is_closed()
         await client.close()
+
+
+async def test_a_supervisor_leaves_its_model_open_and_aclose_closes_it() -> None:
+    with chat_server(lambda _: completion(PlanProposal())) as server:
+        model = fast(server.base_url)
+        async with Supervisor(model=model):
+            await model.generate(plan_request())
+        # The model was given: the supervisor's exit leaves it to its owner.
+        assert not model.client.is_closed()
+        assert (await model.generate(plan_request())).output == PlanProposal()
+        await model.aclose()
+        assert model.client.is_closed()
+        assert len(server.chat_requests()) == 2
 
 
 @pytest.mark.skipif(
@@ -844,6 +858,49 @@ async def test_an_unknown_model_is_a_non_transient_error_naming_the_fix() -> Non
     assert not caught.value.transient
 
 
+async def test_a_redirect_to_the_endpoint_is_followed() -> None:
+    # A proxy that moved answers with a redirect to where it is now.
+    with chat_server() as server:
+        moved = Reply(308, headers={"location": f"{server.base_url}/chat/completions"})
+        server.script = lambda logged: (
+            moved if logged.path.startswith("/old/") else completion(PlanProposal())
+        )
+        old = server.base_url.replace("/v1", "/old/v1")
+        async with fast(old, max_retries=0) as model:
+            response = await model.generate(plan_request())
+        paths = [r.path for r in server.requests]
+    assert response.output == PlanProposal()
+    assert paths == ["/old/v1/chat/completions", "/v1/chat/completions"]
+
+
+@pytest.mark.parametrize("status", [301, 302, 303])
+async def test_a_redirect_that_would_drop_the_request_fails_at_once_naming_it(
+    status: int,
+) -> None:
+    # The HTTP client follows a 301, 302 or 303 as a GET without the body:
+    # the server's 405 for it is no answer of the endpoint's.
+    with chat_server() as server:
+        moved = Reply(
+            status, headers={"location": f"{server.base_url}/chat/completions"}
+        )
+        server.script = lambda _: moved
+        old = server.base_url.replace("/v1", "/old/v1")
+        async with fast(old, max_retries=3) as model:
+            with pytest.raises(ModelError) as caught:
+                await model.generate(plan_request())
+        methods = [(r.method, r.path) for r in server.requests]
+    assert str(caught.value) == (
+        f"{old}/ (gpt-test): HTTP {status}: redirected to "
+        f"{server.base_url}/chat/completions, where the request would go as a "
+        "GET without its body: check the base URL"
+    )
+    assert not caught.value.transient
+    assert methods == [
+        ("POST", "/old/v1/chat/completions"),
+        ("GET", "/v1/chat/completions"),
+    ]
+
+
 async def test_a_redirect_loop_fails_at_once_naming_the_base_url() -> None:
     with chat_server() as server:
         again = Reply(307, headers={"location": f"{server.base_url}/chat/completions"})
@@ -913,6 +970,7 @@ def test_the_model_name_comes_from_replan_model(
     assert model.provider_name == "ollama"
     monkeypatch.setenv("REPLAN_MODEL", "qwen2.5:7b\n")  # as an env file leaves it
     assert OpenAIModel().model_for("planner") == "qwen2.5:7b"
+    assert OpenAIModel(" qwen2.5:3b\n").model_for("planner") == "qwen2.5:3b"
     monkeypatch.setenv("REPLAN_MODEL", " ")
     with pytest.raises(ConfigurationError, match="name a model"):
         OpenAIModel()
@@ -954,6 +1012,30 @@ async def test_calls_made_while_the_server_asked_to_wait_are_not_sent() -> None:
                     await model.generate(plan_request())
                 assert 100 < (caught.value.retry_after or 0) <= 120
         assert len(server.chat_requests()) == 1
+
+
+async def test_a_retry_after_holds_the_model_it_answered_for_not_the_others() -> None:
+    # One endpoint (a LiteLLM proxy, say) serves a model per role: the wait
+    # one model's 429 asked for holds that model's calls only.
+    def answer(logged: Logged) -> Reply:
+        if logged.body["model"] == "gpt-test":
+            return error(429, "come back in two minutes", retry_after="120")
+        return completion(Verdict(decision="continue"))
+
+    with chat_server(answer) as server:
+        async with fast(server.base_url, models={"reviewer": "gpt-other"}) as model:
+            with pytest.raises(TransientModelError, match="120s"):
+                await model.generate(plan_request())
+            review = ModelRequest(
+                role="reviewer", purpose="milestone", output_type=Verdict
+            )
+            with anyio.fail_after(5):
+                answered = await model.generate(review)
+            assert answered.output == Verdict(decision="continue")
+            with pytest.raises(TransientModelError, match="not sent"):
+                await model.generate(plan_request())
+        models = [r.body["model"] for r in server.chat_requests()]
+    assert models == ["gpt-test", "gpt-other"]
 
 
 async def test_a_429_whose_retries_run_out_says_how_long_the_server_asked_to_wait() -> (

@@ -111,6 +111,48 @@ async def test_captured_prompts_are_the_messages_the_endpoint_was_sent(
     assert "search the trade press" in prompt
 
 
+async def test_a_model_that_takes_no_temperature_shows_the_one_replan_would_send(
+    traced: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, exporter = traced
+
+    def no_temperature(logged: Logged) -> Reply:
+        if "temperature" not in logged.body:
+            return answer(logged)
+        problem = {
+            "message": "Unsupported value: 'temperature' does not support 0.7",
+            "type": "invalid_request_error",
+            "param": "temperature",
+            "code": "unsupported_value",
+        }
+        return Reply(status=400, body={"error": problem})
+
+    with chat_server(no_temperature) as server:
+        model = OpenAIModel(
+            "gpt-test",
+            base_url=server.base_url,
+            max_retries=0,
+            temperatures={"executor": 0.7},
+        )
+        async with (
+            model,
+            Supervisor(model, MemoryStore(), tracer_provider=provider) as sup,
+        ):
+            with anyio.fail_after(30):
+                result = await (await sup.submit(SPEC)).result()
+        sent = [logged.body for logged in server.chat_requests()]
+    assert result.status == "completed"
+    assert ["temperature" in body for body in sent] == [True, False, False]
+    chats = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
+    temperatures = {
+        (s.attributes or {})[n.PURPOSE]: (s.attributes or {})[
+            n.GEN_AI_REQUEST_TEMPERATURE
+        ]
+        for s in chats
+    }
+    assert temperatures == {"execute": 0.7, "synthesize": 0.7}  # executor calls
+
+
 class UnrenderableModel(ScriptedModel):
     """A model whose prompt cannot be rendered for telemetry."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import enum
 import functools
 import json
 import sys
@@ -275,6 +276,11 @@ class Place(BaseModel):
     zip: int | None = None
 
 
+class Size(enum.Enum):
+    SMALL = 1
+    LARGE = "L"
+
+
 @dataclasses.dataclass
 class Visit:
     place: Place
@@ -293,6 +299,7 @@ def test_models_and_dataclasses_inside_a_result_reach_the_model_as_json() -> Non
         "tags": ["a"],
     }
     assert as_text({"at": object}) == json.dumps({"at": str(object)})
+    assert json.loads(as_text([Size.LARGE, {"on": Size.SMALL}])) == ["L", {"on": 1}]
 
 
 async def test_a_sync_tool_that_hangs_is_abandoned_when_its_call_is_cancelled() -> None:
@@ -311,6 +318,32 @@ async def test_a_sync_tool_that_hangs_is_abandoned_when_its_call_is_cancelled() 
         assert scope.cancelled_caught
     finally:
         released.set()
+
+
+async def test_a_sync_side_effect_tool_is_waited_for_when_its_call_is_cancelled() -> (
+    None
+):
+    released = threading.Event()
+    sent: list[str] = []
+
+    def send(to: str) -> str:
+        """Send a message, over a slow connection."""
+        released.wait(5)
+        sent.append(to)
+        return "sent"
+
+    t = Tool(send, side_effect=True)
+    timer = threading.Timer(0.5, released.set)
+    timer.start()
+    try:
+        with anyio.fail_after(10):
+            with anyio.move_on_after(0.1):
+                await t.run(t.parse('{"to": "ana"}'), idempotency_key="k")
+        # What it did is known when the call ends: it was not left running.
+        assert sent == ["ana"]
+    finally:
+        released.set()
+        timer.cancel()
 
 
 def _hangs_first(request: ModelRequest) -> Any:
@@ -360,6 +393,7 @@ async def test_a_huge_result_is_cut_to_max_result_chars_with_a_note() -> None:
         return "x" * 1_000_000
 
     page = Tool(fetch)
+    assert page.max_result_chars == MAX_RESULT_CHARS == 16_000  # the documented
     text = await page.run(page.parse('{"url": "u"}'), idempotency_key="k")
     assert text.startswith("x" * MAX_RESULT_CHARS + "\n[")
     assert text.endswith(
