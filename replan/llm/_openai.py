@@ -193,7 +193,10 @@ class OpenAIModel:
                 ) from None
         self.name = name
         self.provider_name = provider_name
-        self.models = dict(models or {})
+        # Stripped as the model's own name is: " gpt-4o\n" names no model.
+        self.models = {
+            role: str(named).strip() for role, named in (models or {}).items()
+        }
         self.temperatures = dict(temperatures or {})
         self.structured_output: StructuredOutput = structured_output
         self._auto_modes: dict[str, StructuredOutput] = {}

@@ -971,6 +971,8 @@ def test_the_model_name_comes_from_replan_model(
     monkeypatch.setenv("REPLAN_MODEL", "qwen2.5:7b\n")  # as an env file leaves it
     assert OpenAIModel().model_for("planner") == "qwen2.5:7b"
     assert OpenAIModel(" qwen2.5:3b\n").model_for("planner") == "qwen2.5:3b"
+    per_role = OpenAIModel(models={"executor": " qwen2.5:1b\n"})
+    assert per_role.model_for("executor") == "qwen2.5:1b"
     monkeypatch.setenv("REPLAN_MODEL", " ")
     with pytest.raises(ConfigurationError, match="name a model"):
         OpenAIModel()
