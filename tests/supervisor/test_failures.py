@@ -366,6 +366,34 @@ async def test_a_task_function_raising_a_stray_cancellation_fails_its_tasks_only
     assert executor.restarts == 0
 
 
+async def test_a_task_function_cut_short_by_its_timeout_ends_that_attempt_only() -> (
+    None
+):
+    # The cancel goes on out of the task function: no crash of the
+    # executor, and the supervisor serves on.
+    async def run_task(task: Task, ctx: TaskContext) -> TaskOutcome:
+        if task.key == "hang":
+            await anyio.sleep_forever()
+        return TaskOutcome(success=True, summary=f"{task.id} done")
+
+    hangs = [TaskDraft(key="hang", description="wait for a reply that never comes")]
+    async with Supervisor(
+        scripted(), MemoryStore(), task_runner=run_task, max_restarts=0
+    ) as sup:
+        with anyio.fail_after(10):
+            timed = spec(hangs, task_timeout_s=0.05, max_task_attempts=2)
+            stuck = await (await sup.submit(timed)).result()
+            healthy = await (await sup.submit(spec(independent(2)))).result()
+        executor = next(p for p in sup.pool_statistics() if p.role == "executor")
+
+    task = stuck.tasks[0]
+    assert task.status is TaskStatus.FAILED
+    assert task.attempts == 2
+    assert healthy.status is RunStatus.COMPLETED
+    assert not executor.stopped
+    assert executor.restarts == 0
+
+
 async def test_a_task_function_returning_no_outcome_fails_the_attempt_saying_so() -> (
     None
 ):
