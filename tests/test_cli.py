@@ -892,6 +892,26 @@ def test_resume_refuses_what_it_cannot_do(
     assert problem in capsys.readouterr().err
 
 
+def test_the_demo_latency_makes_every_model_call_sleep_that_long(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import types
+
+    import replan.llm._scripted as scripted
+
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(scripted, "anyio", types.SimpleNamespace(sleep=sleep))
+    result, _ = run_json(["demo", "--yes", "--json", "--latency", "0.5"], capsys)
+
+    calls = sum(u["calls"] for u in result["usage"]["by_role"].values())
+    assert slept == [0.5] * calls
+    assert slept
+
+
 def test_the_demo_latency_is_bounded_as_the_daemon_bounds_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

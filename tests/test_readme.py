@@ -78,3 +78,14 @@ def test_the_replan_run_synopsis_names_every_flag_the_command_takes() -> None:
     run = commands.choices["run"]
     flags = {f for a in run._actions for f in a.option_strings if f.startswith("--")}
     assert set(re.findall(r"--[a-z][a-z-]*", synopsis)) == flags - {"--help"}
+
+
+def test_every_link_within_the_readme_leads_to_one_of_its_headings() -> None:
+    text = README.read_text()
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    headings = re.findall(r"^#{1,6} (.+)$", prose, re.M)
+    # GitHub's anchors: lower case, punctuation dropped, spaces as hyphens.
+    anchors = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+    links = set(re.findall(r"\]\(#([^)]+)\)", text))
+    assert "a-short-tour-of-the-python-api" in links
+    assert links - anchors == set()

@@ -57,7 +57,15 @@ from replan.messages import (
     UsageRecorded,
     Verdict,
 )
-from replan.store import JournalConflict, RunSummary, SQLiteStore, Store
+from replan.store import (
+    EffectLedger,
+    JournalConflict,
+    JournalRetention,
+    RunSummary,
+    SQLiteStore,
+    Store,
+    ToolEffectLedger,
+)
 
 T0 = datetime(2025, 3, 14, 9, 26, 53, 589793, tzinfo=UTC)
 
@@ -768,6 +776,14 @@ async def test_a_closed_store_refuses_calls(store: Store) -> None:
         store.get_run("run-1"),
         store.list_runs(),
     ]
+    # The effect ledgers and the retention calls each store has too.
+    if isinstance(store, EffectLedger):
+        calls.append(store.read_effects("run-1"))
+    if isinstance(store, ToolEffectLedger):
+        calls.append(store.read_tool_effects("run-1"))
+    if isinstance(store, JournalRetention):
+        calls.append(store.delete_run("run-1"))
+    assert len(calls) == 7
     for call in calls:
         # Saying what is closed: the message a journal failure shows.
         with pytest.raises(anyio.ClosedResourceError, match=r"\S+ is closed$"):

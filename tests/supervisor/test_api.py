@@ -201,6 +201,8 @@ async def test_events_after_a_wrong_seq_name_after_before_reading(after: Any) ->
         with pytest.raises(ConfigurationError) as caught:
             handle.events(after=after)
     assert caught.value.field == "after"
+    if after == "3":
+        assert str(caught.value) == "after: a whole number from 0 expected, not '3'"
     assert store.reads == 0
 
 
@@ -580,6 +582,8 @@ def _search(query: str) -> str:
         ({"keep_finished": float("nan")}, "keep_finished"),
         ({"executor_temperature": float("nan")}, "executor_temperature"),
         ({"executor_temperature": -5}, "executor_temperature"),
+        ({"evolver_temperature": 2.5}, "evolver_temperature"),
+        ({"max_restarts": 1.5}, "max_restarts"),
         ({"evolver_temperature": "hot"}, "evolver_temperature"),
         # Any truthy value would resume every unfinished run.
         ({"resume": "false"}, "resume"),

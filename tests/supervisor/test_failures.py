@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
@@ -365,6 +366,34 @@ async def test_a_task_function_raising_a_stray_cancellation_fails_its_tasks_only
     assert executor.restarts == 0
 
 
+async def test_a_task_function_cut_short_by_its_timeout_ends_that_attempt_only() -> (
+    None
+):
+    # The cancel goes on out of the task function: no crash of the
+    # executor, and the supervisor serves on.
+    async def run_task(task: Task, ctx: TaskContext) -> TaskOutcome:
+        if task.key == "hang":
+            await anyio.sleep_forever()
+        return TaskOutcome(success=True, summary=f"{task.id} done")
+
+    hangs = [TaskDraft(key="hang", description="wait for a reply that never comes")]
+    async with Supervisor(
+        scripted(), MemoryStore(), task_runner=run_task, max_restarts=0
+    ) as sup:
+        with anyio.fail_after(10):
+            timed = spec(hangs, task_timeout_s=0.05, max_task_attempts=2)
+            stuck = await (await sup.submit(timed)).result()
+            healthy = await (await sup.submit(spec(independent(2)))).result()
+        executor = next(p for p in sup.pool_statistics() if p.role == "executor")
+
+    task = stuck.tasks[0]
+    assert task.status is TaskStatus.FAILED
+    assert task.attempts == 2
+    assert healthy.status is RunStatus.COMPLETED
+    assert not executor.stopped
+    assert executor.restarts == 0
+
+
 async def test_a_task_function_returning_no_outcome_fails_the_attempt_saying_so() -> (
     None
 ):
@@ -397,3 +426,54 @@ async def test_a_plain_function_runs_tasks_as_an_async_one_does() -> None:
     assert done.result.status is RunStatus.COMPLETED
     assert sorted(ran) == ["t1", "t2"]
     assert [t.attempts for t in done.result.tasks] == [1, 1]
+
+
+async def test_a_raising_task_function_is_logged_on_replan_actors(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def run_task(task: Task, ctx: TaskContext) -> TaskOutcome:
+        raise ConnectionError("the service hung up")
+
+    with caplog.at_level(logging.ERROR, logger="replan.actors"):
+        await run_to_end(scripted(), spec(independent(1)), task_runner=run_task)
+
+    logged = [r for r in caplog.records if r.name == "replan.actors"]
+    assert len(logged) == 2  # one per attempt
+    for record in logged:
+        assert record.exc_info is not None
+        assert isinstance(record.exc_info[1], ConnectionError)
+
+
+async def test_the_idempotency_key_is_stable_across_retries_and_restarts() -> None:
+    keys: list[tuple[str, str]] = []
+    started = anyio.Event()
+
+    async def blocked(task: Task, ctx: TaskContext) -> TaskOutcome:
+        keys.append((task.id, ctx.idempotency_key))
+        if len(keys) == 2:
+            started.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def flaky(task: Task, ctx: TaskContext) -> TaskOutcome:
+        keys.append((task.id, ctx.idempotency_key))
+        if sum(t == task.id for t, _ in keys) < 3:
+            return transient()
+        return TaskOutcome(success=True, summary=f"{task.id} done")
+
+    store = MemoryStore()
+    with anyio.fail_after(10):
+        async with Supervisor(scripted(), store, task_runner=blocked) as sup:
+            run_id = (await sup.submit(spec(independent(2)))).run_id
+            await started.wait()
+        async with Supervisor(scripted(), store, task_runner=flaky, resume=True) as sup:
+            result = await sup.handles()[0].result()
+
+    assert result.status is RunStatus.COMPLETED
+    assert result.run_id == run_id
+    for task_id in ("t1", "t2"):
+        # Cut short by the exit, then a transient failure, then a success.
+        mine = [k for t, k in keys if t == task_id]
+        assert len(mine) == 3
+        assert len(set(mine)) == 1
+    assert dict(keys)["t1"] != dict(keys)["t2"]

@@ -393,6 +393,8 @@ async def test_drain_lets_the_task_in_flight_finish_and_starts_nothing_new() -> 
                 await anyio.sleep(0.05)
                 with pytest.raises(SupervisorError):
                     await sup.submit(spec(chain(1)))
+                with pytest.raises(SupervisorError, match="is stopping"):
+                    await sup.resume(handle.run_id)
                 release.set()
         assert executed_ids(first) == ["t1"]
         second = scripted()

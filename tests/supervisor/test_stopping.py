@@ -104,6 +104,8 @@ async def test_a_submit_after_stop_is_refused_and_the_exit_is_prompt() -> None:
                 await sup.resume("no-such-run")
     with pytest.raises(SupervisorError, match="has stopped"):
         await sup.submit(spec(independent(1)))
+    with pytest.raises(SupervisorError, match="has stopped"):
+        await sup.resume("no-such-run")
     with pytest.raises(SupervisorError, match="not serving: use `async with`"):
         await Supervisor(model, store).submit(spec(independent(1)))
     assert await store.list_runs() == []
