@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import psycopg
 import pytest
+from postgres_server import USER
 from write_samples import started, summary
 
 from replan import ConfigurationError
@@ -225,6 +226,54 @@ async def test_a_journal_on_a_server_become_read_only_is_refused_on_open(
     with pytest.raises(ConfigurationError, match="read-only") as caught:
         PostgresStore(postgres_dsn)
     assert caught.value.field == "dsn"
+
+
+def login_role(dsn: str, suffix: str) -> tuple[str, str]:
+    """A new login role with no rights in the DSN's database; its name, and
+    the DSN that logs in as it."""
+    name = f"{psycopg.conninfo.conninfo_to_dict(dsn)['dbname']}_{suffix}"
+    sql(dsn, f'CREATE ROLE "{name}" LOGIN')
+    return name, dsn.replace(f"user={USER}", f"user={name}")
+
+
+async def test_a_journal_the_role_can_read_but_not_write_is_refused_on_open(
+    postgres_dsn: str,
+) -> None:
+    async with PostgresStore(postgres_dsn) as store:
+        await store.append("run-1", [started(1)], summary(1))
+    role, dsn = login_role(postgres_dsn, "reader")
+    sql(postgres_dsn, f'GRANT USAGE ON SCHEMA replan TO "{role}"')
+    sql(postgres_dsn, f'GRANT SELECT ON ALL TABLES IN SCHEMA replan TO "{role}"')
+    # Opened, it would fail every append of every run.
+    with pytest.raises(ConfigurationError, match="INSERT on events") as caught:
+        PostgresStore(dsn)
+    assert caught.value.field == "dsn"
+    assert role in str(caught.value)
+
+
+async def test_a_role_granted_the_journals_tables_writes_every_record(
+    postgres_dsn: str,
+) -> None:
+    async with PostgresStore(postgres_dsn):
+        pass
+    role, dsn = login_role(postgres_dsn, "writer")
+    sql(postgres_dsn, f'GRANT USAGE ON SCHEMA replan TO "{role}"')
+    sql(
+        postgres_dsn,
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA replan "
+        f'TO "{role}"',
+    )
+    async with PostgresStore(dsn) as store:
+        await store.append("run-1", [started(1)], summary(1))
+        done = EffectRecord(task_id="t1", attempt=1, outcome=TaskOutcome(success=True))
+        await store.record_effect("run-1", done)
+        call = ToolEffectRecord(key="k", task_id="t1", tool="mail", arguments={})
+        await store.record_tool_effect("run-1", call)
+        request, added = await store.add_request("run-1", "host-b:2")
+        assert added
+        await store.delete_run("run-1")
+        assert await store.get_request(request.id) is None
+        assert await store.get_run("run-1") is None
 
 
 def test_a_dsn_that_is_no_connection_string_is_named_in_one_line(
