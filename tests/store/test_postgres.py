@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import psycopg
 import pytest
-from postgres_server import USER
+from postgres_server import USER, PostgresServer
 from write_samples import started, summary
 
 from replan import ConfigurationError
@@ -228,12 +228,51 @@ async def test_a_journal_on_a_server_become_read_only_is_refused_on_open(
     assert caught.value.field == "dsn"
 
 
+def test_a_database_that_is_not_utf8_is_a_configuration_error_naming_the_dsn(
+    postgres_server: PostgresServer, postgres_dsn: str
+) -> None:
+    name = f"{psycopg.conninfo.conninfo_to_dict(postgres_dsn)['dbname']}_ascii"
+    sql(
+        postgres_dsn,
+        f'CREATE DATABASE "{name}" ENCODING SQL_ASCII TEMPLATE template0 '
+        "LC_COLLATE 'C' LC_CTYPE 'C'",
+    )
+    try:
+        with pytest.raises(ConfigurationError, match="SQL_ASCII") as caught:
+            PostgresStore(postgres_server.dsn(name))
+        assert caught.value.field == "dsn"
+        assert sql(postgres_server.dsn(name), "SELECT to_regnamespace('replan')") == [
+            (None,)
+        ]
+    finally:
+        postgres_server.drop_database(name)
+
+
 def login_role(dsn: str, suffix: str) -> tuple[str, str]:
     """A new login role with no rights in the DSN's database; its name, and
     the DSN that logs in as it."""
     name = f"{psycopg.conninfo.conninfo_to_dict(dsn)['dbname']}_{suffix}"
     sql(dsn, f'CREATE ROLE "{name}" LOGIN')
     return name, dsn.replace(f"user={USER}", f"user={name}")
+
+
+def test_a_login_the_server_refuses_is_a_configuration_error_naming_the_dsn(
+    postgres_dsn: str,
+) -> None:
+    refused = postgres_dsn.replace(f"user={USER}", "user=no_such_role")
+    with pytest.raises(ConfigurationError, match="no_such_role") as caught:
+        PostgresStore(refused)
+    assert caught.value.field == "dsn"
+
+
+def test_a_role_that_cannot_create_the_journal_is_a_configuration_error(
+    postgres_dsn: str,
+) -> None:
+    _, dsn = login_role(postgres_dsn, "guest")
+    with pytest.raises(ConfigurationError, match="cannot create") as caught:
+        PostgresStore(dsn)
+    assert caught.value.field == "dsn"
+    assert sql(postgres_dsn, "SELECT to_regnamespace('replan')") == [(None,)]
 
 
 async def test_a_journal_the_role_can_read_but_not_write_is_refused_on_open(
@@ -440,6 +479,16 @@ async def test_an_append_waiting_for_a_lock_held_elsewhere_gives_up_in_time(
         assert [e.seq for e in await store.read("run-1")] == [1]
         await store.append("run-1", [started(2)], summary(2))
         assert [e.seq for e in await store.read("run-1")] == [1, 2]
+
+
+async def test_a_lock_timeout_the_server_sets_is_kept(postgres_dsn: str) -> None:
+    dbname = psycopg.conninfo.conninfo_to_dict(postgres_dsn)["dbname"]
+    sql(postgres_dsn, f"ALTER DATABASE \"{dbname}\" SET lock_timeout = '42s'")
+    async with PostgresStore(postgres_dsn) as store:
+        setting = await store._connections().run(
+            lambda conn: conn.execute("SHOW lock_timeout").fetchone()
+        )
+    assert setting == ("42s",)
 
 
 async def test_a_lock_timeout_the_dsn_sets_is_kept(postgres_dsn: str) -> None:
