@@ -413,6 +413,8 @@ async def test_a_damaged_row_reads_as_journal_corrupt_naming_the_run(
     assert caught.value.run_id == "run-1"
     assert caught.value.seq == (2 if call == "read" else None)
     assert "schema replan" in str(caught.value)
+    dbname = psycopg.conninfo.conninfo_to_dict(postgres_dsn)["dbname"]
+    assert f"/{dbname} " in str(caught.value)
 
 
 # Cancellation and connections
