@@ -544,6 +544,25 @@ async def test_text_of_any_script_is_kept_whatever_client_encoding_the_dsn_asks(
     assert found.goal == goal
 
 
+async def test_ids_with_a_nul_character_cannot_be_stored(postgres_dsn: str) -> None:
+    # PostgreSQL's text holds no NUL; replan's own ids never have one.
+    async with PostgresStore(postgres_dsn) as store:
+        with pytest.raises(psycopg.DataError, match="NUL"):
+            await store.append("run\x00", [started(1)], summary(1, run_id="run\x00"))
+        assert await store.list_runs() == []
+        await store.append("run-1", [started(1)], summary(1))
+        done = EffectRecord(
+            task_id="t\x00", attempt=1, outcome=TaskOutcome(success=True)
+        )
+        with pytest.raises(psycopg.DataError, match="NUL"):
+            await store.record_effect("run-1", done)
+        call = ToolEffectRecord(key="k\x00", task_id="t1", tool="mail", arguments={})
+        with pytest.raises(psycopg.DataError, match="NUL"):
+            await store.record_tool_effect("run-1", call)
+        assert await store.read_effects("run-1") == []
+        assert await store.read_tool_effects("run-1") == []
+
+
 async def test_runs_appending_at_once_do_not_fail_under_a_serializable_default(
     postgres_dsn: str,
 ) -> None:

@@ -152,6 +152,40 @@ async def test_a_server_down_longer_than_reconnect_s_fails_the_call_without_spin
         assert store.outage is None
 
 
+async def test_calls_waiting_for_the_server_share_one_schedule_of_tries(
+    own_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dsn = own_server.dsn(own_server.new_database())
+    tries = []
+    take = pool_module.Pool._take
+
+    def counted(self: pool_module.Pool) -> object:
+        tries.append(time.monotonic())
+        return take(self)
+
+    monkeypatch.setattr(pool_module.Pool, "_take", counted)
+    async with PostgresStore(dsn, reconnect_s=1.5, pool_size=1) as store:
+        postgres.halt(own_server)
+        try:
+            failed = []
+
+            async def read() -> None:
+                with pytest.raises(psycopg.OperationalError):
+                    await store.read("run-1")
+                failed.append(True)
+
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(30):
+                        tg.start_soon(read)
+            assert len(failed) == 30
+            # A crowd of calls tries as one call does (0.1 s, then twice as
+            # long each time), not once each per delay.
+            assert len(tries) <= 8, len(tries)
+        finally:
+            postgres.start_again(own_server)
+
+
 async def test_a_store_whose_reconnect_s_is_0_fails_a_call_after_one_try(
     own_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
