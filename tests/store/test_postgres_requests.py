@@ -9,11 +9,13 @@ from pathlib import Path
 import anyio
 import psycopg
 from test_postgres_leases import A, B, create_first_version, expire, sql
+from test_retention import finished_demo_run
 from write_samples import started, summary
 
 from replan.messages import GateResolution
 from replan.store import MemoryStore, PostgresStore, RunRequests, SQLiteStore
 from replan.store._postgres_schema import _MIGRATIONS
+from replan.supervisor import replay, snapshot
 
 APPROVE = GateResolution(decision="approve", by="ana")
 REJECT = GateResolution(decision="reject", by="bo")
@@ -93,6 +95,22 @@ async def test_deleting_a_run_drops_its_requests(postgres_dsn: str) -> None:
         request, _ = await store.add_request("run-1", "x:1")
         await store.delete_run("run-1")
         assert await store.get_request(request.id) is None
+
+
+async def test_compacting_a_run_drops_its_requests(postgres_dsn: str) -> None:
+    async with PostgresStore(postgres_dsn) as store:
+        run_id = await finished_demo_run(store)
+        events = await store.read(run_id)
+        settled, _ = await store.add_request(
+            run_id, "x:1", gate_id="g", resolution=APPROVE
+        )
+        assert await store.settle_request(settled.id, "applied")
+        other = "run-2"
+        await store.append(other, [started(1)], summary(1, run_id=other), owner=A)
+        kept, _ = await store.add_request(other, "x:1")
+        await store.compact_run(run_id, snapshot(replay(events), len(events)))
+        assert await store.get_request(settled.id) is None
+        assert await store.get_request(kept.id) == kept
 
 
 def create_second_version(dsn: str) -> None:
