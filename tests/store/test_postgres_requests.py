@@ -8,10 +8,12 @@ from pathlib import Path
 
 import anyio
 import psycopg
+import pytest
 from test_postgres_leases import A, B, create_first_version, expire, sql
 from test_retention import finished_demo_run
 from write_samples import started, summary
 
+from replan import ConfigurationError
 from replan.messages import GateResolution
 from replan.store import MemoryStore, PostgresStore, RunRequests, SQLiteStore
 from replan.store._postgres_schema import _MIGRATIONS
@@ -128,6 +130,24 @@ def create_second_version(dsn: str) -> None:
             "UPDATE replan.runs SET owner = 'gone', holder = 'old-host:9', "
             "lease_expires = now() - interval '1 second' WHERE run_id = 'old'"
         )
+
+
+def test_a_migration_that_fails_leaves_the_journal_as_it_was(postgres_dsn: str) -> None:
+    create_first_version(postgres_dsn)
+    # The last step cannot be taken (a table of its name is there already):
+    # the first step's columns are not kept either.
+    sql(postgres_dsn, "CREATE TABLE replan.requests (what text)")
+    with pytest.raises(ConfigurationError, match="requests") as caught:
+        PostgresStore(postgres_dsn)
+    assert caught.value.field == "dsn"
+    assert sql(postgres_dsn, "SELECT version FROM replan.journal_schema") == [(1,)]
+    columns = sql(
+        postgres_dsn,
+        "SELECT column_name FROM information_schema.columns "
+        "WHERE table_schema = 'replan' AND table_name = 'runs' "
+        "AND column_name IN ('owner', 'holder', 'lease_expires')",
+    )
+    assert columns == []
 
 
 async def test_a_journal_of_the_second_version_is_migrated_keeping_runs_and_leases(
