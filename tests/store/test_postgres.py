@@ -544,6 +544,20 @@ async def test_text_of_any_script_is_kept_whatever_client_encoding_the_dsn_asks(
     assert found.goal == goal
 
 
+async def test_text_of_any_script_is_kept_whatever_pgclientencoding_asks(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PGCLIENTENCODING", "LATIN1")
+    goal = "résumé 日本語 ✓"
+    async with PostgresStore(postgres_dsn) as store:
+        await store.append(
+            "run-1", [started(1)], summary(1).model_copy(update={"goal": goal})
+        )
+        found = await store.get_run("run-1")
+    assert found is not None
+    assert found.goal == goal
+
+
 async def test_ids_with_a_nul_character_cannot_be_stored(postgres_dsn: str) -> None:
     # PostgreSQL's text holds no NUL; replan's own ids never have one.
     async with PostgresStore(postgres_dsn) as store:
