@@ -543,6 +543,50 @@ async def test_a_cancel_whose_run_retention_took_away_meanwhile_says_how_it_went
     assert _count(postgres_dsn, "requests") == 0
 
 
+class RetainedOnceEnded(Retained):
+    """A journal whose retention takes a run away once an answer sent from
+    elsewhere let it end, before the answer's request is settled."""
+
+    async def settle_request(
+        self, request_id: int, outcome: RequestOutcome, detail: str | None = None
+    ) -> bool:
+        request = await self.get_request(request_id)
+        assert request is not None
+        for _ in range(200):
+            run = await self.get_run(request.run_id)
+            if run is not None and run.status.final:
+                return await super().settle_request(request_id, outcome, detail)
+            await anyio.sleep(0.01)
+        raise AssertionError(f"run {request.run_id} did not end")
+
+
+@pytest.mark.parametrize("retention", ["compact", "delete"])
+async def test_an_answer_whose_run_retention_took_away_meanwhile_says_how_it_went(
+    retention: str, postgres_dsn: str
+) -> None:
+    with anyio.fail_after(30):
+        async with (
+            RetainedOnceEnded(postgres_dsn) as store_a,
+            PostgresStore(postgres_dsn) as store_b,
+            Supervisor(scripted(), store_a) as a,
+            Supervisor(scripted(), store_b) as b,
+        ):
+            store_a.retention = retention
+            handle = await a.submit(spec(SEND))
+            gate_id = await _at_gate(handle)
+            answer = {"decision": "approve", "by": "ana"}
+            if retention == "compact":
+                sent = await b.gates.resolve(gate_id, answer)
+                assert isinstance(sent, Forwarded)
+                assert sent.applied
+            else:
+                with pytest.raises(GateError, match="gone from the journal"):
+                    await b.gates.resolve(gate_id, answer)
+            result = await handle.result()
+    assert result.status is RunStatus.COMPLETED
+    assert _count(postgres_dsn, "requests") == 0
+
+
 async def _settled_applied(dsn: str) -> None:
     """Wait until the one request is settled ``applied`` (at its driver's
     next look for requests)."""
