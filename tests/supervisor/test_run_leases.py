@@ -421,7 +421,7 @@ async def test_a_run_let_go_of_with_a_model_answer_in_flight_logs_no_error(
 
 
 async def test_a_run_whose_row_says_unfinished_though_its_journal_ended_is_set_right(
-    postgres_dsn: str,
+    postgres_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A runs table restored apart from the events, or edited by hand: the
     # row says running, the events say completed. A resume takes the run
@@ -446,3 +446,8 @@ async def test_a_run_whose_row_says_unfinished_though_its_journal_ended_is_set_r
                 assert summary.status is RunStatus.COMPLETED
                 assert await store.claimable_runs(sup.owner) == []
                 assert await store.run_lease(handle.run_id) is None
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert said == [
+        f"run {handle.run_id}: the journal's runs table says it is unfinished, "
+        "its events that it ended (completed): its row is set right from its events"
+    ]
