@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import resource
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from replan.store import (
     EffectRecord,
     JournalCorrupt,
     PostgresStore,
+    SQLiteStore,
     ToolEffectRecord,
 )
 
@@ -85,6 +88,36 @@ async def test_the_tables_are_created_in_the_replan_schema_with_a_version(
         "tool_effects",
     ]
     assert sql(postgres_dsn, "SELECT version FROM replan.journal_schema") == [(3,)]
+
+
+async def test_the_rows_are_those_of_the_sqlite_journal(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    done = EffectRecord(task_id="t1", attempt=1, outcome=TaskOutcome(success=True))
+    call = ToolEffectRecord(key="k", task_id="t1", tool="mail", arguments={})
+    for store in (PostgresStore(postgres_dsn), SQLiteStore(tmp_path / "j.db")):
+        async with store:
+            await store.append("run-1", [started(1), started(2)], summary(2))
+            await store.record_effect("run-1", done)
+            await store.record_tool_effect("run-1", call)
+    queries = {
+        "events": "SELECT run_id, seq, type, payload, at FROM events ORDER BY seq",
+        "runs": "SELECT run_id, goal, kind, pattern, status, created_at, "
+        "updated_at, last_seq, stop_reason FROM runs",
+        "effects": "SELECT run_id, task_id, attempt, payload FROM effects",
+        "tool_effects": "SELECT run_id, task_id, key, payload FROM tool_effects",
+    }
+    with closing(sqlite3.connect(tmp_path / "j.db")) as conn:
+        in_sqlite = {name: conn.execute(q).fetchall() for name, q in queries.items()}
+    with psycopg.connect(f"{postgres_dsn} options='-c search_path=replan'") as conn:
+        in_postgres = {
+            name: [tuple(row) for row in conn.execute(q).fetchall()]  # type: ignore[arg-type]
+            for name, q in queries.items()
+        }
+    assert in_postgres == in_sqlite
+    (event,) = [row for row in in_postgres["events"] if row[1] == 1]
+    assert event[4] == "2026-01-05T08:30:01.000000+00:00"  # ISO-8601, in UTC
+    assert json.loads(event[3])["kind"] == "task_started"
 
 
 async def test_two_schemas_of_one_database_are_two_journals(
