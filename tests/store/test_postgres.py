@@ -261,6 +261,19 @@ async def test_a_journal_on_a_server_become_read_only_is_refused_on_open(
     assert caught.value.field == "dsn"
 
 
+async def test_a_dsn_may_be_a_uri(postgres_dsn: str) -> None:
+    params = psycopg.conninfo.conninfo_to_dict(postgres_dsn)
+    uri = (
+        f"postgresql://{params['user']}@:{params['port']}/{params['dbname']}"
+        f"?host={params['host']}"
+    )
+    async with PostgresStore(uri) as store:
+        await store.append("run-1", [started(1)], summary(1))
+    async with PostgresStore(postgres_dsn) as store:
+        assert [e.seq for e in await store.read("run-1")] == [1]
+    assert f"postgresql://{params['user']}@{params['host']}:" in store.journal
+
+
 def test_a_database_that_is_not_utf8_is_a_configuration_error_naming_the_dsn(
     postgres_server: PostgresServer, postgres_dsn: str
 ) -> None:
