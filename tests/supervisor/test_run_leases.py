@@ -28,6 +28,7 @@ from replan import (
     SupervisorError,
     TaskDraft,
     TaskStatus,
+    UnknownRunError,
     tool,
 )
 from replan.messages import GateOpened, TaskFinished, TaskInterrupted, ToolCall
@@ -125,6 +126,10 @@ async def test_a_stale_owners_append_is_refused_and_it_lets_go_of_the_run(
             with pytest.raises(SupervisorError, match="took the run over"):
                 await handle.result()
             assert not a.drives(handle.run_id)
+            # No longer the first's: left out of its runs.
+            assert a.handles() == []
+            with pytest.raises(UnknownRunError):
+                a.get(handle.run_id)
             # Cancelling it is for the supervisor that drives it now.
             with pytest.raises(RunDrivenElsewhere, match="another supervisor"):
                 await handle.cancel()
