@@ -171,13 +171,30 @@ def _tolerant_output() -> None:
                 reconfigure(errors="replace")
 
 
+_DSN_PAIR = re.compile(
+    r"\s*(host|hostaddr|port|dbname|user|password|passfile|service|sslmode"
+    r"|options|application_name|connect_timeout)\s*=",
+    re.IGNORECASE,
+)
+"""The start of a libpq connection string of keyword/value pairs."""
+
+
+def _is_dsn(db: str) -> bool:
+    """Whether ``--db`` names a PostgreSQL journal: a ``postgresql://`` URI,
+    or keyword/value pairs (``host=... dbname=...``) no file is named."""
+    if re.match(r"(?i)postgres(ql)?://", db):
+        return True
+    return _DSN_PAIR.match(db) is not None and not Path(db).exists()
+
+
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Argument errors argparse cannot see by itself."""
     db = getattr(args, "db", None)
     if db == "":
         parser.error(f"{args.command}: --db needs a file path")
-    if db is not None and re.match(r"(?i)postgres(ql)?://", db):
-        # A DSN would be read as a (missing) file with its slashes collapsed.
+    if db is not None and _is_dsn(db):
+        # A DSN would be read as a (missing) file: a URI with its slashes
+        # collapsed, keyword/value pairs as a file's name.
         parser.error(
             f"{args.command}: --db takes a SQLite journal file; a PostgreSQL "
             "journal is read through the daemon serving it (--url URL)"

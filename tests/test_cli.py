@@ -121,6 +121,17 @@ def test_show_json_equals_the_result_of_the_run(
     assert shown == result
 
 
+def test_a_journal_file_named_like_a_connection_string_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    # Made as ./user=ana.db: a path, where user=ana.db alone reads as a DSN.
+    result, _ = run_json(["demo", "--yes", "--json", "--db", "./user=ana.db"], capsys)
+
+    assert main(["runs", "--db", "user=ana.db"]) == 0
+    assert capsys.readouterr().out.split()[0] == result["run_id"]
+
+
 def test_runs_lists_each_journaled_run_on_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -88,6 +88,12 @@ def test_the_journal_hint_can_be_pasted_into_a_shell(
             "runs: --db takes a SQLite journal file; a PostgreSQL journal",
         ),
         (["show", "abc", "--db", "postgres://h/db"], "show: --db takes a SQLite"),
+        (
+            ["runs", "--db", "host=db.internal dbname=agents"],
+            "runs: --db takes a SQLite journal file; a PostgreSQL",
+        ),
+        (["show", "abc", "--db", "dbname=agents"], "show: --db takes a SQLite"),
+        (["run", "g", "--db", " user=replan host=db"], "run: --db takes a SQLite"),
         (["show", "", "--db", "x.db"], "show: RUN_ID cannot be empty"),
         (["show", " ", "--url", "http://127.0.0.1:9"], "show: RUN_ID cannot be empty"),
         (["approve", "", "--url", "http://127.0.0.1:9"], "approve: GATE_ID cannot"),

@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 from typing import get_args
 
 import pytest
 
+from replan import ScriptedModel
 from replan.messages import Event
+from replan.store import PostgresStore
+from replan.store import _postgres_pool as postgres_pool
+from replan.supervisor import _forwarding as forwarding
 
 README = Path(__file__).parent.parent / "README.md"
 
@@ -89,3 +94,45 @@ def test_every_link_within_the_readme_leads_to_one_of_its_headings() -> None:
     links = set(re.findall(r"\]\(#([^)]+)\)", text))
     assert "a-short-tour-of-the-python-api" in links
     assert links - anchors == set()
+
+
+def _postgres_section() -> str:
+    return README.read_text().split("### PostgreSQL journal", 1)[1].split("\n## ", 1)[0]
+
+
+async def test_the_readme_postgres_example_serves_on_a_journal(
+    postgres_dsn: str,
+) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", _postgres_section(), re.S)
+    (example,) = blocks
+    written = "postgresql://replan@db.internal/agents"
+    assert written in example
+    scope: dict[str, object] = {"__name__": "readme_postgres"}
+    exec(compile(example.replace(written, postgres_dsn), "README.md", "exec"), scope)
+    await scope["serve"](ScriptedModel(lambda request: None))  # type: ignore[operator]
+    async with PostgresStore(postgres_dsn) as store:
+        assert await store.list_runs() == []
+        assert store.schema == "replan"
+
+
+def test_the_postgres_journal_section_gives_the_stores_defaults() -> None:
+    text = " ".join(_postgres_section().split())
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(PostgresStore).parameters.items()
+    }
+    assert f"`connect_timeout_s`, {defaults['connect_timeout_s']:g} s" in text
+    assert f"`pool_size` ({defaults['pool_size']})" in text
+    assert f"`PostgresStore(dsn, lease_s={defaults['lease_s']})`" in text
+    assert f"`PostgresStore(dsn, reconnect_s={defaults['reconnect_s']})`" in text
+    assert f"`{defaults['schema']}` unless `schema=`" in text
+    lock_s = postgres_pool.LOCK_TIMEOUT_MS / 1000
+    assert f"waits at most {lock_s:g} s for a lock" in text
+    first, longest = postgres_pool.FIRST_DELAY_S, postgres_pool.LONGEST_DELAY_S
+    assert (
+        f"after {first:g} s, then twice as long each time up to {longest:g} s" in text
+    )
+    assert f"within {forwarding.FORWARD_WAIT_S:g} s" in text
+    assert f"up to {forwarding.FORWARD_WAIT_S:g} s more" in text
+    assert forwarding.REQUEST_POLL_S == 0.5
+    assert "every half second" in text

@@ -115,14 +115,14 @@ class PostgresStore:
     Raises:
         ConfigurationError: (field ``dsn``) the string is not a connection
             string, the server cannot be reached or refuses the login, the
-            database is not UTF-8, or the tables cannot be created or
-            checked (no privilege, a read-only server); (field ``schema``)
-            the name is empty, too long or PostgreSQL's own (``pg_...``), or
-            the schema holds another application's tables or a newer
-            replan's journal; (``pool_size``) not a whole number, 1 or more;
-            (``connect_timeout_s``) not positive and finite; (``lease_s``)
-            not a number of seconds from 1 to 3600; (``reconnect_s``) not
-            a number of seconds from 0 to 3600.
+            database is not UTF-8, or the tables cannot be created,
+            checked or written to (no privilege, a read-only server);
+            (field ``schema``) the name is empty, too long or PostgreSQL's
+            own (``pg_...``), or the schema holds another application's
+            tables or a newer replan's journal; (``pool_size``) not a whole
+            number, 1 or more; (``connect_timeout_s``) not positive and
+            finite; (``lease_s``) not a number of seconds from 1 to 3600;
+            (``reconnect_s``) not a number of seconds from 0 to 3600.
     """
 
     def __init__(

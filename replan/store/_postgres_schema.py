@@ -139,13 +139,14 @@ def schema_key(schema: str) -> int:
 
 def set_up(conn: psycopg.Connection[Any], schema: str, journal: str) -> None:
     """Create the journal's tables in a schema that has none; check the
-    version of one that has them.
+    version of one that has them, and that the session can write to them.
 
     Raises:
         ConfigurationError: (field ``schema``) the schema holds another
             application's tables, or a newer replan's journal; (field
             ``dsn``) the database is not UTF-8, the server is read-only,
-            or the tables cannot be created (no privilege, say).
+            the tables cannot be created (no privilege, say), or the
+            session's role lacks a right to read or write them.
     """
     encoding = conn.info.parameter_status("server_encoding")
     if encoding is not None and encoding != "UTF8":
@@ -162,8 +163,16 @@ def set_up(conn: psycopg.Connection[Any], schema: str, journal: str) -> None:
             f"{journal}: the server is read-only (a standby?); a replan journal "
             "needs one it can write to",
         )
-    if _version(conn, schema, journal) == SCHEMA_VERSION:
-        return
+    if _version(conn, schema, journal) != SCHEMA_VERSION:
+        _create_or_migrate(conn, schema, journal)
+    _check_rights(conn, schema, journal)
+
+
+def _create_or_migrate(
+    conn: psycopg.Connection[Any], schema: str, journal: str
+) -> None:
+    """Create the tables, or take them to :data:`SCHEMA_VERSION`, once
+    whatever the number of processes that open the schema at once."""
     key = (_SETUP_CLASS, schema_key(schema))
     # A session lock, taken before the transaction that checks and creates:
     # begun after another process's creation committed, the transaction
@@ -183,6 +192,38 @@ def set_up(conn: psycopg.Connection[Any], schema: str, journal: str) -> None:
     finally:
         if not conn.closed:
             conn.execute("SELECT pg_advisory_unlock(%s::int4, %s::int4)", key)
+
+
+_WRITTEN = ("events", "runs", "effects", "tool_effects", "requests")
+"""The tables a store reads and writes."""
+_RIGHTS = ("SELECT", "INSERT", "UPDATE", "DELETE")
+
+
+def _check_rights(conn: psycopg.Connection[Any], schema: str, journal: str) -> None:
+    """Refuse a journal the session's role cannot write to (its tables
+    created by another role, and granted it to read alone, say): every
+    append would fail.
+
+    Raises:
+        ConfigurationError: (field ``dsn``) a right the store needs is
+            missing on one of the tables.
+    """
+    missing = conn.execute(
+        "SELECT c.relname, r.privilege FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "CROSS JOIN unnest(%s::text[]) AS r(privilege) "
+        "WHERE n.nspname = %s AND c.relname = ANY(%s::text[]) "
+        "AND NOT has_table_privilege(c.oid, r.privilege) "
+        "ORDER BY c.relname, r.privilege",
+        (list(_RIGHTS), schema, list(_WRITTEN)),
+    ).fetchall()
+    if missing:
+        lacks = ", ".join(f"{right} on {table}" for table, right in missing)
+        raise ConfigurationError(
+            "dsn",
+            f"{journal}: cannot write to the journal: the role "
+            f"{conn.info.user} lacks {lacks}",
+        )
 
 
 def _version(conn: psycopg.Connection[Any], schema: str, journal: str) -> int:

@@ -566,7 +566,8 @@ class Supervisor:
         scope = self._let_go.get(run_id)
         if scope is not None and not scope.cancel_called:
             logger.warning(
-                "run %s: its lease is %s now; letting go of it",
+                # As a refused append says (see LeaseLost).
+                "run %s: its lease is %s now; this supervisor no longer drives it",
                 run_id,
                 "nobody's" if lease is None else f"{lease.holder}'s",
             )

@@ -411,7 +411,7 @@ def test_a_run_lost_to_another_daemon_no_longer_counts_as_active_here(
                 )
         finally:
             os.kill(first.pid, signal.SIGCONT)
-        wait_for(lambda: "letting go of it" in first.output())
+        wait_for(lambda: "this supervisor no longer drives it" in first.output())
         with first.client() as one:
             metrics = one.get("/metrics").text.splitlines()
             submitted = one.post(

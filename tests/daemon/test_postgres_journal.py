@@ -123,10 +123,11 @@ def test_a_run_whose_append_met_a_server_restart_waits_for_it_and_runs_each_task
     tmp_path: Path, own_server: PostgresServer
 ) -> None:
     counts = str(tmp_path / "executions.txt")
+    dbname = own_server.new_database()
     env = {
         "REPLAN_TEST_COUNT_FILE": counts,
         "REPLAN_TEST_EXECUTE_S": "1.0",
-        "REPLAN_JOURNAL_DSN": own_server.dsn(own_server.new_database()),
+        "REPLAN_JOURNAL_DSN": own_server.dsn(dbname),
         "REPLAN_REDRIVE_INTERVAL_S": "0.2",
     }
     daemon = DaemonProcess(tmp_path / "data", *COUNTING, env=env).start()
@@ -146,6 +147,8 @@ def test_a_run_whose_append_met_a_server_restart_waits_for_it_and_runs_each_task
                 wait_for(lambda: client.get("/readyz").status_code == 503)
                 ready = client.get("/readyz")
                 assert "the journal cannot be reached" in ready.json()["detail"]
+                # Named: where the journal is (store.outage).
+                assert f"/{dbname} (schema replan): " in ready.json()["detail"]
                 assert ready.headers["retry-after"] == "5"
                 wait_for(lambda: "cannot be reached" in daemon.output())
             finally:

@@ -7,15 +7,18 @@ from __future__ import annotations
 import json
 import os
 import resource
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import anyio
 import psycopg
 import pytest
+from postgres_server import USER, PostgresServer
 from write_samples import started, summary
 
 from replan import ConfigurationError
@@ -24,6 +27,7 @@ from replan.store import (
     EffectRecord,
     JournalCorrupt,
     PostgresStore,
+    SQLiteStore,
     ToolEffectRecord,
 )
 
@@ -84,6 +88,36 @@ async def test_the_tables_are_created_in_the_replan_schema_with_a_version(
         "tool_effects",
     ]
     assert sql(postgres_dsn, "SELECT version FROM replan.journal_schema") == [(3,)]
+
+
+async def test_the_rows_are_those_of_the_sqlite_journal(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    done = EffectRecord(task_id="t1", attempt=1, outcome=TaskOutcome(success=True))
+    call = ToolEffectRecord(key="k", task_id="t1", tool="mail", arguments={})
+    for store in (PostgresStore(postgres_dsn), SQLiteStore(tmp_path / "j.db")):
+        async with store:
+            await store.append("run-1", [started(1), started(2)], summary(2))
+            await store.record_effect("run-1", done)
+            await store.record_tool_effect("run-1", call)
+    queries = {
+        "events": "SELECT run_id, seq, type, payload, at FROM events ORDER BY seq",
+        "runs": "SELECT run_id, goal, kind, pattern, status, created_at, "
+        "updated_at, last_seq, stop_reason FROM runs",
+        "effects": "SELECT run_id, task_id, attempt, payload FROM effects",
+        "tool_effects": "SELECT run_id, task_id, key, payload FROM tool_effects",
+    }
+    with closing(sqlite3.connect(tmp_path / "j.db")) as conn:
+        in_sqlite = {name: conn.execute(q).fetchall() for name, q in queries.items()}
+    with psycopg.connect(f"{postgres_dsn} options='-c search_path=replan'") as conn:
+        in_postgres = {
+            name: [tuple(row) for row in conn.execute(q).fetchall()]  # type: ignore[arg-type]
+            for name, q in queries.items()
+        }
+    assert in_postgres == in_sqlite
+    (event,) = [row for row in in_postgres["events"] if row[1] == 1]
+    assert event[4] == "2026-01-05T08:30:01.000000+00:00"  # ISO-8601, in UTC
+    assert json.loads(event[3])["kind"] == "task_started"
 
 
 async def test_two_schemas_of_one_database_are_two_journals(
@@ -227,6 +261,106 @@ async def test_a_journal_on_a_server_become_read_only_is_refused_on_open(
     assert caught.value.field == "dsn"
 
 
+async def test_a_dsn_may_be_a_uri(postgres_dsn: str) -> None:
+    params = psycopg.conninfo.conninfo_to_dict(postgres_dsn)
+    uri = (
+        f"postgresql://{params['user']}@:{params['port']}/{params['dbname']}"
+        f"?host={params['host']}"
+    )
+    async with PostgresStore(uri) as store:
+        await store.append("run-1", [started(1)], summary(1))
+    async with PostgresStore(postgres_dsn) as store:
+        assert [e.seq for e in await store.read("run-1")] == [1]
+    assert f"postgresql://{params['user']}@{params['host']}:" in store.journal
+
+
+def test_a_database_that_is_not_utf8_is_a_configuration_error_naming_the_dsn(
+    postgres_server: PostgresServer, postgres_dsn: str
+) -> None:
+    name = f"{psycopg.conninfo.conninfo_to_dict(postgres_dsn)['dbname']}_ascii"
+    sql(
+        postgres_dsn,
+        f'CREATE DATABASE "{name}" ENCODING SQL_ASCII TEMPLATE template0 '
+        "LC_COLLATE 'C' LC_CTYPE 'C'",
+    )
+    try:
+        with pytest.raises(ConfigurationError, match="SQL_ASCII") as caught:
+            PostgresStore(postgres_server.dsn(name))
+        assert caught.value.field == "dsn"
+        assert sql(postgres_server.dsn(name), "SELECT to_regnamespace('replan')") == [
+            (None,)
+        ]
+    finally:
+        postgres_server.drop_database(name)
+
+
+def login_role(dsn: str, suffix: str) -> tuple[str, str]:
+    """A new login role with no rights in the DSN's database; its name, and
+    the DSN that logs in as it."""
+    name = f"{psycopg.conninfo.conninfo_to_dict(dsn)['dbname']}_{suffix}"
+    sql(dsn, f'CREATE ROLE "{name}" LOGIN')
+    return name, dsn.replace(f"user={USER}", f"user={name}")
+
+
+def test_a_login_the_server_refuses_is_a_configuration_error_naming_the_dsn(
+    postgres_dsn: str,
+) -> None:
+    refused = postgres_dsn.replace(f"user={USER}", "user=no_such_role")
+    with pytest.raises(ConfigurationError, match="no_such_role") as caught:
+        PostgresStore(refused)
+    assert caught.value.field == "dsn"
+
+
+def test_a_role_that_cannot_create_the_journal_is_a_configuration_error(
+    postgres_dsn: str,
+) -> None:
+    _, dsn = login_role(postgres_dsn, "guest")
+    with pytest.raises(ConfigurationError, match="cannot create") as caught:
+        PostgresStore(dsn)
+    assert caught.value.field == "dsn"
+    assert sql(postgres_dsn, "SELECT to_regnamespace('replan')") == [(None,)]
+
+
+async def test_a_journal_the_role_can_read_but_not_write_is_refused_on_open(
+    postgres_dsn: str,
+) -> None:
+    async with PostgresStore(postgres_dsn) as store:
+        await store.append("run-1", [started(1)], summary(1))
+    role, dsn = login_role(postgres_dsn, "reader")
+    sql(postgres_dsn, f'GRANT USAGE ON SCHEMA replan TO "{role}"')
+    sql(postgres_dsn, f'GRANT SELECT ON ALL TABLES IN SCHEMA replan TO "{role}"')
+    # Opened, it would fail every append of every run.
+    with pytest.raises(ConfigurationError, match="INSERT on events") as caught:
+        PostgresStore(dsn)
+    assert caught.value.field == "dsn"
+    assert role in str(caught.value)
+
+
+async def test_a_role_granted_the_journals_tables_writes_every_record(
+    postgres_dsn: str,
+) -> None:
+    async with PostgresStore(postgres_dsn):
+        pass
+    role, dsn = login_role(postgres_dsn, "writer")
+    sql(postgres_dsn, f'GRANT USAGE ON SCHEMA replan TO "{role}"')
+    sql(
+        postgres_dsn,
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA replan "
+        f'TO "{role}"',
+    )
+    async with PostgresStore(dsn) as store:
+        await store.append("run-1", [started(1)], summary(1))
+        done = EffectRecord(task_id="t1", attempt=1, outcome=TaskOutcome(success=True))
+        await store.record_effect("run-1", done)
+        call = ToolEffectRecord(key="k", task_id="t1", tool="mail", arguments={})
+        await store.record_tool_effect("run-1", call)
+        request, added = await store.add_request("run-1", "host-b:2")
+        assert added
+        await store.delete_run("run-1")
+        assert await store.get_request(request.id) is None
+        assert await store.get_run("run-1") is None
+
+
 def test_a_dsn_that_is_no_connection_string_is_named_in_one_line(
     postgres_dsn: str,
 ) -> None:
@@ -325,6 +459,8 @@ async def test_a_damaged_row_reads_as_journal_corrupt_naming_the_run(
     assert caught.value.run_id == "run-1"
     assert caught.value.seq == (2 if call == "read" else None)
     assert "schema replan" in str(caught.value)
+    dbname = psycopg.conninfo.conninfo_to_dict(postgres_dsn)["dbname"]
+    assert f"/{dbname} " in str(caught.value)
 
 
 # Cancellation and connections
@@ -393,6 +529,16 @@ async def test_an_append_waiting_for_a_lock_held_elsewhere_gives_up_in_time(
         assert [e.seq for e in await store.read("run-1")] == [1, 2]
 
 
+async def test_a_lock_timeout_the_server_sets_is_kept(postgres_dsn: str) -> None:
+    dbname = psycopg.conninfo.conninfo_to_dict(postgres_dsn)["dbname"]
+    sql(postgres_dsn, f"ALTER DATABASE \"{dbname}\" SET lock_timeout = '42s'")
+    async with PostgresStore(postgres_dsn) as store:
+        setting = await store._connections().run(
+            lambda conn: conn.execute("SHOW lock_timeout").fetchone()
+        )
+    assert setting == ("42s",)
+
+
 async def test_a_lock_timeout_the_dsn_sets_is_kept(postgres_dsn: str) -> None:
     async with PostgresStore(f"{postgres_dsn} options='-c lock_timeout=42s'") as store:
         setting = await store._connections().run(
@@ -442,6 +588,39 @@ async def test_text_of_any_script_is_kept_whatever_client_encoding_the_dsn_asks(
         found = await store.get_run("run-1")
     assert found is not None
     assert found.goal == goal
+
+
+async def test_text_of_any_script_is_kept_whatever_pgclientencoding_asks(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PGCLIENTENCODING", "LATIN1")
+    goal = "résumé 日本語 ✓"
+    async with PostgresStore(postgres_dsn) as store:
+        await store.append(
+            "run-1", [started(1)], summary(1).model_copy(update={"goal": goal})
+        )
+        found = await store.get_run("run-1")
+    assert found is not None
+    assert found.goal == goal
+
+
+async def test_ids_with_a_nul_character_cannot_be_stored(postgres_dsn: str) -> None:
+    # PostgreSQL's text holds no NUL; replan's own ids never have one.
+    async with PostgresStore(postgres_dsn) as store:
+        with pytest.raises(psycopg.DataError, match="NUL"):
+            await store.append("run\x00", [started(1)], summary(1, run_id="run\x00"))
+        assert await store.list_runs() == []
+        await store.append("run-1", [started(1)], summary(1))
+        done = EffectRecord(
+            task_id="t\x00", attempt=1, outcome=TaskOutcome(success=True)
+        )
+        with pytest.raises(psycopg.DataError, match="NUL"):
+            await store.record_effect("run-1", done)
+        call = ToolEffectRecord(key="k\x00", task_id="t1", tool="mail", arguments={})
+        with pytest.raises(psycopg.DataError, match="NUL"):
+            await store.record_tool_effect("run-1", call)
+        assert await store.read_effects("run-1") == []
+        assert await store.read_tool_effects("run-1") == []
 
 
 async def test_runs_appending_at_once_do_not_fail_under_a_serializable_default(

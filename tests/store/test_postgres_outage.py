@@ -49,6 +49,9 @@ async def test_an_append_while_the_server_restarts_waits_for_it_and_is_kept_once
     messages = [r.getMessage() for r in caplog.records]
     assert sum("cannot be reached" in m for m in messages) == 1, messages
     assert sum("reachable again" in m for m in messages) == 1, messages
+    lost = f"the journal at {store.journal} cannot be reached; calls wait for it "
+    assert any(m.startswith(f"{lost}for up to 30s, then fail: ") for m in messages)
+    assert f"the journal at {store.journal} is reachable again" in messages
 
 
 async def test_a_session_ended_under_a_call_is_replaced_and_the_call_goes_on(
@@ -147,6 +150,63 @@ async def test_a_server_down_longer_than_reconnect_s_fails_the_call_without_spin
         await anyio.sleep(pool_module.LONGEST_DELAY_S)
         assert await store.read("run-1") == []
         assert store.outage is None
+
+
+async def test_calls_waiting_for_the_server_share_one_schedule_of_tries(
+    own_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dsn = own_server.dsn(own_server.new_database())
+    tries = []
+    take = pool_module.Pool._take
+
+    def counted(self: pool_module.Pool) -> object:
+        tries.append(time.monotonic())
+        return take(self)
+
+    monkeypatch.setattr(pool_module.Pool, "_take", counted)
+    async with PostgresStore(dsn, reconnect_s=1.5, pool_size=1) as store:
+        postgres.halt(own_server)
+        try:
+            failed = []
+
+            async def read() -> None:
+                with pytest.raises(psycopg.OperationalError):
+                    await store.read("run-1")
+                failed.append(True)
+
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(30):
+                        tg.start_soon(read)
+            assert len(failed) == 30
+            # A crowd of calls tries as one call does (0.1 s, then twice as
+            # long each time), not once each per delay.
+            assert len(tries) <= 8, len(tries)
+        finally:
+            postgres.start_again(own_server)
+
+
+async def test_a_store_whose_reconnect_s_is_0_fails_a_call_after_one_try(
+    own_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dsn = own_server.dsn(own_server.new_database())
+    tries = []
+    take = pool_module.Pool._take
+
+    def counted(self: pool_module.Pool) -> object:
+        tries.append(time.monotonic())
+        return take(self)
+
+    monkeypatch.setattr(pool_module.Pool, "_take", counted)
+    async with PostgresStore(dsn, reconnect_s=0) as store:
+        postgres.halt(own_server)
+        try:
+            with anyio.fail_after(10), pytest.raises(psycopg.OperationalError):
+                await store.read("run-1")
+            assert len(tries) == 1
+            assert store.outage is not None
+        finally:
+            postgres.start_again(own_server)
 
 
 @pytest.mark.parametrize("reconnect_s", [-1, 3601, float("nan"), True, "5"])

@@ -8,12 +8,16 @@ from pathlib import Path
 
 import anyio
 import psycopg
+import pytest
 from test_postgres_leases import A, B, create_first_version, expire, sql
+from test_retention import finished_demo_run
 from write_samples import started, summary
 
+from replan import ConfigurationError
 from replan.messages import GateResolution
 from replan.store import MemoryStore, PostgresStore, RunRequests, SQLiteStore
 from replan.store._postgres_schema import _MIGRATIONS
+from replan.supervisor import replay, snapshot
 
 APPROVE = GateResolution(decision="approve", by="ana")
 REJECT = GateResolution(decision="reject", by="bo")
@@ -95,6 +99,22 @@ async def test_deleting_a_run_drops_its_requests(postgres_dsn: str) -> None:
         assert await store.get_request(request.id) is None
 
 
+async def test_compacting_a_run_drops_its_requests(postgres_dsn: str) -> None:
+    async with PostgresStore(postgres_dsn) as store:
+        run_id = await finished_demo_run(store)
+        events = await store.read(run_id)
+        settled, _ = await store.add_request(
+            run_id, "x:1", gate_id="g", resolution=APPROVE
+        )
+        assert await store.settle_request(settled.id, "applied")
+        other = "run-2"
+        await store.append(other, [started(1)], summary(1, run_id=other), owner=A)
+        kept, _ = await store.add_request(other, "x:1")
+        await store.compact_run(run_id, snapshot(replay(events), len(events)))
+        assert await store.get_request(settled.id) is None
+        assert await store.get_request(kept.id) == kept
+
+
 def create_second_version(dsn: str) -> None:
     """A journal as the second schema version wrote it, with one run."""
     create_first_version(dsn)
@@ -110,6 +130,24 @@ def create_second_version(dsn: str) -> None:
             "UPDATE replan.runs SET owner = 'gone', holder = 'old-host:9', "
             "lease_expires = now() - interval '1 second' WHERE run_id = 'old'"
         )
+
+
+def test_a_migration_that_fails_leaves_the_journal_as_it_was(postgres_dsn: str) -> None:
+    create_first_version(postgres_dsn)
+    # The last step cannot be taken (a table of its name is there already):
+    # the first step's columns are not kept either.
+    sql(postgres_dsn, "CREATE TABLE replan.requests (what text)")
+    with pytest.raises(ConfigurationError, match="requests") as caught:
+        PostgresStore(postgres_dsn)
+    assert caught.value.field == "dsn"
+    assert sql(postgres_dsn, "SELECT version FROM replan.journal_schema") == [(1,)]
+    columns = sql(
+        postgres_dsn,
+        "SELECT column_name FROM information_schema.columns "
+        "WHERE table_schema = 'replan' AND table_name = 'runs' "
+        "AND column_name IN ('owner', 'holder', 'lease_expires')",
+    )
+    assert columns == []
 
 
 async def test_a_journal_of_the_second_version_is_migrated_keeping_runs_and_leases(

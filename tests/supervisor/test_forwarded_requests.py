@@ -307,6 +307,63 @@ async def test_an_answer_at_a_supervisor_whose_run_was_taken_over_goes_on_to_it(
     assert [(r.decision, r.by) for r in _resolved(events)] == [("approve", "ana")]
 
 
+class Overtaken(PostgresStore):
+    """A journal on which, once a request is kept, ``meanwhile`` runs before
+    the call that kept it goes on: the run's driver sees the gate answered
+    or the run ended before it looks for the request."""
+
+    meanwhile: Any = None
+
+    async def add_request(self, *args: Any, **kwargs: Any) -> Any:
+        kept = await super().add_request(*args, **kwargs)
+        if self.meanwhile is not None:
+            await self.meanwhile()
+        return kept
+
+
+@pytest.mark.parametrize("meanwhile", ["answered", "ended"])
+async def test_an_answer_its_driver_cannot_apply_is_marked_and_raised_to_its_sender(
+    meanwhile: str, postgres_dsn: str
+) -> None:
+    with anyio.fail_after(30):
+        async with (
+            PostgresStore(postgres_dsn) as store_a,
+            Overtaken(postgres_dsn) as store_b,
+            Supervisor(scripted(), store_a) as a,
+            Supervisor(scripted(), store_b) as b,
+        ):
+            handle = await a.submit(spec(SEND))
+            gate_id = await _at_gate(handle)
+
+            async def overtake() -> None:
+                if meanwhile == "answered":
+                    await a.gates.resolve(gate_id, {"decision": "reject", "by": "bo"})
+                else:
+                    await a.cancel(handle.run_id)
+
+            store_b.meanwhile = overtake
+            answer = {"decision": "approve", "by": "ana"}
+            # The error of an answer given once the gate was answered, or
+            # its run ended.
+            if meanwhile == "answered":
+                with pytest.raises(GateAlreadyResolved, match="reject by bo"):
+                    await b.gates.resolve(gate_id, answer)
+                with pytest.raises(GateAlreadyResolved, match="reject by bo"):
+                    await a.gates.resolve(gate_id, answer)
+            else:
+                with pytest.raises(GateError, match="closed") as waited:
+                    await b.gates.resolve(gate_id, answer)
+                store_b.meanwhile = None
+                with pytest.raises(GateError, match="closed") as later:
+                    await b.gates.resolve(gate_id, answer)
+                assert str(waited.value) == str(later.value)
+            await handle.result()
+            events = await store_a.read(handle.run_id)
+    assert "approve" not in [r.decision for r in _resolved(events)]
+    outcome = "already_resolved" if meanwhile == "answered" else "closed"
+    assert _rows(postgres_dsn, "SELECT outcome FROM replan.requests") == [(outcome,)]
+
+
 async def test_an_answer_journaled_before_its_driver_settled_it_is_not_applied_again(
     postgres_dsn: str,
 ) -> None:
@@ -540,6 +597,50 @@ async def test_a_cancel_whose_run_retention_took_away_meanwhile_says_how_it_went
                     await b.cancel(handle.run_id)
             result = await handle.result()
     assert result.status is RunStatus.CANCELLED
+    assert _count(postgres_dsn, "requests") == 0
+
+
+class RetainedOnceEnded(Retained):
+    """A journal whose retention takes a run away once an answer sent from
+    elsewhere let it end, before the answer's request is settled."""
+
+    async def settle_request(
+        self, request_id: int, outcome: RequestOutcome, detail: str | None = None
+    ) -> bool:
+        request = await self.get_request(request_id)
+        assert request is not None
+        for _ in range(200):
+            run = await self.get_run(request.run_id)
+            if run is not None and run.status.final:
+                return await super().settle_request(request_id, outcome, detail)
+            await anyio.sleep(0.01)
+        raise AssertionError(f"run {request.run_id} did not end")
+
+
+@pytest.mark.parametrize("retention", ["compact", "delete"])
+async def test_an_answer_whose_run_retention_took_away_meanwhile_says_how_it_went(
+    retention: str, postgres_dsn: str
+) -> None:
+    with anyio.fail_after(30):
+        async with (
+            RetainedOnceEnded(postgres_dsn) as store_a,
+            PostgresStore(postgres_dsn) as store_b,
+            Supervisor(scripted(), store_a) as a,
+            Supervisor(scripted(), store_b) as b,
+        ):
+            store_a.retention = retention
+            handle = await a.submit(spec(SEND))
+            gate_id = await _at_gate(handle)
+            answer = {"decision": "approve", "by": "ana"}
+            if retention == "compact":
+                sent = await b.gates.resolve(gate_id, answer)
+                assert isinstance(sent, Forwarded)
+                assert sent.applied
+            else:
+                with pytest.raises(GateError, match="gone from the journal"):
+                    await b.gates.resolve(gate_id, answer)
+            result = await handle.result()
+    assert result.status is RunStatus.COMPLETED
     assert _count(postgres_dsn, "requests") == 0
 
 

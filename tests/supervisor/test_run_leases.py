@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from replan import (
     SupervisorError,
     TaskDraft,
     TaskStatus,
+    UnknownRunError,
     tool,
 )
 from replan.messages import GateOpened, TaskFinished, TaskInterrupted, ToolCall
@@ -124,6 +126,10 @@ async def test_a_stale_owners_append_is_refused_and_it_lets_go_of_the_run(
             with pytest.raises(SupervisorError, match="took the run over"):
                 await handle.result()
             assert not a.drives(handle.run_id)
+            # No longer the first's: left out of its runs.
+            assert a.handles() == []
+            with pytest.raises(UnknownRunError):
+                a.get(handle.run_id)
             # Cancelling it is for the supervisor that drives it now.
             with pytest.raises(RunDrivenElsewhere, match="another supervisor"):
                 await handle.cancel()
@@ -196,7 +202,10 @@ async def test_a_waiting_run_another_took_over_is_let_go_of_at_the_next_renewal(
                 await handle.result()
             result = await taken.result()
     assert result.status is RunStatus.COMPLETED
-    assert "now; letting go of it" in caplog.text
+    # The renewal's warning, as a refused append's (the second may have
+    # ended the run, and let go of it, by the time the first looks).
+    said = f"run {handle.run_id}: its lease is ({b.owner.holder}|nobody)'s now; "
+    assert re.search(f"{said}this supervisor no longer drives it", caplog.text)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
@@ -412,12 +421,12 @@ async def test_a_run_let_go_of_with_a_model_answer_in_flight_logs_no_error(
             go.set()
             result = await taken.result()
     assert result.status is RunStatus.COMPLETED
-    assert "now; letting go of it" in caplog.text
+    assert "now; this supervisor no longer drives it" in caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 async def test_a_run_whose_row_says_unfinished_though_its_journal_ended_is_set_right(
-    postgres_dsn: str,
+    postgres_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A runs table restored apart from the events, or edited by hand: the
     # row says running, the events say completed. A resume takes the run
@@ -442,3 +451,8 @@ async def test_a_run_whose_row_says_unfinished_though_its_journal_ended_is_set_r
                 assert summary.status is RunStatus.COMPLETED
                 assert await store.claimable_runs(sup.owner) == []
                 assert await store.run_lease(handle.run_id) is None
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert said == [
+        f"run {handle.run_id}: the journal's runs table says it is unfinished, "
+        "its events that it ended (completed): its row is set right from its events"
+    ]
