@@ -275,14 +275,20 @@ def _failed(exc: BaseException) -> int:
             if os.environ.get("REPLAN_DEBUG"):
                 raise exc
             message = f"unexpected {type(first).__name__}: {first}"
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        print(error_line(message), file=sys.stderr)
+    return code
+
+
+def error_line(message: str) -> str:
+    """``replan: error: MESSAGE`` as one line a terminal shows as it is: line
+    breaks folded, control characters as ``?``, at most MAX_MESSAGE long."""
     # A base URL's ``user:password@`` is sent, never shown.
     message = _render.terminal_text(without_credentials(" ".join(message.split())))
     line = f"replan: error: {message}"
     if len(line) > MAX_MESSAGE:
         line = line[: MAX_MESSAGE - 1] + "…"
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        print(line, file=sys.stderr)
-    return code
+    return line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -299,7 +305,9 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(2, f"replan: error: {message}\n")
+        # The message quotes what was given (``unrecognized arguments: ...``),
+        # which may be long or hold line breaks and escape sequences.
+        self.exit(2, error_line(message) + "\n")
 
     def parse_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: None = None

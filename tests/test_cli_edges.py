@@ -302,6 +302,32 @@ def test_an_unknown_argument_shows_the_usage_of_its_command(
     assert err.endswith(f"\nreplan: error: unrecognized arguments: {unknown}\n")
 
 
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (
+            ["demo", "one\ntwo\x1b]0;retitled\x07"],
+            "replan: error: unrecognized arguments: one two?]0;retitled?",
+        ),
+        (
+            ["demo", "--latency", "x" * 5000],
+            f"replan: error: argument --latency: not a number: '{'x' * 349}…",
+        ),
+        (
+            ["runs", "--db", "x.db", "http://ana:secret@example.com"],
+            "replan: error: unrecognized arguments: http://example.com",
+        ),
+    ],
+)
+def test_a_bad_argument_is_one_bounded_line_whatever_it_holds(
+    argv: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"\n{line}\n")
+    assert len(err.splitlines()[-1]) <= 400
+
+
 def test_log_lines_wait_for_the_question_at_the_terminal(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
