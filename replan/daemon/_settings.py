@@ -297,7 +297,9 @@ def load_settings(
         raise ConfigurationError("config", "name a TOML file, not a blank path")
     path = Path(config_file) if config_file is not None else None
     if path is not None and not path.is_file():
-        raise ConfigurationError("config", f"no such file: {path}")
+        # A directory or a device is there, but is no file to read settings from.
+        problem = "not a file" if path.exists() else "no such file"
+        raise ConfigurationError("config", f"{problem}: {path}")
     token = _config_file.set(path)
     try:
         return DaemonSettings(**given)

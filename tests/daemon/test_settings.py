@@ -147,6 +147,15 @@ def test_a_missing_config_file_is_a_configuration_error(tmp_path: Path) -> None:
         load_settings(tmp_path / "nope.toml")
 
 
+def test_a_config_path_that_is_no_file_says_so(tmp_path: Path) -> None:
+    # A directory, or a device such as /dev/null, is there: not "no such file".
+    for path in (tmp_path, Path(os.devnull)):
+        with pytest.raises(ConfigurationError, match="not a file") as refused:
+            load_settings(path)
+        assert refused.value.field == "config"
+        assert str(path) in str(refused.value)
+
+
 def test_serve_reports_bad_settings_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
