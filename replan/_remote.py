@@ -24,6 +24,11 @@ from .store import ToolEffectRecord
 from .supervisor import RunState, apply, replay
 
 COMMANDS = ("submit", "watch", "gates", "approve", "reject", "cancel")
+
+MAX_SPEC_BYTES = 64 * 1_048_576
+"""The largest spec ``submit`` reads: the most any daemon takes
+(``max_body_bytes``), so that an endless input (``/dev/zero``, a pipe that
+never ends) is refused rather than read until memory runs out."""
 """Commands that only talk to a daemon (``runs`` and ``show`` also read a
 local journal with ``--db``)."""
 
@@ -146,7 +151,17 @@ def _read_spec(name: str) -> dict[str, Any]:
     """The RunSpec JSON object in file ``name`` (``-``: stdin); every problem
     is a bad argument (exit 2)."""
     try:
-        text = sys.stdin.read() if name == "-" else Path(name).read_text()
+        if name == "-":
+            text = sys.stdin.read(MAX_SPEC_BYTES + 1)
+        else:
+            with Path(name).open(encoding="utf-8") as file:
+                text = file.read(MAX_SPEC_BYTES + 1)
+        if len(text) > MAX_SPEC_BYTES:
+            raise RemoteError(
+                f"cannot read the spec {name}: it is larger than "
+                f"{MAX_SPEC_BYTES // 1_048_576} MiB, the most a daemon takes",
+                2,
+            )
         spec = json.loads(text)
     except RecursionError:
         raise RemoteError(

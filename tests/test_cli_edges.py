@@ -240,6 +240,26 @@ def test_the_spec_on_stdin_is_read_too(
     )
 
 
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_an_endless_spec_is_refused_not_read_until_memory_runs_out(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import io
+
+    from replan import _remote
+
+    assert main(["submit", "/dev/zero", "--url", "http://127.0.0.1:9"]) == 2
+    assert capsys.readouterr().err == (
+        "replan: error: cannot read the spec /dev/zero: it is larger than 64 MiB, "
+        "the most a daemon takes\n"
+    )
+
+    monkeypatch.setattr(_remote, "MAX_SPEC_BYTES", 100)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps({"goal": "x" * 100})))
+    assert main(["submit", "-", "--url", "http://127.0.0.1:9"]) == 2
+    assert "cannot read the spec -: it is larger than" in capsys.readouterr().err
+
+
 def test_a_model_module_that_exits_as_it_is_imported_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
