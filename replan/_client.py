@@ -45,7 +45,12 @@ class Backoff:
     """How an event stream is resumed after the connection drops: waits
     from ``first_s`` doubling up to ``max_s``, ``total_s`` in all since the
     last event before giving up. A stream that the daemon served for
-    ``max_s`` or longer before it dropped starts the waits afresh."""
+    ``max_s`` or longer before it dropped starts the waits afresh.
+
+    ``total_s`` is time on the clock, not only the waits: a try between
+    two waits may take the request's timeout (a daemon that took the
+    connection and froze), and ten of those would have kept the command
+    trying for ten times its ``total_s``."""
 
     first_s: float = 0.5
     max_s: float = 10.0
@@ -54,7 +59,8 @@ class Backoff:
 
     def delays(self) -> Iterator[float]:
         delay, waited = self.first_s, 0.0
-        while waited < self.total_s:
+        started = time.monotonic()
+        while waited < self.total_s and time.monotonic() - started < self.total_s:
             step = min(delay, self.total_s - waited)
             yield step
             waited += step

@@ -3,6 +3,7 @@ are not (or not quite) a replan daemon, and against no server at all."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -155,6 +156,61 @@ def test_a_refused_connection_is_retried_with_backoff(
     assert record.getMessage().endswith("; trying again for up to 60 s")
 
 
+@pytest.fixture
+def frozen() -> Iterator[tuple[str, list[socket.socket]]]:
+    """A server that takes every connection and never answers: a frozen
+    daemon. Yields its URL and the connections it took."""
+    taken: list[socket.socket] = []
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        listener.settimeout(0.05)
+        done = threading.Event()
+
+        def accept() -> None:
+            while not done.is_set():
+                with contextlib.suppress(TimeoutError):
+                    taken.append(listener.accept()[0])
+
+        thread = threading.Thread(target=accept, daemon=True)
+        thread.start()
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}", taken
+        done.set()
+        thread.join()
+        for connection in taken:
+            connection.close()
+
+
+def test_a_frozen_daemon_is_given_up_on_after_total_s_on_the_clock(
+    frozen: tuple[str, list[socket.socket]],
+) -> None:
+    # Each try waited out its timeout (30 s for a request, 60 s of a silent
+    # stream) and only the waits between them counted toward total_s: a
+    # submit or watch said "trying again for up to 60 s" and went on for
+    # five to ten minutes. The waits here take no time; the tries take
+    # 0.2 s each, so a total_s of 0.5 s leaves room for a few tries, not
+    # the 51 that 0.01 s waits add up to.
+    url, taken = frozen
+    waited: list[float] = []
+    backoff = Backoff(first_s=0.01, max_s=0.01, total_s=0.5, sleep=waited.append)
+
+    with (
+        Client(url, "t" * 20, 0.2, backoff=backoff, stream_silence_s=0.2) as client,
+        pytest.raises(ClientError, match=r"gave up after 0\.5 s of retries"),
+    ):
+        client.call("POST", "/v1/runs", json={"goal": "g"}, resend="always")
+    assert len(waited) <= 4
+    assert len(taken) == len(waited) + 1
+
+    waited.clear()
+    with (
+        Client(url, "t" * 20, 0.2, backoff=backoff, stream_silence_s=0.2) as client,
+        pytest.raises(ClientError, match=r"sent nothing for 0\.2 s \(gave up after"),
+    ):
+        list(client.events("r1"))
+    assert len(waited) <= 4
+
+
 _STARTING = (
     503,
     "application/json",
@@ -295,14 +351,15 @@ def test_a_stream_that_goes_silent_is_taken_for_dropped_and_resumed(
     backoff = Backoff(first_s=0.1, max_s=0.1, total_s=0.2, sleep=waited.append)
     seen: list[int] = []
 
+    # Silences shorter than total_s: the time the tries take counts too.
     with (
-        Client(url, "t" * 20, backoff=backoff, stream_silence_s=0.2) as client,
+        Client(url, "t" * 20, backoff=backoff, stream_silence_s=0.05) as client,
         pytest.raises(ClientError) as failure,
     ):
         seen.extend(event.seq for event in client.events("r1"))
 
     assert str(failure.value) == (
-        "lost the event stream: the daemon sent nothing for 0.2 s "
+        "lost the event stream: the daemon sent nothing for 0.05 s "
         "(gave up after 0.2 s of retries)"
     )
     # Each reconnection resumed after the one event seen.
