@@ -41,6 +41,12 @@ def listen(host: str, port: int) -> list[socket.socket]:
         raise ConfigurationError(
             "host", f"cannot resolve {host}: {exc.strerror or exc}"
         ) from None
+    except UnicodeError as exc:
+        # A name no DNS query can carry (a label empty or over 63
+        # characters, ``x..y``), found as the name is encoded.
+        raise ConfigurationError(
+            "host", f"cannot resolve {host!r}: {exc.__cause__ or exc}"
+        ) from None
     sockets: list[socket.socket] = []
     unavailable: OSError | None = None
     try:

@@ -188,6 +188,24 @@ def test_a_host_that_does_not_resolve_names_the_host() -> None:
     assert raised.value.field == "host"
 
 
+@pytest.mark.parametrize("host", ["x..y", "a" * 64 + ".example", "\udcff"])
+def test_a_host_no_dns_name_can_carry_is_a_one_line_error(
+    tmp_path: Path,
+    host: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("REPLAN_API_TOKEN", "t" * 20)  # to listen beyond loopback
+    # A label empty or too long, or a byte no encoding takes (as the shell
+    # passes a non-UTF-8 argument): a UnicodeError from getaddrinfo, which
+    # the command printed as "unexpected UnicodeError", exit 1.
+    args = ["serve", "--host", host, "--data-dir", str(tmp_path), "--port", "0"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"replan: error: host: cannot resolve {host!r}: ")
+    assert err.count("\n") == 1
+
+
 @pytest.mark.parametrize("name", ["python:os:sep", "python:os:getcwd"])
 def test_a_python_model_that_is_no_model_is_a_one_line_error(
     tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
