@@ -102,6 +102,11 @@ def _url_problem(url: str, parsed: httpx.URL) -> str:
         return "it names no host"
     if parsed.port is not None and not 1 <= parsed.port <= 65535:
         return "the port must be 1 to 65535"
+    try:
+        parsed.raw_host.decode("ascii").encode("idna")
+    except UnicodeError:
+        # Else found as the name is looked up: "unexpected UnicodeError".
+        return "its host is no DNS name (a label empty or over 63 characters)"
     # The API's paths would be appended to the query ("HTTP 404 for /"),
     # or the fragment sent in no request: the daemon's address only.
     if "?" in url:

@@ -515,6 +515,16 @@ def test_a_url_with_a_user_and_password_is_a_bad_argument(
             "http://127.0.0.1:8000/#runs",
             "it holds a fragment (#...): give the daemon's address only",
         ),
+        # These raised UnicodeError as the name was looked up: "unexpected
+        # UnicodeError", exit 1.
+        (
+            "http://replan..example:8470",
+            "its host is no DNS name (a label empty or over 63 characters)",
+        ),
+        (
+            f"http://{'d' * 64}.example:8470",
+            "its host is no DNS name (a label empty or over 63 characters)",
+        ),
     ],
 )
 def test_a_url_that_names_no_daemon_is_a_bad_argument_not_unreachable(
