@@ -24,13 +24,13 @@ from .store import ToolEffectRecord
 from .supervisor import RunState, apply, replay
 
 COMMANDS = ("submit", "watch", "gates", "approve", "reject", "cancel")
+"""Commands that only talk to a daemon (``runs`` and ``show`` also read a
+local journal with ``--db``)."""
 
 MAX_SPEC_BYTES = 64 * 1_048_576
 """The largest spec ``submit`` reads: the most any daemon takes
 (``max_body_bytes``), so that an endless input (``/dev/zero``, a pipe that
 never ends) is refused rather than read until memory runs out."""
-"""Commands that only talk to a daemon (``runs`` and ``show`` also read a
-local journal with ``--db``)."""
 
 
 class RemoteError(Exception):
