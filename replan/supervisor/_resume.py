@@ -94,6 +94,7 @@ class Recovery:
 
     async def __call__(self, run: RunDriver, tg: TaskGroup) -> None:
         await _withdraw_tool_gates(run, self.answers, self.withdrawal)
+        run.unpicked = ()  # taken up here
         await _recover_attempts(run, tg, self.effects)
         _reopen_approvals(run, tg)
         flow = interrupted_review(self.events, run)

@@ -516,6 +516,9 @@ class RunDriver:
         """Where finished attempts are kept until journaled (see ``_resume``)."""
         self.recovery: Callable[[RunDriver, TaskGroup], Awaitable[None]] | None = None
         """Set on a resumed run: picks up what the journal left unfinished."""
+        self.unpicked: Sequence[EffectRecord] = ()
+        """Set on a resumed run: the attempts the ledger holds as finished,
+        until its recovery takes them up (see ``_resume``)."""
         self._draining = False
         self._collecting = False
         """The driver waits for task reports (and journals them on arrival)."""
@@ -1114,6 +1117,7 @@ class RunDriver:
             if ended is not None:
                 status, reason, synthesis = ended
                 await self._settle()
+                self._take_unpicked()
                 self._stage_finished_meanwhile()
                 with anyio.CancelScope(shield=True):
                     try:
@@ -1184,6 +1188,19 @@ class RunDriver:
         if pool is not None and not pool.failed:
             self._stopping_with_supervisor = True
         return RunEnded(RunStatus.FAILED, f"the {error.role} role stopped: {error}")
+
+    def _take_unpicked(self) -> None:
+        """A resumed run that ends before it picked up where its journal
+        left off (its deadline passed while nobody drove it): the attempts
+        its ledger holds as finished are journaled with its end, as those
+        that finished while it waited, so that their results and the tokens
+        of their calls are the run's."""
+        unpicked, self.unpicked = self.unpicked, ()
+        finished = {(record.task_id, record.attempt): record for record in unpicked}
+        for task in self.view.with_status(TaskStatus.IN_PROGRESS):
+            record = finished.get((task.id, task.attempts))
+            if record is not None:
+                self.recovered(record)
 
     def _stage_finished_meanwhile(self) -> None:
         """Attempts that finished while the run waited (at a gate, on a

@@ -1006,6 +1006,7 @@ class Supervisor:
             )
             recovery.list_gates(driver)
             driver.recovery = recovery
+            driver.unpicked = effects
             # A cancel sent while nobody drove the run: it ends before any of
             # its cut-short work (a side-effect tool's task) starts again; the
             # request is settled at the next look for requests.

@@ -186,6 +186,68 @@ async def test_an_attempt_finished_but_not_journaled_is_taken_from_the_ledger() 
     assert next(e.index for e in events if isinstance(e, MilestoneReviewed)) == 1
 
 
+async def test_a_run_resumed_past_its_deadline_keeps_what_its_ledger_holds() -> None:
+    # t2 returns during t1's review (only the ledger has its finish) while
+    # t3 waits at its tool call's gate; the deadline passes while nobody
+    # drives the run. The resumed run ends as it withdraws the gate: t2's
+    # finish is journaled with its end all the same, its call in the usage.
+    reviewing = anyio.Event()
+
+    async def slow_review(request: ModelRequest) -> Verdict:
+        reviewing.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    @tool(side_effect=True)
+    def send_email(to: str, idempotency_key: str) -> str:
+        """Email someone."""
+        return "sent"
+
+    async def execute(request: ModelRequest) -> Any:
+        key = task_of(request).key
+        if key == "s2":
+            await reviewing.wait()
+            return TaskOutcome(success=True, summary="s2 done before the stop")
+        if key == "s3":
+            call = ToolCall(id="c1", name="send_email", arguments='{"to": "ana"}')
+            return ModelResponse(tool_calls=[call])
+        return with_finding(request)
+
+    plan = [
+        TaskDraft(key="s1", description="step 1", milestone=True),
+        TaskDraft(key="s2", description="step 2"),
+        TaskDraft(key="s3", description="step 3"),
+        TaskDraft(key="s4", description="step 4", depends_on=["s1", "s2", "s3"]),
+    ]
+    inner = MemoryStore()
+    store = LedgerWatch(inner)
+    first = scripted(execute=execute, milestone=slow_review)
+    with anyio.fail_after(10):
+        async with Supervisor(first, store, tools=[send_email]) as sup:
+            handle = await sup.submit(spec(plan, milestone_every=100, deadline_s=1.0))
+            async for event in handle.events():
+                if isinstance(event, GateOpened) and event.request.tool_call:
+                    break
+            while not any(r.task_id == "t2" for r in store.recorded):
+                await store.changed.wait()
+        run_id = handle.run_id
+        await anyio.sleep(1.0)  # the deadline passes
+
+        second = scripted()
+        async with Supervisor(second, store, tools=[send_email], resume=True) as sup:
+            result = await sup.get(run_id).result()
+    assert result.status is RunStatus.LIMIT_REACHED
+    assert result.stop_reason == "deadline_s: 1s passed"
+    assert second.calls == []
+    t2 = next(t for t in result.tasks if t.id == "t2")
+    assert t2.status is TaskStatus.COMPLETED
+    assert t2.result is not None
+    assert t2.result.summary == "s2 done before the stop"
+    # t1's and t2's executions are the run's; so is t3's call, cut short.
+    assert result.usage.by_role["executor"].calls == 3
+    assert result == replay(await inner.read(run_id)).result()
+
+
 @pytest.mark.parametrize("decision", ["approve", "reject"])
 async def test_an_open_replan_gate_survives_a_restart_and_can_be_resolved(
     decision: str, tmp_path: Any
