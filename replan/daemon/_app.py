@@ -465,13 +465,15 @@ def _v1(daemon: Daemon) -> APIRouter:
             raise ApiError(status, str(exc)) from None
         # Retention may delete the run once it ended: a 404, as for any run.
         final = await _state(daemon, run_id)
+        # The run may have ended on its own after the look above, before the
+        # cancel reached it: that is the 409 of a run that ended, not a 200.
+        if final.status.final and final.status is not RunStatus.CANCELLED:
+            raise ApiError(409, f"run {run_id} already ended {final.status.value}")
         ended = Cancelled(
             run_id=run_id, status=final.status, stop_reason=final.stop_reason
         )
         if sent is None:
             return ended
-        if final.status.final and final.status is not RunStatus.CANCELLED:
-            raise ApiError(409, f"run {run_id} already ended {final.status.value}")
         applied = final.status is RunStatus.CANCELLED
         body = cancel_forwarded(sent, ended, applied=applied)
         return JSONResponse(body.model_dump(mode="json"), status_code=202)

@@ -10,9 +10,14 @@ import anyio
 import httpx
 import pytest
 from daemon_process import DaemonProcess, wait_for
+from in_process import serving
 
-from replan._demo import GOAL
+from replan import ModelRequest, ScriptedModel
+from replan._demo import GOAL, answer, demo_usage
 from replan._demo_explore import explore_demo_spec
+from replan.daemon import DaemonSettings, Token
+from replan.daemon._service import Daemon
+from replan.supervisor import RunState
 
 NO_GATE = {"gate_on": []}
 
@@ -222,6 +227,45 @@ def test_a_run_waiting_at_a_gate_can_be_cancelled(daemon: DaemonProcess) -> None
     assert late.json()["detail"] == (
         f"gate {gate['gate_id']} is closed: its run ended cancelled"
     )
+
+
+async def test_a_cancel_that_reaches_a_run_as_it_ends_on_its_own_is_a_409(
+    tmp_path: Path,
+) -> None:
+    release = anyio.Event()
+
+    async def held(request: ModelRequest) -> Any:
+        if (request.role, request.purpose) == ("executor", "execute"):
+            await release.wait()
+        return answer(request)
+
+    model = ScriptedModel(held, usage=demo_usage, name="held")
+    daemon = Daemon(
+        settings=DaemonSettings(data_dir=tmp_path),
+        token=Token("cancel-race-token-0123"),
+        model=model,
+    )
+    looked = daemon.run_state
+
+    async def ended_after_the_look(run_id: str) -> RunState:
+        # The cancel's look finds the run running; the run then ends
+        # completed before the cancel reaches it.
+        state = await looked(run_id)
+        daemon.run_state = looked  # type: ignore[method-assign]
+        release.set()
+        await daemon.supervisor.get(run_id).result()
+        return state
+
+    with anyio.fail_after(30):
+        async with serving(daemon) as client:
+            body = {"goal": GOAL, "gate_policy": NO_GATE}
+            run_id = (await client.post("/v1/runs", json=body)).json()["run_id"]
+            daemon.run_state = ended_after_the_look  # type: ignore[method-assign]
+            cancelled = await client.post(f"/v1/runs/{run_id}/cancel")
+            view = (await client.get(f"/v1/runs/{run_id}")).json()
+    assert view["status"] == "completed"
+    assert cancelled.status_code == 409, cancelled.text
+    assert cancelled.json()["detail"] == f"run {run_id} already ended completed"
 
 
 def test_a_run_shows_each_gate_with_the_answer_that_stands(
