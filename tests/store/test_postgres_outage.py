@@ -108,11 +108,9 @@ async def test_an_append_committed_as_its_connection_dropped_is_not_refused(
             await store.append("run-1", [started(2)], summary(2))
 
 
-async def test_a_server_down_longer_than_reconnect_s_fails_the_call_without_spinning(
-    own_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    dsn = own_server.dsn(own_server.new_database())
-    tries = []
+def counted_tries(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """When the store's pool tries to take a connection, from now on."""
+    tries: list[float] = []
     take = pool_module.Pool._take
 
     def counted(self: pool_module.Pool) -> object:
@@ -120,6 +118,14 @@ async def test_a_server_down_longer_than_reconnect_s_fails_the_call_without_spin
         return take(self)
 
     monkeypatch.setattr(pool_module.Pool, "_take", counted)
+    return tries
+
+
+async def test_a_server_down_longer_than_reconnect_s_fails_the_call_without_spinning(
+    own_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dsn = own_server.dsn(own_server.new_database())
+    tries = counted_tries(monkeypatch)
     async with PostgresStore(dsn, reconnect_s=1.5) as store:
         postgres.halt(own_server)
         try:
@@ -156,14 +162,7 @@ async def test_calls_waiting_for_the_server_share_one_schedule_of_tries(
     own_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dsn = own_server.dsn(own_server.new_database())
-    tries = []
-    take = pool_module.Pool._take
-
-    def counted(self: pool_module.Pool) -> object:
-        tries.append(time.monotonic())
-        return take(self)
-
-    monkeypatch.setattr(pool_module.Pool, "_take", counted)
+    tries = counted_tries(monkeypatch)
     async with PostgresStore(dsn, reconnect_s=1.5, pool_size=1) as store:
         postgres.halt(own_server)
         try:
@@ -190,14 +189,7 @@ async def test_a_store_whose_reconnect_s_is_0_fails_a_call_after_one_try(
     own_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dsn = own_server.dsn(own_server.new_database())
-    tries = []
-    take = pool_module.Pool._take
-
-    def counted(self: pool_module.Pool) -> object:
-        tries.append(time.monotonic())
-        return take(self)
-
-    monkeypatch.setattr(pool_module.Pool, "_take", counted)
+    tries = counted_tries(monkeypatch)
     async with PostgresStore(dsn, reconnect_s=0) as store:
         postgres.halt(own_server)
         try:
