@@ -30,6 +30,11 @@ if TYPE_CHECKING:
 
 DEMO_MODEL = "scripted:demo"
 
+MAX_CONTEXT_CHARS = 64 * 1_048_576
+"""The most a context file may hold: as much as a daemon takes in one
+request, so that an endless file (``/dev/zero``, a pipe that never ends)
+is refused rather than read until memory runs out."""
+
 
 def make_model(
     name: str | None,
@@ -132,11 +137,19 @@ def explore_spec_from(args: argparse.Namespace) -> RunSpec:
     context: list[str] = []
     for name in args.context or []:
         try:
-            context.append(Path(name).read_text(encoding="utf-8"))
+            with Path(name).open(encoding="utf-8") as file:
+                text = file.read(MAX_CONTEXT_CHARS + 1)
         except (OSError, UnicodeDecodeError) as exc:
             raise CommandError(
                 f"cannot read context file {name}: {exc}", code=2
             ) from None
+        if len(text) > MAX_CONTEXT_CHARS:
+            raise CommandError(
+                f"cannot read context file {name}: it is larger than "
+                f"{MAX_CONTEXT_CHARS // 1_048_576} MiB",
+                code=2,
+            )
+        context.append(text)
     try:
         spec = RunSpec(
             goal=args.goal,

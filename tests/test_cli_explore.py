@@ -145,6 +145,10 @@ def test_a_blocked_goal_exits_1_with_one_error_line(
             ["explore", "why?", "--model", "scripted:demo", "--context", "/nope.txt"],
             "cannot read context file /nope.txt",
         ),
+        (  # an endless file: refused, not read until memory runs out
+            ["explore", "why?", "--model", "scripted:demo", "--context", "/dev/zero"],
+            "cannot read context file /dev/zero: it is larger than 64 MiB",
+        ),
         (
             ["explore", "why?", "--model", "scripted:demo", "--select", "0"],
             "error: --select: Input should be greater than or equal to 1",
