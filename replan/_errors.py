@@ -343,6 +343,9 @@ class ModelOutputError(ModelError):
             again already with the problem shown (``OpenAIModel``), or
             the server cut the answer at its output limit. A caller that
             re-asks a malformed answer (an explore run) does not.
+        no_completion: True when what came is no chat completion at all (a
+            text body such as an HTML page, JSON without ``choices``): no
+            model answered, whatever answered at the endpoint.
     """
 
     def __init__(
@@ -352,6 +355,8 @@ class ModelOutputError(ModelError):
         usage: TokenUsage | None = None,
         raw_output: str | None = None,
         final: bool = False,
+        no_completion: bool = False,
     ) -> None:
         super().__init__(message, usage=usage, raw_output=raw_output)
         self.final = final
+        self.no_completion = no_completion

@@ -323,8 +323,9 @@ async def explore_call(
             if isinstance(exc, ModelError) and exc.fatal:
                 _spent_before(exc, calls)
                 raise  # rejected credentials: no later call will do better
-            what = "refused" if isinstance(exc, ModelRefusal) else "malformed output"
-            errors.append(f"{role}/{request.purpose}: {what}: {_brief(exc)}")
+            errors.append(
+                f"{role}/{request.purpose}: {_failed_how(exc)}: {_brief(exc)}"
+            )
             usage = exc.usage if isinstance(exc, ModelError) else None
             if usage is not None:
                 # A rejected answer costs as much as an accepted one.
@@ -351,6 +352,20 @@ async def explore_call(
         # or the same prompt would get the same answer.
         context = with_problem(request.context, problem)
     return ExploreReply(errors=errors, calls=calls)
+
+
+def _failed_how(exc: Exception) -> str:
+    """How an explore call failed, for its error: ``refused``, ``malformed
+    output`` (an answer of the wrong shape or type), or ``failed`` (no answer
+    to read: an HTTP error, a redirect, the server's own error, a body that
+    is no chat completion)."""
+    if isinstance(exc, ModelRefusal):
+        return "refused"
+    if isinstance(exc, ModelOutputError) and exc.no_completion:
+        return "failed"  # what answered is no model
+    if isinstance(exc, ModelError) and not isinstance(exc, ModelOutputError):
+        return "failed"
+    return "malformed output"
 
 
 def _spent_before(exc: ModelError, calls: list[ModelCall]) -> None:

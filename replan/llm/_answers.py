@@ -36,9 +36,16 @@ def answer(
         )
 
     if not choices:
-        raise wrong("the answer had no choices")
+        raise ModelOutputError(
+            f"{where}: the answer had no choices", usage=usage, no_completion=True
+        )
     if not isinstance(choices, list):
-        raise wrong(f"the answer's choices are {_kind(choices)}, not a list", choices)
+        raise ModelOutputError(
+            f"{where}: the answer's choices are {_kind(choices)}, not a list",
+            usage=usage,
+            raw_output=_shown(choices),
+            no_completion=True,
+        )
     message = getattr(choices[0], "message", None)
     if message is None:
         raise wrong("the answer's choice had no message")

@@ -465,6 +465,7 @@ class OpenAIModel:
                 f"{where}: the answer is no chat completion: {body}",
                 usage=_spent(usage),
                 raw_output=completion[:4000] if isinstance(completion, str) else None,
+                no_completion=True,
             )
         try:
             usage = usage + self._usage(completion, model)
@@ -473,6 +474,7 @@ class OpenAIModel:
             raise ModelOutputError(
                 f"{where}: the answer is no chat completion: {brief(exc)}",
                 usage=_spent(usage),
+                no_completion=True,
             ) from None
         reported = None if choices else reported_error(completion)
         if reported is not None:

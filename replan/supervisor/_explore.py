@@ -103,6 +103,10 @@ _RUN_STATUS: dict[BriefStatus, RunStatus] = {
 
 Ended = tuple[RunStatus, str | None, None]
 
+NO_CANDIDATES = "no usable candidates"
+"""The stop reason of a run that found nothing to recommend (with the last
+of the run's errors, when it has any: they say why)."""
+
 _T = TypeVar("_T")
 
 
@@ -296,6 +300,9 @@ class _Flow:
             if failed.transient:
                 self._reach.failed(pool.role, error)
             reply = ExploreReply(errors=[error])
+        else:
+            if reply.output is None and reply.errors:
+                self._reach.unusable(pool.role, reply.errors)
         if gather:
             self._errors.extend(reply.errors)
         return reply
@@ -762,7 +769,7 @@ class _Flow:
             return await self.finish(
                 "failed",
                 "No usable hypothesis remained to recommend.",
-                reason="no usable candidates",
+                reason=NO_CANDIDATES,
                 reasons=self.reasons([]),
             )
         status: BriefStatus = "completed"
@@ -938,6 +945,11 @@ class _Flow:
         ended: RunEnded | None = None,
     ) -> Ended:
         self.stage_errors()
+        if reason == NO_CANDIDATES and self.explore.errors:
+            # The cause is in the errors (an endpoint that answered every
+            # call with a 404, say): the reason names the last of them.
+            errors = self.explore.errors
+            reason = f"{NO_CANDIDATES} (the last of {len(errors)} errors: {errors[-1]})"
         brief = build_brief(
             self.explore,
             self.settings,

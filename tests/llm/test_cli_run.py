@@ -646,6 +646,35 @@ def test_an_explore_run_whose_server_drops_the_connection_names_its_error(
     assert "cannot reach" not in last
 
 
+def test_an_explore_run_against_a_wrong_path_ends_naming_the_404(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Its last line named no usable candidates; the 404 showed only in the
+    # brief's errors above it. As replan run's does, it names the 404 and
+    # the base URL, and the run ends after its first cycle.
+    with chat_server(lambda _: error(404, "Not Found")) as server:
+        url = server.base_url
+        given = ["--model", "m", "--base-url", url, "--max-iterations", "10"]
+        code = main(["explore", "why?", *given])
+        sent = len(server.chat_requests())
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert code == 1
+    assert last.startswith(
+        "replan: error: the explore run ended failed: the model endpoint gave "
+        "no usable answer: every planner call in the evidence step and cycle 1 "
+        f"failed the same way (last: planner/hypotheses: failed: {url}/ (m): "
+        "HTTP 404: Not Found: check the model name and the base URL)"
+    )
+    assert sent == 4
+    with chat_server(lambda _: error(404, "Not Found")) as server:
+        assert main(["run", "why?", "--model", "m", "--base-url", server.base_url])
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "replan: error: the run failed: the planner could not answer (ModelError): "
+        f"{server.base_url}/ (m): HTTP 404: Not Found: check the model name and "
+        "the base URL"
+    )
+
+
 @pytest.mark.parametrize(
     ("flag", "variable", "provider"),
     [

@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 import anyio
+import pytest
 from chat_server import Logged, Reply, answer_type, chat_server, completion, error
 
 from replan import (
@@ -218,3 +219,91 @@ async def test_a_rejected_key_ends_an_explore_run_after_one_request() -> None:
     assert result.status is RunStatus.FAILED
     assert "OPENAI_API_KEY" in (result.stop_reason or "")
     assert [f.error_type for f in result.model_failures] == ["ModelAuthenticationError"]
+
+
+NOT_A_MODEL = {
+    "404": (lambda: error(404, "Not Found"), "HTTP 404: Not Found"),
+    "html": (
+        lambda: Reply(
+            200, "<html><body>Sign in</body></html>", {"content-type": "text/html"}
+        ),
+        "a text body: <html><body>Sign in</body></html>",
+    ),
+    "no-completion": (lambda: Reply(200, {"hello": "world"}), "had no choices"),
+}
+
+
+@pytest.mark.parametrize("answer", list(NOT_A_MODEL), ids=list(NOT_A_MODEL))
+async def test_an_endpoint_that_answers_every_call_alike_ends_the_run_naming_it(
+    answer: str,
+) -> None:
+    # A wrong path, a login page, JSON that is no chat completion: every
+    # call of the evidence step and the first cycle failed the same way, and
+    # the run ends there, naming the answer and the base URL, instead of
+    # going through its ten cycles to "no usable candidates".
+    make, said = NOT_A_MODEL[answer]
+    with chat_server(lambda _: make()) as server:
+        result = await explore(model_for(server.base_url), spec(max_iterations=10))
+        sent = len(server.chat_requests())
+        where = server.base_url
+    assert result.status is RunStatus.FAILED
+    reason = result.stop_reason or ""
+    assert reason.startswith(
+        "the model endpoint gave no usable answer: every planner call in the "
+        "evidence step and cycle 1 failed the same way (last: planner/hypotheses: "
+        f"failed: {where}/ (gpt-test): "
+    )
+    assert said in reason
+    assert sent == 4  # two calls, each asked once more
+    assert result.brief is not None
+    assert result.brief.status == "failed"
+    assert all(": failed: " in e for e in result.brief.errors)
+    assert not any("malformed" in e for e in result.brief.errors)
+
+
+async def test_a_404_now_and_then_leaves_an_explore_run_going() -> None:
+    # A proxy that misroutes a call, and its re-ask: the evidence step got
+    # nothing but 404s. Recorded as failed, and the run goes on.
+    sent = 0
+
+    def misrouting(logged: Logged) -> Reply:
+        nonlocal sent
+        sent += 1
+        if sent <= 2:
+            return error(404, "no route")
+        return explorer(logged)
+
+    with chat_server(misrouting) as server:
+        result = await explore(model_for(server.base_url), spec())
+    assert result.status is RunStatus.COMPLETED, result.stop_reason
+    assert result.brief is not None
+    failed = [e for e in result.brief.errors if "HTTP 404" in e]
+    assert [e.partition(": failed: ")[0] for e in failed] == ["planner/gaps"] * 2
+
+
+async def test_an_endpoint_failing_the_hypotheses_calls_alike_is_named_in_the_end() -> (
+    None
+):
+    # The gaps are answered, every hypotheses call gets a 404: the cycles
+    # fail alike, and after two of them the run ends naming the 404.
+    def no_hypotheses(logged: Logged) -> Reply:
+        if answer_type(logged) == "HypothesisBatch":
+            return error(404, "no such deployment")
+        return explorer(logged)
+
+    with chat_server(no_hypotheses) as server:
+        one = await explore(model_for(server.base_url), spec(max_iterations=1))
+        many = await explore(model_for(server.base_url), spec(max_iterations=10))
+        sent = [answer_type(r) for r in server.chat_requests()]
+    # One cycle: nothing to recommend, and the reason says why.
+    assert one.status is RunStatus.FAILED
+    assert (one.stop_reason or "").startswith(
+        "no usable candidates (the last of 2 errors: planner/hypotheses: failed: "
+    )
+    assert "HTTP 404: no such deployment" in (one.stop_reason or "")
+    # Ten: the evidence step was answered, cycles 1 and 2 were not.
+    assert many.status is RunStatus.FAILED
+    assert "every planner call in cycle 1 and cycle 2 failed the same way" in (
+        many.stop_reason or ""
+    )
+    assert sent.count("HypothesisBatch") == 2 + 4

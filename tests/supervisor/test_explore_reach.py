@@ -193,3 +193,67 @@ def test_one_call_answered_or_failing_for_good_starts_the_count_again() -> None:
     reach.asked()
     reach.failed("planner", "planner/hypotheses: down")
     assert reach.end_round("cycle 2") is None
+
+
+NOT_FOUND = "failed: http://127.0.0.1:9/v1/ (gpt-test): HTTP 404: Not Found"
+
+
+def test_two_rounds_of_calls_failing_alike_end_the_run_naming_the_error() -> None:
+    reach = Reach()
+    reach.asked()
+    reach.unusable("planner", [f"planner/gaps: {NOT_FOUND}"] * 2)
+    assert reach.end_round("the evidence step") is None  # one round: a blip
+    reach.asked()
+    reach.unusable("planner", [f"planner/hypotheses: {NOT_FOUND}"] * 2)
+    assert reach.end_round("cycle 1") == (
+        "the model endpoint gave no usable answer: every planner call in the "
+        "evidence step and cycle 1 failed the same way "
+        f"(last: planner/hypotheses: {NOT_FOUND})"
+    )
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        # Another error: no endpoint answering alike.
+        ["planner/hypotheses: failed: http://127.0.0.1:9/v1/ (gpt-test): HTTP 502"],
+        # A model's answer, malformed the same way: a model answered.
+        ["planner/hypotheses: malformed output: not a valid HypothesisBatch"] * 2,
+        # The call's answers failed each in its own way.
+        [f"planner/hypotheses: {NOT_FOUND}", "planner/hypotheses: failed: HTTP 500"],
+    ],
+    ids=["another-error", "malformed", "mixed"],
+)
+def test_rounds_failing_otherwise_than_alike_leave_the_run_going(
+    second: list[str],
+) -> None:
+    reach = Reach()
+    reach.asked()
+    reach.unusable("planner", [f"planner/gaps: {NOT_FOUND}"])
+    assert reach.end_round("the evidence step") is None
+    reach.asked()
+    reach.unusable("planner", second)
+    assert reach.end_round("cycle 1") is None
+
+
+def test_a_round_with_one_answer_among_alike_failures_starts_the_count_again() -> None:
+    reach = Reach()
+    for name in ("the evidence step", "cycle 1", "cycle 2"):
+        reach.asked()
+        reach.asked()  # answered
+        reach.unusable("reviewer", [f"reviewer/critique: {NOT_FOUND}"])
+        assert reach.end_round(name) is None
+
+
+async def test_a_model_answering_every_call_with_the_same_wrong_type_goes_on() -> None:
+    # A model's answers, however alike and malformed, are no endpoint that
+    # is not a model: the run goes through its cycles as before.
+    outcome = await run_explore(
+        explore_spec(max_iterations=4),
+        lambda request: {"not": "a batch"},
+    )
+    result = outcome.result
+    assert result.status is RunStatus.FAILED
+    assert result.iterations == 4
+    assert (result.stop_reason or "").startswith("no usable candidates (the last of ")
+    assert "malformed output" in (result.stop_reason or "")
