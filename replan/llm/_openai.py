@@ -33,7 +33,7 @@ from ._numbers import finite_number, whole_number
 from ._port import ModelRequest, ModelResponse
 from ._pricing import ModelPrice, price_table, priced
 from ._prompts import ROLES, PromptRegistry
-from ._retry import BackoffPolicy, status_error, with_retries
+from ._retry import BackoffPolicy, redirected_as_get, status_error, with_retries
 from ._schema import describe_errors, parse_output, response_schema, schema_text
 from ._urls import check_base_url, url_problem, without_credentials
 
@@ -532,8 +532,19 @@ class OpenAIModel:
         kwargs["messages"] = _with_instruction(messages, instruction)
         # The client's timeout bounds each wait for bytes; a server that
         # trickles its answer would still hold the call without this.
+        completions = self._client_here().chat.completions
+        raw = getattr(completions, "with_raw_response", None)
         with anyio.fail_after(self.timeout_s):
-            return await self._client_here().chat.completions.create(**kwargs)
+            if raw is None:  # a client of another make: no HTTP answer to see
+                return await completions.create(**kwargs)
+            answered = await raw.create(**kwargs)
+        # A 301, 302 or 303 is followed as a GET: a 200 for that (a login
+        # page) is no answer of the endpoint's, whatever its body.
+        moved = redirected_as_get(answered.http_response)
+        if moved is not None:
+            where = f"{self._where} ({model})"
+            raise ModelError(f"{where}: {moved}: check the base URL")
+        return answered.parse()
 
     def _client_here(self) -> Any:
         """The client to ask from this event loop.

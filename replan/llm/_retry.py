@@ -12,7 +12,8 @@ connect (...)`` when none was made (refused, unknown host, TLS), ``connected,
 but ...`` when the server took the request and then dropped the connection or
 sent an answer that could not be decoded. A redirect that goes on redirecting
 is no passing trouble: like a redirect with no ``Location``, or a 301, 302 or
-303 (which the HTTP client follows as a GET without the request's body), it
+303 (which the HTTP client follows as a GET without the request's body,
+whatever the page it leads to answers: an error, or a login page's 200), it
 fails at once as a :class:`ModelError` that names the base URL.
 """
 
@@ -25,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import openai
@@ -132,7 +133,7 @@ async def with_retries(
         try:
             return await call()
         except openai.APIStatusError as exc:
-            moved = _redirected_as_get(exc)
+            moved = redirected_as_get(exc.response)
             if moved is not None:
                 raise ModelError(f"{where}: {moved}: check the base URL") from None
             if isinstance(
@@ -174,11 +175,11 @@ async def with_retries(
         retry += 1
 
 
-def _redirected_as_get(exc: openai.APIStatusError) -> str | None:
+def redirected_as_get(response: Any) -> str | None:
     """What happened when the request was redirected by a 301, 302 or 303,
     which the HTTP client follows as a GET without the request's body (the
-    answer, a 405 say, is not the endpoint's); None when it was not."""
-    response = exc.response
+    answer, a 405 or a login page say, is not the endpoint's); None when it
+    was not."""
     chain = [*(getattr(response, "history", None) or []), response]
     for redirect, followed in itertools.pairwise(chain):
         if redirect.request.method != followed.request.method:

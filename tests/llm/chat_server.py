@@ -127,6 +127,8 @@ class ChatServer:
         self.requests: list[Logged] = []
         self.queue: deque[Reply] = deque()
         self.script: Script | None = None
+        self.page: Reply | None = None
+        """The answer to a GET (a page a redirect leads to), else a 405."""
         self.lock = threading.Lock()
         self.closing = threading.Event()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
@@ -165,13 +167,16 @@ def _handler_for(server: ChatServer) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             # As a Chat Completions server answers a GET: a POST that a 301,
-            # 302 or 303 made one, say. Logged, never scripted.
+            # 302 or 303 made one, say (or the page set as ``page``). Logged.
             headers = {k.lower(): v for k, v in self.headers.items()}
             with server.lock:
                 server.requests.append(Logged(self.path, headers, {}, "GET"))
-            data = json.dumps({"detail": "Method Not Allowed"}).encode()
-            self.send_response(405)
-            self.send_header("content-type", "application/json")
+            page = server.page or Reply(405, {"detail": "Method Not Allowed"})
+            body = page.body if isinstance(page.body, str) else json.dumps(page.body)
+            data = body.encode()
+            self.send_response(page.status)
+            kind = page.headers.get("content-type", "application/json")
+            self.send_header("content-type", kind)
             self.send_header("content-length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

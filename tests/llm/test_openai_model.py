@@ -901,6 +901,40 @@ async def test_a_redirect_that_would_drop_the_request_fails_at_once_naming_it(
     ]
 
 
+@pytest.mark.parametrize("status", [301, 302, 303])
+@pytest.mark.parametrize(
+    "page",
+    [
+        Reply(200, "<html><body>Sign in</body></html>", {"content-type": "text/html"}),
+        Reply(200, {"ok": True}),
+        completion(PlanProposal()),  # even a chat completion: not for this request
+    ],
+    ids=["login-page", "json", "completion"],
+)
+async def test_a_redirect_to_a_page_answered_200_fails_at_once_naming_it(
+    status: int, page: Reply
+) -> None:
+    # A proxy that sends the request on to a login page: the GET it became
+    # is answered 200, and the error said "no chat completion" (or took the
+    # page's JSON for an answer) without naming the redirect.
+    with chat_server() as server:
+        login = f"{server.base_url.removesuffix('/v1')}/login"
+        server.script = lambda _: Reply(status, headers={"location": login})
+        server.page = page
+        old = server.base_url.replace("/v1", "/old/v1")
+        async with fast(old, max_retries=3) as model:
+            with pytest.raises(ModelError) as caught:
+                await model.generate(plan_request())
+        methods = [(r.method, r.path) for r in server.requests]
+    assert str(caught.value) == (
+        f"{old}/ (gpt-test): HTTP {status}: redirected to {login}, where the "
+        "request would go as a GET without its body: check the base URL"
+    )
+    assert not isinstance(caught.value, ModelOutputError)
+    assert not caught.value.transient
+    assert methods == [("POST", "/old/v1/chat/completions"), ("GET", "/login")]
+
+
 async def test_a_redirect_loop_fails_at_once_naming_the_base_url() -> None:
     with chat_server() as server:
         again = Reply(307, headers={"location": f"{server.base_url}/chat/completions"})
