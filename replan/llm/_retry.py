@@ -10,11 +10,15 @@ how long the server asked to wait, and the task's retry waits that long. 401/403
 A connection error says which side of the connection failed: ``cannot
 connect (...)`` when none was made (refused, unknown host, TLS), ``connected,
 but ...`` when the server took the request and then dropped the connection or
-sent an answer that could not be decoded. A redirect that goes on redirecting
-is no passing trouble: like a redirect with no ``Location``, or a 301, 302 or
-303 (which the HTTP client follows as a GET without the request's body,
-whatever the page it leads to answers: an error, or a login page's 200), it
-fails at once as a :class:`ModelError` that names the base URL.
+sent an answer that could not be decoded. A 401 or 403 that came after a
+redirect to another host says so: the HTTP client sends no credentials
+across hosts, so that host got no key to reject.
+
+A redirect that goes on redirecting is no passing trouble: like a redirect
+with no ``Location``, or a 301, 302 or 303 (which the HTTP client follows
+as a GET without the request's body, whatever the page it leads to answers:
+an error, or a login page's 200), it fails at once as a :class:`ModelError`
+that names the base URL.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import anyio
 import openai
@@ -139,6 +144,16 @@ async def with_retries(
             if isinstance(
                 exc, openai.AuthenticationError | openai.PermissionDeniedError
             ):
+                hosts = _credentials_left_behind(exc.response)
+                if hosts is not None:
+                    origin, target = hosts
+                    raise ModelAuthenticationError(
+                        f"{where}: HTTP {exc.status_code} from {target} "
+                        f"({_message(exc)}) after a redirect from {origin}: the "
+                        "HTTP client sends no credentials to another host, so "
+                        f"{target} got no key: if it is the endpoint, give its "
+                        "URL as the base URL"
+                    ) from None
                 raise ModelAuthenticationError(
                     f"{where} rejected the credentials ({exc.status_code}: "
                     f"{_message(exc)}): set OPENAI_API_KEY (or pass api_key) to a "
@@ -189,6 +204,27 @@ def redirected_as_get(response: Any) -> str | None:
                 f"request would go as a {followed.request.method} without its body"
             )
     return None
+
+
+def _credentials_left_behind(response: Any) -> tuple[str, str] | None:
+    """The hosts (origins) before and after a redirect that took the request
+    to another one, where the HTTP client sent it without the credentials it
+    carried (its ``Authorization``); None when none was left behind."""
+    chain = [*(getattr(response, "history", None) or []), response]
+    first, last = chain[0].request, chain[-1].request
+    if "authorization" not in first.headers or "authorization" in last.headers:
+        return None
+    return _origin(first.url), _origin(last.url)
+
+
+def _origin(url: object) -> str:
+    """A URL's scheme, host and port, without its credentials or path."""
+    parts = urlsplit(str(url))
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 address
+    port = f":{parts.port}" if parts.port is not None else ""
+    return f"{parts.scheme}://{host}{port}"
 
 
 def _redirected_too_often(exc: openai.APIConnectionError) -> bool:

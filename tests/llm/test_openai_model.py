@@ -935,6 +935,62 @@ async def test_a_redirect_to_a_page_answered_200_fails_at_once_naming_it(
     assert methods == [("POST", "/old/v1/chat/completions"), ("GET", "/login")]
 
 
+@pytest.mark.parametrize("status", [307, 308])
+@pytest.mark.parametrize("refusal", [401, 403])
+async def test_credentials_refused_after_a_redirect_to_another_host_say_so(
+    status: int, refusal: int
+) -> None:
+    # httpx leaves the Authorization header behind when a redirect leads to
+    # another host: the host there saw no key, and the error read as if the
+    # key had been refused.
+    def keyed(logged: Logged) -> Reply:
+        if "authorization" not in logged.headers:
+            return error(refusal, "no API key given")
+        return completion(PlanProposal())
+
+    with chat_server(keyed) as target, chat_server() as proxy:
+        there = target.base_url.replace("127.0.0.1", "localhost")
+        proxy.script = lambda _: Reply(
+            status, headers={"location": f"{there}/chat/completions"}
+        )
+        async with fast(proxy.base_url, api_key="sk-test", max_retries=3) as model:
+            with pytest.raises(ModelAuthenticationError) as caught:
+                await model.generate(plan_request())
+        async with fast(target.base_url, api_key="sk-test") as model:
+            answered = await model.generate(plan_request())  # the key is good
+    origin = proxy.base_url.removesuffix("/v1")
+    host = there.removesuffix("/v1")
+    assert str(caught.value) == (
+        f"{proxy.base_url}/ (gpt-test): HTTP {refusal} from {host} (no API key "
+        f"given) after a redirect from {origin}: the HTTP client sends no "
+        f"credentials to another host, so {host} got no key: if it is the "
+        "endpoint, give its URL as the base URL"
+    )
+    assert "sk-test" not in str(caught.value)
+    assert len(proxy.chat_requests()) == 1  # not retried
+    assert answered.output == PlanProposal()
+
+
+async def test_credentials_refused_after_a_redirect_on_the_same_host_are_refused() -> (
+    None
+):
+    # The key went along: the host refused it, as the error says.
+    with chat_server() as server:
+        moved = Reply(307, headers={"location": f"{server.base_url}/chat/completions"})
+        server.script = lambda logged: (
+            moved
+            if logged.path.startswith("/old/")
+            else error(401, "Incorrect API key provided")
+        )
+        old = server.base_url.replace("/v1", "/old/v1")
+        async with fast(old, api_key="sk-wrong") as model:
+            with pytest.raises(ModelAuthenticationError) as caught:
+                await model.generate(plan_request())
+        sent = [r.headers.get("authorization") for r in server.requests]
+    assert sent == ["Bearer sk-wrong"] * 2
+    assert str(caught.value).startswith(f"{old}/ (gpt-test) rejected the credentials")
+
+
 async def test_a_redirect_loop_fails_at_once_naming_the_base_url() -> None:
     with chat_server() as server:
         again = Reply(307, headers={"location": f"{server.base_url}/chat/completions"})
