@@ -267,12 +267,22 @@ def _again(args: argparse.Namespace) -> str:
 def model_options(args: argparse.Namespace) -> list[str]:
     """The options given of those that make the model and tools (``run``'s
     and ``explore``'s), quoted for a shell: a run resumed takes them again
-    from the command line, not from its journal."""
+    from the command line, not from its journal.
+
+    The model and endpoint taken from ``REPLAN_MODEL`` and
+    ``OPENAI_BASE_URL`` are given as ``--model`` and ``--base-url``, so
+    that the command works in a shell without them; the ``user:password@``
+    of that URL is left out (a flag's, typed on the command line, is
+    kept), and no key is ever shown.
+    """
     words = []
-    if args.model:
-        words.append(f"--model {shlex.quote(args.model)}")
+    model = (args.model or os.environ.get("REPLAN_MODEL") or "").strip()
+    if model:
+        words.append(f"--model {shlex.quote(model)}")
     if args.base_url:
         words.append(f"--base-url {shlex.quote(args.base_url)}")
+    elif url := (os.environ.get("OPENAI_BASE_URL") or "").strip():
+        words.append(f"--base-url {shlex.quote(without_credentials(url))}")
     if getattr(args, "provider", None):
         words.append(f"--provider {shlex.quote(args.provider)}")
     if getattr(args, "structured_output", "auto") != "auto":

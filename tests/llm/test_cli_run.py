@@ -739,3 +739,79 @@ def test_the_resume_line_gives_again_the_options_the_run_was_given(
     # Pasted, it goes on with the run as it was asked for.
     assert main(words[1:]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "completed"
+
+
+@pytest.mark.parametrize("command", ["run", "explore"])
+def test_the_resume_line_names_the_model_and_endpoint_taken_from_the_environment(
+    command: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # REPLAN_MODEL and OPENAI_BASE_URL gave them: the line left them out,
+    # and in a shell without the variables it asked OpenAI for no model.
+    import shlex
+    import signal
+
+    from replan.store import SQLiteStore
+
+    append = SQLiteStore.append
+
+    async def append_then_signal(self: SQLiteStore, *args: Any) -> None:
+        await append(self, *args)
+        os.kill(os.getpid(), signal.SIGTERM)
+        await anyio.sleep(10)  # cancelled by the signal
+
+    db = tmp_path / "runs.db"
+    answers = script if command == "run" else explore_answers
+    with chat_server(answers) as server:
+        monkeypatch.setenv("REPLAN_MODEL", " m\n")
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+        url = server.base_url.replace("http://", "http://ana:pw@")
+        monkeypatch.setenv("OPENAI_BASE_URL", url)
+        monkeypatch.setattr(SQLiteStore, "append", append_then_signal)
+        assert main([command, "goal", "--yes", "--db", str(db)]) == 143
+        monkeypatch.setattr(SQLiteStore, "append", append)
+        for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "REPLAN_MODEL"):
+            monkeypatch.delenv(name)  # a fresh shell
+        err = capsys.readouterr().err
+        hint = err.splitlines()[-2]
+        _, _, line = hint.partition("; to go on with it: ")
+        words = shlex.split(line)
+        run_id = words[words.index("--resume") + 1]
+        assert words == [
+            "replan", command, "--model", "m", "--base-url", server.base_url,
+            "--yes", "--resume", run_id, "--db", str(db),
+        ]  # fmt: skip
+        assert "sk-secret" not in err
+        assert "pw" not in hint
+        assert main(words[1:]) == 0  # pasted, it goes on with the run
+        sent = server.chat_requests()
+    assert {r.body["model"] for r in sent} == {"m"}
+
+
+def explore_answers(logged: Logged) -> Reply:
+    from replan import (
+        Comparison,
+        ContextAnalysis,
+        Critique,
+        Hypothesis,
+        HypothesisBatch,
+        ValidationBatch,
+    )
+    from replan.messages import LENSES
+
+    match answer_type(logged):
+        case "ContextAnalysis":
+            return completion(ContextAnalysis())
+        case "HypothesisBatch":
+            ideas = ["Solo cooks leave", "Leftovers pile up", "Budgets lapse"]
+            batch = [Hypothesis(statement=s) for s in ideas]
+            return completion(HypothesisBatch(hypotheses=batch))
+        case "Critique":
+            scores = {**dict.fromkeys(LENSES, 0.8), "confidence": 0.9}
+            return completion(Critique(scores=scores))
+        case "Comparison":
+            return completion(Comparison(winner="a"))
+        case _:
+            return completion(ValidationBatch())
