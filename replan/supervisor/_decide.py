@@ -231,7 +231,8 @@ def heuristic_verdict(state: RunState) -> Verdict | None:
     if phase_done(state) and not state.completion_order:
         return Verdict(
             decision="abort",
-            rationale="no task completed: there are no results to build on",
+            rationale="no task completed: there are no results to build on"
+            + _last_failure(state),
         )
     for task_id in state.window:
         result = tasks[task_id].result
@@ -243,6 +244,19 @@ def heuristic_verdict(state: RunState) -> Verdict | None:
         decision="continue",
         rationale="no new findings or deviations since the last review",
     )
+
+
+def _last_failure(state: RunState) -> str:
+    """``; t2 failed: why`` for the task that failed last (the last of the
+    window's, else of the plan's): the cause of a run that completed nothing
+    (an endpoint's 404, say); empty when no task says why it failed."""
+    tasks, window = state.tasks, state.window
+    order = [*(t for t in tasks if t not in window), *window]
+    for task_id in reversed(order):
+        result = tasks[task_id].result
+        if result is not None and not result.success and result.reason:
+            return f"; {task_id} failed: {result.reason}"
+    return ""
 
 
 def unanswered_verdict(reason: str) -> Verdict:

@@ -501,3 +501,18 @@ async def test_a_side_effect_call_with_arguments_no_journal_can_store_never_runs
     assert reason.startswith("error: invalid arguments: arguments: Invalid JSON")
     assert "surrogate" in reason
     assert replayed == result
+
+
+async def test_a_run_that_completed_no_task_names_why_its_tasks_failed() -> None:
+    # The executor's endpoint answers 404 (a wrong deployment name): the run
+    # aborted with "no task completed", and the 404 showed only in the
+    # task's line above it.
+    script = answers(TaskOutcome=error(404, "no such deployment"))
+    with chat_server(script) as server:
+        result, _, _ = await run(model_for(server.base_url), ONE_TASK)
+    assert result.status is RunStatus.ABORTED
+    assert result.stop_reason == (
+        "no task completed: there are no results to build on; t1 failed: "
+        f"{server.base_url}/ (gpt-test): HTTP 404: no such deployment: check "
+        "the model name and the base URL"
+    )
