@@ -361,11 +361,9 @@ def _failed_how(exc: Exception) -> str:
     is no chat completion)."""
     if isinstance(exc, ModelRefusal):
         return "refused"
-    if isinstance(exc, ModelOutputError) and exc.no_completion:
-        return "failed"  # what answered is no model
-    if isinstance(exc, ModelError) and not isinstance(exc, ModelOutputError):
-        return "failed"
-    return "malformed output"
+    if isinstance(exc, ModelOutputError):
+        return "failed" if exc.no_completion else "malformed output"
+    return "failed" if isinstance(exc, ModelError) else "malformed output"
 
 
 def _spent_before(exc: ModelError, calls: list[ModelCall]) -> None:

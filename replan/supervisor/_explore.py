@@ -301,7 +301,7 @@ class _Flow:
                 self._reach.failed(pool.role, error)
             reply = ExploreReply(errors=[error])
         else:
-            if reply.output is None and reply.errors:
+            if reply.output is None and reply.errors:  # no usable answer
                 self._reach.unusable(pool.role, reply.errors)
         if gather:
             self._errors.extend(reply.errors)
