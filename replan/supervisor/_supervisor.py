@@ -600,9 +600,10 @@ class Supervisor:
         the gate is journaled, and the resumed run asks again (the call
         had not run), or takes the answer journaled meanwhile (a gate's
         timeout) and runs the call then. Then the supervisor stops, and
-        unfinished runs wait in the journal for :meth:`resume`. On a
-        supervisor that is not serving (not started yet, or stopping or
-        stopped) it does nothing.
+        unfinished runs wait in the journal for :meth:`resume`. A drain
+        its caller cancels stops the supervisor as one whose grace ran out.
+        On a supervisor that is not serving (not started yet, or stopping
+        or stopped) it does nothing.
 
         Raises:
             ConfigurationError: ``grace_s`` is no number of seconds (NaN, a
@@ -616,10 +617,14 @@ class Supervisor:
         drivers = list(self._drivers.values())
         for driver in drivers:
             driver.drain()
-        with anyio.move_on_after(grace_s):
-            for driver in drivers:
-                await driver.wait_idle()
-        self.stop()
+        try:
+            with anyio.move_on_after(grace_s):
+                for driver in drivers:
+                    await driver.wait_idle()
+        finally:
+            # Cancelled by its caller, it stops too, as when the grace runs
+            # out: the runs it holds wait for the stop.
+            self.stop()
 
     def _build_roles(self) -> Roles:
         model, runner = self._metered, self._task_runner

@@ -303,6 +303,34 @@ async def test_a_run_cancelled_during_a_drain_ends_cancelled() -> None:
     assert summary.status is RunStatus.CANCELLED
 
 
+async def test_a_drain_its_caller_cancels_still_stops_the_supervisor() -> None:
+    # The caller's own timeout cut drain() short: the run it held waited
+    # for a stop that never came, and serve() went on forever.
+    asked = anyio.Event()
+
+    async def milestone(request: ModelRequest) -> Verdict:
+        asked.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    store = MemoryStore()
+    sup = Supervisor(scripted(execute=with_finding, milestone=milestone), store)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(sup.serve)
+            handle = await sup.submit(spec(chain(2, milestone_at=[1])))
+            await asked.wait()
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as draining:
+                    draining.start_soon(sup.drain, 30.0)
+                    await anyio.wait_all_tasks_blocked()
+                    scope.cancel()
+            # serve() ends on its own, as when the grace runs out.
+    assert "did not finish" in await ending_of(handle)
+    [summary] = await store.list_runs()
+    assert summary.status is RunStatus.RUNNING  # left to resume
+
+
 async def test_a_drain_does_not_wait_for_a_tool_call_waiting_for_a_person() -> None:
     outbox = Outbox()
     store = MemoryStore()
