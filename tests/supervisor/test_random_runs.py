@@ -11,7 +11,9 @@ attempts run at once, contract runs keep their plan, a hybrid boundary fires
 once, the usage is what the model answered, every event round-trips through
 JSON, a failed task's dependents are skipped, and a task that succeeded never
 runs again; also when the run is cancelled, or its supervisor stops and
-another resumes it.
+another resumes it, or the application that embeds the supervisor cancels
+the scope that owns it (or a Ctrl-C stops it) at any moment: then nothing
+of it is left running, and another supervisor resumes its runs.
 
 Search for new examples with ``pytest --hypothesis-profile=explore
 --hypothesis-seed=N`` (see conftest.py).
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import hypothesis
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -49,6 +52,7 @@ from replan import (
     RunSpec,
     ScriptedModel,
     Supervisor,
+    SupervisorError,
     Synthesis,
     Task,
     TaskDraft,
@@ -66,12 +70,14 @@ from replan.messages import (
     PlanCreated,
     ReplanApplied,
     ReplanOutcome,
+    RunStatus,
     ToolCall,
 )
 from replan.store import RunSummary, SQLiteStore, Store
 from replan.supervisor import RunState
 
 FINISHED = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.SKIPPED})
+UNFINISHED = [RunStatus.RUNNING, RunStatus.WAITING_FOR_HUMAN]
 
 # Scenarios -------------------------------------------------------------------
 
@@ -108,6 +114,17 @@ PROPOSALS = [
 """What the planner proposes when asked for a revision or a boundary."""
 
 GATE_ANSWERS = ["approve", "reject", "none", "edit"]
+
+EMBEDDED = ["outer", "outer_call", "outer_drain", "outer_gate", "interrupt"]
+"""Interrupts that come from the application around the supervisor."""
+
+INTERRUPTS = ["none", "none", "stop", "cancel", "drain"]
+"""Interrupts of the supervisor's own (``none``: none)."""
+
+
+class Interrupted(BaseException):
+    """Ctrl-C as trio lets it land in running code (a ``KeyboardInterrupt``,
+    which on asyncio would stop the event loop rather than go on out)."""
 
 
 @dataclass(frozen=True)
@@ -151,8 +168,19 @@ class Scenario:
     interrupt: str
     """``none``; ``cancel`` the first run, or ``stop`` or ``drain`` the
     supervisor (its runs are then resumed by another), once ``at`` events
-    of the first run are journaled."""
+    of the first run are journaled. Or the application that embeds the
+    supervisor cancels the scope that owns it (its runs are then resumed by
+    another, ``resume=True``): ``outer`` once ``at`` events of the first
+    run are journaled, ``outer_call`` at a model call (``at`` says which),
+    ``outer_drain`` while ``drain()`` waits for the calls in flight,
+    ``outer_gate`` while ``gates.resolve()`` waits for its answer to be
+    journaled; or ``interrupt``: that model call raises a
+    ``BaseException`` that is no cancellation (Ctrl-C), which stops the
+    supervisor."""
     at: int
+    serve: bool
+    """The application starts ``sup.serve`` in a task group of its own
+    (else ``async with``)."""
 
 
 def _plan(
@@ -265,8 +293,9 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         spread_s=draw(st.sampled_from([0.0, 0.001, 0.003])),
         runs=draw(st.integers(1, 3).map(lambda n: 1 if n < 3 else 2)),
         sqlite=draw(st.integers(0, 5).map(lambda n: n == 0)),
-        interrupt=draw(st.sampled_from(["none", "none", "stop", "cancel", "drain"])),
+        interrupt=draw(st.sampled_from(INTERRUPTS) | st.sampled_from(EMBEDDED)),
         at=draw(st.integers(2, 40)),
+        serve=draw(st.booleans()),
     )
 
 
@@ -294,14 +323,20 @@ class World:
     reviews_asked: Counter[tuple[str, int]] = field(default_factory=Counter)
     succeeded: Counter[tuple[str, str]] = field(default_factory=Counter)
     """Successful answers handed out, by run and task id."""
+    calls: int = 0
+    outer: anyio.CancelScope | None = None
+    """The application's scope around the supervisor, which ``outer_call``
+    cancels at a model call."""
 
     def model(self) -> ScriptedModel:
         return ScriptedModel(
             self.answer, latency_s=self.scenario.latency_s, usage=self.usage
         )
 
-    def supervisor(self, store: Store) -> Supervisor:
-        return Supervisor(self.model(), store, tools=[search, send_email])
+    def supervisor(self, store: Store, *, resume: bool = False) -> Supervisor:
+        return Supervisor(
+            self.model(), store, tools=[search, send_email], resume=resume
+        )
 
     def usage(self, request: ModelRequest) -> TokenUsage:
         # Called once the answer is in: it is what the model handed out.
@@ -313,6 +348,13 @@ class World:
         return usage
 
     async def answer(self, request: ModelRequest) -> Any:
+        self.calls += 1
+        if self.calls == 1 + self.scenario.at % 12 and self.outer is not None:
+            if self.scenario.interrupt == "interrupt":
+                raise Interrupted
+            # The answer is still given (the cancel lands at the call's next
+            # checkpoint, if it has one).
+            self.outer.cancel()
         match request.role, request.purpose:
             case "executor", "execute":
                 return await self.attempt(request)
@@ -531,8 +573,11 @@ def gate_answer(kind: str, request: Any) -> GateResolution | None:
     return None  # left to its timeout
 
 
-async def answer_gates(sup: Supervisor, scenario: Scenario) -> None:
-    """Answer each gate as the scenario says, in the order they open."""
+async def answer_gates(
+    sup: Supervisor, scenario: Scenario, outer: anyio.CancelScope | None = None
+) -> None:
+    """Answer each gate as the scenario says, in the order they open; with
+    ``outer``, cancel it while the first answer waits to be journaled."""
     seen: set[str] = set()
     while True:
         for request in sup.gates.pending():
@@ -541,11 +586,21 @@ async def answer_gates(sup: Supervisor, scenario: Scenario) -> None:
             kind = scenario.gates[len(seen) % len(scenario.gates)]
             seen.add(request.gate_id)
             resolution = gate_answer(kind, request)
-            if resolution is not None:
-                # Refused when it timed out first, or the run ended.
-                with contextlib.suppress(GateError):
-                    await sup.gates.resolve(request.gate_id, resolution)
+            if resolution is not None and outer is not None:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(resolve, sup, request.gate_id, resolution)
+                    for _ in range(scenario.at % 3):
+                        await anyio.lowlevel.checkpoint()
+                    outer.cancel()
+            elif resolution is not None:
+                await resolve(sup, request.gate_id, resolution)
         await anyio.sleep(0.001)
+
+
+async def resolve(sup: Supervisor, gate_id: str, resolution: GateResolution) -> None:
+    # Refused when it timed out first, or the run ended.
+    with contextlib.suppress(GateError):
+        await sup.gates.resolve(gate_id, resolution)
 
 
 # Running and checking ----------------------------------------------------------
@@ -588,6 +643,8 @@ async def run_scenario(scenario: Scenario) -> list[Ran]:
         store = SQLiteStore(Path(tmp) / "runs.db") if scenario.sqlite else MemoryStore()
         with anyio.fail_after(20):
             async with store:
+                if scenario.interrupt in EMBEDDED:
+                    return await run_embedded(world, store)
                 async with (
                     world.supervisor(store) as sup,
                     anyio.create_task_group() as tg,
@@ -646,6 +703,115 @@ async def run_scenario(scenario: Scenario) -> list[Ran]:
                     )
                     for run_id in run_ids
                 ]
+
+
+async def run_embedded(world: World, store: Store) -> list[Ran]:
+    """Run the scenario's runs under a supervisor the application embeds and
+    cancels (or interrupts) as the scenario says; nothing of it is left
+    running then, and another supervisor, ``resume=True``, takes up every
+    run left unfinished."""
+    scenario = world.scenario
+    before = live_tasks()
+    with anyio.CancelScope() as outer:
+        world.outer = outer
+        try:
+            if scenario.serve:
+                await serve_embedded(world, store, outer)
+            else:
+                async with world.supervisor(store) as sup:
+                    await embedded_body(world, sup, outer)
+        except Interrupted:
+            # As itself, not in a group, out of `async with`.
+            assert scenario.interrupt == "interrupt"
+    world.outer = None
+    assert live_tasks() == before, "tasks left running after the cancel"
+    assert not +world.running, f"attempts left running: {world.running}"
+    run_ids = [s.run_id for s in reversed(await store.list_runs())]
+    assert 1 <= len(run_ids) <= scenario.runs
+    unfinished = await store.list_runs(statuses=UNFINISHED)
+    # How often the cancel cut a run short (--hypothesis-show-statistics).
+    hypothesis.event(
+        f"{scenario.interrupt}: {'a run' if unfinished else 'no run'} left"
+    )
+
+    results: dict[str, RunResult] = {}
+    async with (
+        world.supervisor(store, resume=True) as sup,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(answer_gates, sup, scenario)
+        for handle in sup.handles():
+            results[handle.run_id] = await handle.result()
+        open_gates = [g.run_id for g in sup.gates.pending()]
+        tg.cancel_scope.cancel()
+    return [
+        Ran(
+            results[run_id] if run_id in results else await sup.replay(run_id),
+            await store.read(run_id),
+            await sup.replay(run_id),
+            world,
+            None,
+            await store.get_run(run_id),
+            [g for g in open_gates if g == run_id],
+        )
+        for run_id in run_ids
+    ]
+
+
+async def serve_embedded(world: World, store: Store, outer: anyio.CancelScope) -> None:
+    """``await task_group.start(sup.serve)`` in the application's own task
+    group: an interrupt comes out of it in that group alone."""
+    raised: BaseExceptionGroup[BaseException] | None = None
+    try:
+        async with anyio.create_task_group() as app:
+            sup = world.supervisor(store)
+            await app.start(sup.serve)
+            await embedded_body(world, sup, outer)
+    except BaseExceptionGroup as group:
+        raised = group
+    if raised is not None:
+        assert world.scenario.interrupt == "interrupt"
+        # Beside the cancel of the application's own body, on trio.
+        rest = raised.split((Interrupted, anyio.get_cancelled_exc_class()))[1]
+        assert rest is None, repr(raised)
+        assert raised.subgroup(Interrupted) is not None, repr(raised)
+
+
+async def embedded_body(
+    world: World, sup: Supervisor, outer: anyio.CancelScope
+) -> None:
+    """What the application does with its supervisor until it cancels
+    ``outer`` (or the model does, or interrupts it)."""
+    scenario = world.scenario
+    async with anyio.create_task_group() as tg:
+        gate = outer if scenario.interrupt == "outer_gate" else None
+        tg.start_soon(answer_gates, sup, scenario, gate)
+        handles = [await sup.submit(spec_of(scenario)) for _ in range(scenario.runs)]
+        if scenario.interrupt in ("outer", "outer_drain"):
+            async for event in handles[0].events():
+                if event.seq >= scenario.at:
+                    break
+        if scenario.interrupt == "outer_drain":
+            tg.start_soon(sup.drain, 0.02 if scenario.at % 2 else 1.0)
+            for _ in range(scenario.at % 5):
+                await anyio.lowlevel.checkpoint()
+        if scenario.interrupt not in ("outer", "outer_drain"):
+            # Cancelled (or interrupted) at a model call or a gate's answer;
+            # or every run ended first. An interrupt stops the supervisor,
+            # and its runs did not finish (the cancel of the group may come
+            # after that news).
+            stopped = SupervisorError if scenario.interrupt == "interrupt" else ()
+            for handle in handles:
+                with contextlib.suppress(stopped):
+                    await handle.result()
+        outer.cancel()
+        await anyio.lowlevel.checkpoint()
+        raise AssertionError("not cancelled")
+
+
+def live_tasks() -> int:
+    """How many tasks the event loop runs, this one included."""
+    return len(anyio.get_running_tasks())
 
 
 def check(scenario: Scenario, ran: Ran) -> None:
@@ -753,7 +919,7 @@ def run_and_check(scenario: Scenario, backend: str) -> list[Ran]:
     return runs
 
 
-# About 15 s a backend; the same examples each time (the deterministic
+# About 12 s a backend; the same examples each time (the deterministic
 # profile of conftest.py).
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
