@@ -115,7 +115,14 @@ PROPOSALS = [
 
 GATE_ANSWERS = ["approve", "reject", "none", "edit"]
 
-EMBEDDED = ["outer", "outer_call", "outer_drain", "outer_gate", "interrupt"]
+EMBEDDED = [
+    "outer",
+    "outer_call",
+    "outer_drain",
+    "drain_cut",
+    "outer_gate",
+    "interrupt",
+]
 """Interrupts that come from the application around the supervisor."""
 
 INTERRUPTS = ["none", "none", "stop", "cancel", "drain"]
@@ -172,7 +179,8 @@ class Scenario:
     supervisor cancels the scope that owns it (its runs are then resumed by
     another, ``resume=True``): ``outer`` once ``at`` events of the first
     run are journaled, ``outer_call`` at a model call (``at`` says which),
-    ``outer_drain`` while ``drain()`` waits for the calls in flight,
+    ``outer_drain`` while ``drain()`` waits for the calls in flight (or
+    ``drain_cut``: it cancels that drain alone, which stops the supervisor),
     ``outer_gate`` while ``gates.resolve()`` waits for its answer to be
     journaled; or ``interrupt``: that model call raises a
     ``BaseException`` that is no cancellation (Ctrl-C), which stops the
@@ -734,6 +742,11 @@ async def run_embedded(world: World, store: Store) -> list[Ran]:
         f"{scenario.interrupt}: {'a run' if unfinished else 'no run'} left"
     )
 
+    if scenario.at % 3 == 0:
+        await resume_cut_short(world, store)
+        assert live_tasks() == before, "tasks left running after the cancel"
+        assert not +world.running, f"attempts left running: {world.running}"
+
     results: dict[str, RunResult] = {}
     async with (
         world.supervisor(store, resume=True) as sup,
@@ -787,26 +800,58 @@ async def embedded_body(
         gate = outer if scenario.interrupt == "outer_gate" else None
         tg.start_soon(answer_gates, sup, scenario, gate)
         handles = [await sup.submit(spec_of(scenario)) for _ in range(scenario.runs)]
-        if scenario.interrupt in ("outer", "outer_drain"):
+        if scenario.interrupt in ("outer", "outer_drain", "drain_cut"):
             async for event in handles[0].events():
                 if event.seq >= scenario.at:
                     break
         if scenario.interrupt == "outer_drain":
             tg.start_soon(sup.drain, 0.02 if scenario.at % 2 else 1.0)
-            for _ in range(scenario.at % 5):
-                await anyio.lowlevel.checkpoint()
+            await checkpoints(scenario.at % 5)
+        if scenario.interrupt == "drain_cut":
+            with anyio.CancelScope() as cut:
+                async with anyio.create_task_group() as draining:
+                    draining.start_soon(sup.drain, 1.0)
+                    await checkpoints(scenario.at % 5)
+                    cut.cancel()
         if scenario.interrupt not in ("outer", "outer_drain"):
             # Cancelled (or interrupted) at a model call or a gate's answer;
-            # or every run ended first. An interrupt stops the supervisor,
-            # and its runs did not finish (the cancel of the group may come
-            # after that news).
-            stopped = SupervisorError if scenario.interrupt == "interrupt" else ()
+            # or every run ended first. An interrupt, or the drain cut short,
+            # stops the supervisor, and its runs did not finish (the cancel
+            # of the group may come after that news).
+            stopped = SupervisorError if scenario.interrupt in STOPS else ()
             for handle in handles:
                 with contextlib.suppress(stopped):
                     await handle.result()
+        if scenario.interrupt == "drain_cut":
+            tg.cancel_scope.cancel()  # the gates are answered no more
+            return  # the supervisor stopped: serve() has ended
         outer.cancel()
         await anyio.lowlevel.checkpoint()
         raise AssertionError("not cancelled")
+
+
+STOPS = ("interrupt", "drain_cut")
+
+
+async def checkpoints(count: int) -> None:
+    for _ in range(count):
+        await anyio.lowlevel.checkpoint()
+
+
+async def resume_cut_short(world: World, store: Store) -> None:
+    """A supervisor that resumes the runs, ``resume=True``, which the
+    application cancels soon after it starts (while it takes them up, say)."""
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+
+            async def cancel() -> None:
+                await checkpoints(world.scenario.at % 13)
+                scope.cancel()
+
+            tg.start_soon(cancel)
+            async with world.supervisor(store, resume=True) as sup:
+                tg.start_soon(answer_gates, sup, world.scenario)
+                await anyio.sleep_forever()
 
 
 def live_tasks() -> int:
