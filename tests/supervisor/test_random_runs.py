@@ -63,6 +63,7 @@ from replan import (
     Trigger,
     Verdict,
     apply,
+    replay,
     tool,
 )
 from replan.messages import (
@@ -736,6 +737,7 @@ async def run_embedded(world: World, store: Store) -> list[Ran]:
     assert not +world.running, f"attempts left running: {world.running}"
     run_ids = [s.run_id for s in reversed(await store.list_runs())]
     assert 1 <= len(run_ids) <= scenario.runs
+    await check_left(store, run_ids)
     unfinished = await store.list_runs(statuses=UNFINISHED)
     # How often the cancel cut a run short (--hypothesis-show-statistics).
     hypothesis.event(
@@ -746,6 +748,7 @@ async def run_embedded(world: World, store: Store) -> list[Ran]:
         await resume_cut_short(world, store)
         assert live_tasks() == before, "tasks left running after the cancel"
         assert not +world.running, f"attempts left running: {world.running}"
+        await check_left(store, run_ids)
 
     results: dict[str, RunResult] = {}
     async with (
@@ -831,6 +834,18 @@ async def embedded_body(
 
 
 STOPS = ("interrupt", "drain_cut")
+
+
+async def check_left(store: Store, run_ids: list[str]) -> None:
+    """What a cancel left in the journal: each run's row says what its
+    events replay to, and they follow each other."""
+    for run_id in run_ids:
+        events = await store.read(run_id)
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        summary = await store.get_run(run_id)
+        assert summary is not None
+        state = replay(events)
+        assert (summary.status, summary.last_seq) == (state.status, len(events))
 
 
 async def checkpoints(count: int) -> None:
