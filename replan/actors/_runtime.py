@@ -97,6 +97,11 @@ class ReplySlot(Generic[RepT]):
     def done(self) -> bool:
         return self._done
 
+    @property
+    def replied(self) -> bool:
+        """Answered with a reply, not an error."""
+        return self._done and self._error is None
+
     def set(self, value: RepT) -> None:
         self._scope = None
         if not self._done:

@@ -497,7 +497,7 @@ class RunDriver:
         self._staged_state: RunState | None = None
         self._cancel_scope = anyio.CancelScope()
         self._inbox = _Inbox()
-        self._posted: set[ReplySlot[Any]] = set()
+        self._posted: dict[ReplySlot[Any], Task] = {}
         """Executions sent to the executor pool and not answered yet."""
         self._tg: TaskGroup | None = None
         self._children = 0
@@ -1320,10 +1320,11 @@ class RunDriver:
             # Executions still running are nobody's business any more:
             # cancel their handling (their reports would find the run over).
             # A model call of theirs that answered meanwhile is in the run's
-            # meter once it returns: the end waits for those (_settle).
-            posted, self._posted = self._posted, set()
-            for slot in posted:
-                slot.abandon()
+            # meter once it returns: the end waits for those (_settle). A
+            # handling past its last checkpoint answers all the same.
+            posted, self._posted = self._posted, {}
+            for slot, task in posted.items():
+                slot.abandon(partial(self._answered_after_all, task, slot))
                 self._end()
         return outcome
 
@@ -1760,11 +1761,11 @@ class RunDriver:
             self._end()
             raise
         if not slot.done:
-            self._posted.add(slot)
+            self._posted[slot] = task
 
     def _reported(self, task: Task, slot: ReplySlot[Any]) -> None:
         """Hand one attempt's report to the driver (on the worker's task)."""
-        self._posted.discard(slot)
+        self._posted.pop(slot, None)
         try:
             report = self._report(task, slot)
         except Exception as exc:
@@ -1785,6 +1786,22 @@ class RunDriver:
             self._inbox.put(report)
         finally:
             self._end()
+
+    def _answered_after_all(self, task: Task, slot: ReplySlot[Any]) -> None:
+        """An execution the stopping run abandoned whose handling answered
+        all the same (its last wait was over: the cancel found no checkpoint
+        left): its report goes to the inbox, whose reports the stopping run
+        puts in the effect ledger, so that a resumed run does not run the
+        task again. On the worker's task, once its handling has ended."""
+        if not slot.replied:
+            return  # cut short: the resumed run asks again
+        try:
+            report = self._report(task, slot)
+        except Exception:
+            logger.exception("the report of task %s could not be read", task.id)
+            return
+        if isinstance(report, _Done):
+            self._inbox.put(report)
 
     def _report(self, task: Task, slot: ReplySlot[Any]) -> _Report:
         calls: list[ModelCall] = []

@@ -724,6 +724,38 @@ async def test_revisions_answered_before_a_stop_are_in_the_runs_usage() -> None:
     assert result.usage.total.calls == answered + len(second.calls)
 
 
+async def test_an_attempt_that_succeeds_as_the_supervisor_stops_is_not_run_again() -> (
+    None
+):
+    # The stop abandoned the attempt's handling, which answered after all
+    # (its last wait was over: the cancel found no checkpoint left): the
+    # success was dropped, and the resumed run ran the task again.
+    entered, release = anyio.Event(), anyio.Event()
+
+    async def execute(request: ModelRequest) -> TaskOutcome:
+        entered.set()
+        with anyio.CancelScope(shield=True):
+            await release.wait()
+        return TaskOutcome(success=True, summary="done before the stop")
+
+    store = MemoryStore()
+    with anyio.fail_after(10):
+        async with Supervisor(scripted(execute=execute), store) as sup:
+            handle = await sup.submit(spec(independent(1)))
+            await entered.wait()
+            sup.stop()
+            await anyio.wait_all_tasks_blocked()  # the run has let go of it
+            release.set()
+    again = scripted()
+    with anyio.fail_after(10):
+        async with Supervisor(again, store) as sup:
+            result = await (await sup.resume(handle.run_id)).result()
+    assert result.status is RunStatus.COMPLETED
+    assert result.tasks[0].result is not None
+    assert result.tasks[0].result.summary == "done before the stop"
+    assert again.calls_for("executor", "execute") == []
+
+
 @pytest.mark.parametrize("purpose", ["milestone", "replan"])
 async def test_an_answer_that_comes_as_the_supervisor_stops_is_in_the_runs_usage(
     purpose: str,
