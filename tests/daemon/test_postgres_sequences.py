@@ -604,12 +604,16 @@ class TwoDaemons(RuleBasedStateMachine):
         self.daemons[i].start()
 
     @precondition(lambda self: not self.down and not self.stopped)
-    @rule(i=st.integers(0, 1))
-    def kill(self, i: int) -> None:
-        """kill -9: the other daemon takes its runs over once their leases
-        expire; the killed one starts again at the example's end."""
+    @rule(i=st.integers(0, 1), hard=st.booleans())
+    def stop(self, i: int, hard: bool) -> None:
+        """kill -9 (the other daemon takes its runs over once their leases
+        expire) or SIGTERM (at its next look); the daemon starts again at
+        the example's end."""
         self.stopped = True
-        self.daemons[i].kill()
+        if hard:
+            self.daemons[i].kill()
+        else:
+            assert self.daemons[i].terminate() == 0, self.daemons[i].output()
         self.down.add(i)
 
     # -- invariants ---------------------------------------------------------
