@@ -380,14 +380,19 @@ class TwoDaemons(RuleBasedStateMachine):
         self.answered_so(i, run_id, response, decision, by, allowed)
 
     @precondition(lambda self: not self.down)
-    @rule(run_id=runs, waited=st.booleans())
-    def answer_at_both_at_once(self, run_id: str, waited: bool) -> None:
+    @rule(run_id=runs, waited=st.booleans(), same=st.booleans())
+    def answer_at_both_at_once(self, run_id: str, waited: bool, same: bool) -> None:
+        """Two answers at once, one at each daemon: two people's, or one
+        person's sent twice (a client's retry at another daemon)."""
         if waited:
             self.wait_for_a_gate(0, run_id)
         allowed = self.expected_answers(0, run_id) | self.expected_answers(1, run_id)
         if allowed & {200, 202}:
             allowed.add(409)  # the other's
-        sent = [("approve", next(self.bys)), ("reject", next(self.bys))]
+        by = next(self.bys)
+        sent = [("approve", by), ("approve" if same else "reject", by)]
+        if not same:
+            sent[1] = ("reject", next(self.bys))
         answers = _both(
             *(
                 lambda i=i, d=d, b=b: self.call(
@@ -405,9 +410,23 @@ class TwoDaemons(RuleBasedStateMachine):
                 decision, by = sent[i]
                 self.answered_so(i, run_id, response, decision, by, allowed)
             return
+        gate_id = f"{run_id}-g1"
+        if same:
+            # The same answer twice is one answer: each was told so.
+            self.answered[gate_id] = sent[0]
+            if all(
+                r.status_code == 200 or r.json()["state"] == "applied" for _, r in taken
+            ):
+                for view in self.views(run_id):
+                    (info,) = [
+                        g for g in view["gates"] if g["request"]["gate_id"] == gate_id
+                    ]
+                    assert info["resolution"]["by"] == by
+            else:
+                self.pending.add(run_id)
+            return
         # Both taken: the journal keeps one; the other could only have been
         # left waiting there for the run's driver, which refuses it.
-        gate_id = f"{run_id}-g1"
         applied = [
             sent[i]
             for i, r in taken
