@@ -54,6 +54,10 @@ class Store(Protocol):
         of the newest event; a store may take those two from the events
         instead of rewriting the row on every append (``SQLiteStore`` does).
 
+        A caller cancelled during the call (or as it makes it) is cancelled
+        only once the call is done: the events are journaled, or the call
+        raises, and the supervisor counts on it.
+
         Raises:
             JournalConflict: an event's ``seq`` is not the next in the run.
         """

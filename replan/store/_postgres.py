@@ -365,7 +365,13 @@ class PostgresStore:
                     # Rows the head does not account for (written by hand?).
                     raise JournalConflict(f"run {run_id}: {_one_line(exc)}") from None
 
-        await pool.run(write)
+        # Shielded, as SQLiteStore's: once called, the append journals its
+        # events (or fails) before its caller's cancellation takes effect. A
+        # call cancelled while it waited for a thread would have written
+        # nothing, and its caller (a run cancelled as it journals a step)
+        # would stage its end after events the journal never got.
+        with anyio.CancelScope(shield=True):
+            await pool.run(write)
 
     async def read(self, run_id: str, after: int = 0) -> list[Event]:
         query = self._queries.read

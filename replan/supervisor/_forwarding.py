@@ -277,23 +277,35 @@ class Forwarding:
 
     # Applying -----------------------------------------------------------------
 
-    async def waiting_for(self, run_id: str) -> tuple[dict[str, GateResolution], bool]:
+    async def waiting_for(
+        self, run_id: str
+    ) -> tuple[dict[str, GateResolution], bool, list[RunRequest]]:
         """What waits for a run this supervisor just took over: the answers
-        sent to its gates, by gate id (applied as it is taken up, when the
-        gate would otherwise be withdrawn: a tool call's), and whether a
-        cancel was sent (the run is cancelled before any of its work starts
-        again)."""
+        sent to its gates, by gate id (each taken as the run is taken up: in
+        place of the withdrawal of a tool call's gate, as the first answer
+        of any other), whether a cancel was sent (the run is cancelled
+        before any of its work starts again), and the answers' requests
+        (for :meth:`taken_over`)."""
         waiting = [
             r
             for r in await self._requests.waiting_requests(self._owner)
             if r.run_id == run_id
         ]
-        answers = {
+        answers = [r for r in waiting if r.gate_id is not None and r.resolution]
+        found = {
             r.gate_id: r.resolution
-            for r in waiting
-            if r.gate_id is not None and r.resolution
+            for r in answers
+            if r.gate_id is not None and r.resolution is not None
         }
-        return answers, any(r.gate_id is None for r in waiting)
+        return found, any(r.gate_id is None for r in waiting), answers
+
+    async def taken_over(self, requests: list[RunRequest]) -> None:
+        """Settle the answers a run took as it was taken over here, each
+        once journaled, rather than at the next look for requests."""
+        for request in requests:
+            if request.id not in self._applying:
+                self._applying.add(request.id)
+                await self._apply(request)
 
     async def withdrawal(
         self, run_id: str, gate_id: str, withdrawal: GateResolution
@@ -378,6 +390,14 @@ class Forwarding:
             # before settling it), or by another answer.
             return _settled(request, driver.state)
         assert request.resolution is not None
+        if self._gates.taken(request.gate_id) == request.resolution:
+            # Taken as the run was taken over: settled once journaled.
+            await self._gates.journaled(request.gate_id)
+            state = driver.record.state
+            info = state.gates.get(request.gate_id)
+            if state.status.final or (info is not None and info.resolution):
+                return _settled(request, state)
+            return None
         try:
             await self._gates.answer_here(request.gate_id, request.resolution)
         except GateAlreadyResolved as exc:

@@ -198,9 +198,43 @@ class GateRegistry:
 
     # The run side ---------------------------------------------------------
 
-    def open(self, request: GateRequest, validate: Validator | None = None) -> None:
-        self._open[request.gate_id] = _Pending(request, validate)
+    def open(
+        self,
+        request: GateRequest,
+        validate: Validator | None = None,
+        sent: GateResolution | None = None,
+    ) -> None:
+        """List a gate the run opened.
+
+        ``sent``: an answer sent from elsewhere while nobody drove the run,
+        waiting for the supervisor that takes it over (a gate listed again
+        as the run is resumed): taken at once, as the gate's first answer,
+        so an answer given here after the takeover cannot come before it.
+        One that does not fit the gate is left to the look for requests,
+        which refuses it, and the gate stays open.
+        """
+        pending = _Pending(request, validate)
+        if sent is not None:
+            try:
+                check_answer(request.gate_id, request, validate, sent)
+            except ResolutionRefused:
+                pass
+            else:
+                pending.resolution = sent
+                pending.answered.set()
+        self._open[request.gate_id] = pending
         self._by_run.setdefault(request.run_id, {})[request.gate_id] = None
+
+    async def journaled(self, gate_id: str) -> None:
+        """Return once the open gate's answer is journaled (or it closed)."""
+        pending = self._open.get(gate_id)
+        if pending is not None:
+            await pending.journaled.wait()
+
+    def taken(self, gate_id: str) -> GateResolution | None:
+        """The answer an open gate took, not journaled yet (None: none)."""
+        pending = self._open.get(gate_id)
+        return None if pending is None else pending.resolution
 
     async def wait(self, request: GateRequest) -> GateResolution:
         """Wait for a person, or apply the policy default when the gate expires.

@@ -65,8 +65,10 @@ class Recovery:
     effects: Sequence[EffectRecord]
     """The ledger's finished attempts for the run."""
     answers: Mapping[str, GateResolution] = field(default_factory=dict)
-    """Answers sent from elsewhere to the run's open tool call gates, by
-    gate id, that wait for the run's driver (see ``_forwarding``)."""
+    """Answers sent from elsewhere to the run's open gates, by gate id,
+    that wait for the run's driver (see ``_forwarding``): each is taken as
+    its gate is listed again (a tool call's gate's is journaled in place of
+    the withdrawal)."""
     withdrawal: Withdrawal | None = None
     """Keeps a withdrawal as a tool call gate's one answer among those
     sent from elsewhere, or gives the one sent first (see
@@ -74,7 +76,8 @@ class Recovery:
 
     def list_gates(self, run: RunDriver) -> None:
         """List the run's open gates again, before the run is driven on, so a
-        person can answer them as soon as the resume returns."""
+        person can answer them as soon as the resume returns; a gate with an
+        answer sent from elsewhere takes it first."""
         from ._explore import review_check
         from ._replanning import gate_check
 
@@ -90,7 +93,7 @@ class Recovery:
                 check = review_check
             else:
                 check = gate_check(run, request)
-            run.gates.open(request, check)
+            run.gates.open(request, check, self.answers.get(request.gate_id))
 
     async def __call__(self, run: RunDriver, tg: TaskGroup) -> None:
         await _withdraw_tool_gates(run, self.answers, self.withdrawal)

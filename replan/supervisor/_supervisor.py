@@ -54,6 +54,7 @@ from ..store import (
     RunLease,
     RunLeases,
     RunOwner,
+    RunRequest,
     RunRequests,
     Store,
     ToolEffectLedger,
@@ -999,8 +1000,9 @@ class Supervisor:
             forwarding = self._forwarding
             answers: dict[str, GateResolution] = {}
             cancelled = False
+            sent: list[RunRequest] = []
             if forwarding is not None:
-                answers, cancelled = await forwarding.waiting_for(run_id)
+                answers, cancelled, sent = await forwarding.waiting_for(run_id)
             self._records[run_id] = record
             driver = self._driver(record, roles)
             recovery = Recovery(
@@ -1017,6 +1019,8 @@ class Supervisor:
             # request is settled at the next look for requests.
             driver.cancel_at_start = cancelled
             self._start(tg, driver, quiet=quiet)
+            if forwarding is not None and sent:
+                tg.start_soon(forwarding.taken_over, sent)
         except BaseException:
             if claimed:
                 assert leases is not None

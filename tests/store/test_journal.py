@@ -408,6 +408,20 @@ async def test_each_run_has_its_own_journal_numbered_from_one(store: Store) -> N
     assert await store.read("b") == [started(1, "x")]
 
 
+async def test_an_append_whose_caller_is_cancelled_as_it_calls_journals_its_events(
+    store: Store,
+) -> None:
+    # A supervisor cancelled as it appends (a run's cancel) stages its end
+    # after the events it handed over: none may be left out of the journal.
+    await store.append("run-1", [started(1)], summary("run-1", 1))
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await store.append("run-1", [started(2)], summary("run-1", 2))
+    assert await store.read("run-1") == [started(1), started(2)]
+    await store.append("run-1", [started(3)], summary("run-1", 3))
+    assert [e.seq for e in await store.read("run-1")] == [1, 2, 3]
+
+
 async def test_an_append_that_skips_a_seq_raises_a_conflict_and_stores_nothing(
     store: Store,
 ) -> None:

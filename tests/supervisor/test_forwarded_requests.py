@@ -185,6 +185,35 @@ async def test_an_answer_for_a_run_nobody_drives_waits_for_the_one_that_takes_it
     assert _rows(postgres_dsn, "SELECT outcome FROM replan.requests") == [("applied",)]
 
 
+async def test_an_answer_sent_while_nobody_drove_the_run_stands_at_its_takeover(
+    postgres_dsn: str,
+) -> None:
+    with anyio.fail_after(30):
+        async with PostgresStore(postgres_dsn) as store_a:
+            async with Supervisor(scripted(), store_a) as a:
+                handle = await a.submit(spec(SEND))
+                gate_id = await _at_gate(handle)
+            async with (
+                PostgresStore(postgres_dsn) as store_b,
+                Supervisor(scripted(), store_b) as b,
+            ):
+                sent = await b.gates.resolve(
+                    gate_id, {"decision": "approve", "by": "ana"}
+                )
+                assert sent is not None
+                assert not sent.applied
+                taken = await b.resume(handle.run_id)
+                # Answered here as soon as the run is taken over, before the
+                # look for requests: the answer sent first stands.
+                with pytest.raises(GateAlreadyResolved, match=r"\(approve by ana\)$"):
+                    await b.gates.resolve(gate_id, {"decision": "reject", "by": "bo"})
+                result = await taken.result()
+                await _settled_applied(postgres_dsn)
+                events = await store_b.read(handle.run_id)
+    assert result.status is RunStatus.COMPLETED
+    assert [(r.decision, r.by) for r in _resolved(events)] == [("approve", "ana")]
+
+
 async def test_a_request_applied_by_the_supervisor_that_took_the_run_over_names_it(
     postgres_dsn: str,
 ) -> None:
