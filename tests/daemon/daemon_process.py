@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
 import socket
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from replan.messages import EVENT_ADAPTER
 
 TOKEN = "test-token-0123456789abcdef"
 HERE = Path(__file__).parent
@@ -167,13 +170,42 @@ class DaemonProcess:
             self.proc.wait(10)
 
 
-def wait_for(predicate: Any, timeout_s: float = 20, every_s: float = 0.05) -> Any:
-    """Poll ``predicate()`` until it returns something truthy."""
+def wait_for(
+    predicate: Any, timeout_s: float = 20, every_s: float = 0.05, what: str = ""
+) -> Any:
+    """Poll ``predicate()`` until it returns something truthy (``what``: what
+    the failure says was waited for)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
+            if what:
+                raise AssertionError(f"{what}: not within {timeout_s} s")
             raise AssertionError(f"timed out waiting for {predicate}")
         time.sleep(every_s)
+
+
+def read_events(
+    client: httpx.Client, run_id: str, after: int, last: int
+) -> list[tuple[int, Any]]:
+    """A run's events after ``after`` up to ``last``, with their ids, read
+    from its event stream (which goes on while the run lives)."""
+    found: list[tuple[int, Any]] = []
+    seq = after
+    with client.stream(
+        "GET", f"/v1/runs/{run_id}/events", params={"after": after}
+    ) as response:
+        assert response.status_code == 200, response.read()
+        if after >= last:
+            return found
+        for line in response.iter_lines():
+            if line.startswith("id: "):
+                seq = int(line.removeprefix("id: "))
+            elif line.startswith("data: "):
+                data = json.loads(line.removeprefix("data: "))
+                found.append((seq, EVENT_ADAPTER.validate_python(data)))
+                if seq >= last:
+                    break
+    return found

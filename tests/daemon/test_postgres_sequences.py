@@ -6,9 +6,7 @@ stopped and started again, or killed and its runs taken over, included."""
 from __future__ import annotations
 
 import itertools
-import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,7 +14,7 @@ from typing import Any, ClassVar
 
 import httpx
 import pytest
-from daemon_process import DaemonProcess
+from daemon_process import DaemonProcess, read_events, wait_for
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -31,7 +29,6 @@ from hypothesis.stateful import (
 )
 
 from replan._demo import GOAL
-from replan.messages import EVENT_ADAPTER
 from replan.supervisor import fold_journal
 
 NO_GATE: dict[str, Any] = {"gate_on": []}
@@ -52,17 +49,6 @@ def _env(dsn: str) -> dict[str, str]:
         "REPLAN_HEARTBEAT_S": "0.5",
         "REPLAN_DRAIN_GRACE_S": "0",
     }
-
-
-def _until(predicate: Callable[[], Any], what: str, timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout_s} s")
-        time.sleep(0.05)
 
 
 def _both(*calls: Callable[[], httpx.Response]) -> list[httpx.Response]:
@@ -173,7 +159,7 @@ class TwoDaemons(RuleBasedStateMachine):
                     return False
             return run_id not in self.cancelled or view["status"] not in LIVE
 
-        _until(done, f"what was forwarded for run {run_id} applied", TAKEOVER_S)
+        wait_for(done, TAKEOVER_S, what=f"what was forwarded for run {run_id} applied")
         view = self.view(0, run_id)
         for gate in view["gates"]:
             first = self.answered.get(gate["request"]["gate_id"])
@@ -271,10 +257,10 @@ class TwoDaemons(RuleBasedStateMachine):
     @rule(i=st.integers(0, 1), run_id=runs)
     def wait_for_a_gate(self, i: int, run_id: str) -> None:
         """Let the run move on until it waits for a person or ends."""
-        _until(
+        wait_for(
             lambda: self.view(i, run_id)["status"] != "running",
-            f"run {run_id} waiting or ended",
             TAKEOVER_S,
+            what=f"run {run_id} waiting or ended",
         )
 
     # -- gates --------------------------------------------------------------
@@ -597,25 +583,7 @@ class TwoDaemons(RuleBasedStateMachine):
     def events(
         self, i: int, run_id: str, after: int, last: int
     ) -> list[tuple[int, Any]]:
-        """The run's events after ``after``, up to ``last`` (the stream of a
-        live run goes on)."""
-        found: list[tuple[int, Any]] = []
-        seq = after
-        with self.clients[self.up(i)].stream(
-            "GET", f"/v1/runs/{run_id}/events", params={"after": after}
-        ) as response:
-            assert response.status_code == 200, response.read()
-            if after >= last:
-                return found
-            for line in response.iter_lines():
-                if line.startswith("id: "):
-                    seq = int(line.removeprefix("id: "))
-                elif line.startswith("data: "):
-                    data = json.loads(line.removeprefix("data: "))
-                    found.append((seq, EVENT_ADAPTER.validate_python(data)))
-                    if seq >= last:
-                        break
-        return found
+        return read_events(self.clients[self.up(i)], run_id, after, last)
 
     # -- stopping -----------------------------------------------------------
 

@@ -4,7 +4,6 @@ keep the promises of the README's API table, whatever came before."""
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from pathlib import Path
 from typing import Any, ClassVar
@@ -13,7 +12,7 @@ import anyio
 import httpx
 import pytest
 from anyio.from_thread import BlockingPortal
-from daemon_process import TOKEN
+from daemon_process import TOKEN, read_events
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -30,7 +29,6 @@ from in_process import listening
 from replan._demo import GOAL, demo_model
 from replan.daemon import DaemonSettings, Token
 from replan.daemon._service import Daemon
-from replan.messages import EVENT_ADAPTER
 from replan.supervisor import fold_journal
 
 
@@ -397,25 +395,7 @@ class Sequences(RuleBasedStateMachine):
         assert [seq for seq, _ in tail] == [seq for seq in seqs if seq > after]
 
     def events(self, run_id: str, after: int, last: int) -> list[tuple[int, Any]]:
-        """The run's events after ``after``, up to ``last`` (the stream of a
-        live run goes on)."""
-        found: list[tuple[int, Any]] = []
-        seq = after
-        with self.client.stream(
-            "GET", f"/v1/runs/{run_id}/events", params={"after": after}
-        ) as response:
-            assert response.status_code == 200, response.read()
-            if after >= last:
-                return found
-            for line in response.iter_lines():
-                if line.startswith("id: "):
-                    seq = int(line.removeprefix("id: "))
-                elif line.startswith("data: "):
-                    data = json.loads(line.removeprefix("data: "))
-                    found.append((seq, EVENT_ADAPTER.validate_python(data)))
-                    if seq >= last:
-                        break
-        return found
+        return read_events(self.client, run_id, after, last)
 
     @invariant()
     def a_finished_run_never_changes(self) -> None:
