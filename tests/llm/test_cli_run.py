@@ -703,12 +703,10 @@ def test_the_provider_is_told_from_the_base_url_the_model_uses(
     assert _provider(flag) == provider
 
 
-def test_the_resume_line_gives_again_the_options_the_run_was_given(
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import shlex
+@contextmanager
+def sigterm_after_an_append(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Inside: the SQLite journal's appends each end in a SIGTERM to this
+    process, as a person's Ctrl-C or a service stop would come."""
     import signal
 
     from replan.store import SQLiteStore
@@ -721,13 +719,28 @@ def test_the_resume_line_gives_again_the_options_the_run_was_given(
         await anyio.sleep(10)  # cancelled by the signal
 
     monkeypatch.setattr(SQLiteStore, "append", append_then_signal)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(SQLiteStore, "append", append)
+
+
+def test_the_resume_line_gives_again_the_options_the_run_was_given(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import shlex
+
     db = tmp_path / "my runs.db"
     given = [
         "--model", "scripted:demo", "--provider", "my vllm",
         "--structured-output", "prompt", "--retries", "5", "--max-prompt-chars", "0",
         "--tool", "cli_tools:search", "--yes", "--json",
     ]  # fmt: skip
-    assert main(["run", "goal", *given, "--max-replans", "1", "--db", str(db)]) == 143
+    with sigterm_after_an_append(monkeypatch):
+        argv = ["run", "goal", *given, "--max-replans", "1", "--db", str(db)]
+        assert main(argv) == 143
     monkeypatch.undo()
     hint = capsys.readouterr().err.splitlines()[-2]
     _, _, command = hint.partition("; to go on with it: ")
@@ -751,16 +764,6 @@ def test_the_resume_line_names_the_model_and_endpoint_taken_from_the_environment
     # REPLAN_MODEL and OPENAI_BASE_URL gave them: the line left them out,
     # and in a shell without the variables it asked OpenAI for no model.
     import shlex
-    import signal
-
-    from replan.store import SQLiteStore
-
-    append = SQLiteStore.append
-
-    async def append_then_signal(self: SQLiteStore, *args: Any) -> None:
-        await append(self, *args)
-        os.kill(os.getpid(), signal.SIGTERM)
-        await anyio.sleep(10)  # cancelled by the signal
 
     db = tmp_path / "runs.db"
     answers = script if command == "run" else explore_answers
@@ -769,9 +772,8 @@ def test_the_resume_line_names_the_model_and_endpoint_taken_from_the_environment
         monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
         url = server.base_url.replace("http://", "http://ana:pw@")
         monkeypatch.setenv("OPENAI_BASE_URL", url)
-        monkeypatch.setattr(SQLiteStore, "append", append_then_signal)
-        assert main([command, "goal", "--yes", "--db", str(db)]) == 143
-        monkeypatch.setattr(SQLiteStore, "append", append)
+        with sigterm_after_an_append(monkeypatch):
+            assert main([command, "goal", "--yes", "--db", str(db)]) == 143
         for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "REPLAN_MODEL"):
             monkeypatch.delenv(name)  # a fresh shell
         err = capsys.readouterr().err
