@@ -370,7 +370,15 @@ class Supervisor:
                 lone = lone_exit(group)
                 if lone is None:
                     raise
-                raise lone from None  # an interrupt that stopped serve()
+            else:
+                return None
+            # An interrupt that stopped serve(), raised out of the group's
+            # handler: an error of the body's (a cleanup that failed as it
+            # was cancelled) is its context, shown, not hidden; the body's
+            # own cancellation is no part of the story.
+            cancelled = anyio.get_cancelled_exc_class()
+            lone.__suppress_context__ = exc is None or isinstance(exc, cancelled)
+            raise lone
         return None
 
     def stop(self) -> None:

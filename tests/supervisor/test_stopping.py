@@ -927,3 +927,39 @@ async def test_a_group_of_interrupts_and_cancellations_is_let_out_as_one() -> No
     assert lone_exit(group) is first
     only = await cancellation()
     assert lone_exit(BaseExceptionGroup("g", [only, await cancellation()])) is only
+
+
+async def test_an_interrupt_out_of_the_supervisor_keeps_the_error_of_its_body(
+    anyio_backend: str,
+) -> None:
+    # The body's error was dropped: the interrupt came out `from None`, and
+    # the traceback never showed the cleanup that failed as it was cancelled.
+    async def body_failing_as_cancelled(exc: type[BaseException]) -> None:
+        async with Supervisor(interrupting(exc), MemoryStore()) as sup:
+            await sup.submit(spec(independent(2)))
+            try:
+                await anyio.sleep_forever()
+            finally:
+                raise ValueError("the body's cleanup failed")
+
+    for exc in interrupts(anyio_backend):
+        with pytest.raises(exc) as raised, anyio.fail_after(10):
+            await body_failing_as_cancelled(exc)
+        context = raised.value.__context__
+        assert isinstance(context, ValueError), context
+        assert str(context) == "the body's cleanup failed"
+        assert not raised.value.__suppress_context__
+
+
+async def test_an_interrupt_out_of_a_body_that_raised_nothing_shows_nothing_else(
+    anyio_backend: str,
+) -> None:
+    # The groups and cancellations it came through are no part of its story.
+    import traceback
+
+    for exc in interrupts(anyio_backend):
+        with pytest.raises(exc) as raised, anyio.fail_after(10):
+            await serve_two_runs(Supervisor(interrupting(exc), MemoryStore()))
+        shown = "".join(traceback.format_exception(raised.value))
+        assert "During handling" not in shown
+        assert "direct cause" not in shown
