@@ -4,8 +4,9 @@ cannot move.
 Wall time on this shared 2-core machine swings by 10-50 % between two runs
 of the same code, more than most single changes to replan move it. The
 number of instructions a W1 run executes does not: two counts of the same
-code agree to about 0.1 %. Use this script to compare two versions of the
-code; use the wall-time scripts for the figures the targets speak of.
+code agree to about 0.1 % (the worst seen, 0.6 %). Use this script to
+compare two versions of the code; use the wall-time scripts for the figures
+the targets speak of.
 
 What is counted: the W1 run (``w1_replan_loop.py``'s spec and scripted
 model), steady state: one supervisor and one journal serve the runs one
