@@ -209,3 +209,21 @@ def read_events(
                 if seq >= last:
                     break
     return found
+
+
+def check_runs_page(
+    response: httpx.Response,
+    statuses: list[str],
+    limit: int,
+    ended: dict[str, Any],
+) -> None:
+    """A ``GET /v1/runs`` answer holds at most ``limit`` runs, each of the
+    statuses asked for, an ended one as it ended (``ended``: views by id)."""
+    assert response.status_code == 200, response.text
+    page = response.json()
+    assert len(page["runs"]) <= limit
+    for run in page["runs"]:
+        if statuses:
+            assert run["status"] in statuses
+        if run["run_id"] in ended:
+            assert run["status"] == ended[run["run_id"]]["status"]

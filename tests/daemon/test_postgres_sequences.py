@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import httpx
 import pytest
-from daemon_process import DaemonProcess, read_events, wait_for
+from daemon_process import DaemonProcess, check_runs_page, read_events, wait_for
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -137,6 +137,12 @@ class TwoDaemons(RuleBasedStateMachine):
             self.ended[run_id] = view
             assert self.view(1 - i, run_id) == view
         return view
+
+    def answered_by(self, run_id: str, gate_id: str, by: str) -> None:
+        """Both daemons show the gate answered by ``by``."""
+        for view in self.views(run_id):
+            (info,) = [g for g in view["gates"] if g["request"]["gate_id"] == gate_id]
+            assert info["resolution"]["by"] == by
 
     def views(self, run_id: str) -> list[dict[str, Any]]:
         return [self.view(i, run_id) for i in (0, 1)]
@@ -327,11 +333,7 @@ class TwoDaemons(RuleBasedStateMachine):
                     assert body["detail"] == (
                         f"{what} daemon {body['driven_by']}, which drives run {run_id}"
                     ), body
-                for view in self.views(run_id):
-                    (info,) = [
-                        g for g in view["gates"] if g["request"]["gate_id"] == gate_id
-                    ]
-                    assert info["resolution"]["by"] == by
+                self.answered_by(run_id, gate_id, by)
             else:
                 self.pending.add(run_id)
         elif response.status_code == 404:
@@ -409,11 +411,7 @@ class TwoDaemons(RuleBasedStateMachine):
             if all(
                 r.status_code == 200 or r.json()["state"] == "applied" for _, r in taken
             ):
-                for view in self.views(run_id):
-                    (info,) = [
-                        g for g in view["gates"] if g["request"]["gate_id"] == gate_id
-                    ]
-                    assert info["resolution"]["by"] == by
+                self.answered_by(run_id, gate_id, by)
             else:
                 self.pending.add(run_id)
             return
@@ -520,14 +518,7 @@ class TwoDaemons(RuleBasedStateMachine):
         params: list[tuple[str, str | int]] = [("status", s) for s in statuses]
         params.append(("limit", limit))
         response = self.call(i, "GET", "/v1/runs", params=params)
-        assert response.status_code == 200, response.text
-        page = response.json()
-        assert len(page["runs"]) <= limit
-        for run in page["runs"]:
-            if statuses:
-                assert run["status"] in statuses
-            if run["run_id"] in self.ended:
-                assert run["status"] == self.ended[run["run_id"]]["status"]
+        check_runs_page(response, statuses, limit, self.ended)
 
     @rule(i=st.integers(0, 1), run_id=st.none() | runs)
     def list_gates(self, i: int, run_id: str | None) -> None:

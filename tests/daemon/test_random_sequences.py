@@ -12,7 +12,7 @@ import anyio
 import httpx
 import pytest
 from anyio.from_thread import BlockingPortal
-from daemon_process import TOKEN, read_events
+from daemon_process import TOKEN, check_runs_page, read_events
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -368,14 +368,7 @@ class Sequences(RuleBasedStateMachine):
         if not 1 <= limit <= 1000:
             self.expect_problem(response, 422, "limit")
             return
-        assert response.status_code == 200, response.text
-        page = response.json()
-        assert len(page["runs"]) <= limit
-        for run in page["runs"]:
-            if statuses:
-                assert run["status"] in statuses
-            if run["run_id"] in self.ended:
-                assert run["status"] == self.ended[run["run_id"]]["status"]
+        check_runs_page(response, statuses, limit, self.ended)
 
     @rule(run_id=runs, after=st.integers(0, 40))
     def read_events(self, run_id: str, after: int) -> None:
